@@ -1,0 +1,13 @@
+"""Ridgeline: an LLM inference engine that knows which wall it is hitting."""
+from ridgeline.engine.outputs import CompletionOutput, RequestOutput
+from ridgeline.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # keep `import ridgeline` light: torch loads only when LLM is used
+    if name == "LLM":
+        from ridgeline.entrypoints.llm import LLM
+        return LLM
+    raise AttributeError(name)

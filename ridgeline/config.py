@@ -1,0 +1,94 @@
+"""One frozen config tree, validated once at the entry point and passed down whole.
+
+Values measured at runtime (KV block count, EOS ids, chosen dtype) live in
+`ridgeline.engine.info.EngineInfo`, never written back here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ridgeline.errors import InvalidRequestError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2GiB' -> 2147483648; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InvalidRequestError(f"cannot parse a size from {text!r} (examples: 512MiB, 2GiB, 1e9)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "smollm2-135m"
+    dtype: str = "auto"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    device: str = "auto"  # auto: cuda if available else cpu
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise InvalidRequestError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequestError("max_model_len must be >= 2", "max_model_len")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; None: kv_cache_fraction of available memory
+    kv_cache_fraction: float = 0.25
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise InvalidRequestError("block_size must be a power of two", "block_size")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise InvalidRequestError("kv_cache_memory must be positive", "kv_cache_memory")
+        if not 0 < self.kv_cache_fraction <= 0.95:
+            raise InvalidRequestError("kv_cache_fraction must be in (0, 0.95]", "kv_cache_fraction")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+
+    def __post_init__(self):
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise InvalidRequestError("max_num_batched_tokens and max_num_seqs must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    attention_backend: str = "sdpa"
+    progress: bool = True
+
+    @classmethod
+    def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":
+        """Flat keyword arguments (as the CLI and `LLM(...)` take them) -> the tree."""
+        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        parts: dict[str, dict] = {name: {} for name in groups}
+        parts["model"]["model"] = model
+        top = {}
+        if "kv_cache_memory" in kw and kw["kv_cache_memory"] is not None:
+            kw["kv_cache_memory"] = parse_bytes(kw["kv_cache_memory"])
+        for key, value in kw.items():
+            owner = next((g for g, c in groups.items() if key in c.__dataclass_fields__), None)
+            if owner is not None:
+                parts[owner][key] = value
+            elif key in cls.__dataclass_fields__:
+                top[key] = value
+            else:
+                raise InvalidRequestError(f"unknown engine option {key!r}", key)
+        return cls(**{g: groups[g](**parts[g]) for g in groups}, **top)

@@ -1,0 +1,55 @@
+"""Facts measured or derived at engine start-up: never written back into the config."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_folder: Path
+    architecture: str
+    device: torch.device
+    dtype: torch.dtype
+    dtype_reason: str
+    kv_dtype: torch.dtype
+    gemv: str
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    kv_bytes: int
+    eos_token_ids: tuple[int, ...]
+    load_seconds: float
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return (self.num_kv_blocks - 1) * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of max_model_len tokens that fit in the cache at once."""
+        return self.kv_capacity_tokens / self.max_model_len
+
+    def summary(self) -> str:
+        name = str(self.dtype).removeprefix("torch.")
+        return "\n".join([
+            f"model      {self.model_folder} ({self.architecture}), loaded in {self.load_seconds:.1f}s",
+            f"device     {self.device}, dtype {name}: {self.dtype_reason}",
+            f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
+            f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
+            f"{str(self.kv_dtype).removeprefix('torch.')}); max concurrency at "
+            f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}",
+            f"kernels    one-token matmul: {self.gemv}",
+        ])
+
+
+def available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30

@@ -1,0 +1,189 @@
+"""LLMEngine: owns the loop. add_request() -> step() -> RequestOutputs, until nothing is left."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ridgeline.config import EngineConfig
+from ridgeline.engine.detokenizer import Detokenizer
+from ridgeline.engine.info import EngineInfo, available_memory
+from ridgeline.engine.kv_manager import KVCacheManager
+from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from ridgeline.engine.request import Request, Status
+from ridgeline.engine.scheduler import Scheduler
+from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
+from ridgeline.layers import kernels
+from ridgeline.models.loader import build_model
+from ridgeline.models.registry import model_class
+from ridgeline.runner.model_runner import ModelRunner
+from ridgeline.sampling_params import SamplingParams
+from ridgeline.utils.device import pick_device, pick_dtype
+from ridgeline.weights.hf_config import load_arch_config
+from ridgeline.weights.resolve import resolve_model
+from ridgeline.weights.tokenizer import Tokenizer
+
+DEFAULT_KV_CAP = 4 << 30
+
+
+@dataclass
+class _Group:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    members: list[Request]
+    detoks: list[Detokenizer]
+    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        t0 = time.perf_counter()
+        self.config = config
+        mc, cc = config.model, config.cache
+        device = pick_device(mc.device)
+        choice = pick_dtype(mc.dtype, device)
+        torch.manual_seed(mc.seed)
+        folder = resolve_model(mc.model, progress=config.progress)
+        arch = load_arch_config(folder)
+        model_class(arch.architecture)  # unknown architectures fail before any weight is read
+        self.arch = arch
+        self.tokenizer = Tokenizer(folder)
+        max_len = mc.max_model_len or arch.max_position_embeddings
+        if max_len > arch.max_position_embeddings:
+            raise InvalidRequestError(f"max_model_len {max_len} exceeds the model's "
+                                      f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
+        self.max_model_len = max_len
+        model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend)
+        gemv = kernels.choose_gemv(device, choice.dtype)
+        kv_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        per_block = arch.kv_bytes_per_token(kv_dtype.itemsize) * cc.block_size
+        kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
+        num_blocks = kv_bytes // per_block + 1  # + block 0, reserved for padding
+        if num_blocks < 2:
+            raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({per_block} B each)")
+        capacity = (num_blocks - 1) * cc.block_size
+        if capacity < max_len:
+            if mc.max_model_len:
+                raise InvalidRequestError(
+                    f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
+                    "--kv-cache-memory or lower --max-model-len", "max_model_len")
+            max_len = self.max_model_len = capacity  # one request of max_model_len must always fit
+        eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
+                                                        is not None else ())))
+        self.eos_ids = set(eos)
+        self.kv = KVCacheManager(num_blocks, cc.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
+        self.groups: dict[str, _Group] = {}
+        self.requests: dict[str, Request] = {}
+        self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_dtype,
+                               gemv, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
+                               time.perf_counter() - t0)
+
+    # ---- requests in -------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt) if prompt else []
+        else:
+            ids = list(prompt)
+            vocab = self.arch.vocab_size
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        if not ids:
+            raise InvalidRequestError("prompt is empty: give at least one token", "prompt")
+        return ids
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    prompt_text: str | None = None) -> None:
+        if request_id in self.groups:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        ids = self.encode_prompt(prompt)
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len)
+        if self.kv.blocks_for(len(ids) + 1) > self.kv.num_usable_blocks:
+            raise InvalidRequestError(
+                f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
+                "raise --kv-cache-memory", "prompt")
+        room = self.max_model_len - len(ids)
+        max_tokens = min(params.max_tokens or room, room)
+        members: list[Request] = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
+                                   share_from=members[0] if i else None))
+        text = prompt if isinstance(prompt, str) else prompt_text
+        self.groups[request_id] = _Group(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
+                                                              for _ in members],
+                                         [[] if params.logprobs is not None else None for _ in members])
+        for r in members:
+            self.requests[r.request_id] = r
+            self.scheduler.add(r)
+
+    def abort_request(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return
+        for r in group.members:
+            if not r.status.finished:
+                self.scheduler.finish(r, Status.FINISHED_ABORTED)
+            self.requests.pop(r.request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.groups)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self, emit_unfinished: bool = True) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        sampled = self.runner.execute(plan)
+        self.scheduler.advance()
+        now = time.monotonic()
+        touched: dict[str, _Group] = {}
+        for s in sampled:
+            req = self.requests[s.req_id]
+            group = self.groups[req.group_id]
+            self._append(req, group, s.token_id, now)
+            if group.logprobs[req.index] is not None and s.logprob is not None:
+                group.logprobs[req.index].append(TokenLogprob(s.token_id, s.logprob, s.top or []))
+            touched[req.group_id] = group
+        outputs = []
+        for gid, group in touched.items():
+            done = all(r.status.finished for r in group.members)
+            if done or emit_unfinished:
+                outputs.append(self._output(gid, group, done))
+            if done:
+                del self.groups[gid]
+                for r in group.members:
+                    self.requests.pop(r.request_id, None)
+        return outputs
+
+    def _append(self, req: Request, group: _Group, token: int, now: float) -> None:
+        req.token_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        p = req.params
+        status = None
+        if token in self.eos_ids and not p.ignore_eos:
+            status = Status.FINISHED_STOPPED
+        elif token in p.stop_token_ids:
+            status, req.stop_reason = Status.FINISHED_STOPPED, token
+        elif group.detoks[req.index].add(token):
+            status, req.stop_reason = Status.FINISHED_STOPPED, group.detoks[req.index].stopped_by
+        if status is None and (req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len):
+            status = Status.FINISHED_LENGTH
+        if status is not None:
+            req.finish_time = now
+            self.scheduler.finish(req, status)
+
+    def _output(self, gid: str, group: _Group, done: bool) -> RequestOutput:
+        outs = []
+        for r, d, lp in zip(group.members, group.detoks, group.logprobs):
+            fin = r.status.finished
+            outs.append(CompletionOutput(r.index, d.emittable(fin), r.output_token_ids,
+                                         r.status.value if fin else None, r.stop_reason,
+                                         list(lp) if lp is not None else None))
+        first = group.members[0]
+        metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time}
+        return RequestOutput(gid, group.prompt, group.prompt_token_ids, outs, done,
+                             num_cached_tokens=first.num_cached_tokens, metrics=metrics)

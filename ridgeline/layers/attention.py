@@ -1,0 +1,64 @@
+"""Attention over the paged KV cache, behind a backend registry.
+
+Grouped-query trick: the G = H / Hkv query heads that share a KV head are laid out as extra query
+rows, so SDPA runs per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ridgeline.runner.forward_context import AttnGroup, get_forward_context
+
+BACKENDS: dict[str, Callable] = {}
+
+
+def register_backend(name: str):
+    def deco(fn):
+        BACKENDS[name] = fn
+        return fn
+    return deco
+
+
+@register_backend("sdpa")
+def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup,
+               scale: float) -> torch.Tensor:
+    """q [Tg, H, D] (the group's rows); caches [NB, bs, Hkv, D] -> [Tg, H*D]."""
+    B, Q = g.q_index.shape
+    _, bs, Hkv, D = k_cache.shape
+    H = q.shape[1]
+    G = H // Hkv
+    qg = q[g.q_index] if g.valid is not None else q.view(B, Q, H, D)
+    qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D).to(k_cache.dtype)
+    L = g.block_tables.shape[1] * bs
+    k = k_cache[g.block_tables].view(B, L, Hkv, D).transpose(1, 2)
+    v = v_cache[g.block_tables].view(B, L, Hkv, D).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)  # [B, Hkv, Q*G, D]
+    o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
+    return o if g.valid is None else o[g.valid]
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str = "sdpa"):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.backend = BACKENDS[backend]
+        self.k_cache = self.v_cache = torch.empty(0)  # [NB, bs, Hkv, D], bound by the runner
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""
+        ctx = get_forward_context()
+        flat_k = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)
+        flat_v = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
+        flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
+        if len(ctx.groups) == 1:
+            return self.backend(q, self.k_cache, self.v_cache, ctx.groups[0], self.scale).to(q.dtype)
+        out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
+        for g in ctx.groups:
+            out[g.rows] = self.backend(q[g.rows], self.k_cache, self.v_cache, g, self.scale).to(q.dtype)
+        return out

@@ -1,0 +1,68 @@
+"""Build a model from a HF folder: construct on the meta device, then fill from safetensors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ridgeline.errors import ModelLoadError
+from ridgeline.models.registry import model_class
+from ridgeline.weights.hf_config import ArchConfig
+from ridgeline.weights.safetensors_loader import iter_tensors
+
+
+def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch.device,
+                max_positions: int, backend: str = "sdpa") -> nn.Module:
+    cls = model_class(cfg.architecture)
+    with torch.device("meta"):
+        model = cls(cfg, max_positions, backend)
+    model.to_empty(device=device)
+    for name, p in model.named_parameters():  # to_empty keeps fp32; cast weights to dtype
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    with torch.device(device):
+        for module in model.modules():  # buffers (rotary tables) were created on meta: rebuild
+            if hasattr(module, "cos"):
+                fresh = type(module)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling_dict)
+                module.cos, module.sin = fresh.cos, fresh.sin
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    load_weights(model, folder)
+    return model.eval()
+
+
+def load_weights(model: nn.Module, folder: Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    pending = {n for n in params if not (model.cfg.tie_word_embeddings and n == "lm_head.weight")}
+    for name, tensor in iter_tensors(folder):
+        target, shard = _map_name(model, name)
+        if target is None or target not in params:
+            continue
+        param = params[target]
+        dst = param.data
+        if shard is not None:
+            sizes = model.shard_sizes(target.split(".")[-2])
+            offset = sum(sizes[:shard])
+            dst = dst.narrow(0, offset, sizes[shard])
+        if tuple(dst.shape) != tuple(tensor.shape):
+            raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        if shard is None or shard == len(model.shard_sizes(target.split(".")[-2])) - 1:
+            pending.discard(target)
+    if model.cfg.tie_word_embeddings:
+        pending.discard("lm_head.weight")
+    if pending:
+        raise ModelLoadError(f"weights missing from {folder}: {', '.join(sorted(pending)[:8])}"
+                             f"{' ...' if len(pending) > 8 else ''}")
+
+
+def _map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
+    parts = name.split(".")
+    for i, p in enumerate(parts):
+        if p in model.packed:
+            fused, shard = model.packed[p]
+            return ".".join(parts[:i] + [fused] + parts[i + 1:]), shard
+    if name.endswith("rotary_emb.inv_freq"):
+        return None, None
+    return name, None

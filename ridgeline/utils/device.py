@@ -1,0 +1,42 @@
+"""Pick the device and the compute dtype for this machine, and say why."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: torch.dtype
+    reason: str
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def pick_dtype(spec: str, device: torch.device) -> DtypeChoice:
+    if spec != "auto":
+        return DtypeChoice(_NAMES[spec], f"--dtype {spec}")
+    if device.type == "cuda":
+        return DtypeChoice(torch.bfloat16, "CUDA device: bfloat16 tensor cores")
+    native = cpu_flags() & {"avx512_bf16", "amx_bf16"}
+    if native:
+        return DtypeChoice(torch.bfloat16, f"CPU has native bf16 matrix instructions ({', '.join(sorted(native))})")
+    return DtypeChoice(torch.float32, "CPU lacks AVX512-BF16/AMX, where bf16 matmul is 3-5x slower than fp32")

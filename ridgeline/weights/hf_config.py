@@ -1,0 +1,115 @@
+"""The architecture facts the engine needs, read from a Hugging Face config.json.
+
+Accepts configs written by transformers 4 and 5 (rope settings under `rope_scaling`
+or `rope_parameters`, `torch_dtype` or `dtype`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ridgeline.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    sliding_window: int | None
+    rope_scaling: tuple | None  # sorted (key, value) pairs, hashable
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    @property
+    def num_params(self) -> int:
+        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
+        per_layer = h * self.num_heads * self.head_dim * 2 + 2 * h * kv + 3 * h * i + 2 * h
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+
+def _ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def load_arch_config(folder: Path) -> ArchConfig:
+    path = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path} is missing: a Hugging Face model folder needs config.json") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    if "text_config" in cfg and "hidden_size" not in cfg:
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise ModelLoadError(f"{path} has no 'architectures' entry")
+    try:
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
+            scaling = {}
+        gen_eos = _generation_eos(Path(folder))
+        return ArchConfig(
+            architecture=archs[0],
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rope_theta=float(theta),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=archs[0].startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
+            o_bias=bool(cfg.get("attention_bias", False)),
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            rope_scaling=tuple(sorted((k, _freeze(v)) for k, v in scaling.items())) or None,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id")))),
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"{path} lacks the field {e.args[0]!r}") from None
+
+
+def _freeze(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _generation_eos(folder: Path) -> tuple[int, ...]:
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return ()
+    try:
+        return _ids(json.loads(path.read_text()).get("eos_token_id"))
+    except json.JSONDecodeError:
+        return ()

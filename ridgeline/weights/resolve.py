@@ -1,0 +1,59 @@
+"""Resolve a model spec (local HF folder, .gguf file, built-in alias, hub id) to a HF-format folder."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ridgeline.errors import ModelLoadError
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_model(spec: str, progress: bool = True) -> Path:
+    from ridgeline.weights.gguf_convert import ensure_converted
+    from ridgeline.weights.pull import ALIASES, pull
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return ensure_converted(ggufs[0], progress=progress)
+            raise ModelLoadError(f"{path} has no config.json (a Hugging Face folder needs one)")
+        return path
+    if spec.endswith(".gguf"):
+        if not path.exists():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return ensure_converted(path, progress=progress)
+    if spec in ALIASES:
+        return ensure_converted(pull(spec, progress=progress), progress=progress)
+    if _HUB_ID.fullmatch(spec) and not path.exists():
+        return _from_hub(spec)
+    raise ModelLoadError(
+        f"cannot resolve model {spec!r}: not a folder, not a .gguf file, not a hub id, and not a "
+        f"built-in alias (known aliases: {', '.join(sorted(ALIASES))})"
+    )
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover
+        raise ModelLoadError("huggingface_hub is not installed; give a local folder or .gguf path") from None
+    patterns = ["*.json", "*.safetensors", "tokenizer*"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        import huggingface_hub.constants as c
+
+        c.HF_HUB_ETAG_TIMEOUT = 5
+        c.HF_HUB_DOWNLOAD_TIMEOUT = 10
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=5))
+    except Exception as e:
+        raise ModelLoadError(
+            f"could not fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}: {str(e)[:200]}). "
+            "If the hub is unreachable, download the model elsewhere and pass its local folder "
+            "(config.json + *.safetensors + tokenizer.json) or a .gguf file path to --model."
+        ) from None

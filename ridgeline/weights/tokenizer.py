@@ -1,0 +1,89 @@
+"""Tokenizer + chat template for a HF-format folder (tokenizer.json, tokenizer_config.json)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from ridgeline.errors import InvalidRequestError, ModelLoadError
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, folder: Path):
+        path = folder / "tokenizer.json"
+        if not path.exists():
+            raise ModelLoadError(f"{path} is missing: Ridgeline needs a `tokenizers` tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(path))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.chat_template: str | None = cfg.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates: take "default"
+            named = {t["name"]: t["template"] for t in self.chat_template}
+            self.chat_template = named.get("default") or next(iter(named.values()))
+        jinja_path = folder / "chat_template.jinja"
+        if self.chat_template is None and jinja_path.exists():
+            self.chat_template = jinja_path.read_text()
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self.add_bos = bool(cfg.get("add_bos_token", False))
+        self.bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special_ids = {t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        self._template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts)] if not self.add_bos else [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """Render messages with the model's template; errors name the problem."""
+        if not messages:
+            raise InvalidRequestError("messages must be a non-empty list", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES:
+                raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}", "messages")
+        if self.chat_template is None:
+            return "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + (
+                "assistant: " if add_generation_prompt else "")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
+            self._template = env.from_string(self.chat_template)
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
+        except TemplateError as e:
+            raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+
+def _raise(message: str):
+    raise TemplateError(message)

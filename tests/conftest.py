@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random-weight HF models of each supported architecture."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+VOCAB = 384  # 256 byte tokens + specials + padding room
+
+
+def _byte_tokenizer() -> "tokenizers.Tokenizer":
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "</s>"])
+    return tok
+
+
+CHATML = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+          "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
+def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
+    import transformers
+
+    cfg_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "mistral": transformers.MistralConfig}[arch]
+    tok = _byte_tokenizer()
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+              rms_norm_eps=1e-5, bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=arch == "qwen2",
+              initializer_range=0.1)
+    if arch == "mistral":
+        kw["sliding_window"] = 24
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg_cls(**kw), dtype=torch.float32)
+    with torch.no_grad():  # larger, non-uniform logits so greedy choices are not near-ties
+        model.get_output_embeddings().weight.mul_(4.0)
+    model.save_pretrained(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML, "add_bos_token": False}))
+    return folder
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
+def tiny_model(request, tmp_path_factory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return request.param, make_tiny_model(folder, request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
