@@ -1,0 +1,104 @@
+"""Token-budget scheduling: chunked prefill, mixed batches, FCFS, preemption of the newest."""
+from ridgeline.config import SchedulerConfig
+from ridgeline.engine.kv_manager import KVCacheManager
+from ridgeline.engine.request import Request, Status
+from ridgeline.engine.scheduler import Scheduler
+from ridgeline.sampling_params import SamplingParams
+
+
+def req(rid, n_prompt, max_tokens=8):
+    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(), max_tokens)
+
+
+def run_step(s: Scheduler, sampled_token=7):
+    plan = s.schedule()
+    s.advance()
+    for seq in plan.seqs:
+        if seq.sample:
+            r = next(r for r in s.running if r.request_id == seq.req_id)
+            r.token_ids.append(sampled_token)
+    return plan
+
+
+def test_chunked_prefill_under_budget():
+    kv = KVCacheManager(64, 4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4), kv)
+    s.add(req("a", 20))
+    plans = [run_step(s) for _ in range(3)]
+    assert [(p.seqs[0].start, p.seqs[0].num_new, p.seqs[0].sample) for p in plans] == \
+        [(0, 8, False), (8, 8, False), (16, 4, True)]
+    assert kv.tables["a"] == [1, 2, 3, 4, 5]
+
+
+def test_decodes_and_prefill_chunks_share_a_step_decodes_first():
+    kv = KVCacheManager(64, 4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=4), kv)
+    s.add(req("a", 3))
+    run_step(s)  # a prefilled, one token sampled
+    s.add(req("b", 30))
+    plan = run_step(s)
+    assert [(q.req_id, q.num_new) for q in plan.seqs] == [("a", 1), ("b", 9)]
+    assert plan.num_tokens == 10
+
+
+def test_fcfs_and_max_num_seqs():
+    kv = KVCacheManager(64, 4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=2), kv)
+    for r in ("a", "b", "c"):
+        s.add(req(r, 4))
+    plan = run_step(s)
+    assert [q.req_id for q in plan.seqs] == ["a", "b"]
+    assert [r.request_id for r in s.waiting] == ["c"]
+
+
+def test_preempts_newest_when_blocks_run_out_and_recomputes_it():
+    kv = KVCacheManager(5, 4)  # 4 usable blocks
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=4), kv)
+    s.watermark = 0
+    a, b = req("a", 8), req("b", 7)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # a: blocks 1,2 ; b: blocks 3,4 ; both sampled a token
+    assert kv.tables == {"a": [1, 2], "b": [3, 4]}
+    assert a.num_tokens == 9 and b.num_tokens == 8
+    plan = run_step(s)  # a needs a 3rd block: b (newest) is preempted
+    assert [q.req_id for q in plan.seqs] == ["a"]
+    assert b.status == Status.WAITING and b.num_computed_tokens == 0 and b.num_preemptions == 1
+    assert kv.tables["a"] == [1, 2, 4]
+    assert s.waiting[0] is b
+    s.finish(a, Status.FINISHED_LENGTH)
+    plan = run_step(s)  # b is recomputed from scratch: prompt + its sampled token
+    assert plan.seqs[0].req_id == "b" and plan.seqs[0].start == 0 and plan.seqs[0].num_new == 8
+    kv.check_integrity()
+
+
+def test_finish_frees_blocks():
+    kv = KVCacheManager(16, 4)
+    s = Scheduler(SchedulerConfig(), kv)
+    r = req("a", 10)
+    s.add(r)
+    run_step(s)
+    s.finish(r, Status.FINISHED_ABORTED)
+    assert kv.num_free_blocks == kv.num_usable_blocks
+    assert s.schedule().finished_ids == ["a"]
+    kv.check_integrity()
+
+
+def test_n_greater_than_one_children_share_prompt_blocks():
+    kv = KVCacheManager(32, 4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100), kv)
+    parent = req("p", 10)
+    child = Request("p#1", list(parent.prompt_token_ids), parent.params, 8, share_from=parent)
+    s.add(parent)
+    s.add(child)
+    plan = s.schedule()  # child waits: the parent's prompt is not computed yet
+    assert [q.req_id for q in plan.seqs] == ["p"]
+    s.advance()
+    parent.token_ids.append(5)
+    plan = s.schedule()
+    child_seq = next(q for q in plan.seqs if q.req_id == "p#1")
+    assert child_seq.start == 8 and child_seq.num_new == 2  # 2 full blocks shared, 2 tokens computed
+    assert kv.tables["p#1"][:2] == kv.tables["p"][:2]
+    assert kv.ref_counts[kv.tables["p"][0]] == 2
+    assert child.num_cached_tokens == 8
+    kv.check_integrity()
