@@ -10,7 +10,7 @@ from ridgeline.errors import UnsupportedArchitectureError
 
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
     if not scaling:
         return inv
     kind = scaling.get("rope_type", scaling.get("type"))
@@ -30,10 +30,16 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
+        self.args = (head_dim, max_positions, theta, scaling)
+        self.register_buffer("cos", torch.empty(0), persistent=False)  # [P, D/2] float32
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+
+    def init_tables(self, device: torch.device) -> None:
+        head_dim, max_positions, theta, scaling = self.args
         inv = _inv_freq(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv)
-        self.register_buffer("cos", freqs.cos().float(), persistent=False)  # [P, D/2]
-        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device="cpu"), inv)
+        self.cos = freqs.cos().float().to(device)
+        self.sin = freqs.sin().float().to(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [T]; q [T, H, D], k [T, Hkv, D] -> rotated, same dtype."""

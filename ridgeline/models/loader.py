@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.layers.rotary import Rotary
 from ridgeline.models.registry import model_class
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors
@@ -16,16 +17,11 @@ def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch
                 max_positions: int, backend: str = "sdpa") -> nn.Module:
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
-        model = cls(cfg, max_positions, backend)
+        model = cls(cfg, max_positions, backend).to(dtype)
     model.to_empty(device=device)
-    for name, p in model.named_parameters():  # to_empty keeps fp32; cast weights to dtype
-        if p.dtype != dtype:
-            p.data = p.data.to(dtype)
-    with torch.device(device):
-        for module in model.modules():  # buffers (rotary tables) were created on meta: rebuild
-            if hasattr(module, "cos"):
-                fresh = type(module)(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling_dict)
-                module.cos, module.sin = fresh.cos, fresh.sin
+    for module in model.modules():
+        if isinstance(module, Rotary):  # its tables were made on the meta device
+            module.init_tables(device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder)

@@ -30,7 +30,11 @@ class ModelRunner:
         self.window = arch.sliding_window
         self.eos_ids = eos_ids
         shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=device)
+        if device.type == "cpu":  # untouched pages stay unmapped until used: start-up does not pay for them
+            self.kv_cache = torch.empty(shape, dtype=kv_dtype, device=device)
+            self.kv_cache[:, :, 0].zero_()  # block 0 pads block tables: must hold finite values
+        else:
+            self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=device)
         for i, layer in enumerate(model.model.layers):
             layer.self_attn.attn.k_cache = self.kv_cache[i, 0]
             layer.self_attn.attn.v_cache = self.kv_cache[i, 1]
