@@ -13,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFReader, GGUFWr
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
 from ridgeline.weights.gguf_convert import ensure_converted
 from ridgeline.weights.gguf_dequant import dequantize, read_gguf
-from ridgeline.weights.gguf_tokenizer import _byte_alphabet, build_tokenizer, load_gguf_tokenizer
+from ridgeline.weights.gguf_tokenizer import _byte_alphabet, load_gguf_tokenizer
 
 # Byte offsets of the float16 scale fields inside one block, per type.
 _F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
@@ -85,27 +85,24 @@ def _add(writer, name, w, qtype, rng):
         writer.add_tensor(name, quants.quantize(w, qtype), raw_dtype=qtype)
 
 
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_tiny_gguf(path, pre="smollm", arch="llama", with_tensors=True, tokenizer="gpt2"):
     rng = np.random.default_rng(1)
     tokens, types = tiny_vocab()
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
-    w.add_context_length(512)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(50000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model(tokenizer)
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT)
+    for add, value in [(w.add_block_count, LAYERS), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
+                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
+                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
+                       (w.add_tokenizer_model, tokenizer), (w.add_tokenizer_pre, pre), (w.add_token_list, tokens),
+                       (w.add_token_types, types), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
+                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
+        add(value)
     hf = {}  # the HF-layout float32 weights stored exactly (F32 tensors), for direct comparison
     if with_tensors:
         def mat(rows, cols):
@@ -123,14 +120,14 @@ def write_tiny_gguf(path, pre="smollm", arch="llama", with_tensors=True, tokeniz
                 m = mat(*shape)
                 if name in ("attn_q", "attn_k") and qtype == T.F32:
                     hf[f"model.layers.{i}.self_attn.{name[5]}_proj.weight"] = m
-                    m = llama_permute(m, HEADS if name == "attn_q" else KV_HEADS)
+                    if arch == "llama":  # llama.cpp permutes q/k for llama, not for qwen2
+                        m = llama_permute(m, HEADS if name == "attn_q" else KV_HEADS)
                 _add(w, f"blk.{i}.{name}.weight", m, qtype, rng)
+                if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                    w.add_tensor(f"blk.{i}.{name}.bias", (0.1 * rng.standard_normal(shape[0])).astype(np.float32))
             for norm in ("attn_norm", "ffn_norm"):
                 w.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
     return hf
 
 
@@ -140,19 +137,23 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    return path, write_tiny_gguf(path)
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / f"tiny-{request.param}.gguf"
+    return path, write_tiny_gguf(path, arch=request.param)
 
 
 def test_read_gguf_matches_gguf_reader(tiny):
     path, _ = tiny
     ours, ref = read_gguf(path), GGUFReader(path)
     assert ours.metadata["tokenizer.ggml.tokens"] == tiny_vocab()[0]
-    assert ours.metadata["tokenizer.ggml.merges"] == MERGES
-    assert ours.metadata["llama.rope.freq_base"] == 50000.0
-    assert len(ours.tensors) == len(ref.tensors) == 3 + 9 * LAYERS
+    keys = [k for k in ref.fields if not k.startswith("GGUF.")]
+    assert sorted(ours.metadata) == sorted(keys) and len(keys) > 15
+    for key in keys:
+        expected = ref.fields[key].contents()
+        got = ours.metadata[key]
+        assert (list(got) if isinstance(got, np.ndarray) else got) == expected, key
+    assert len(ours.tensors) == len(ref.tensors) >= 3 + 9 * LAYERS
     for t in ref.tensors:
         info = ours.tensors[t.name]
         assert (info.offset, info.n_bytes, info.qtype) == (t.data_offset, t.n_bytes, t.tensor_type)
@@ -273,16 +274,77 @@ def test_sentencepiece_tokenizer_matches_transformers(tmp_path):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
-    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
-        write()
+    _finish(w)
     ours = load_gguf_tokenizer(tmp_path / "spm.gguf")
     ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
-    for text in ["the world", "hello there", "Hi  wörld\n", " lead"]:
+    for text in ["the world", "hello there", "Hi  wörld\n"]:
         ids = ours.encode(text).ids
         assert ids[0] == 1  # SentencePiece vocabularies add BOS unless the file says otherwise
         assert ids == ref(text)["input_ids"], text
         assert ours.decode(ids, skip_special_tokens=True) == text
-    # llama.cpp prefixes a space to text after a special token too (transformers 5 does not).
+    # llama.cpp (like sentencepiece) always adds the space prefix, also to text that starts with a
+    # space or follows a special token; transformers 5's Metaspace skips both.
     assert ours.encode("the</s>hello").ids == [1, tokens.index("▁the"), 2, tokens.index("▁hello")]
+    assert ours.encode(" he", add_special_tokens=False).ids == [tokens.index("▁"), tokens.index("▁he")]
     assert ours.encode("hello world", add_special_tokens=False).ids == [tokens.index("▁hello"),
                                                                          tokens.index("▁world")]
+
+
+# ---------------------------------------------------------------- the default model (slow)
+@pytest.fixture(scope="module")
+def smollm():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ridgeline.weights.pull import pull
+
+    path = pull("smollm2-135m", progress=False)
+    folder = ensure_converted(path, progress=False)
+    ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    ref_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return path, folder, ref, ref_tok
+
+
+@pytest.mark.default_model
+def test_default_model_converts_like_transformers(smollm):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, folder, ref, ref_tok = smollm
+    ours = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    c = ours.config
+    assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size) == (30, 576, 1536, 49152)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (9, 3, 64)
+    assert (c.rope_parameters["rope_theta"], c.rms_norm_eps, c.max_position_embeddings) == (100000.0, 1e-5, 8192)
+    assert c.tie_word_embeddings and (c.bos_token_id, c.eos_token_id) == (1, 2)
+    ref_state = ref.state_dict()
+    for name, w in ours.state_dict().items():
+        assert torch.equal(w, ref_state[name]), name
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    assert ids.shape[1] == 37
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, atol=1e-4, rtol=0)
+        out = ours.generate(ids, max_new_tokens=9, do_sample=False)
+    assert out[0, 37:].tolist() == [504, 3575, 282, 4649, 314, 7042, 30, 2]
+
+
+@pytest.mark.default_model
+def test_default_model_tokenizer_matches_transformers(smollm):
+    path, folder, _, ref_tok = smollm
+    ours = load_gguf_tokenizer(path)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! 2+2=?"}]
+    texts = ["Hello, world!", "  indented\n\tcode = x[12] + 3.1415;\n\n", "0123456789 1,000,000 2024-06-01",
+             "naïve café Ünïcödé — “quotes” ≠ 日本語のテキスト 한국어 Здравствуйте",
+             "emoji 🤗🚀 👍🏽 👨‍👩‍👧", "don't WE'LL they've", "<|im_start|>user\nHi<|im_end|>\n<|endoftext|>",
+             ref_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)]
+    for text in texts:
+        ids = ours.encode(text).ids
+        assert ids == ref_tok(text)["input_ids"], text
+        assert ours.decode(ids, skip_special_tokens=False) == text
+    assert ours.encode(texts[-1]).ids[0] == 1  # <|im_start|> kept whole; no BOS added
+    # smollm splits every \p{N} char on its own (llama.cpp, and SmolLM's own Digits pre-tokenizer);
+    # transformers' GGUF loader uses plain GPT-2 splitting, so " ½" differs there.
+    assert ours.encode("12").ids == [ours.token_to_id("1"), ours.token_to_id("2")]
+    assert [ours.id_to_token(i) for i in ours.encode(" ½").ids] == ["Ġ", "Â½"]

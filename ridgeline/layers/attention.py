@@ -34,8 +34,9 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
     qg = q[g.q_index] if g.valid is not None else q.view(B, Q, H, D)
     qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D).to(k_cache.dtype)
     L = g.block_tables.shape[1] * bs
-    k = k_cache[g.block_tables].view(B, L, Hkv, D).transpose(1, 2)
-    v = v_cache[g.block_tables].view(B, L, Hkv, D).transpose(1, 2)
+    flat = g.block_tables.view(-1)
+    k = k_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
     o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)  # [B, Hkv, Q*G, D]
     o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
     return o if g.valid is None else o[g.valid]

@@ -107,7 +107,7 @@ class ModelRunner:
             mask = mask.unsqueeze(2).expand(B, Q, self.G, L).reshape(B, 1, Q * self.G, L)
         return AttnGroup(
             rows=rows, q_index=torch.from_numpy(q_index).to(dev),
-            block_tables=torch.from_numpy(tables[:, :nb]).to(dev), mask=mask.to(dev),
+            block_tables=torch.from_numpy(np.ascontiguousarray(tables[:, :nb])).to(dev), mask=mask.to(dev),
             key_lens=torch.from_numpy(key_lens).to(dev),
             valid=torch.from_numpy((qi[None, :] < n[:, None]).reshape(-1)).to(dev) if padded else None)
 

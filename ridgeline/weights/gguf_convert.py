@@ -1,0 +1,218 @@
+"""Convert a GGUF file into a cached Hugging Face-format folder (float32 safetensors).
+
+The folder lives in `model_cache_dir()/converted/<stem>-<key>/`, keyed by the GGUF's resolved path,
+size and mtime. It is built in a temporary sibling and renamed into place, so it either exists
+whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
+from ridgeline.weights.cache_dir import model_cache_dir
+from ridgeline.weights.gguf_dequant import GGUFFile, read_gguf
+from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
+
+_FORMAT_VERSION = 1  # bump when the converted folder's contents change
+
+# general.architecture -> (HF architecture, model_type, q/k stored in llama.cpp's rope permutation)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama", True),
+    "mistral": ("MistralForCausalLM", "mistral", True),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def _f32(x) -> float:
+    # GGUF stores float32; print the shortest decimal that round-trips it (1e-05, not 9.9999997e-06).
+    return float(str(np.float32(x)))
+
+
+def _int(md: dict, key: str, default=None) -> int:
+    value = md.get(key, default)
+    if value is None:
+        raise ModelLoadError(f"GGUF metadata lacks {key}")
+    if isinstance(value, np.ndarray):
+        raise UnsupportedArchitectureError(f"GGUF {key} varies per layer, which Ridgeline does not support")
+    return int(value)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """GGUF tensor name -> HF name (None for tensors the HF model has no place for)."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation: per head, llama.cpp interleaves the two rotary halves
+    (rows 0, d/2, 1, d/2+1, ...); HF keeps them as two contiguous halves. w: [n_heads*d, ...]."""
+    rest = w.shape[1:]
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+def hf_config(g: GGUFFile) -> dict:
+    md = g.metadata
+    arch = md.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"GGUF architecture {arch!r} in {g.path} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    if "rope_freqs.weight" in g.tensors:
+        raise UnsupportedArchitectureError(f"{g.path} uses per-dimension rope frequency factors (Llama 3.1-style "
+                                           "rope scaling), which the GGUF converter does not support yet")
+    hf_arch, model_type, _ = ARCHITECTURES[arch]
+    hidden = _int(md, f"{arch}.embedding_length")
+    heads = _int(md, f"{arch}.attention.head_count")
+    t = g.tensors
+    if "token_embd.weight" not in t:
+        raise ModelLoadError(f"GGUF file {g.path} has no token_embd.weight")
+    cfg = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "vocab_size": t["token_embd.weight"].shape[0],
+        "hidden_size": hidden,
+        "intermediate_size": _int(md, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _int(md, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(md, f"{arch}.attention.head_count_kv", heads),
+        "head_dim": _int(md, f"{arch}.attention.key_length", hidden // heads),
+        "hidden_act": "silu",
+        "rope_theta": _f32(md.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(md.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "max_position_embeddings": _int(md, f"{arch}.context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in t,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
+        if f"tokenizer.ggml.{name}_token_id" in md:
+            cfg[key] = int(md[f"tokenizer.ggml.{name}_token_id"])
+    if model_type != "qwen2":  # Qwen2 always has q/k/v biases; Llama and Mistral have a flag
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in t
+        cfg["mlp_bias"] = "blk.0.ffn_up.bias" in t
+    scaling = md.get(f"{arch}.rope.scaling.type")
+    if scaling in ("linear", "yarn"):
+        cfg["rope_scaling"] = {"rope_type": scaling, "factor": _f32(md[f"{arch}.rope.scaling.factor"])}
+        if scaling == "yarn":
+            cfg["rope_scaling"]["original_max_position_embeddings"] = _int(
+                md, f"{arch}.rope.scaling.original_context_length")
+    elif scaling not in (None, "none"):
+        raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} in {g.path} is not supported")
+    return cfg
+
+
+def _state_dict(g: GGUFFile, cfg: dict, progress: bool) -> dict[str, torch.Tensor]:
+    permuted = ARCHITECTURES[g.metadata["general.architecture"]][2]
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    out = {}
+    total = sum(int(np.prod(i.shape)) * 4 for i in g.tensors.values())
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"dequantizing {g.path.name}",
+              disable=not progress, leave=False) as bar:
+        for name, info in g.tensors.items():
+            target = hf_name(name)
+            if target is None:
+                raise UnsupportedArchitectureError(f"GGUF tensor {name!r} in {g.path} has no Hugging Face counterpart")
+            w = g.dequantize(name)
+            m = _LAYER_RE.fullmatch(name)
+            if permuted and m and m.group(2) in heads:
+                w = unpermute_rope(w, heads[m.group(2)])
+            out[target] = w
+            bar.update(w.numel() * 4)
+    return out
+
+
+def _tokenizer_files(g: GGUFFile, cfg: dict, folder: Path) -> None:
+    md = g.metadata
+    build_tokenizer(md).save(str(folder / "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special_tokens(md),
+        "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")),
+        "add_eos_token": bool(md.get("tokenizer.ggml.add_eos_token", False)),
+        "model_max_length": cfg["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.chat_template" in md:
+        tok_cfg["chat_template"] = md["tokenizer.chat_template"]
+    _write_json(folder / "tokenizer_config.json", tok_cfg)
+    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
+    _write_json(folder / "generation_config.json", gen)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """Where `ensure_converted` puts (or finds) the folder for this file; raises if it is missing."""
+    try:
+        resolved = Path(gguf_path).resolve(strict=True)
+        st = resolved.stat()
+    except OSError as e:
+        raise ModelLoadError(f"GGUF file {gguf_path} cannot be read: {e.strerror or e}") from e
+    key = f"{resolved}|{st.st_size}|{st.st_mtime_ns}|{_FORMAT_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return model_cache_dir() / "converted" / f"{resolved.stem}-{digest}"
+
+
+def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
+    """Return a Hugging Face-format folder for `gguf_path`, converting it on first use."""
+    final = converted_dir(Path(gguf_path))
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    g = read_gguf(gguf_path)
+    # os.mkdir (unlike mkdtemp's 0700) honours the umask, so a shared cache stays readable.
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        cfg = hf_config(g)
+        _tokenizer_files(g, cfg, tmp)
+        state = _state_dict(g, cfg, progress)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del state
+        _write_json(tmp / "config.json", cfg)
+        os.chmod(tmp / "model.safetensors", (tmp / "config.json").stat().st_mode)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():  # another process did not win the race
+                raise
+    finally:
+        g.buffer.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
