@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: `ridgeline serve`, or `build_app(engine, ServerSettings(...))`."""

@@ -1,0 +1,253 @@
+"""AsyncEngine: LLMEngine.step() in a background thread, outputs fed to asyncio streams.
+
+Two threads, one owner each:
+- the step thread owns the LLMEngine: only it calls add_request, abort_request and step. Adds and
+  aborts from the event loop are queued ops, applied in order between steps.
+- the event-loop thread owns the streams and the waiting/running counts. Each step's outputs cross
+  over in one loop.call_soon_threadsafe call, so a token reaches its stream the step it is sampled.
+The forward releases the GIL, so the event loop keeps serving HTTP while a step runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.engine.outputs import RequestOutput
+from ridgeline.errors import RidgelineError
+from ridgeline.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineStoppedError(RidgelineError):
+    status = 503
+    type = "service_unavailable"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Written whole by the step thread after every step and batch of ops; read from any thread."""
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int
+
+
+@dataclass
+class NewRequest:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    prompt_text: str | None = None
+
+
+class RequestStream:
+    """Outputs of a set of engine requests, each request's newest first-come. Outputs are cumulative
+    snapshots, so an unread one is replaced by its successor: a slow reader skips, never lags."""
+
+    def __init__(self, owner: AsyncEngine, request_ids: list[str]):
+        self._owner = owner
+        self.unfinished = set(request_ids)
+        self._ready: dict[str, RequestOutput] = {}
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    def _put(self, out: RequestOutput) -> None:
+        self._ready[out.request_id] = out
+        self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self._ready:
+            if self._error is not None:
+                raise self._error
+            if not self.unfinished:
+                raise StopAsyncIteration
+            self._event.clear()
+            await self._event.wait()
+        out = self._ready.pop(next(iter(self._ready)))
+        if out.finished:
+            self.unfinished.discard(out.request_id)
+        return out
+
+    def abort(self) -> None:
+        """Abort whatever has not finished (idempotent); its KV blocks are freed before the next step."""
+        for rid in self.unfinished:
+            self._owner.abort(rid)
+        self.unfinished.clear()
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._ops: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._live: set[str] = set()  # step thread: requests added and not yet finished or aborted
+        self._streams: dict[str, RequestStream] = {}  # event loop: unfinished request -> its stream
+        self._no_token_yet: set[str] = set()  # event loop: subset of _streams still waiting
+        self.stats = self._snapshot()
+
+    # ---- event-loop side ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="ridgeline-step", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted that have no token yet (queued, waiting, or in prefill)."""
+        return len(self._no_token_yet)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._streams) - len(self._no_token_yet)
+
+    async def add(self, requests: list[NewRequest]) -> RequestStream:
+        """Add requests atomically (one bad request adds none); raises the engine's error."""
+        if not self.alive:
+            raise EngineStoppedError("the server is shutting down")
+        ids = [r.request_id for r in requests]
+        stream = RequestStream(self, ids)
+        for rid in ids:
+            self._streams[rid] = stream
+            self._no_token_yet.add(rid)
+        done = self._loop.create_future()
+        self._post(("add", requests, done))
+        try:
+            await done
+        except BaseException:  # includes cancellation: the add may still land, so abort after it
+            for rid in ids:
+                self.abort(rid)
+            raise
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._no_token_yet.discard(request_id)
+        self._post(("abort", request_id))
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything left and end the step thread."""
+        self._stopping = True
+        self._post(("stop",))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
+        error = EngineStoppedError("the server shut down before this request finished")
+        for stream in set(self._streams.values()):
+            stream._fail(error)
+        self._streams.clear()
+        self._no_token_yet.clear()
+
+    def _post(self, op: tuple) -> None:
+        self._ops.append(op)
+        self._wake.set()
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._no_token_yet.discard(out.request_id)
+            stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+            if stream is not None:
+                stream._put(out)
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        for rid in request_ids:
+            self._no_token_yet.discard(rid)
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream._fail(error)
+
+    # ---- step-thread side --------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            if not self._apply_ops():
+                break
+            if not self.engine.has_unfinished():
+                self.stats = self._snapshot()
+                self._wake.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bug, not bad input: fail the requests in flight, keep serving
+                log.exception("engine step failed; failing %d request(s)", len(self._live))
+                self._abort_all(RidgelineError(f"engine step failed: {e}"))
+                continue
+            for out in outputs:
+                if out.finished:
+                    self._live.discard(out.request_id)
+            self.stats = self._snapshot()
+            if outputs:
+                self._to_loop(self._dispatch, outputs)
+        self._abort_all(EngineStoppedError("the server shut down before this request finished"))
+
+    def _apply_ops(self) -> bool:
+        while self._ops:
+            op = self._ops.popleft()
+            if op[0] == "add":
+                self._add(op[1], op[2])
+            elif op[0] == "abort":
+                self.engine.abort_request(op[1])
+                self._live.discard(op[1])
+            else:
+                return False
+        self.stats = self._snapshot()
+        return True
+
+    def _add(self, requests: list[NewRequest], done: asyncio.Future) -> None:
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.engine.add_request(r.request_id, r.prompt, r.params, r.prompt_text)
+                added.append(r.request_id)
+        except Exception as e:
+            for rid in added:
+                self.engine.abort_request(rid)
+            self._to_loop(_settle, done, e)
+            return
+        self._live.update(added)
+        self._to_loop(_settle, done, None)
+
+    def _abort_all(self, error: BaseException) -> None:
+        ids = list(self._live)
+        for rid in ids:
+            self.engine.abort_request(rid)
+        self._live.clear()
+        self.stats = self._snapshot()
+        if ids:
+            self._to_loop(self._fail, ids, error)
+
+    def _to_loop(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is left to tell
+            pass
+
+    def _snapshot(self) -> EngineStats:
+        kv = self.engine.kv
+        return EngineStats(kv.num_usable_blocks - kv.num_free_blocks, kv.num_usable_blocks,
+                           self.engine.scheduler.num_preemptions)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

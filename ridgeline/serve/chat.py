@@ -1,0 +1,56 @@
+"""POST /v1/chat/completions"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, warn_unknown
+from ridgeline.serve.logprobs import chat_logprobs
+from ridgeline.serve.protocol import ChatCompletionRequest
+from ridgeline.serve.state import state_of
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = state_of(request)
+    state.check_model(body.model)
+    warn_unknown(body, "/v1/chat/completions")
+    params = body.sampling_params()
+    tok = state.engine.tokenizer
+    text = tok.apply_chat_template([m.as_template_input() for m in body.messages])
+    prompt = Prompt(tok.encode(text, add_special_tokens=False), text)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    job = await Job.start(state, rid, [prompt], params, body.max_tokens_field)
+    head = {"id": rid, "created": int(time.time()), "model": body.model}
+    if body.stream:
+        return sse_response(job, _chunks(job, head, tok, params.n, body.include_usage))
+    [out] = await job.results(request)
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(tok, c.logprobs), "finish_reason": c.finish_reason} for c in out.outputs]
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": job.usage()})
+
+
+async def _chunks(job: Job, head: dict, tok, n: int, include_usage: bool):
+    base = {**head, "object": "chat.completion.chunk"}
+    usage = {"usage": None} if include_usage else {}
+
+    def chunk(index: int, delta: dict, logprobs=None, finish: str | None = None) -> dict:
+        return {**base, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish}], **usage}
+
+    for i in range(n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    cursors = [Cursor() for _ in range(n)]
+    async for out in job:
+        for c in out.outputs:
+            step = cursors[c.index].advance(c)
+            if step is not None:
+                text, lps, finish = step
+                yield chunk(c.index, {"content": text} if text else {}, chat_logprobs(tok, lps), finish)
+    if include_usage:
+        yield {**base, "choices": [], "usage": job.usage()}

@@ -1,0 +1,88 @@
+"""Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}}."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from ridgeline.errors import RidgelineError
+
+log = logging.getLogger("ridgeline.serve")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable"}
+
+
+class ApiError(RidgelineError):
+    """An HTTP-level refusal (auth, unknown model, limits) raised by the server itself."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message, param, code)
+        self.status = status
+        self.type = _TYPES.get(status, "server_error")
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(e: RidgelineError) -> JSONResponse:
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+
+
+def install_error_handlers(app: FastAPI, on_error) -> None:
+    """on_error(status) counts each refusal for /metrics."""
+
+    @app.exception_handler(RidgelineError)
+    async def ridgeline_error(_: Request, e: RidgelineError):
+        on_error(e.status)
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError):  # FastAPI would answer 422
+        on_error(400)
+        return error_response(_from_validation(e.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException):
+        on_error(e.status_code)
+        err = ApiError(e.status_code, str(e.detail))
+        return JSONResponse(error_body(err.message, err.type), status_code=e.status_code, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception):
+        log.exception("unhandled error")
+        on_error(500)
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), 500)
+
+
+def _from_validation(errors) -> ApiError:
+    if not errors:
+        return ApiError(400, "invalid request")
+    # a union reports one error per member: the deepest one says most ('content.0.type: should be text')
+    located = [([p for p in e.get("loc", ()) if _is_field(p)], e) for e in errors]
+    loc, first = max(located, key=lambda le: len(le[0]))
+    if loc[:1] == ["body"]:
+        loc = loc[1:]
+    kind = first.get("type")
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return ApiError(400, f"the request body is not valid JSON: {detail}".rstrip(": "))
+    if not loc:
+        return ApiError(400, "the request body must be a JSON object")
+    path = ".".join(str(p) for p in loc)
+    if kind == "missing":
+        return ApiError(400, f"{path}: this field is required", param=str(loc[0]))
+    value = first.get("input")
+    shown = f" (got {value!r})" if isinstance(value, (int, float, str, bool)) or value is None else ""
+    return ApiError(400, f"{path}: {first.get('msg', 'invalid value')}{shown}", param=str(loc[0]))
+
+
+def _is_field(part) -> bool:
+    """Pydantic puts union-member tags such as 'list[int]' or 'TextPart' in a location; drop them."""
+    return isinstance(part, int) or (part.isidentifier() and not part[:1].isupper()
+                                     and part not in ("str", "int", "float", "bool", "list"))

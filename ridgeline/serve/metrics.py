@@ -1,0 +1,105 @@
+"""Prometheus metrics for /metrics, on a registry of their own (several servers may share a process)."""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ridgeline.engine.async_engine import AsyncEngine
+from ridgeline.engine.outputs import RequestOutput
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ServerMetrics:
+    def __init__(self, async_engine: AsyncEngine):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ridgeline_requests", "Finished sequences (choices) by finish status",
+                                ["status"], registry=r)
+        self.errors = Counter("ridgeline_request_errors", "Requests refused, by HTTP status", ["code"],
+                              registry=r)
+        self.prompt_tokens = Counter("ridgeline_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter("ridgeline_generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("ridgeline_time_to_first_token_seconds", "Arrival to first token",
+                              buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("ridgeline_time_per_output_token_seconds", "Mean time between output tokens "
+                              "after the first, per request", buckets=_PER_TOKEN, registry=r)
+        self.e2e = Histogram("ridgeline_e2e_request_latency_seconds", "Arrival to last token",
+                             buckets=_LATENCY, registry=r)
+        r.register(_EngineCollector(async_engine))
+
+    def count_error(self, status: int) -> None:
+        self.errors.labels(str(status)).inc()
+
+    def track(self, num_prompt_tokens: int, n: int, arrival: float) -> RequestTracker:
+        return RequestTracker(self, num_prompt_tokens, n, arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Latency and token counts of one HTTP request, fed the cumulative outputs it reads."""
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, n: int, arrival: float):
+        self.m = metrics
+        self.n = n  # choices per engine request
+        self.arrival = arrival  # time.monotonic() when the request was admitted
+        self.first: float | None = None
+        self.seen: dict[str, int] = {}  # engine request id -> output tokens counted so far
+        self.longest = 0  # tokens of the longest choice: the decode steps TPOT divides by
+        self.final: dict[str, RequestOutput] = {}
+        self.closed = False
+        metrics.prompt_tokens.inc(num_prompt_tokens)
+
+    def update(self, out: RequestOutput) -> None:
+        total = sum(len(c.token_ids) for c in out.outputs)
+        delta = total - self.seen.get(out.request_id, 0)
+        self.longest = max([self.longest] + [len(c.token_ids) for c in out.outputs])
+        if delta > 0:
+            self.seen[out.request_id] = total
+            self.m.generation_tokens.inc(delta)
+            if self.first is None:
+                self.first = time.monotonic()
+                self.m.ttft.observe(self.first - self.arrival)
+        if out.finished:
+            self.final[out.request_id] = out
+
+    def close(self, request_ids: list[str], error: bool = False) -> None:
+        """Record how each choice ended: its finish reason, or abort/error if it never finished."""
+        if self.closed:
+            return
+        self.closed = True
+        now = time.monotonic()
+        for rid in request_ids:
+            out = self.final.get(rid)
+            if out is None:
+                self.m.requests.labels("error" if error else "abort").inc(self.n)
+                continue
+            for c in out.outputs:
+                self.m.requests.labels(c.finish_reason or "abort").inc()
+        if len(self.final) == len(request_ids):
+            self.m.e2e.observe(now - self.arrival)
+            if self.first is not None and self.longest > 1:
+                self.m.tpot.observe((now - self.first) / (self.longest - 1))
+
+
+class _EngineCollector(Collector):
+    """Gauges read at scrape time: the step thread's snapshot and the event loop's counts."""
+
+    def __init__(self, async_engine: AsyncEngine):
+        self.ae = async_engine
+
+    def collect(self):
+        s = self.ae.stats
+        yield GaugeMetricFamily("ridgeline_num_requests_running", "Requests generating tokens",
+                                value=self.ae.num_running)
+        yield GaugeMetricFamily("ridgeline_num_requests_waiting", "Requests accepted without a first token",
+                                value=self.ae.num_waiting)
+        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_used", "KV cache blocks in use", value=s.kv_blocks_used)
+        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_total", "KV cache blocks", value=s.kv_blocks_total)
+        yield CounterMetricFamily("ridgeline_num_preemptions", "Requests preempted for KV blocks",
+                                  value=s.num_preemptions)

@@ -1,0 +1,125 @@
+"""Request bodies as OpenAI defines them (plus vLLM's sampling extensions), validated strictly:
+a wrong JSON type is a 400, never coerced. Value ranges are SamplingParams' job, checked once there.
+Unknown fields are kept in `model_extra` so the route can log and ignore them."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.sampling_params import MAX_LOGPROBS, SamplingParams
+
+_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                    "frequency_penalty", "seed", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
+                    "skip_special_tokens")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _GenerateRequest(_Strict):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    # vLLM extensions
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options: only allowed when stream is true", "stream_options")
+
+    def _sampling(self, max_tokens: tuple[str, int | None], logprobs: int | None) -> SamplingParams:
+        name, value = max_tokens
+        if value is not None and value < 1:
+            raise InvalidRequestError(f"{name}: must be >= 1, got {value}", name)
+        fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
+        return SamplingParams(**fields, max_tokens=value, logprobs=logprobs)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(_GenerateRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    @property
+    def max_tokens_field(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+    def sampling_params(self) -> SamplingParams:
+        self.check_stream_options()
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise InvalidRequestError("top_logprobs: requires logprobs to be true", "top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise InvalidRequestError(f"top_logprobs: must be in [0, {MAX_LOGPROBS}], got "
+                                          f"{self.top_logprobs}", "top_logprobs")
+        return self._sampling(self.max_tokens_field, (self.top_logprobs or 0) if self.logprobs else None)
+
+
+class CompletionRequest(_GenerateRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+
+    @property
+    def max_tokens_field(self) -> tuple[str, int | None]:
+        return "max_tokens", 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise InvalidRequestError("prompt: must not be empty", "prompt")
+        return list(p)
+
+    def sampling_params(self) -> SamplingParams:
+        self.check_stream_options()
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequestError("echo with logprobs is not supported (no prompt logprobs)", "echo")
+        return self._sampling(self.max_tokens_field, self.logprobs)

@@ -1,0 +1,173 @@
+"""Bad requests get OpenAI's error body with the documented status, and the server keeps serving:
+invalid parameters, malformed JSON, context overflow, unknown model, auth, body size, queue limit."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from ridgeline.config import EngineConfig
+from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.serve.app import build_app
+from ridgeline.serve.server import ServerThread
+from ridgeline.serve.state import ServerSettings
+
+KEY = "sekret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT, CMPL = "/v1/chat/completions", "/v1/completions"
+
+
+def chat(**kw) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **kw}
+
+
+def cmpl(**kw) -> dict:
+    return {"model": "tiny", "prompt": "hi", "max_tokens": 4, **kw}
+
+
+@pytest.fixture(scope="module")
+def app(tiny_llama):
+    engine = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, dtype="float32",
+                                                kv_cache_memory="1MiB"))
+    return build_app(engine, ServerSettings("tiny", api_key=KEY, max_waiting=2, max_body_bytes=4096))
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with ServerThread(app) as s, httpx.Client(base_url=s.url, headers=AUTH, timeout=30) as c:
+        yield c
+
+
+def metric(client: httpx.Client, name: str) -> float:
+    lines = [ln for ln in client.get("/metrics").text.splitlines() if ln.startswith(name + " ")]
+    return float(lines[0].split()[-1])
+
+
+NAN_BODY = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+
+CASES = [  # id, route, body, status, param, code
+    ("malformed-json", CHAT, b'{"model": "tiny", "messages": [', 400, None, None),
+    ("body-not-object", CHAT, b"[1, 2]", 400, None, None),
+    ("missing-model", CHAT, {"messages": [{"role": "user", "content": "hi"}]}, 400, "model", None),
+    ("missing-messages", CHAT, {"model": "tiny"}, 400, "messages", None),
+    ("empty-messages", CHAT, chat(messages=[]), 400, "messages", None),
+    ("unknown-role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages", None),
+    ("content-int", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages", None),
+    ("image-part", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     400, "messages", None),
+    ("max-tokens-string", CHAT, chat(max_tokens="5"), 400, "max_tokens", None),
+    ("max-tokens-negative", CHAT, chat(max_tokens=-3), 400, "max_tokens", None),
+    ("max-tokens-huge", CHAT, chat(max_tokens=10**9), 400, "max_tokens", "context_length_exceeded"),
+    ("max-completion-tokens-zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", None),
+    ("n-zero", CMPL, cmpl(n=0), 400, "n", None),
+    ("n-1000", CMPL, cmpl(n=1000), 400, "n", None),
+    ("n-float", CMPL, cmpl(n=1.5), 400, "n", None),
+    ("temperature-nan", CHAT, NAN_BODY, 400, "temperature", None),
+    ("temperature-string", CHAT, chat(temperature="hot"), 400, "temperature", None),
+    ("temperature-negative", CHAT, chat(temperature=-1), 400, "temperature", None),
+    ("top-p-over-1", CMPL, cmpl(top_p=1.5), 400, "top_p", None),
+    ("presence-penalty-range", CMPL, cmpl(presence_penalty=3), 400, "presence_penalty", None),
+    ("stream-not-bool", CHAT, chat(stream="yes"), 400, "stream", None),
+    ("stream-options-without-stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options",
+     None),
+    ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs", None),
+    ("top-logprobs-too-many", CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", None),
+    ("logprobs-too-many", CMPL, cmpl(logprobs=100), 400, "logprobs", None),
+    ("echo-with-logprobs", CMPL, cmpl(echo=True, logprobs=1), 400, "echo", None),
+    ("stop-not-strings", CMPL, cmpl(stop=[1]), 400, "stop", None),
+    ("min-tokens-over-max", CMPL, cmpl(min_tokens=9), 400, "min_tokens", None),
+    ("empty-prompt", CMPL, cmpl(prompt=""), 400, "prompt", None),
+    ("empty-prompt-list", CMPL, cmpl(prompt=[]), 400, "prompt", None),
+    ("mixed-prompt-list", CMPL, cmpl(prompt=["a", 1]), 400, "prompt", None),
+    ("token-id-out-of-vocab", CMPL, cmpl(prompt=[1, 10**6]), 400, "prompt", None),
+    ("prompt-over-context", CMPL, cmpl(prompt=[5] * 600), 400, "prompt", "context_length_exceeded"),
+    ("unknown-model", CMPL, cmpl(model="gpt-9"), 404, "model", "model_not_found"),
+]
+
+
+@pytest.mark.parametrize("route,body,status,param,code", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_request_gets_openai_error(client, route, body, status, param, code):
+    if isinstance(body, bytes):
+        r = client.post(route, content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = client.post(route, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["type"]
+    assert (err["param"], err["code"]) == (param, code)
+
+
+def test_prompt_over_context_names_both_numbers(client):
+    msg = client.post(CMPL, json=cmpl(prompt=[5] * 600)).json()["error"]["message"]
+    assert "600" in msg and "512" in msg
+
+
+def test_unknown_route_and_method_are_openai_shaped(client):
+    for r, status in ((client.get("/v1/nope"), 404), (client.get(CMPL), 405)):
+        assert r.status_code == status and r.json()["error"]["message"]
+
+
+def test_api_key(client):
+    url = str(client.base_url)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(url + CMPL, json=cmpl(), headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(url + "/health").status_code == 200  # probes need no key
+    assert client.post(CMPL, json=cmpl()).status_code == 200
+
+
+def test_body_over_limit_is_413(client):
+    big = cmpl(prompt="x" * 5000)
+    r = client.post(CMPL, json=big)
+    assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
+    chunked = client.post(CMPL, content=iter([b'{"model": "tiny", "prompt": "', b"x" * 5000, b'"}']),
+                          headers={"Content-Type": "application/json"})  # no Content-Length
+    assert chunked.status_code == 413 and chunked.json()["error"]["message"]
+
+
+def test_over_max_waiting_is_429(app, client):
+    engine = app.state.ridgeline.engine
+    gate = threading.Event()
+    step = engine.step
+    engine.step = lambda *a, **k: gate.wait(10) and step(*a, **k)  # hold the step thread: requests queue up
+    url = str(client.base_url)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            queued = [pool.submit(httpx.post, url + CMPL, json=cmpl(), headers=AUTH, timeout=30) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while metric(client, "ridgeline_num_requests_waiting") < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            r = client.post(CMPL, json=cmpl())
+            assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+            gate.set()
+            assert [f.result().status_code for f in queued] == [200, 200]
+    finally:
+        gate.set()
+        del engine.step
+
+
+def test_engine_step_failure_fails_only_the_requests_in_flight(app, client):
+    engine = app.state.ridgeline.engine
+    step = engine.step
+
+    def broken(*a, **k):
+        del engine.step  # fail once
+        raise RuntimeError("simulated kernel failure")
+
+    engine.step = broken
+    r = client.post(CMPL, json=cmpl())
+    assert r.status_code == 500 and "simulated kernel failure" in r.json()["error"]["message"]
+    assert client.post(CMPL, json=cmpl()).status_code == 200
+    assert engine.step == step
+
+
+def test_still_serves_and_leaks_nothing_after_errors(client):
+    r = client.post(CHAT, json=chat(max_tokens=3, ignore_eos=True))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert metric(client, "ridgeline_kv_cache_blocks_used") == 0
+    assert metric(client, "ridgeline_num_requests_waiting") == 0
+    assert 'ridgeline_request_errors_total{code="400"}' in client.get("/metrics").text
