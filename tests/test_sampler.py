@@ -40,6 +40,7 @@ def test_greedy_is_argmax_and_mixed_batches_keep_it():
     assert torch.equal(out.token_ids, logits.argmax(-1))
     assert out.logprobs is None and out.top_ids is None
     params = [SamplingParams(temperature=0) if i % 2 else SamplingParams(temperature=1.5) for i in range(16)]
+    torch.manual_seed(0)
     out = sample(logits, params)
     assert torch.equal(out.token_ids[1::2], logits[1::2].argmax(-1))
     assert not torch.equal(out.token_ids[0::2], logits[0::2].argmax(-1))
@@ -48,8 +49,8 @@ def test_greedy_is_argmax_and_mixed_batches_keep_it():
 def test_top_k_1_is_greedy_even_with_temperature():
     logits = torch.randn(32, 500, generator=torch.Generator().manual_seed(1))
     for seed in range(3):
-        gens = [torch.Generator().manual_seed(seed)] * 32
-        out = sample(logits, [SamplingParams(temperature=5.0, top_k=1)] * 32, gens=gens)
+        torch.manual_seed(seed)
+        out = sample(logits, [SamplingParams(temperature=5.0, top_k=1)] * 32)
         assert torch.equal(out.token_ids, logits.argmax(-1))
 
 
@@ -83,38 +84,40 @@ def test_seeded_row_is_reproducible_and_batch_invariant(row):
     assert alone != run_steps(row, 8, 0, [])
 
 
-# (params, num_candidates): small candidate sets force the head/tail split and the sort path
+# (params, num_candidates, wide_candidates): small candidate sets force the head/tail split and
+# the wide and full-vocabulary nucleus stages
 STAT_CASES = [
-    (SamplingParams(temperature=0.7), 128),
-    (SamplingParams(temperature=0.7), 2),
-    (SamplingParams(temperature=1.0, top_p=0.8), 128),
-    (SamplingParams(temperature=1.0, top_p=0.8), 2),
-    (SamplingParams(temperature=1.2, top_k=4, top_p=0.7), 2),
-    (SamplingParams(temperature=1.0, min_p=0.1), 2),
+    (SamplingParams(temperature=0.7), 256, 4096),
+    (SamplingParams(temperature=0.7), 2, 4),
+    (SamplingParams(temperature=1.0, top_p=0.75), 256, 4096),
+    (SamplingParams(temperature=1.0, top_p=0.75), 2, 3),
+    (SamplingParams(temperature=1.0, top_p=0.75), 2, 2),
+    (SamplingParams(temperature=1.2, top_k=4, top_p=0.8), 2, 2),
+    (SamplingParams(temperature=1.0, min_p=0.1), 2, 2),
 ]
 
 
-@pytest.mark.parametrize("params,num_candidates", STAT_CASES)
-def test_sampling_follows_filtered_softmax(params, num_candidates):
+@pytest.mark.parametrize("params,num_candidates,wide", STAT_CASES)
+def test_sampling_follows_filtered_softmax(params, num_candidates, wide):
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
     n = 20000
     torch.manual_seed(0)
-    out = sample(logits.expand(n, -1), [params] * n, Sampler(num_candidates))
+    out = sample(logits.expand(n, -1), [params] * n, Sampler(num_candidates, wide))
     freq = torch.bincount(out.token_ids, minlength=8).double() / n
     expected = reference_probs(logits, params)
     assert (freq - expected).abs().max() < 0.015  # ~4 sigma
     assert freq[expected == 0].sum() == 0
 
 
-@pytest.mark.parametrize("num_candidates", [128, 8])
+@pytest.mark.parametrize("num_candidates,wide", [(256, 4096), (8, 64), (8, 8)])
 @pytest.mark.parametrize("params", [SamplingParams(top_k=5), SamplingParams(top_p=0.5),
                                     SamplingParams(min_p=0.2), SamplingParams(temperature=0.5, top_p=0.9, min_p=0.01)])
-def test_filtered_tokens_are_never_sampled(params, num_candidates):
+def test_filtered_tokens_are_never_sampled(params, num_candidates, wide):
     logits = torch.randn(64, 2000, generator=torch.Generator().manual_seed(2)) * 3
     allowed = torch.stack([reference_probs(row, params) > 0 for row in logits])  # [64, 2000]
     torch.manual_seed(0)
     for _ in range(5):
-        out = sample(logits, [params] * 64, Sampler(num_candidates))
+        out = sample(logits, [params] * 64, Sampler(num_candidates, wide))
         assert allowed.gather(1, out.token_ids[:, None]).all()
 
 
@@ -125,7 +128,7 @@ def test_penalties_follow_the_formulas():
     params = [SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25),
               SamplingParams(presence_penalty=1.0),
               SamplingParams()]
-    prompts, outputs = [[1, 2, 2], [3], [4]], [[5, 5, 5, 1], [], [6]]
+    prompts, outputs = [[1, 2, 2, V + 1], [3], [4]], [[5, 5, 5, 1], [], [6]]  # V + 1: out of vocab, ignored
     got = logits.clone()
     apply_penalties(got, meta_for(params, V, prompts=prompts, outputs=outputs))
     want = logits.clone()

@@ -22,6 +22,7 @@ class EngineInfo:
     kv_bytes: int
     eos_token_ids: tuple[int, ...]
     load_seconds: float
+    prefix_caching: bool = False
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -40,8 +41,9 @@ class EngineInfo:
             f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
             f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
             f"{str(self.kv_dtype).removeprefix('torch.')}); max concurrency at "
-            f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}",
-            f"kernels    one-token matmul: {self.gemv}",
+            f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
+            f"{'on' if self.prefix_caching else 'off'}",
+            f"kernels    skinny matmul: {self.gemv}",
         ])
 
 

@@ -55,7 +55,7 @@ class LLMEngine:
                                       f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
         self.max_model_len = max_len
         model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend)
-        gemv = kernels.choose_gemv(device, choice.dtype)
+        gemv = kernels.choose_skinny(device, choice.dtype)
         kv_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         per_block = arch.kv_bytes_per_token(kv_dtype.itemsize) * cc.block_size
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
@@ -72,14 +72,14 @@ class LLMEngine:
         eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
                                                         is not None else ())))
         self.eos_ids = set(eos)
-        self.kv = KVCacheManager(num_blocks, cc.block_size)
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
         self.groups: dict[str, _Group] = {}
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_dtype,
                                gemv, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
-                               time.perf_counter() - t0)
+                               time.perf_counter() - t0, cc.enable_prefix_caching)
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -95,9 +95,12 @@ class LLMEngine:
         return ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    prompt_text: str | None = None) -> None:
+                    prompt_text: str | None = None, cache_salt: str | None = None) -> None:
+        """cache_salt: requests share prefix-cache blocks only with requests of the same salt."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
         ids = self.encode_prompt(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
@@ -112,7 +115,7 @@ class LLMEngine:
             seed = None if params.seed is None else params.seed + i
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
-                                   share_from=members[0] if i else None))
+                                   share_from=members[0] if i else None, cache_salt=cache_salt))
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = _Group(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],

@@ -1,15 +1,12 @@
-"""Dense linear layer with a per-machine choice of matrix-vector kernel for one-token batches.
-
-At M=1 on a CPU, `F.linear` streams fp32 weights at about half the memory bandwidth; a multiply and
-row-sum over the same [N, K] weight reads them faster. The choice is made once per process
-(`ridgeline.layers.kernels`), never per call.
-"""
+"""Dense linear layer. Batches of a few tokens (decode) go to the skinny-matmul kernel chosen at
+start-up (`ridgeline.layers.kernels`), where torch's CPU GEMM reads weights slowly."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.kernels import cpu_gemv
 from ridgeline.layers import kernels
 
 
@@ -22,7 +19,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
-        if x.shape[0] == 1 and kernels.GEMV == "mulsum":
-            y = (self.weight * x).sum(-1, keepdim=True).T
+        if kernels.SKINNY == "c" and x.shape[0] <= cpu_gemv.MAX_M:
+            y = cpu_gemv.gemv(x, self.weight).to(x.dtype)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)

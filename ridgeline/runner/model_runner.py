@@ -30,10 +30,10 @@ class ModelRunner:
         self.window = arch.sliding_window
         self.eos_ids = eos_ids
         shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        if device.type == "cpu":  # untouched pages stay unmapped until used: start-up does not pay for them
-            self.kv_cache = torch.empty(shape, dtype=kv_dtype, device=device)
-            self.kv_cache[:, :, 0].zero_()  # block 0 pads block tables: must hold finite values
-        else:
+        if device.type == "cpu":  # calloc: zero pages mapped on first touch, start-up does not pay for them
+            nbytes = int(np.prod(shape)) * kv_dtype.itemsize
+            self.kv_cache = torch.from_numpy(np.zeros(nbytes, np.uint8)).view(kv_dtype).view(shape)
+        else:  # never-written slots must hold finite values: masked keys still multiply their V by 0
             self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=device)
         for i, layer in enumerate(model.model.layers):
             layer.self_attn.attn.k_cache = self.kv_cache[i, 0]
