@@ -1,0 +1,49 @@
+"""The C skinny-matmul kernel computes x @ W^T like torch, for bf16 and fp32 weights."""
+import pytest
+import torch
+
+from ridgeline.kernels import cpu_gemv
+from ridgeline.layers import kernels
+from ridgeline.layers.linear import Linear
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    assert cpu_gemv.available(), cpu_gemv.unavailable_reason()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7)])
+def test_gemv_matches_fp32_reference(dtype, M, N, K):
+    torch.manual_seed(M * N + K)
+    w = torch.randn(N, K).to(dtype)
+    x = torch.randn(M, K).to(dtype)
+    want = x.double() @ w.double().T
+    got = cpu_gemv.gemv(x, w)
+    assert got.dtype == torch.float32 and got.shape == (M, N)
+    torch.testing.assert_close(got.double(), want, atol=1e-4 * K ** 0.5, rtol=1e-4)
+
+
+def test_gemv_rejects_too_many_rows():
+    with pytest.raises(ValueError):
+        cpu_gemv.gemv(torch.randn(cpu_gemv.MAX_M + 1, 16), torch.randn(4, 16))
+
+
+def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
+    lin = Linear(96, 40, bias=True)
+    torch.nn.init.normal_(lin.weight)
+    torch.nn.init.normal_(lin.bias)
+    x = torch.randn(3, 96)
+    monkeypatch.setattr(kernels, "SKINNY", "linear")
+    ref = lin(x)
+    monkeypatch.setattr(kernels, "SKINNY", "c")
+    calls = []
+    real = cpu_gemv.gemv
+    monkeypatch.setattr(cpu_gemv, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.testing.assert_close(lin(x), ref, atol=1e-4, rtol=1e-4)
+    assert calls
+    big = torch.randn(cpu_gemv.MAX_M + 1, 96)  # larger batches go to torch
+    calls.clear()
+    lin(big)
+    assert not calls
