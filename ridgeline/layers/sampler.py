@@ -5,8 +5,9 @@ raw logits.
 Random rows first race over their top-`num_candidates` tokens (or their top_k). More work is done
 only for rows whose kept set reaches past the candidates: a top_p nucleus retries with a wider
 top-k, then with the whole sorted vocabulary; without top_p, an exact head/tail split (the head
-wins with probability mass(head) / mass(kept), else the race runs over the rest of the vocabulary). Every choice a row makes depends only on its own
-logits and parameters, so a seeded row draws the same noise whatever batch it sits in.
+wins with probability mass(head) / mass(kept), else the race runs over the rest of the
+vocabulary). Every choice a row makes depends only on its own logits and parameters, so a seeded
+row draws the same noise whatever batch it sits in.
 """
 from __future__ import annotations
 
@@ -102,9 +103,11 @@ def _flat_index(rows: list[int], seqs: list[list[int]], vocab_size: int,
         buf.extend(seq)
     ids = torch.frombuffer(buf, dtype=torch.int64) if buf else torch.empty(0, dtype=torch.int64)
     owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor([len(seq) for seq in seqs]))
-    ok = (ids >= 0) & (ids < vocab_size)
     idx = torch.tensor(rows)[owner] * vocab_size + ids
-    return idx[ok].to(device), owner[ok].to(device)
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bool(bad.any()):
+        idx, owner = idx[~bad], owner[~bad]
+    return idx.to(device), owner.to(device)
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
@@ -176,6 +179,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """logits [B, V] float32; used as scratch (overwritten in place)."""
+        logits = logits.contiguous()
         lsm = None
         if meta.logprob_rows is not None:
             rows = meta.logprob_rows
@@ -210,7 +214,7 @@ class Sampler:
                 continue
             xr = x if len(rows) == len(x) else x[rows]
             ids, done, _, _ = _candidate_race(xr, torch.full_like(rows, wide), top_k[rows], top_p[rows],
-                                                  min_p[rows], total[rows], [gens[i] for i in rows.tolist()])
+                                              min_p[rows], total[rows], [gens[i] for i in rows.tolist()])
             token_ids[rows[done]] = ids[done]
             rows = rows[~done]
         r = unresolved[~nucleus]  # all candidates kept: the head wins with prob mass(head) / mass(kept)
