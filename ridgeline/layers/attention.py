@@ -14,6 +14,7 @@ from torch import nn
 from ridgeline.runner.forward_context import AttnGroup, get_forward_context
 
 BACKENDS: dict[str, Callable] = {}
+SMALL_ATTENTION = 4096  # B * Q * L below which plain matmul-softmax-matmul beats SDPA on a CPU
 
 
 def register_backend(name: str):
@@ -37,7 +38,11 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
     flat = g.block_tables.view(-1)
     k = k_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
     v = v_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)  # [B, Hkv, Q*G, D]
+    if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
+        s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~g.mask, float("-inf"))
+        o = torch.softmax(s, dim=-1) @ v
+    else:
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)  # [B, Hkv, Q*G, D]
     o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
     return o if g.valid is None else o[g.valid]
 

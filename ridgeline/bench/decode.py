@@ -1,0 +1,133 @@
+"""`ridgeline bench decode`: batch-1 greedy decode speed, Ridgeline vs HF transformers.
+
+One chat prompt of about --prompt-len tokens; each side generates output_len + 1 tokens and the
+decode rate is the last output_len tokens over the time from the first token to the last (prefill
+excluded; time to first token reported beside it). Best of --repeats runs, after a warm-up.
+At batch 1 every weight is read once per token, so the achieved weight bandwidth is
+bytes of weights read per token (params x dtype bytes) x tok/s: compare it with the memory's read
+bandwidth to see how close decode is to its floor.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+
+from ridgeline.bench import hf_baseline
+from ridgeline.bench.report import describe_machine, machine_info, write_json
+from ridgeline.bench.throughput import build_llm, dtype_name
+from ridgeline.bench.workloads import chat_workload
+
+
+def weight_bytes_per_token(arch, dtype) -> int:
+    """Weights one decode step reads: all parameters, less the input embedding table when it is not tied
+    to the output head (a lookup reads one row of it)."""
+    params = arch.num_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size)
+    return params * dtype.itemsize
+
+
+def ridgeline_decode_timing(llm, prompt: list[int], output_len: int, tag: str) -> dict:
+    """Drive the engine step by step, stamping each new token of one request."""
+    from ridgeline.sampling_params import SamplingParams
+    eng = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
+    t0 = time.perf_counter()
+    eng.add_request(tag, prompt, params)
+    req = eng.requests[tag]
+    stamps: list[float] = []
+    try:
+        while not req.status.finished:
+            eng.step(emit_unfinished=False)
+            now = time.perf_counter()
+            stamps += [now] * (req.num_output_tokens - len(stamps))
+    finally:
+        eng.abort_request(tag)
+    decode_s = stamps[-1] - stamps[0]
+    return {"ttft_s": stamps[0] - t0, "decode_s": decode_s, "decode_tokens": len(stamps) - 1,
+            "decode_tok_per_s": (len(stamps) - 1) / decode_s, "token_ids": list(req.output_token_ids)}
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if x >= 1 else f"{x:.3g}"
+
+
+def _best(runs: list[dict]) -> dict:
+    best = dict(max(runs, key=lambda r: r["decode_tok_per_s"]))
+    best["all_decode_tok_per_s"] = [r["decode_tok_per_s"] for r in runs]
+    return best
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    wall0 = time.perf_counter()
+    machine = machine_info()
+    print(describe_machine(machine), file=sys.stderr)
+    llm = build_llm(args)
+    arch, info = llm.engine.arch, llm.info
+    slack = max(4, args.prompt_len // 10)
+    prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
+                           args.workload_seed)[0]
+    wbytes = weight_bytes_per_token(arch, info.dtype)
+    print(f"decode     prompt {len(prompt)} tokens, {args.output_len} decode tokens, dtype "
+          f"{dtype_name(info.dtype)}, weights read per token {_num(wbytes / 1e6)} MB; best of {args.repeats}",
+          file=sys.stderr)
+    ridgeline_decode_timing(llm, prompt, 8, "bench-decode-warmup")
+    rl = _best([ridgeline_decode_timing(llm, prompt, args.output_len, f"bench-decode-{i}")
+                for i in range(args.repeats)])
+    rows = [("Ridgeline", rl)]
+    hf = None
+    if args.baseline == "hf":
+        folder, eos = info.model_folder, set(info.eos_token_ids)
+        del llm
+        gc.collect()
+        model = hf_baseline.load_model(folder, info.dtype)
+        hf_baseline.warm_up(model)
+        hf = _best([hf_baseline.decode_timing(model, prompt, args.output_len) for _ in range(args.repeats)])
+        rows.append(("HF generate()", hf))
+        del model
+
+    print()
+    print(f"Batch-1 decode: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
+          f"{machine['torch_threads']} threads; prompt {len(prompt)} tokens, {args.output_len} decode tokens")
+    head = f"{'':<16}{'decode tok/s':>14}{'ms/token':>10}{'weights GB/s':>14}{'TTFT s':>9}   runs (tok/s)"
+    print(head)
+    print("-" * len(head))
+    for name, r in rows:
+        r["weight_gb_per_s"] = wbytes * r["decode_tok_per_s"] / 1e9
+        runs = ", ".join(f"{x:.1f}" for x in r["all_decode_tok_per_s"])
+        print(f"{name:<16}{r['decode_tok_per_s']:>14.1f}{1000 / r['decode_tok_per_s']:>10.1f}"
+              f"{_num(r['weight_gb_per_s']):>14}{r['ttft_s']:>9.2f}   {runs}")
+    ratio = agree = None
+    if hf:
+        ratio = rl["decode_tok_per_s"] / hf["decode_tok_per_s"]
+        ours, theirs = rl["token_ids"], hf["token_ids"]
+        cut = next((j for j, t in enumerate(ours) if t in eos), len(ours))
+        agree = next((j for j, (a, b) in enumerate(zip(ours[:cut], theirs)) if a != b), min(cut, len(theirs)))
+        print(f"\nRidgeline / HF: {ratio:.2f}x decode tok/s; greedy tokens agree for the first {agree} of {cut} "
+              f"(compared up to Ridgeline's first EOS)")
+    wall = time.perf_counter() - wall0
+    print(f"bench wall time {wall:.0f}s")
+    if args.json:
+        strip = lambda r: {k: v for k, v in r.items() if k != "token_ids"}  # noqa: E731
+        write_json(args.json, {
+            "command": "decode", "machine": machine,
+            "engine": {"model": args.model, "dtype": dtype_name(info.dtype), "num_params": arch.num_params,
+                       "kernels": info.gemv, "weight_bytes_per_token": wbytes},
+            "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
+            "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,
+            "greedy_agreement_tokens": agree, "wall_s": wall})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def add_decode_parser(bsub) -> argparse.ArgumentParser:
+    p = bsub.add_parser("decode", help="batch-1 decode tok/s and weight bandwidth, vs HF transformers",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompt-len", type=int, default=100, help="about this many prompt tokens (default 100)")
+    p.add_argument("--output-len", type=int, default=128, help="decode tokens timed (default 128)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per side; the best is reported")
+    p.add_argument("--workload-seed", type=int, default=0)
+    p.add_argument("--baseline", default="hf", choices=["hf", "none"])
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.set_defaults(func=cmd_decode)
+    return p

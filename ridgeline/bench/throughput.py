@@ -1,0 +1,166 @@
+"""`ridgeline bench throughput`: offline throughput on a fixed-seed workload, against HF transformers.
+
+Ridgeline runs the whole workload through LLM.generate() (greedy, fixed output length, ignore_eos)
+after a warm-up on different prompts; then, in the same process, on the same model folder, dtype
+and token ids: HF one request at a time and HF left-padded batches. The table reports output tok/s,
+total (prompt + output) tok/s and useful GFLOP/s (2 * params per processed token / time).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+
+from ridgeline.bench import hf_baseline
+from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
+                                    write_json)
+from ridgeline.bench.workloads import make_workload
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def build_llm(args: argparse.Namespace):
+    from ridgeline.cli import engine_kwargs
+    from ridgeline.entrypoints.llm import LLM
+    llm = LLM(args.model, **engine_kwargs(args))
+    print(llm.info.summary(), file=sys.stderr)
+    return llm
+
+
+def workload_from_args(args: argparse.Namespace, tokenizer, num_requests: int, seed: int) -> list[list[int]]:
+    return make_workload(args.workload, tokenizer, num_requests, min_len=args.min_prompt,
+                         max_len=args.max_prompt, prefix_len=args.prefix_len, seed=seed)
+
+
+def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts: list[list[int]] | None = None,
+                  progress: bool = True) -> tuple[RunResult, list[list[int]]]:
+    from ridgeline.sampling_params import SamplingParams
+    if warmup_prompts:
+        llm.generate(warmup_prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=progress)
+    elapsed = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    cached = sum(o.num_cached_tokens or 0 for o in outs)
+    res = RunResult("Ridgeline", len(prompts), sum(map(len, prompts)), sum(map(len, tokens)), elapsed,
+                    total_requests=len(prompts), extra={"cached_prompt_tokens": cached})
+    short = sum(len(t) < output_len for t in tokens)
+    notes = []
+    if cached:
+        notes.append(f"{cached} prompt tokens served from the prefix cache")
+    if short:
+        notes.append(f"{short} requests stopped before {output_len} tokens (max_model_len?)")
+    res.note = "; ".join(notes)
+    return res, tokens
+
+
+def greedy_agreement(ours: list[list[int]], theirs: dict[int, list[int]], eos_ids: set[int]) -> dict:
+    """How far greedy outputs agree, compared up to the first EOS in ours (HF masks EOS, we pass it)."""
+    prefixes, exact = [], 0
+    for i, t in theirs.items():
+        o = ours[i]
+        cut = next((j for j, tok in enumerate(o) if tok in eos_ids), len(o))
+        o, t = o[:cut], t[:cut]
+        n = next((j for j, (a, b) in enumerate(zip(o, t)) if a != b), min(len(o), len(t)))
+        prefixes.append(n / max(1, len(o)))
+        exact += n == len(o)
+    return {"requests": len(prefixes), "identical": exact,
+            "mean_matching_prefix": statistics.mean(prefixes) if prefixes else float("nan")}
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    wall0 = time.perf_counter()
+    machine = machine_info()
+    print(describe_machine(machine), file=sys.stderr)
+    llm = build_llm(args)
+    arch, info = llm.engine.arch, llm.info
+    num_params = arch.num_params
+    prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
+    warm = workload_from_args(args, llm.tokenizer, min(8, args.num_requests), args.workload_seed + 10_000)
+    lens = [len(p) for p in prompts]
+    print(f"workload   {args.workload}, seed {args.workload_seed}: {len(prompts)} requests, prompts "
+          f"{min(lens)}-{max(lens)} tokens (mean {statistics.mean(lens):.0f}, total {sum(lens)}), "
+          f"{args.output_len} output tokens each (ignore_eos, greedy)", file=sys.stderr)
+    print(f"dtype      {dtype_name(info.dtype)} for Ridgeline and the baselines; {num_params / 1e6:.1f} M params",
+          file=sys.stderr)
+
+    rl, rl_tokens = run_ridgeline(llm, prompts, args.output_len, warm, progress=not args.no_progress)
+    results, agreement = [rl], None
+    if args.baseline == "hf" and (args.hf_requests or args.hf_batch):
+        folder, eos = info.model_folder, set(info.eos_token_ids)
+        del llm
+        gc.collect()
+        model = hf_baseline.load_model(folder, info.dtype)
+        print(f"HF         transformers {machine['transformers']} loaded {folder} in {model.load_seconds:.1f}s",
+              file=sys.stderr)
+        if args.hf_requests:
+            one, hf_tokens = hf_baseline.one_at_a_time(model, prompts, args.output_len, args.hf_requests,
+                                                       progress=not args.no_progress)
+            results.append(one)
+            agreement = greedy_agreement(rl_tokens, hf_tokens, eos)
+        if args.hf_batch:
+            results.append(hf_baseline.padded_batches(model, prompts, args.output_len, args.hf_batch,
+                                                      args.hf_batch_requests, progress=not args.no_progress))
+        del model
+
+    print()
+    print(f"Throughput: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
+          f"{machine['torch_threads']} threads")
+    print(throughput_table(results, num_params))
+    lines, ratios = ratio_lines(rl, results[1:])
+    if lines:
+        print()
+        print("\n".join(lines))
+    if agreement:
+        print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
+              f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")
+    wall = time.perf_counter() - wall0
+    print(f"bench wall time {wall:.0f}s")
+    if args.json:
+        write_json(args.json, {
+            "command": "throughput", "machine": machine,
+            "engine": {"model": args.model, "model_folder": str(info.model_folder), "dtype": dtype_name(info.dtype),
+                       "dtype_reason": info.dtype_reason, "num_params": num_params, "kernels": info.gemv,
+                       "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs},
+            "workload": {"name": args.workload, "seed": args.workload_seed, "num_requests": len(prompts),
+                         "min_prompt": args.min_prompt, "max_prompt": args.max_prompt,
+                         "prompt_tokens": sum(lens), "output_len": args.output_len},
+            "results": [r.to_dict(num_params) for r in results], "ratios": ratios,
+            "greedy_agreement": agreement, "wall_s": wall})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    from ridgeline.bench.workloads import WORKLOADS
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="chat", choices=WORKLOADS)
+    g.add_argument("--num-requests", type=int, default=256)
+    g.add_argument("--min-prompt", type=int, default=50, help="shortest prompt in tokens (chat template included)")
+    g.add_argument("--max-prompt", type=int, default=200)
+    g.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix workload: common prefix tokens")
+    g.add_argument("--output-len", type=int, default=128, help="output tokens per request (ignore_eos)")
+    g.add_argument("--workload-seed", type=int, default=0)
+
+
+def add_throughput_parser(bsub) -> argparse.ArgumentParser:
+    p = bsub.add_parser("throughput", help="offline throughput on a fixed-seed workload, vs HF transformers",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    g = p.add_argument_group("baselines")
+    g.add_argument("--baseline", default="hf", choices=["hf", "none"])
+    g.add_argument("--hf-requests", type=int, default=16,
+                   help="HF one-at-a-time runs only this many requests (evenly spaced) and extrapolates "
+                        "the rate; 0 skips it (default 16)")
+    g.add_argument("--hf-batch", type=int, default=64, help="HF padded batch size; 0 skips it (default 64)")
+    g.add_argument("--hf-batch-requests", type=int, default=None,
+                   help="HF padded batches run only the first whole batches covering this many requests")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.set_defaults(func=cmd_throughput)
+    return p

