@@ -47,3 +47,28 @@ def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     calls.clear()
     lin(big)
     assert not calls
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_decode_matches_sdpa_backend(window):
+    import numpy as np
+
+    from ridgeline.kernels import cpu_attention
+    from ridgeline.layers.attention import paged_sdpa
+    from ridgeline.runner.forward_context import AttnGroup
+    torch.manual_seed(0)
+    NB, bs, Hkv, G, D = 12, 4, 2, 3, 16
+    kc, vc = torch.randn(NB, bs, Hkv, D), torch.randn(NB, bs, Hkv, D)
+    key_lens = torch.tensor([3, 9, 13])
+    tables = torch.tensor([[5, 0, 0, 0], [1, 7, 2, 0], [3, 4, 8, 11]])
+    q = torch.randn(3, Hkv * G, D)
+    L = tables.shape[1] * bs
+    keys = torch.arange(L)
+    mask = keys[None, :] < key_lens[:, None]
+    if window:
+        mask &= keys[None, :] >= key_lens[:, None] - window
+    g = AttnGroup(rows=slice(0, 3), q_index=torch.arange(3)[:, None], block_tables=tables,
+                  mask=mask.view(3, 1, 1, L), key_lens=key_lens, valid=None)
+    want = paged_sdpa(q, kc, vc, g, 0.25, window)
+    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.25, window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -1,7 +1,8 @@
 """Attention over the paged KV cache, behind a backend registry.
 
-Grouped-query trick: the G = H / Hkv query heads that share a KV head are laid out as extra query
-rows, so SDPA runs per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
+Grouped-query trick (SDPA backend): the G = H / Hkv query heads that share a KV head are laid out
+as extra query rows, so SDPA runs per KV head with no KV repetition: q [B, Hkv, Q*G, D] against
+k [B, Hkv, L, D] gathered from the block tables.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.kernels import cpu_attention
 from ridgeline.runner.forward_context import AttnGroup, get_forward_context
 
 BACKENDS: dict[str, Callable] = {}
@@ -25,9 +27,9 @@ def register_backend(name: str):
 
 
 @register_backend("sdpa")
-def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup,
-               scale: float) -> torch.Tensor:
-    """q [Tg, H, D] (the group's rows); caches [NB, bs, Hkv, D] -> [Tg, H*D]."""
+def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
+               window: int | None) -> torch.Tensor:
+    """q [Tg, H, D] (the group's rows); caches [NB, bs, Hkv, D] -> [Tg, H*D]. The window is in g.mask."""
     B, Q = g.q_index.shape
     _, bs, Hkv, D = k_cache.shape
     H = q.shape[1]
@@ -47,11 +49,23 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
     return o if g.valid is None else o[g.valid]
 
 
+@register_backend("auto")
+def paged_auto(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
+               window: int | None) -> torch.Tensor:
+    """Decode groups on a CPU with an fp32 cache: the C kernel reading blocks in place; else SDPA."""
+    if (g.q_index.shape[1] == 1 and k_cache.device.type == "cpu" and k_cache.dtype == torch.float32
+            and cpu_attention.available()):
+        return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.key_lens, scale, window)
+    return paged_sdpa(q, k_cache, v_cache, g, scale, window)
+
+
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str = "sdpa"):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str = "auto",
+                 sliding_window: int | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
+        self.window = sliding_window
         self.backend = BACKENDS[backend]
         self.k_cache = self.v_cache = torch.empty(0)  # [NB, bs, Hkv, D], bound by the runner
 
@@ -63,8 +77,9 @@ class Attention(nn.Module):
         flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
         flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
         if len(ctx.groups) == 1:
-            return self.backend(q, self.k_cache, self.v_cache, ctx.groups[0], self.scale).to(q.dtype)
+            g = ctx.groups[0]
+            return self.backend(q, self.k_cache, self.v_cache, g, self.scale, self.window).to(q.dtype)
         out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
         for g in ctx.groups:
-            out[g.rows] = self.backend(q[g.rows], self.k_cache, self.v_cache, g, self.scale).to(q.dtype)
+            out[g.rows] = self.backend(q[g.rows], self.k_cache, self.v_cache, g, self.scale, self.window).to(q.dtype)
         return out

@@ -20,7 +20,7 @@ class SelfAttention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.qkv_bias)
         self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
         self.rotary = rotary
-        self.attn = Attention(self.h, self.hkv, self.d, backend)
+        self.attn = Attention(self.h, self.hkv, self.d, backend, cfg.sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -80,7 +80,7 @@ class LlamaForCausalLM(nn.Module):
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, cfg: ArchConfig, max_positions: int, backend: str = "sdpa"):
+    def __init__(self, cfg: ArchConfig, max_positions: int, backend: str = "auto"):
         super().__init__()
         self.cfg = cfg
         self.model = Model(cfg, max_positions, backend)

@@ -14,7 +14,7 @@ from ridgeline.weights.safetensors_loader import iter_tensors
 
 
 def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch.device,
-                max_positions: int, backend: str = "sdpa") -> nn.Module:
+                max_positions: int, backend: str = "auto") -> nn.Module:
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, backend).to(dtype)

@@ -1,0 +1,92 @@
+"""How many devices, and how to split the model over them: tensor, pipeline or expert parallel."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ridgeline.advisor.errors import AdvisorError
+from ridgeline.advisor.hardware import INTER_NODE_BW, HardwareSpec
+from ridgeline.advisor.memory import kv_needed, min_devices, weight_bytes
+from ridgeline.advisor.model_spec import ModelSpec
+from ridgeline.advisor.roofline import Platform, decode_step
+from ridgeline.advisor.units import fmt_bytes, fmt_time
+from ridgeline.advisor.workload import Workload
+
+TP_NETWORK_LIMIT = 0.25  # TP is a trap when its collectives add more than this fraction to a decode step
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int  # devices splitting each layer (for MoE: the expert-parallel group)
+    pp: int
+    ep: bool
+    reason: str
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
+
+    def describe(self) -> str:
+        if self.devices == 1:
+            return "1 device"
+        parts = [f"{'EP' if self.ep else 'TP'}{self.tp}"] + ([f"PP{self.pp}"] if self.pp > 1 else [])
+        return f"{self.devices} devices ({' x '.join(parts)})"
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def check_fits(spec: ModelSpec, hw: HardwareSpec, w: Workload, concurrency: float) -> int:
+    n = min_devices(spec, hw, w, concurrency)
+    if n > hw.max_devices:
+        what = "one host" if hw.kind == "cpu" else f"{hw.max_nodes} nodes x {hw.devices_per_node}"
+        raise AdvisorError(
+            f"{spec.name} cannot fit on any count of {hw.name}: weights at {w.weight_precision} are "
+            f"{fmt_bytes(weight_bytes(spec, w.weight_precision))} plus {fmt_bytes(kv_needed(spec, w, concurrency))} "
+            f"of KV for {concurrency:g} requests, and the most the advisor plans is {hw.max_devices} "
+            f"({what}) with {fmt_bytes(hw.max_devices * hw.usable_memory)} usable. Use a lower weight precision "
+            f"(--weights fp8 / int4), fewer concurrent requests, or a larger device.", "hardware")
+    return n
+
+
+def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, concurrency: float) -> Layout:
+    if needed <= 1:
+        return Layout(1, 1, False, "fits on one device: no model parallelism; add replicas (data parallel) "
+                                   "for more throughput")
+    node = hw.devices_per_node
+    if spec.is_moe:
+        ep = _pow2_at_least(needed)
+        while spec.num_experts % ep and ep > 1:
+            ep //= 2
+        ep = max(ep, 1)
+        pp = math.ceil(needed / ep)
+        frac = spec.moe_layers * spec.num_experts * spec.expert_params() / spec.num_params
+        return Layout(ep, pp, True, (
+            f"expert parallel: routed experts are {frac:.0%} of the weights; EP{ep} puts "
+            f"{spec.num_experts // ep} whole experts on each device, so a token crosses the network twice per "
+            f"MoE layer (all-to-all of hidden x top-{spec.experts_per_token}) instead of TP's two all-reduces "
+            f"per layer inside every expert; attention runs tensor-parallel over the same devices"
+            + (f"; PP{pp} across nodes" if pp > 1 else "")))
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= node and spec.num_heads % t == 0]
+    tp = next((t for t in tps if t >= needed), tps[-1])
+    pp = math.ceil(needed / tp)
+    if pp > spec.num_layers:
+        raise AdvisorError(f"{spec.name} needs {needed} x {hw.name} but has only {spec.num_layers} layers to "
+                           "pipeline over", "hardware")
+    tp_pl = Platform(spec, hw, w.weight_precision, w.kv_precision, tp=tp)
+    t = decode_step(tp_pl, concurrency, w.mean_decode_context)
+    busy = max(t.memory, t.compute)
+    if tp > 1 and t.network > TP_NETWORK_LIMIT * busy:
+        return Layout(1, needed, False, (
+            f"pipeline parallel: TP{tp} over {hw.link} would spend {fmt_time(t.network)} per decode step in "
+            f"all-reduces (2 per layer) against {fmt_time(busy)} of memory/compute time; PP{needed} passes "
+            f"only the activations once per stage boundary. Per-token latency does not drop with PP; "
+            f"throughput grows when micro-batches fill the pipeline"))
+    reason = (f"tensor parallel: TP{tp} inside a node over {hw.link} ({fmt_bytes(hw.link_bw)}/s): each device "
+              f"reads 1/{tp} of the weights per step, so bandwidth-bound decode gets ~{tp}x faster; its 2 "
+              f"all-reduces per layer cost {fmt_time(t.network)} per step against {fmt_time(busy)}")
+    if pp > 1:
+        reason += (f"; PP{pp} across nodes, because between nodes ({fmt_bytes(INTER_NODE_BW)}/s) only "
+                   "activations should cross, once per stage")
+    return Layout(tp, pp, False, reason)

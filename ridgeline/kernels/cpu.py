@@ -1,0 +1,69 @@
+"""Build (once per machine, cached) and load the C kernels in this folder through ctypes.
+
+gemv.c: skinny matmul for 1-8 token batches, where torch's CPU GEMM reads weights slowly
+(bf16 at small M is several times slower than fp32 here). paged_attention.c: decode attention
+read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+_SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+_I64, _PTR, _INT, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "ridgeline_gemv": [_PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
+                               _F32, _INT],
+}
+
+
+def _build() -> ctypes.CDLL:
+    from ridgeline.utils.device import cpu_flags
+    from ridgeline.weights.cache_dir import model_cache_dir
+
+    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc/cc) on PATH")
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES))
+    digest.update((" ".join(sorted(cpu_flags())) + platform.machine()).encode())
+    out = model_cache_dir() / "kernels" / f"ridgeline-{digest.hexdigest()[:16]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_so = Path(tmp) / out.name
+            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES), "-o",
+                   str(tmp_so), "-lm"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"compiling the C kernels failed: {proc.stderr.strip()[:500]}")
+            os.replace(tmp_so, out)
+    lib = ctypes.CDLL(str(out))
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return lib
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded library, built on first call; None (see unavailable_reason) if it cannot be."""
+    global _lib, _error
+    if _lib is None and _error is None:
+        try:
+            _lib = _build()
+        except (RuntimeError, OSError) as e:
+            _error = str(e)
+    return _lib
+
+
+def unavailable_reason() -> str | None:
+    return _error
