@@ -1,4 +1,4 @@
-"""ridgeline serve | generate | chat | bench | pull"""
+"""ridgeline serve | generate | chat | bench | cache-report | pull"""
 from __future__ import annotations
 
 import argparse
@@ -17,14 +17,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default: 25%% of free "
                                                            "memory, at most 4 GiB)")
     g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="do not reuse KV blocks of identical prompt prefixes across requests")
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--seed", type=int, default=0)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "block_size", "max_num_batched_tokens",
-            "max_num_seqs", "seed"]
+    keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "block_size", "enable_prefix_caching",
+            "max_num_batched_tokens", "max_num_seqs", "seed"]
     return {k: getattr(args, k) for k in keys}
 
 
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
-    for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli"):
+    for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:

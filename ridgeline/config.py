@@ -45,7 +45,7 @@ class CacheConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes; None: kv_cache_fraction of available memory
     kv_cache_fraction: float = 0.25
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # reuse KV blocks of identical prompt prefixes across requests
 
     def __post_init__(self):
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -71,7 +71,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    attention_backend: str = "sdpa"
+    attention_backend: str = "auto"
     progress: bool = True
 
     @classmethod

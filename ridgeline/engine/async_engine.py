@@ -31,9 +31,14 @@ class EngineStoppedError(RidgelineError):
 @dataclass(frozen=True)
 class EngineStats:
     """Written whole by the step thread after every step and batch of ops; read from any thread."""
-    kv_blocks_used: int
+    kv_blocks_used: int  # referenced by a request
     kv_blocks_total: int
     num_preemptions: int
+    kv_blocks_free: int = 0  # holding nothing reusable
+    kv_blocks_cached: int = 0  # prefix-cache blocks no request uses (evictable)
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # tokens served from it
+    prefix_cache_evictions: int = 0
 
 
 @dataclass
@@ -42,6 +47,7 @@ class NewRequest:
     prompt: str | list[int]
     params: SamplingParams
     prompt_text: str | None = None
+    cache_salt: str | None = None
 
 
 class RequestStream:
@@ -213,7 +219,7 @@ class AsyncEngine:
         added: list[str] = []
         try:
             for r in requests:
-                self.engine.add_request(r.request_id, r.prompt, r.params, r.prompt_text)
+                self.engine.add_request(r.request_id, r.prompt, r.params, r.prompt_text, r.cache_salt)
                 added.append(r.request_id)
         except Exception as e:
             for rid in added:
@@ -240,8 +246,9 @@ class AsyncEngine:
 
     def _snapshot(self) -> EngineStats:
         kv = self.engine.kv
-        return EngineStats(kv.num_usable_blocks - kv.num_free_blocks, kv.num_usable_blocks,
-                           self.engine.scheduler.num_preemptions)
+        return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
+                           len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
+                           kv.stats.evictions)
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

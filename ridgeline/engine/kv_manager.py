@@ -1,22 +1,39 @@
-"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, ref counts, one block table per request.
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, ref counts, one block table per request,
+and (enable_caching) a prefix cache over full blocks. Torch-free.
 
-Torch-free. Invariant (check_integrity): every block is either free (ref 0, in the free list) or
-used (ref >= 1); free + used == total. Block 0 is never handed out: padded block tables point at it.
+Every usable block is in exactly one state (check_integrity):
+- free:      ref 0, holds nothing reusable; in free_ids (taken first).
+- cached:    ref 0, holds a full block of computed tokens in the prefix cache; in `evictable`, least
+             recently released first. Taken only when free_ids is empty (lazy eviction).
+- used:      ref >= 1, in the tables of that many requests.
+free + cached + used == total. Block 0 is never handed out: padded block tables point at it.
+A request's table is released tail first, so its tail blocks are the first to be reused or evicted.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+from ridgeline.engine.prefix_cache import PrefixCacheIndex, PrefixCacheStats, PrefixMatch, chain_keys
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False):
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self.free_ids: deque[int] = deque(range(1, num_blocks))
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, ref 0; LRU first
         self.tables: dict[str, list[int]] = {}
+        self.cache = PrefixCacheIndex() if enable_caching else None
+        self.block_hashes: dict[str, list[int]] = {}  # request -> hashes of its first full, computed blocks
+        self.stats = PrefixCacheStats()
+
+    @property
+    def caching(self) -> bool:
+        return self.cache is not None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -24,11 +41,21 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_ids)
+        """Blocks an allocation can take: free ones, then cached ones nobody uses (evicted)."""
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Cached blocks no request uses (evictable)."""
+        return len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_usable_blocks
+        return self.num_used_blocks / self.num_usable_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -36,18 +63,79 @@ class KVCacheManager:
     def num_new_blocks(self, req_id: str, num_tokens: int) -> int:
         return max(0, self.blocks_for(num_tokens) - len(self.tables.get(req_id, ())))
 
-    def allocate(self, req_id: str, num_tokens: int, reserve: int = 0) -> bool:
-        """Grow req_id's table to hold num_tokens; False (and no change) if fewer than
-        needed + reserve blocks are free."""
-        need = self.num_new_blocks(req_id, num_tokens)
-        if need + reserve > len(self.free_ids):
+    # ---- prefix cache --------------------------------------------------------------------------
+    def match(self, token_ids: Sequence[int], salt: str | None = None) -> PrefixMatch:
+        """The longest run of cached full blocks at the start of token_ids, leaving at least the last
+        token to compute (its logits are needed). Changes nothing; `allocate(prefix=...)` takes it."""
+        blocks: list[int] = []
+        hashes: list[int] = []
+        if self.cache is not None:
+            for h, key in chain_keys(token_ids, self.block_size, 0, (len(token_ids) - 1) // self.block_size,
+                                     None, salt):
+                block = self.cache.get(h, key)
+                if block is None:
+                    break
+                blocks.append(block)
+                hashes.append(h)
+        return PrefixMatch(blocks, hashes, len(blocks) * self.block_size, len(token_ids))
+
+    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int,
+                     salt: str | None = None) -> None:
+        """Enter req_id's full blocks of computed tokens (token_ids[:num_computed]) into the cache."""
+        table = self.tables.get(req_id)
+        if self.cache is None or table is None:
+            return
+        hashes = self.block_hashes.setdefault(req_id, [])
+        full = min(num_computed // self.block_size, len(table))
+        if full <= len(hashes):
+            return
+        parent = hashes[-1] if hashes else None
+        for h, key in chain_keys(token_ids, self.block_size, len(hashes), full, parent, salt):
+            self.cache.add(table[len(hashes)], h, key)  # a duplicate of a cached block stays uncached
+            hashes.append(h)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block nobody uses; returns how many."""
+        n = len(self.evictable)
+        while self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            self.cache.remove(block)
+            self.free_ids.append(block)
+        return n
+
+    # ---- allocation ----------------------------------------------------------------------------
+    def allocate(self, req_id: str, num_tokens: int, reserve: int = 0, prefix: PrefixMatch | None = None) -> bool:
+        """Grow req_id's table to hold num_tokens, starting with prefix's cached blocks (into an empty
+        table only); False (and no change) if fewer than needed + reserve blocks are free."""
+        hit = prefix.blocks if prefix is not None else []
+        assert not (hit and self.tables.get(req_id)), "a prefix goes into an empty table only"
+        revived = sum(1 for b in hit if self.ref_counts[b] == 0)  # cached blocks leaving `evictable`
+        need = max(0, self.num_new_blocks(req_id, num_tokens) - len(hit))
+        if need + revived + reserve > self.num_free_blocks:
             return False
         table = self.tables.setdefault(req_id, [])
-        for _ in range(need):
-            block = self.free_ids.popleft()
-            self.ref_counts[block] = 1
+        for block in hit:
+            if self.ref_counts[block] == 0:
+                del self.evictable[block]
+            self.ref_counts[block] += 1
             table.append(block)
+        if prefix is not None:
+            self.block_hashes[req_id] = list(prefix.hashes)
+            self.stats.queries += prefix.num_queried
+            self.stats.hits += prefix.num_tokens
+        for _ in range(need):
+            table.append(self._take())
         return True
+
+    def _take(self) -> int:
+        if self.free_ids:
+            block = self.free_ids.popleft()
+        else:
+            block, _ = self.evictable.popitem(last=False)
+            self.cache.remove(block)
+            self.stats.evictions += 1
+        self.ref_counts[block] = 1
+        return block
 
     def share(self, src_id: str, dst_id: str, num_tokens: int) -> int:
         """Give dst the full blocks of src covering its first num_tokens tokens; returns tokens shared."""
@@ -59,11 +147,15 @@ class KVCacheManager:
         return len(blocks) * self.block_size
 
     def free(self, req_id: str) -> None:
-        """Release a request's blocks, tail first, so the tail is the first to be reused."""
+        """Release a request's blocks, tail first: the tail is the first to be reused or evicted."""
+        self.block_hashes.pop(req_id, None)
         for block in reversed(self.tables.pop(req_id, [])):
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self.free_ids.append(block)
+                if self.cache is not None and block in self.cache:
+                    self.evictable[block] = None  # most recently released: evicted last
+                else:
+                    self.free_ids.append(block)
 
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
@@ -71,9 +163,23 @@ class KVCacheManager:
             for b in table:
                 refs[b] += 1
         assert refs == self.ref_counts, "ref counts disagree with block tables"
-        free = set(self.free_ids)
+        free, cached = set(self.free_ids), set(self.evictable)
         assert len(free) == len(self.free_ids), "a block is in the free list twice"
-        assert 0 not in free and self.ref_counts[0] == 0, "block 0 is reserved for padding"
+        assert 0 not in free | cached and self.ref_counts[0] == 0, "block 0 is reserved for padding"
         used = {b for b in range(1, self.num_blocks) if self.ref_counts[b] > 0}
-        assert free.isdisjoint(used) and len(free) + len(used) == self.num_usable_blocks, \
-            f"free {len(free)} + used {len(used)} != total {self.num_usable_blocks}"
+        assert free.isdisjoint(used) and cached.isdisjoint(used) and free.isdisjoint(cached), \
+            "a block is in two states"
+        assert len(free) + len(cached) + len(used) == self.num_usable_blocks, \
+            f"free {len(free)} + cached {len(cached)} + used {len(used)} != total {self.num_usable_blocks}"
+        if self.cache is None:
+            assert not cached, "cached blocks without a prefix cache"
+            return
+        self.cache.check()
+        assert all(b in self.cache for b in cached), "an evictable block is not in the prefix cache"
+        assert all(b in cached or b in used for b in self.cache.entries), "a free block is still cached"
+        for rid, hashes in self.block_hashes.items():
+            table = self.tables.get(rid, ())
+            assert len(hashes) <= len(table), f"{rid}: hashes beyond its table"
+            for block, h in zip(table, hashes):
+                assert block not in self.cache or self.cache.entries[block][0] == h, f"{rid}: block {block} " \
+                    "is cached under another hash"

@@ -30,10 +30,11 @@ class Request:
     group_id: str = ""  # the user-visible id; n > 1 makes several requests of one group
     index: int = 0  # choice index within the group
     share_from: Request | None = None  # n > 1: reuse this request's prompt blocks once computed
+    cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share blocks
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache / a shared prompt
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache / a shared prompt, at first admission
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_token_time: float | None = None

@@ -1,7 +1,9 @@
 """Token-budget scheduler: each step hands out up to max_num_batched_tokens over running requests
 (decodes and unfinished prefill chunks) first, then admits waiting ones FCFS. Chunked prefill and
 mixed prefill/decode batches fall out of that rule. Out of blocks: preempt the newest running
-request (free its blocks; it is recomputed later). Torch-free.
+request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived).
+Admission first looks the request up in the prefix cache: a hit starts it at num_computed_tokens =
+the cached tokens. Torch-free.
 """
 from __future__ import annotations
 
@@ -79,33 +81,42 @@ class Scheduler:
         return plan
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
+        """Waiting requests hold no blocks and have num_computed_tokens == 0; admission starts each
+        after its reusable prefix (prefix-cache hit, or n > 1 sharing with the cache off)."""
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.popleft()
-            src = req.share_from
-            if src is not None and req.num_computed_tokens == 0:
-                waiting_on_src = src.status == Status.WAITING or (
-                    src.status == Status.RUNNING and src.num_computed_tokens < src.num_prompt_tokens - 1)
-                if waiting_on_src:
-                    skipped.append(req)  # its prompt's blocks are not computed yet
-                    continue
-                if src.status == Status.RUNNING and not self.kv.tables.get(req.request_id):
-                    shared = self.kv.share(src.request_id, req.request_id, req.num_prompt_tokens - 1)
-                    req.num_computed_tokens = req.num_cached_tokens = shared
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.kv.allocate(req.request_id, req.num_computed_tokens + n, reserve=self.watermark):
-                if self.running or scheduled:
+            if self._waits_on_source(req):
+                skipped.append(req)  # its prompt's blocks are not computed yet
+                continue
+            match, reused = None, 0
+            if self.kv.caching:  # also on readmission after preemption
+                match = self.kv.match(req.token_ids, req.cache_salt)
+                reused = match.num_tokens
+            elif req.share_from is not None and req.share_from.status == Status.RUNNING:
+                reused = self.kv.share(req.share_from.request_id, req.request_id, req.num_prompt_tokens - 1)
+            n = min(req.num_tokens - reused, budget)
+            if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark, prefix=match):
+                if self.running or scheduled or not self.kv.allocate(req.request_id, reused + n, prefix=match):
+                    self.kv.free(req.request_id)  # drop shared blocks: a waiting request holds none
                     self.waiting.appendleft(req)
                     break
-                if not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
-                    self.waiting.appendleft(req)  # cannot happen for a request that fits max_model_len
-                    break
+            req.num_computed_tokens = reused
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = reused
             req.status = Status.RUNNING
             self.running.append(req)
             scheduled.append((req, n))
             budget -= n
         self.waiting.extendleft(reversed(skipped))
         return budget
+
+    @staticmethod
+    def _waits_on_source(req: Request) -> bool:
+        """n > 1: a choice waits until choice 0 has computed its prompt, then reuses those blocks."""
+        src = req.share_from
+        return src is not None and (src.status == Status.WAITING or (
+            src.status == Status.RUNNING and src.num_computed_tokens < src.num_prompt_tokens - 1))
 
     def _build(self, scheduled: list[tuple[Request, int]]) -> list[ScheduledSeq]:
         seqs = []
@@ -123,4 +134,6 @@ class Scheduler:
         """After the runner ran the last plan: its scheduled tokens are now in the KV cache."""
         for req, n in self._last:
             req.num_computed_tokens += n
+            if self.kv.caching:  # blocks full of computed tokens (prompt or output) become cached
+                self.kv.cache_blocks(req.request_id, req.token_ids, req.num_computed_tokens, req.cache_salt)
         self._last = []

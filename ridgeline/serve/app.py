@@ -15,12 +15,14 @@ from ridgeline.serve import chat, completions
 from ridgeline.serve.errors import install_error_handlers
 from ridgeline.serve.guard import Guard
 from ridgeline.serve.metrics import ServerMetrics
+from ridgeline.serve.request_log import RequestLog
 from ridgeline.serve.state import ServerSettings, ServerState, state_of
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     async_engine = AsyncEngine(engine)
     metrics = ServerMetrics(async_engine)
+    request_log = RequestLog(settings.log_requests) if settings.log_requests else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -29,9 +31,11 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
             yield
         finally:
             await async_engine.stop()
+            if request_log is not None:
+                request_log.close()
 
     app = FastAPI(title="ridgeline", version=__version__, lifespan=lifespan)
-    app.state.ridgeline = ServerState(settings, engine, async_engine, metrics)
+    app.state.ridgeline = ServerState(settings, engine, async_engine, metrics, request_log)
     app.state.started = int(time.time())
     install_error_handlers(app, metrics.count_error)
     app.include_router(chat.router)

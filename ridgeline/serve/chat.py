@@ -20,12 +20,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = state_of(request)
     state.check_model(body.model)
     warn_unknown(body, "/v1/chat/completions")
+    state.log_request(body)
     params = body.sampling_params()
     tok = state.engine.tokenizer
     text = tok.apply_chat_template([m.as_template_input() for m in body.messages])
     prompt = Prompt(tok.encode(text, add_special_tokens=False), text)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    job = await Job.start(state, rid, [prompt], params, body.max_tokens_field)
+    job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
     head = {"id": rid, "created": int(time.time()), "model": body.model}
     if body.stream:
         return sse_response(job, _chunks(job, head, tok, params.n, body.include_usage))

@@ -24,6 +24,8 @@ def register(subparsers) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     g.add_argument("--access-log", action="store_true")
+    g.add_argument("--log-requests", default=None, metavar="FILE",
+                   help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -44,7 +46,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     engine = LLMEngine(EngineConfig.from_kwargs(args.model, **engine_kwargs(args)))
     name = args.served_model_name or args.model
-    settings = ServerSettings(name, args.api_key, args.max_waiting, args.max_body_bytes, args.drain_timeout)
+    settings = ServerSettings(name, args.api_key, args.max_waiting, args.max_body_bytes, args.drain_timeout,
+                              args.log_requests)
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)

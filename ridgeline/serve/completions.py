@@ -21,10 +21,11 @@ async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
     state.check_model(body.model)
     warn_unknown(body, "/v1/completions")
+    state.log_request(body)
     params = body.sampling_params()
     prompts = [_prompt(state.engine, p, body.echo) for p in body.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
-    job = await Job.start(state, rid, prompts, params, body.max_tokens_field)
+    job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.model}
     tok, n = state.engine.tokenizer, params.n
     if body.stream:

@@ -65,7 +65,7 @@ class Job:
 
     @classmethod
     async def start(cls, state: ServerState, base_id: str, prompts: list[Prompt], params: SamplingParams,
-                    max_tokens: tuple[str, int | None]) -> Job:
+                    max_tokens: tuple[str, int | None], cache_salt: str | None = None) -> Job:
         arrival = time.monotonic()
         for p in prompts:
             check_context(state.engine.max_model_len, p, max_tokens)
@@ -74,7 +74,7 @@ class Job:
             raise ApiError(429, f"the server is busy: {ae.num_waiting} requests are waiting for a first "
                                 f"token (--max-waiting {limit}); retry later", code="rate_limit_exceeded")
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
-        stream = await ae.add([NewRequest(rid, p.ids, params, p.text) for rid, p in zip(ids, prompts)])
+        stream = await ae.add([NewRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)])
         tracker = state.metrics.track(sum(len(p.ids) for p in prompts), params.n, arrival)
         return cls(ids, prompts, stream, tracker)
 

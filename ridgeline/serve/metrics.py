@@ -99,7 +99,18 @@ class _EngineCollector(Collector):
                                 value=self.ae.num_running)
         yield GaugeMetricFamily("ridgeline_num_requests_waiting", "Requests accepted without a first token",
                                 value=self.ae.num_waiting)
-        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_used", "KV cache blocks in use", value=s.kv_blocks_used)
+        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_used", "KV cache blocks in use by requests",
+                                value=s.kv_blocks_used)
+        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_cached", "KV cache blocks holding prefix-cache "
+                                "content no request uses (evictable)", value=s.kv_blocks_cached)
+        yield GaugeMetricFamily("ridgeline_kv_cache_blocks_free", "KV cache blocks holding nothing reusable",
+                                value=s.kv_blocks_free)
         yield GaugeMetricFamily("ridgeline_kv_cache_blocks_total", "KV cache blocks", value=s.kv_blocks_total)
         yield CounterMetricFamily("ridgeline_num_preemptions", "Requests preempted for KV blocks",
                                   value=s.num_preemptions)
+        yield CounterMetricFamily("ridgeline_prefix_cache_queries", "Tokens looked up in the prefix cache "
+                                  "(each request's length at admission)", value=s.prefix_cache_queries)
+        yield CounterMetricFamily("ridgeline_prefix_cache_hits", "Tokens served from the prefix cache",
+                                  value=s.prefix_cache_hits)
+        yield CounterMetricFamily("ridgeline_prefix_cache_evictions", "Cached KV blocks evicted to hold "
+                                  "other tokens", value=s.prefix_cache_evictions)

@@ -44,6 +44,7 @@ class _GenerateRequest(_Strict):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share KV blocks
 
     @property
     def include_usage(self) -> bool:

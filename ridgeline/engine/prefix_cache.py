@@ -1,0 +1,82 @@
+"""Prefix cache index: full KV blocks keyed by a chained hash of their contents. Torch-free.
+
+A block's key is (parent hash, its token ids, extra keys). Extra keys are set on the first block
+only (the request's cache salt), and every later key contains its parent's hash, so two requests
+share block i only if they agree on tokens 0..(i+1)*block_size and on the salt. The index keeps
+each cached block's whole key and a lookup compares it: a hash collision is a miss, never wrong KV.
+
+The index holds no ref counts and no free lists: KVCacheManager decides when a block enters (its
+tokens are all computed) and leaves (it is evicted to hold other tokens).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+BlockKey = tuple  # (parent hash | None, tuple of block_size token ids, extra keys | None)
+
+
+@dataclass
+class PrefixMatch:
+    """What a lookup found: cached blocks holding the first num_tokens tokens, in table order."""
+    blocks: list[int]
+    hashes: list[int]  # chained hash of each block in `blocks`
+    num_tokens: int  # len(blocks) * block_size
+    num_queried: int  # the request's tokens at lookup: the hit-rate denominator
+
+
+@dataclass
+class PrefixCacheStats:
+    """Monotonic counters, for Prometheus and reports."""
+    queries: int = 0  # tokens looked up: a request's length, once per admission (readmissions too)
+    hits: int = 0  # of those, tokens served from cached blocks
+    evictions: int = 0  # cached blocks taken back to hold other tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def chain_keys(token_ids: Sequence[int], block_size: int, first: int, last: int, parent: int | None,
+               salt: str | None = None) -> Iterator[tuple[int, BlockKey]]:
+    """(hash, key) of full blocks first..last-1 of token_ids; parent is block first-1's hash."""
+    for i in range(first, last):
+        extra = ("salt", salt) if i == 0 and salt is not None else None
+        key = (parent, tuple(token_ids[i * block_size:(i + 1) * block_size]), extra)
+        parent = hash(key)
+        yield parent, key
+
+
+class PrefixCacheIndex:
+    def __init__(self):
+        self.by_hash: dict[int, int] = {}  # hash -> block id
+        self.entries: dict[int, tuple[int, BlockKey]] = {}  # block id -> (hash, key)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, h: int, key: BlockKey) -> int | None:
+        block = self.by_hash.get(h)
+        if block is None or self.entries[block][1] != key:
+            return None
+        return block
+
+    def add(self, block: int, h: int, key: BlockKey) -> bool:
+        """False if that content is already cached in another block (this one then stays uncached)."""
+        if h in self.by_hash or block in self.entries:
+            return False
+        self.by_hash[h] = block
+        self.entries[block] = (h, key)
+        return True
+
+    def remove(self, block: int) -> None:
+        h, _ = self.entries.pop(block)
+        del self.by_hash[h]
+
+    def check(self) -> None:
+        assert len(self.by_hash) == len(self.entries), "hash map and entries disagree"
+        for block, (h, key) in self.entries.items():
+            assert self.by_hash.get(h) == block and hash(key) == h, f"block {block}: stale hash entry"
