@@ -4,14 +4,16 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     from ridgeline.bench.decode import add_decode_parser
+    from ridgeline.bench.serve import add_serve_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.cli import add_engine_args
 
-    p = subparsers.add_parser("bench", help="benchmarks against HF transformers (throughput, decode)",
+    p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online)",
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "
-                                          "dtype and prompts, in one process.")
-    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{throughput,decode}")
-    for add in (add_throughput_parser, add_decode_parser):
+                                          "dtype and prompts, in one process (throughput, decode); an "
+                                          "OpenAI-compatible server under load (serve).")
+    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{throughput,decode,serve}")
+    for add in (add_throughput_parser, add_decode_parser, add_serve_parser):
         add_engine_args(add(bsub))
     p.set_defaults(func=lambda args: p.print_help())
 

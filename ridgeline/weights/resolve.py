@@ -10,7 +10,6 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def resolve_model(spec: str, progress: bool = True) -> Path:
-    from ridgeline.weights.gguf_convert import ensure_converted
     from ridgeline.weights.pull import ALIASES, pull
 
     path = Path(spec).expanduser()
@@ -33,6 +32,11 @@ def resolve_model(spec: str, progress: bool = True) -> Path:
         f"cannot resolve model {spec!r}: not a folder, not a .gguf file, not a hub id, and not a "
         f"built-in alias (known aliases: {', '.join(sorted(ALIASES))})"
     )
+
+
+def ensure_converted(path: Path, progress: bool) -> Path:
+    from ridgeline.weights.gguf_convert import ensure_converted as convert  # gguf is imported only here
+    return convert(path, progress=progress)
 
 
 def _from_hub(repo_id: str) -> Path:
