@@ -54,7 +54,9 @@ class LLMEngine:
             raise InvalidRequestError(f"max_model_len {max_len} exceeds the model's "
                                       f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
         self.max_model_len = max_len
-        model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend)
+        # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
+        act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
         gemv = kernels.choose_skinny(device, choice.dtype)
         kv_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         per_block = arch.kv_bytes_per_token(kv_dtype.itemsize) * cc.block_size

@@ -19,7 +19,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
+        w = self.weight
         if kernels.SKINNY == "c" and x.shape[0] <= cpu_gemv.MAX_M:
-            y = cpu_gemv.gemv(x, self.weight).to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+            y = cpu_gemv.gemv(x, w).to(x.dtype)
+        elif x.dtype == w.dtype:
+            y = F.linear(x, w)
+        else:  # bf16 weights with fp32 activations (CPU): the GEMM runs in the weights' dtype
+            y = F.linear(x.to(w.dtype), w).to(x.dtype)
+        return y if self.bias is None else y + self.bias

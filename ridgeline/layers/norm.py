@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -11,9 +12,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """x [T, H]. With a residual: adds it first and returns (normed, new residual)."""
         if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        xf = x.float()
-        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype) * self.weight
+            x = residual = x + residual
+        out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return out if residual is None else (out, residual)

@@ -1,4 +1,9 @@
-"""Rotary position embedding (HF 'rotate half' layout) with llama3 / linear / dynamic-free scaling."""
+"""Rotary position embedding with llama3 / linear scaling, applied as a complex multiply.
+
+Layout: q/k heads are stored with rotary pairs interleaved (dims 2i, 2i+1), the GGUF/Meta layout;
+`interleave_rows` converts HF's rotate-half weight rows to it at load time. Attention scores are
+unchanged by this (q and k are permuted alike).
+"""
 from __future__ import annotations
 
 import math
@@ -27,27 +32,37 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor
     raise UnsupportedArchitectureError(f"rope scaling type {kind!r} is not supported (linear, llama3 are)")
 
 
+def interleave_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of a q/k projection (weight [heads*D, K] or bias [heads*D]) from rotate-half order
+    (i, i + D/2) to interleaved pairs (2i, 2i + 1)."""
+    half = head_dim // 2
+    perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)
+    shape = w.shape
+    return w.reshape(-1, head_dim, *shape[1:])[:, perm].reshape(shape)
+
+
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
         self.args = (head_dim, max_positions, theta, scaling)
-        self.register_buffer("cos", torch.empty(0), persistent=False)  # [P, D/2] float32
-        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.cis = torch.empty(0)  # [P, D/2] complex64
+        self._positions: torch.Tensor | None = None
+        self._step_cis: torch.Tensor | None = None
 
     def init_tables(self, device: torch.device) -> None:
         head_dim, max_positions, theta, scaling = self.args
         inv = _inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device="cpu"), inv)
-        self.cos = freqs.cos().float().to(device)
-        self.sin = freqs.sin().float().to(device)
+        self.cis = torch.polar(torch.ones_like(freqs), freqs).to(torch.complex64).to(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions [T]; q [T, H, D], k [T, Hkv, D] -> rotated, same dtype."""
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        """positions [T]; q [T, H, D], k [T, Hkv, D] (pairs interleaved) -> rotated, same dtype."""
+        if positions is not self._positions:  # every layer of a step shares one positions tensor
+            self._positions, self._step_cis = positions, self.cis[positions].unsqueeze(1)  # [T, 1, D/2]
+        return _rotate(q, self._step_cis), _rotate(k, self._step_cis)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+def _rotate(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+    T, H, D = x.shape
+    xc = torch.view_as_complex(x.float().reshape(T, H, D // 2, 2))
+    return torch.view_as_real(xc * cis).reshape(T, H, D).to(x.dtype)

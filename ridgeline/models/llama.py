@@ -9,7 +9,7 @@ from torch import nn
 from ridgeline.layers.attention import Attention
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.norm import RMSNorm
-from ridgeline.layers.rotary import Rotary
+from ridgeline.layers.rotary import Rotary, interleave_rows
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -66,10 +66,11 @@ class Model(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.act_dtype = torch.float32
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (before the last norm's residual)."""
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed_tokens(input_ids).to(self.act_dtype), None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         return self.norm(x, residual)[0]
@@ -90,6 +91,20 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.model.act_dtype
+
+    @act_dtype.setter
+    def act_dtype(self, value: torch.dtype) -> None:
+        self.model.act_dtype = value
+
+    def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Checkpoint tensor -> our layout: q/k rows to interleaved rotary pairs."""
+        if ".q_proj." in name or ".k_proj." in name:
+            return interleave_rows(tensor, self.cfg.head_dim)
+        return tensor
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] (only the rows that sample) -> logits [S, V] float32."""

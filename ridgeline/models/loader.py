@@ -14,10 +14,16 @@ from ridgeline.weights.safetensors_loader import iter_tensors
 
 
 def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch.device,
-                max_positions: int, backend: str = "auto") -> nn.Module:
+                max_positions: int, backend: str = "auto", act_dtype: torch.dtype | None = None) -> nn.Module:
+    """Matmul weights in `dtype`; activations, norm weights and biases in `act_dtype` (default: dtype)."""
+    act_dtype = act_dtype or dtype
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, backend).to(dtype)
+        model.act_dtype = act_dtype
+        for name, p in model.named_parameters():
+            if p.ndim == 1:  # norm weights, biases
+                p.data = p.data.to(act_dtype)
     model.to_empty(device=device)
     for module in model.modules():
         if isinstance(module, Rotary):  # its tables were made on the meta device
@@ -41,6 +47,7 @@ def load_weights(model: nn.Module, folder: Path) -> None:
             sizes = model.shard_sizes(target.split(".")[-2])
             offset = sum(sizes[:shard])
             dst = dst.narrow(0, offset, sizes[shard])
+        tensor = model.transform_weight(name, tensor)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
         dst.copy_(tensor)
