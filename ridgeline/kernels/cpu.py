@@ -41,7 +41,7 @@ def _build() -> ctypes.CDLL:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_so = Path(tmp) / out.name
-            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES), "-o",
+            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC", *map(str, _SOURCES), "-o",
                    str(tmp_so), "-lm"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
