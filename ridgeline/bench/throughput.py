@@ -42,15 +42,18 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     if warmup_prompts:
         llm.generate(warmup_prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    llm.engine.reset_kv_usage()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=progress)
     elapsed = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     cached = sum(o.num_cached_tokens or 0 for o in outs)
     res = RunResult("Ridgeline", len(prompts), sum(map(len, prompts)), sum(map(len, tokens)), elapsed,
-                    total_requests=len(prompts), extra={"cached_prompt_tokens": cached})
+                    total_requests=len(prompts), extra={"cached_prompt_tokens": cached,
+                                                        "kv_waste": llm.engine.kv_waste(),
+                                                        "preemptions": llm.engine.scheduler.num_preemptions})
     short = sum(len(t) < output_len for t in tokens)
-    notes = []
+    notes = [f"KV slots allocated but empty: {100 * res.extra['kv_waste']:.1f}% (mean over steps)"]
     if cached:
         notes.append(f"{cached} prompt tokens served from the prefix cache")
     if short:

@@ -78,6 +78,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
         self.groups: dict[str, _Group] = {}
+        self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_dtype,
                                gemv, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
@@ -143,6 +144,7 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         sampled = self.runner.execute(plan)
         self.scheduler.advance()
+        self._sample_kv_usage()
         now = time.monotonic()
         touched: dict[str, _Group] = {}
         for s in sampled:
@@ -162,6 +164,21 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
+
+    def _sample_kv_usage(self) -> None:
+        """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
+        tables, bs = self.kv.tables, self.kv.block_size
+        running = self.scheduler.running
+        self.kv_usage[0] += sum(len(tables.get(r.request_id, ())) for r in running) * bs
+        self.kv_usage[1] += sum(r.num_computed_tokens for r in running)
+
+    def kv_waste(self) -> float | None:
+        """Fraction of allocated KV slots holding no token, averaged over steps since reset_kv_usage()."""
+        slots, used = self.kv_usage
+        return 1 - used / slots if slots else None
+
+    def reset_kv_usage(self) -> None:
+        self.kv_usage = [0, 0]
 
     def _append(self, req: Request, group: _Group, token: int, now: float) -> None:
         req.token_ids.append(token)
