@@ -172,3 +172,14 @@ def test_incremental_detokenizer_never_emits_broken_utf8(llm):
         seen.append(d.text)
     assert d.text == text
     assert all(text.startswith(s) for s in seen)
+
+
+def test_bfloat16_engine_agrees_with_float32_on_clear_choices(tiny_llama):
+    """bf16 weights and KV cache (fp32 activations on a CPU): the tiny model's greedy choices have
+    wide margins, so the first tokens match the fp32 engine's."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    f32 = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB").generate(PROMPTS, params, use_tqdm=False)
+    bf = LLM(str(tiny_llama), dtype="bfloat16", kv_cache_memory="2MiB")
+    assert bf.engine.runner.kv_cache.dtype == torch.bfloat16
+    b16 = bf.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids[:2] for o in f32] == [o.outputs[0].token_ids[:2] for o in b16]

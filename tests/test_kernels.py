@@ -49,8 +49,9 @@ def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     assert not calls
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 5])
-def test_paged_decode_matches_sdpa_backend(window):
+def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
     import numpy as np
 
     from ridgeline.kernels import cpu_attention
@@ -58,7 +59,7 @@ def test_paged_decode_matches_sdpa_backend(window):
     from ridgeline.runner.forward_context import AttnGroup
     torch.manual_seed(0)
     NB, bs, Hkv, G, D = 12, 4, 2, 3, 16
-    kc, vc = torch.randn(NB, bs, Hkv, D), torch.randn(NB, bs, Hkv, D)
+    kc, vc = torch.randn(NB, bs, Hkv, D).to(kv_dtype), torch.randn(NB, bs, Hkv, D).to(kv_dtype)
     key_lens = torch.tensor([3, 9, 13])
     tables = torch.tensor([[5, 0, 0, 0], [1, 7, 2, 0], [3, 4, 8, 11]])
     q = torch.randn(3, Hkv * G, D)

@@ -58,7 +58,9 @@ class LLMEngine:
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
         gemv = kernels.choose_skinny(device, choice.dtype)
-        kv_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        # the KV cache keeps the model's dtype (the CPU kernels read fp32 and bf16; fp16 is stored as fp32)
+        cpu_ok = (torch.float32, torch.bfloat16)
+        kv_dtype = choice.dtype if device.type != "cpu" or choice.dtype in cpu_ok else torch.float32
         per_block = arch.kv_bytes_per_token(kv_dtype.itemsize) * cc.block_size
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
         num_blocks = kv_bytes // per_block + 1  # + block 0, reserved for padding

@@ -22,7 +22,7 @@ _error: str | None = None
 _I64, _PTR, _INT, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "ridgeline_gemv": [_PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _INT],
-    "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
+    "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                                _F32, _INT],
 }
 
@@ -34,7 +34,7 @@ def _build() -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.[ch]"))))
     digest.update((" ".join(sorted(cpu_flags())) + platform.machine()).encode())
     out = model_cache_dir() / "kernels" / f"ridgeline-{digest.hexdigest()[:16]}.so"
     if not out.exists():

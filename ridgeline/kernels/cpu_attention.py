@@ -12,13 +12,13 @@ def available() -> bool:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  key_lens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
-    """q [B, H, D]; caches [NB, bs, Hkv, D] fp32; block_tables [B, nb] int64; key_lens [B] int64 -> [B, H*D] fp32."""
+    """q [B, H, D]; caches [NB, bs, Hkv, D] fp32 or bf16; block_tables [B, nb] int64; key_lens [B] int64 -> [B, H*D] fp32."""
     B, H, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     qf = q.to(torch.float32).contiguous()
     out = torch.empty(B, H * D, dtype=torch.float32)
     rc = cpu.lib().ridgeline_paged_decode(
-        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), key_lens.data_ptr(),
+        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16), block_tables.data_ptr(), key_lens.data_ptr(),
         out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale, torch.get_num_threads())
     if rc:
         raise MemoryError("paged_decode: could not allocate its score buffer")

@@ -35,11 +35,12 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
     H = q.shape[1]
     G = H // Hkv
     qg = q[g.q_index] if g.valid is not None else q.view(B, Q, H, D)
-    qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D).to(k_cache.dtype)
+    qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
     L = g.block_tables.shape[1] * bs
     flat = g.block_tables.view(-1)
-    k = k_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
-    v = v_cache.index_select(0, flat).view(B, L, Hkv, D).transpose(1, 2)
+    # math in q's dtype: fp32 on a CPU even over a bf16 cache (CPU bf16 SDPA is slow)
+    k = k_cache.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
+    v = v_cache.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
     if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
         s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~g.mask, float("-inf"))
         o = torch.softmax(s, dim=-1) @ v
@@ -52,9 +53,9 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
 @register_backend("auto")
 def paged_auto(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
                window: int | None) -> torch.Tensor:
-    """Decode groups on a CPU with an fp32 cache: the C kernel reading blocks in place; else SDPA."""
-    if (g.q_index.shape[1] == 1 and k_cache.device.type == "cpu" and k_cache.dtype == torch.float32
-            and cpu_attention.available()):
+    """Decode groups on a CPU (fp32 or bf16 cache): the C kernel reading blocks in place; else SDPA."""
+    if (g.q_index.shape[1] == 1 and k_cache.device.type == "cpu"
+            and k_cache.dtype in (torch.float32, torch.bfloat16) and cpu_attention.available()):
         return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.key_lens, scale, window)
     return paged_sdpa(q, k_cache, v_cache, g, scale, window)
 
