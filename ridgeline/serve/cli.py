@@ -32,6 +32,7 @@ def register(subparsers) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.config import EngineConfig
+    from ridgeline.engine.async_engine import build_off_main_thread
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.serve.app import build_app
     from ridgeline.serve.server import bind, serve_forever, url_of
@@ -44,7 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
         raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
-    engine = LLMEngine(EngineConfig.from_kwargs(args.model, **engine_kwargs(args)))
+    config = EngineConfig.from_kwargs(args.model, **engine_kwargs(args))
+    engine = build_off_main_thread(lambda: LLMEngine(config))
     name = args.served_model_name or args.model
     settings = ServerSettings(name, args.api_key, args.max_waiting, args.max_body_bytes, args.drain_timeout,
                               args.log_requests)
