@@ -104,6 +104,8 @@ def _check_consistent(r: dict, n: int, output_len: int) -> None:
         assert math.isclose(q["tpot"], (q["e2e"] - q["ttft"]) / (output_len - 1))
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         d = s[key]
+        if key == "itl_s" and not d.get("count"):
+            continue  # a fast server can deliver a short stream's tokens in one chunk: no gaps to time
         assert 0 <= d["p50"] <= d["p90"] <= d["p99"] <= d["max"], (key, d)
         assert d["mean"] <= d["max"]
     assert s["ttft_s"]["count"] == s["e2e_s"]["count"] == n
