@@ -49,13 +49,8 @@ def _cpu_name() -> str:
 
 
 def _mem_total() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return 8e9
+    from ridgeline.utils.device import meminfo_bytes
+    return float(meminfo_bytes("MemTotal"))
 
 
 def _matmul_rates(torch, dev, timer: _Timer, big: bool) -> dict[str, float]:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from ridgeline.utils.device import meminfo_bytes
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -48,10 +50,4 @@ class EngineInfo:
 
 
 def available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
+    return meminfo_bytes("MemAvailable")

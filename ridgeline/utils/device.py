@@ -31,6 +31,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def meminfo_bytes(field: str, default: int = 8 << 30) -> int:
+    """A /proc/meminfo field in bytes (MemTotal, MemAvailable, ...); `default` where unreadable."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return default
+
+
 def pick_dtype(spec: str, device: torch.device) -> DtypeChoice:
     if spec != "auto":
         return DtypeChoice(_NAMES[spec], f"--dtype {spec}")
