@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, warn_unknown
+from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, accept
 from ridgeline.serve.logprobs import chat_logprobs
 from ridgeline.serve.protocol import ChatCompletionRequest
 from ridgeline.serve.state import state_of
@@ -18,10 +18,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = state_of(request)
-    state.check_model(body.model)
-    warn_unknown(body, "/v1/chat/completions")
-    state.log_request(body)
-    params = body.sampling_params()
+    params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     text = tok.apply_chat_template([m.as_template_input() for m in body.messages])
     prompt = Prompt(tok.encode(text, add_special_tokens=False), text)

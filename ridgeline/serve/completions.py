@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ridgeline.engine.llm_engine import LLMEngine
-from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, warn_unknown
+from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, accept
 from ridgeline.serve.logprobs import completion_logprobs
 from ridgeline.serve.protocol import CompletionRequest
 from ridgeline.serve.state import state_of
@@ -19,10 +19,7 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
-    state.check_model(body.model)
-    warn_unknown(body, "/v1/completions")
-    state.log_request(body)
-    params = body.sampling_params()
+    params = accept(state, body, "/v1/completions")
     prompts = [_prompt(state.engine, p, body.echo) for p in body.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
     job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)

@@ -35,6 +35,15 @@ def warn_unknown(body: BaseModel, route: str) -> None:
         log.warning("%s: ignoring unknown field(s): %s", route, ", ".join(sorted(body.model_extra)))
 
 
+def accept(state, body, route: str):
+    """What both generation routes do first: check the model name, warn about unknown fields,
+    log the body, and return its SamplingParams (raises on bad values)."""
+    state.check_model(body.model)
+    warn_unknown(body, route)
+    state.log_request(body)
+    return body.sampling_params()
+
+
 def check_context(max_model_len: int, prompt: Prompt, max_tokens: tuple[str, int | None]) -> None:
     n = len(prompt.ids)
     if n >= max_model_len:
