@@ -183,3 +183,16 @@ def test_bfloat16_engine_agrees_with_float32_on_clear_choices(tiny_llama):
     assert bf.engine.runner.kv_cache.dtype == torch.bfloat16
     b16 = bf.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids[:2] for o in f32] == [o.outputs[0].token_ids[:2] for o in b16]
+
+
+def test_a_missing_shard_of_a_fused_projection_is_reported(tmp_path, tiny_llama):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "noq"
+    shutil.copytree(tiny_llama, bad)
+    weights = load_file(bad / "model.safetensors")
+    del weights["model.layers.0.self_attn.q_proj.weight"]
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="qkv_proj.weight\\[shard 0\\]"):
+        LLM(str(bad), dtype="float32")

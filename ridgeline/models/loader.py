@@ -36,28 +36,29 @@ def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch
 
 def load_weights(model: nn.Module, folder: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    pending = {n for n in params if not (model.cfg.tie_word_embeddings and n == "lm_head.weight")}
+    pending: set[tuple[str, int | None]] = set()  # (parameter, shard) still to fill; fused ones per shard
+    for n in params:
+        if model.cfg.tie_word_embeddings and n == "lm_head.weight":
+            continue
+        fused = n.split(".")[-2] if n.count(".") else ""
+        shards = range(len(model.shard_sizes(fused))) if fused in ("qkv_proj", "gate_up_proj") else [None]
+        pending.update((n, i) for i in shards)
     for name, tensor in iter_tensors(folder):
         target, shard = _map_name(model, name)
         if target is None or target not in params:
             continue
-        param = params[target]
-        dst = param.data
+        dst = params[target].data
         if shard is not None:
             sizes = model.shard_sizes(target.split(".")[-2])
-            offset = sum(sizes[:shard])
-            dst = dst.narrow(0, offset, sizes[shard])
+            dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
         tensor = model.transform_weight(name, tensor)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ModelLoadError(f"weight {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
         dst.copy_(tensor)
-        if shard is None or shard == len(model.shard_sizes(target.split(".")[-2])) - 1:
-            pending.discard(target)
-    if model.cfg.tie_word_embeddings:
-        pending.discard("lm_head.weight")
+        pending.discard((target, shard))
     if pending:
-        raise ModelLoadError(f"weights missing from {folder}: {', '.join(sorted(pending)[:8])}"
-                             f"{' ...' if len(pending) > 8 else ''}")
+        names = sorted(n if i is None else f"{n}[shard {i}]" for n, i in pending)
+        raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
