@@ -1,8 +1,8 @@
-"""The C skinny-matmul kernel computes x @ W^T like torch, for bf16 and fp32 weights."""
+"""The C matmul kernels compute x @ W^T like torch, for bf16 and fp32 weights."""
 import pytest
 import torch
 
-from ridgeline.kernels import cpu_gemv
+from ridgeline.kernels import cpu_gemm, cpu_gemv
 from ridgeline.layers import kernels
 from ridgeline.layers.linear import Linear
 
@@ -30,6 +30,55 @@ def test_gemv_rejects_too_many_rows():
         cpu_gemv.gemv(torch.randn(cpu_gemv.MAX_M + 1, 16), torch.randn(4, 16))
 
 
+needs_bf16_dot = pytest.mark.skipif(not cpu_gemm.available(), reason="CPU without AVX512-BF16")
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 17, 64])
+@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7), (9, 1537)])
+def test_gemm_bf16_matches_reference(M, N, K):
+    torch.manual_seed(M * N + K)
+    w = torch.randn(N, K).to(torch.bfloat16)
+    x = torch.randn(M, K)
+    want = x.to(torch.bfloat16).double() @ w.double().T  # the kernel rounds x to bf16 once
+    got = cpu_gemm.gemm_bf16(x, w)
+    assert got.dtype == torch.float32 and got.shape == (M, N)
+    torch.testing.assert_close(got.double(), want, atol=1e-4 * K ** 0.5, rtol=1e-4)
+
+
+@needs_bf16_dot
+def test_gemm_bf16_rows_do_not_depend_on_batch_size():
+    w = torch.randn(40, 200).to(torch.bfloat16)
+    x = torch.randn(23, 200)
+    full = cpu_gemm.gemm_bf16(x, w)
+    for m in (1, 4, 9):
+        assert torch.equal(cpu_gemm.gemm_bf16(x[:m], w), full[:m])
+
+
+def test_gemm_bf16_rejects_fp32_weights():
+    with pytest.raises(ValueError):
+        cpu_gemm.gemm_bf16(torch.randn(2, 16), torch.randn(4, 16))
+
+
+@needs_bf16_dot
+def test_linear_sends_mid_batches_to_the_bf16_kernel(monkeypatch):
+    lin = Linear(96, 40).to(torch.bfloat16)
+    torch.nn.init.normal_(lin.weight)
+    x = torch.randn(kernels.BF16_SKINNY_MAX_M + 3, 96)
+    monkeypatch.setattr(kernels, "SKINNY", "c")
+    monkeypatch.setattr(kernels, "SKINNY_MAX_M", kernels.BF16_SKINNY_MAX_M)
+    monkeypatch.setattr(kernels, "GEMM_MAX_M", 16)
+    calls = []
+    real = cpu_gemm.gemm_bf16
+    monkeypatch.setattr(cpu_gemm, "gemm_bf16", lambda *a, **k: calls.append(1) or real(*a, **k))
+    want = x.to(torch.bfloat16).float() @ lin.weight.float().T
+    torch.testing.assert_close(lin(x), want, atol=1e-3, rtol=1e-3)
+    assert calls
+    calls.clear()
+    lin(torch.randn(17, 96))  # over GEMM_MAX_M: torch
+    assert not calls
+
+
 def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     lin = Linear(96, 40, bias=True)
     torch.nn.init.normal_(lin.weight)
@@ -38,6 +87,7 @@ def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     monkeypatch.setattr(kernels, "SKINNY", "linear")
     ref = lin(x)
     monkeypatch.setattr(kernels, "SKINNY", "c")
+    monkeypatch.setattr(kernels, "SKINNY_MAX_M", cpu_gemv.MAX_M)
     calls = []
     real = cpu_gemv.gemv
     monkeypatch.setattr(cpu_gemv, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -1,7 +1,8 @@
 """Build (once per machine, cached) and load the C kernels in this folder through ctypes.
 
 gemv.c: skinny matmul for 1-8 token batches, where torch's CPU GEMM reads weights slowly
-(bf16 at small M is several times slower than fp32 here). paged_attention.c: decode attention
+(bf16 at small M is several times slower than fp32 here). gemm_bf16.c: bf16-weight matmul for the
+batch sizes of batched decode, with AVX512-BF16 dot products. paged_attention.c: decode attention
 read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ _error: str | None = None
 _I64, _PTR, _INT, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "ridgeline_gemv": [_PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_bf16": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_bf16_available": [],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                                _F32, _INT],
 }

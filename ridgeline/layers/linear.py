@@ -1,12 +1,12 @@
-"""Dense linear layer. Batches of a few tokens (decode) go to the skinny-matmul kernel chosen at
-start-up (`ridgeline.layers.kernels`), where torch's CPU GEMM reads weights slowly."""
+"""Dense linear layer. On a CPU, batches of a few tokens (decode) go to the C kernels chosen at
+start-up (`ridgeline.layers.kernels`), where torch's CPU GEMM is slow at small M."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ridgeline.kernels import cpu_gemv
+from ridgeline.kernels import cpu_gemm, cpu_gemv
 from ridgeline.layers import kernels
 
 
@@ -19,9 +19,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
-        w = self.weight
-        if kernels.SKINNY == "c" and x.shape[0] <= cpu_gemv.MAX_M:
+        w, m = self.weight, x.shape[0]
+        if kernels.SKINNY == "c" and m <= kernels.SKINNY_MAX_M:
             y = cpu_gemv.gemv(x, w).to(x.dtype)
+        elif m <= kernels.GEMM_MAX_M and w.dtype == torch.bfloat16:
+            y = cpu_gemm.gemm_bf16(x, w).to(x.dtype)
         elif x.dtype == w.dtype:
             y = F.linear(x, w)
         else:  # bf16 weights with fp32 activations (CPU): the GEMM runs in the weights' dtype
