@@ -61,12 +61,11 @@ def test_gemm_bf16_rejects_fp32_weights():
 
 
 @needs_bf16_dot
-def test_linear_sends_mid_batches_to_the_bf16_kernel(monkeypatch):
+def test_linear_sends_small_batches_to_the_bf16_kernel(monkeypatch):
     lin = Linear(96, 40).to(torch.bfloat16)
     torch.nn.init.normal_(lin.weight)
-    x = torch.randn(kernels.BF16_SKINNY_MAX_M + 3, 96)
-    monkeypatch.setattr(kernels, "SKINNY", "c")
-    monkeypatch.setattr(kernels, "SKINNY_MAX_M", kernels.BF16_SKINNY_MAX_M)
+    x = torch.randn(7, 96)
+    monkeypatch.setattr(kernels, "SKINNY", "linear")
     monkeypatch.setattr(kernels, "GEMM_MAX_M", 16)
     calls = []
     real = cpu_gemm.gemm_bf16
@@ -123,3 +122,30 @@ def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
     want = paged_sdpa(q, kc, vc, g, 0.25, window)
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.25, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("D,bs,window", [(64, 16, None), (128, 4, None), (32, 16, 21), (64, 8, 7)])
+def test_paged_decode_bf16_fast_path_matches_sdpa(D, bs, window):
+    """head_dim a multiple of 32 with a bf16 cache takes the AVX512-BF16 path (q rounded to bf16)."""
+    from ridgeline.kernels import cpu_attention
+    from ridgeline.layers.attention import paged_sdpa
+    from ridgeline.runner.forward_context import AttnGroup
+    torch.manual_seed(D + bs)
+    key_lens = torch.tensor([1, 17, 45, 80])
+    nb = (int(key_lens.max()) + bs - 1) // bs
+    NB, Hkv, G = 4 * nb + 1, 2, 3
+    kc, vc = torch.randn(NB, bs, Hkv, D).to(torch.bfloat16), torch.randn(NB, bs, Hkv, D).to(torch.bfloat16)
+    perm = torch.randperm(NB - 1)[: 4 * nb] + 1
+    tables = perm.view(4, nb)
+    q = torch.randn(4, Hkv * G, D)
+    L = nb * bs
+    keys = torch.arange(L)
+    mask = keys[None, :] < key_lens[:, None]
+    if window:
+        mask &= keys[None, :] >= key_lens[:, None] - window
+    g = AttnGroup(rows=slice(0, 4), q_index=torch.arange(4)[:, None], block_tables=tables,
+                  mask=mask.view(4, 1, 1, L), key_lens=key_lens, valid=None)
+    scale = D ** -0.5
+    want = paged_sdpa(q.to(torch.bfloat16).float(), kc, vc, g, scale, window)
+    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, scale, window)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -13,6 +13,7 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_BF16_DOT 1
+#include "reduce16.h"
 #endif
 
 int ridgeline_gemm_bf16_available(void) {
@@ -26,32 +27,20 @@ int ridgeline_gemm_bf16_available(void) {
 #ifdef HAVE_BF16_DOT
 #define NR 4
 #define MR 4
-#define PF_TILES 2 /* prefetch W this many tiles ahead: the 4 interleaved row streams defeat the hardware prefetcher */
-
-/* lane i of the result = horizontal sum of a[i], for 16 vectors */
-static inline __m512 reduce16(const __m512 *a) {
-    __m512 s1[8], s2[4], s3[2];
-    for (int i = 0; i < 8; i++)
-        s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d p = _mm512_castps_pd(s1[2 * i]), q = _mm512_castps_pd(s1[2 * i + 1]);
-        s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)), _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
-    }
-    for (int i = 0; i < 2; i++)
-        s3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
+/* Prefetch W two tiles ahead, into L2 (L1 has too few miss buffers to stream from DRAM): the NR
+ * interleaved row streams defeat the hardware prefetcher. */
+#define PF_TILES 2
+#define PF_HINT _MM_HINT_T1
 
 static inline __m512bh ld_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
 static inline __m512bh ld_bh_tail(const uint16_t *p, __mmask32 t) { return (__m512bh)_mm512_maskz_loadu_epi16(t, p); }
 
 /* A full NR x MR tile: W rows n..n+NR-1, x rows m..m+MR-1, of which the first mc are stored. xb has
  * rows padded to Kp (multiple of 32) and a row count padded to MR, with zeros, so only W needs a
- * masked tail load. */
-static inline void tile_full(const uint16_t *w, const uint16_t *xb, float *y, int64_t n, int64_t m, int mc,
-                             int64_t N, int64_t K, int64_t Kp) {
+ * masked tail load. pf: prefetch W ahead (the first x block of each W tile only). */
+static inline __attribute__((always_inline)) void
+tile_full(const uint16_t *w, const uint16_t *xb, float *y, int64_t n, int64_t m, int mc, int64_t N, int64_t K,
+          int64_t Kp, const int pf) {
     __m512 acc[NR * MR];
     for (int i = 0; i < NR * MR; i++) acc[i] = _mm512_setzero_ps();
     const int64_t Kf = K & ~(int64_t)31;
@@ -59,7 +48,8 @@ static inline void tile_full(const uint16_t *w, const uint16_t *xb, float *y, in
         __m512bh wv[NR], xv[MR];
         for (int r = 0; r < NR; r++) wv[r] = ld_bh(w + (n + r) * K + k);
         for (int c = 0; c < MR; c++) xv[c] = ld_bh(xb + (m + c) * Kp + k);
-        for (int r = 0; r < NR; r++) _mm_prefetch((const char *)(w + (n + PF_TILES * NR + r) * K + k), _MM_HINT_T0);
+        if (pf)
+            for (int r = 0; r < NR; r++) _mm_prefetch((const char *)(w + (n + PF_TILES * NR + r) * K + k), PF_HINT);
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < MR; c++) acc[r * MR + c] = _mm512_dpbf16_ps(acc[r * MR + c], wv[r], xv[c]);
     }
@@ -71,8 +61,8 @@ static inline void tile_full(const uint16_t *w, const uint16_t *xb, float *y, in
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < MR; c++) acc[r * MR + c] = _mm512_dpbf16_ps(acc[r * MR + c], wv[r], xv[c]);
     }
-    float out[NR * MR];
-    for (int g = 0; g < NR * MR; g += 16) _mm512_storeu_ps(out + g, reduce16(acc + g));
+    float out[NR * MR]; /* NR * MR == 16 */
+    _mm512_storeu_ps(out, reduce16(acc));
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < mc; c++) y[(m + c) * N + n + r] = out[r * MR + c];
 }
@@ -131,7 +121,8 @@ int ridgeline_gemm_bf16(const uint16_t *w, const float *x, float *y, int64_t M, 
             int nr = N - n < NR ? (int)(N - n) : NR;
             for (int64_t m = 0; m < M; m += MR) {
                 int mc = M - m < MR ? (int)(M - m) : MR;
-                if (nr == NR) tile_full(w, xb, y, n, m, mc, N, K, Kp);
+                if (nr == NR && m == 0) tile_full(w, xb, y, n, m, mc, N, K, Kp, 1);
+                else if (nr == NR) tile_full(w, xb, y, n, m, mc, N, K, Kp, 0);
                 else tile_edge(w, xb, y, n, m, nr, mc, N, K, Kp);
             }
         }
