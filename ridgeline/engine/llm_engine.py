@@ -58,6 +58,8 @@ class LLMEngine:
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
         gemv = kernels.choose_skinny(device, choice.dtype)
+        if kernels.choose_fused_ops(device, act_dtype):
+            gemv += "; fused RMSNorm, SiLU*up, rotary + KV write (C)"
         # the KV cache keeps the model's dtype (the CPU kernels read fp32 and bf16; fp16 is stored as fp32)
         cpu_ok = (torch.float32, torch.bfloat16)
         kv_dtype = choice.dtype if device.type != "cpu" or choice.dtype in cpu_ok else torch.float32

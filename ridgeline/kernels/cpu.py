@@ -4,6 +4,7 @@ gemv.c: skinny matmul for 1-8 token batches, where torch's CPU GEMM reads weight
 (bf16 at small M is several times slower than fp32 here). gemm_bf16.c: bf16-weight matmul for the
 batch sizes of batched decode, with AVX512-BF16 dot products. paged_attention.c: decode attention
 read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
+ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + KV write).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ _SIGNATURES = {
     "ridgeline_gemv": [_PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_bf16": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_bf16_available": [],
+    "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
+    "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                                _F32, _INT],
 }

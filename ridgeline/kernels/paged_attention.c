@@ -30,6 +30,7 @@ static inline float bf16_to_float(uint16_t v) {
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include "reduce16.h"
+#include "vexp.h"
 #include "paged_attention_bf16.h"
 #define HAVE_BF16_DOT 1
 #endif

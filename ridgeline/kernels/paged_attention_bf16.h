@@ -59,14 +59,21 @@ attend_bf16_nd(const float *q, const uint16_t *kc, const uint16_t *vc, const int
         }
     }
     for (int64_t r = 0; r < heads; r++) {
-        float *sr = scores + r * n, m = sr[0], sum = 0.f;
+        float *sr = scores + r * n, m = sr[0];
         for (int64_t j = 1; j < n; j++) m = sr[j] > m ? sr[j] : m;
-        for (int64_t j = 0; j < n; j++) {
-            sr[j] = expf(sr[j] - m);
-            sum += sr[j];
+        __m512 vsum = _mm512_setzero_ps();
+        const __m512 vm = _mm512_set1_ps(m);
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 t = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            const __m512 e = vexp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, sr + j), vm));
+            vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(t, e));
+            _mm512_mask_storeu_ps(sr + j, t, e);
         }
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < n; j++) sr[j] *= inv;
+        const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vsum));
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 t = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            _mm512_mask_storeu_ps(sr + j, t, _mm512_mul_ps(_mm512_maskz_loadu_ps(t, sr + j), inv));
+        }
     }
     float *ot = out + h0 * G * D;
     for (int64_t i = 0; i < heads * D; i++) ot[i] = 0.f;

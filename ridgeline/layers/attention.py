@@ -77,6 +77,11 @@ class Attention(nn.Module):
         flat_v = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
         flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
         flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
+        return self.attend(q)
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], with this step's K/V already in the cache -> [T, H*D] in q's dtype."""
+        ctx = get_forward_context()
         if len(ctx.groups) == 1:
             g = ctx.groups[0]
             return self.backend(q, self.k_cache, self.v_cache, g, self.scale, self.window).to(q.dtype)

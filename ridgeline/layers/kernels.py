@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ridgeline.kernels import cpu_gemm, cpu_gemv
+from ridgeline.kernels import cpu_gemm, cpu_gemv, cpu_ops
 
 SKINNY = "linear"  # "c" (kernels/gemv.c) or "linear"
 SKINNY_MAX_M = cpu_gemv.MAX_M
@@ -21,6 +21,14 @@ GEMM_MAX_M = 0  # 0: the bf16 dot-product kernel is off
 # as fast as gemv.c at 1-2 rows (26-29 GB/s) and beats it from 3; it beats oneDNN's bf16 GEMM
 # 1.5-2x at 8-32 rows, evenly at 48-64; oneDNN wins from ~96 rows.
 BF16_GEMM_MAX_M = 64
+FUSED_OPS = False  # RMSNorm + residual, SiLU * up, rotary + KV write through kernels/ops.c
+
+
+def choose_fused_ops(device: torch.device, act_dtype: torch.dtype) -> bool:
+    """The fused element-wise kernels serve fp32 activations on a CPU."""
+    global FUSED_OPS
+    FUSED_OPS = device.type == "cpu" and act_dtype == torch.float32 and cpu_ops.available()
+    return FUSED_OPS
 
 
 def choose_skinny(device: torch.device, dtype: torch.dtype, shape=(1536, 576), reps: int = 24) -> str:

@@ -2,6 +2,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.kernels import cpu_ops
+from ridgeline.layers import kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -11,6 +14,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """x [T, H]. With a residual: adds it first and returns (normed, new residual)."""
+        if (kernels.FUSED_OPS and x.dtype == self.weight.dtype == torch.float32 and x.is_contiguous()
+                and (residual is None or (residual.dtype == torch.float32 and residual.is_contiguous()))):
+            out = cpu_ops.rmsnorm(x, self.weight, self.eps, residual)  # residual += x in place
+            return out if residual is None else (out, residual)
         if residual is not None:
             x = residual = x + residual
         out = F.rms_norm(x, self.weight.shape, self.weight, self.eps)

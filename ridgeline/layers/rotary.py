@@ -46,6 +46,7 @@ class Rotary(nn.Module):
         super().__init__()
         self.args = (head_dim, max_positions, theta, scaling)
         self.cis = torch.empty(0)  # [P, D/2] complex64
+        self.cos_sin = torch.empty(0)  # the same memory as [P, D/2, 2] float32 (cos, sin)
         self._positions: torch.Tensor | None = None
         self._step_cis: torch.Tensor | None = None
 
@@ -54,6 +55,7 @@ class Rotary(nn.Module):
         inv = _inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device="cpu"), inv)
         self.cis = torch.polar(torch.ones_like(freqs), freqs).to(torch.complex64).to(device)
+        self.cos_sin = torch.view_as_real(self.cis)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [T]; q [T, H, D], k [T, Hkv, D] (pairs interleaved) -> rotated, same dtype."""

@@ -6,10 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.kernels import cpu_ops
+from ridgeline.layers import kernels
 from ridgeline.layers.attention import Attention
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
+from ridgeline.runner.forward_context import get_forward_context
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -24,7 +27,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        qkv = self.qkv_proj(x)
+        if (kernels.FUSED_OPS and qkv.dtype == torch.float32 and qkv.is_contiguous()
+                and self.attn.k_cache.dtype in (torch.float32, torch.bfloat16)):
+            cpu_ops.rope_kv(qkv, positions, self.rotary.cos_sin, get_forward_context().slot_mapping,
+                            self.attn.k_cache, self.attn.v_cache, self.h, self.hkv, self.d)
+            return self.o_proj(self.attn.attend(qkv[:, :self.h * self.d].view(T, self.h, self.d)))
+        q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k = self.rotary(positions, q.view(T, self.h, self.d), k.view(T, self.hkv, self.d))
         return self.o_proj(self.attn(q, k, v.view(T, self.hkv, self.d)))
 
@@ -36,7 +45,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if kernels.FUSED_OPS and gate_up.dtype == torch.float32 and gate_up.is_contiguous():
+            return self.down_proj(cpu_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

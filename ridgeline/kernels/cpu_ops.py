@@ -1,0 +1,39 @@
+"""Fused element-wise layer steps on fp32 CPU activations (kernels/ops.c): RMSNorm with the residual
+add, SiLU-and-multiply, and rotary + KV-cache write."""
+from __future__ import annotations
+
+import torch
+
+from ridgeline.kernels import cpu
+
+
+def available() -> bool:
+    return cpu.lib() is not None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """x [T, H] fp32 contiguous; weight [H] fp32. With a residual [T, H]: it becomes residual + x
+    (in place) and is normalized. Returns the normalized [T, H]."""
+    T, H = x.shape
+    out = torch.empty_like(x)
+    cpu.lib().ridgeline_rmsnorm(x.data_ptr(), residual.data_ptr() if residual is not None else None,
+                                weight.data_ptr(), out.data_ptr(), T, H, eps, torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] fp32 contiguous -> silu(gate) * up [T, I]."""
+    T, I2 = gate_up.shape
+    out = torch.empty(T, I2 // 2, dtype=torch.float32)
+    cpu.lib().ridgeline_silu_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
+    return out
+
+
+def rope_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
+            k_cache: torch.Tensor, v_cache: torch.Tensor, H: int, Hkv: int, D: int) -> None:
+    """qkv [T, (H + 2 Hkv) D] fp32 contiguous: q and k rotated in place (pairs interleaved), k and v
+    written to the caches [NB, bs, Hkv, D] (fp32 or bf16) at slots [T]. cos_sin [P, D/2, 2] fp32;
+    positions and slots int64."""
+    cpu.lib().ridgeline_rope_kv(qkv.data_ptr(), qkv.shape[0], H, Hkv, D, positions.data_ptr(), cos_sin.data_ptr(),
+                                slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                int(k_cache.dtype == torch.bfloat16), torch.get_num_threads())

@@ -1,0 +1,94 @@
+/* Fused element-wise steps of a decoder layer on fp32 activations, one pass over memory each, where
+ * torch on a CPU spends several small ops (and their dispatch) per step:
+ *   rmsnorm:  residual += x (optional), out = residual / rms(residual) * w
+ *   silu_mul: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
+ *   rope_kv:  rotate q and k inside the fused qkv rows (interleaved pairs), write k and v into the
+ *             paged KV cache (fp32 or bf16) at their slots. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include "vexp.h"
+#endif
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H,
+                      float eps, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) if (T * H >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * H;
+        float *src = (float *)xt;
+        if (residual) {
+            float *rt = residual + t * H;
+            #pragma omp simd
+            for (int64_t i = 0; i < H; i++) rt[i] += xt[i];
+            src = rt;
+        }
+        float ss = 0.f;
+        #pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; i++) ss += src[i] * src[i];
+        const float inv = 1.f / sqrtf(ss / (float)H + eps);
+        float *ot = out + t * H;
+        #pragma omp simd
+        for (int64_t i = 0; i < H; i++) ot[i] = src[i] * inv * w[i];
+    }
+    return 0;
+}
+
+int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        for (; i + 16 <= I; i += 16) {
+            const __m512 gv = _mm512_loadu_ps(g + i), one = _mm512_set1_ps(1.f);
+            const __m512 e = vexp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}
+
+/* qkv [T, (H + 2 Hkv) D] fp32 (q rotated in place); cs [P, D/2, 2] (cos, sin); slots [T] into the
+ * caches viewed as [NB * bs, Hkv, D]. */
+int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
+                      const float *cs, const int64_t *slots, void *kc, void *vc, int kv_bf16, int nthreads) {
+    const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
+    #pragma omp parallel for num_threads(nthreads) if (T >= 64)
+    for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * width;
+        const float *c = cs + positions[t] * D;
+        for (int64_t h = 0; h < H + Hkv; h++) { /* q heads, then k heads */
+            float *x = row + h * D;
+            #pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x[2 * i], b = x[2 * i + 1], co = c[2 * i], si = c[2 * i + 1];
+                x[2 * i] = a * co - b * si;
+                x[2 * i + 1] = a * si + b * co;
+            }
+        }
+        const float *k = row + H * D, *v = k + Hkv * D;
+        const int64_t n = Hkv * D, off = slots[t] * n;
+        if (kv_bf16) {
+            uint16_t *kd = (uint16_t *)kc + off, *vd = (uint16_t *)vc + off;
+            for (int64_t i = 0; i < n; i++) {
+                kd[i] = f32_to_bf16(k[i]);
+                vd[i] = f32_to_bf16(v[i]);
+            }
+        } else {
+            memcpy((float *)kc + off, k, sizeof(float) * n);
+            memcpy((float *)vc + off, v, sizeof(float) * n);
+        }
+    }
+    return 0;
+}
