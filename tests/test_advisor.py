@@ -144,3 +144,17 @@ def test_name_lookup_is_forgiving():
     assert resolve_spec("meta-llama/Llama-3.1-8B-Instruct").name == "Llama-3.1-8B"
     assert resolve_spec("qwen2.5-72b").num_layers == 80
     assert lookup_hardware("h100").name == "H100-SXM"
+
+
+def test_measured_gemm_curve_sets_the_rate_per_row_count():
+    from dataclasses import replace
+    curve = {"bf16": {1: 10e9, 16: 160e9, 256: 400e9}}
+    hw = replace(lookup_hardware("H100"), gemm_curve=curve)
+    assert hw.rate_at("bf16", 1) == 10e9 and hw.rate_at("bf16", 0.5) == 10e9
+    assert hw.rate_at("bf16", 4) == pytest.approx(40e9)  # log-linear between 1 and 16
+    assert hw.rate_at("bf16", 16) == 160e9 and hw.rate_at("bf16", 4096) == 400e9
+    assert lookup_hardware("H100").rate_at("bf16", 4) == H100.rate("bf16")  # no curve: the peak
+    spec = resolve_spec("SmolLM2-135M")
+    peak, measured = Platform(spec, H100), Platform(spec, hw)
+    assert decode_step(measured, 16, 64).compute == pytest.approx(
+        decode_step(peak, 16, 64).compute * H100.rate("bf16") / 160e9)

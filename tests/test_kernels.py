@@ -124,9 +124,10 @@ def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("D,bs,window", [(64, 16, None), (128, 4, None), (32, 16, 21), (64, 8, 7)])
-def test_paged_decode_bf16_fast_path_matches_sdpa(D, bs, window):
-    """head_dim a multiple of 32 with a bf16 cache takes the AVX512-BF16 path (q rounded to bf16)."""
+def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
+    """head_dim a multiple of 32 takes the AVX-512 chunked path (bf16 cache: q rounded to bf16)."""
     from ridgeline.kernels import cpu_attention
     from ridgeline.layers.attention import paged_sdpa
     from ridgeline.runner.forward_context import AttnGroup
@@ -134,7 +135,7 @@ def test_paged_decode_bf16_fast_path_matches_sdpa(D, bs, window):
     key_lens = torch.tensor([1, 17, 45, 80])
     nb = (int(key_lens.max()) + bs - 1) // bs
     NB, Hkv, G = 4 * nb + 1, 2, 3
-    kc, vc = torch.randn(NB, bs, Hkv, D).to(torch.bfloat16), torch.randn(NB, bs, Hkv, D).to(torch.bfloat16)
+    kc, vc = torch.randn(NB, bs, Hkv, D).to(kv_dtype), torch.randn(NB, bs, Hkv, D).to(kv_dtype)
     perm = torch.randperm(NB - 1)[: 4 * nb] + 1
     tables = perm.view(4, nb)
     q = torch.randn(4, Hkv * G, D)
@@ -146,6 +147,6 @@ def test_paged_decode_bf16_fast_path_matches_sdpa(D, bs, window):
     g = AttnGroup(rows=slice(0, 4), q_index=torch.arange(4)[:, None], block_tables=tables,
                   mask=mask.view(4, 1, 1, L), key_lens=key_lens, valid=None)
     scale = D ** -0.5
-    want = paged_sdpa(q.to(torch.bfloat16).float(), kc, vc, g, scale, window)
+    want = paged_sdpa(q.to(kv_dtype).float(), kc, vc, g, scale, window)
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, scale, window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -5,6 +5,7 @@ floors on time; `--hardware local` replaces them with rates measured on this mac
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ridgeline.advisor.errors import AdvisorError
@@ -32,6 +33,9 @@ class HardwareSpec:
     # and the host cost of dispatching one tensor op
     weight_stream_bw: dict[str, float] = field(default_factory=dict)
     op_overhead: float = 0.0
+    # measured on this machine only: FLOP/s of the engine's own matmul path at M rows (precision ->
+    # {M: rate}), cold weights, so small M carries the weight-streaming time
+    gemm_curve: dict[str, dict[int, float]] = field(default_factory=dict)
     source: str = "vendor peak (dense)"
 
     @property
@@ -55,6 +59,21 @@ class HardwareSpec:
     def rate(self, weights: str) -> float:
         return self.flops[self.compute_precision(weights)]
 
+    def rate_at(self, weights: str, rows: float) -> float:
+        """Matrix rate for a step of `rows` tokens: the measured curve where there is one (log-linear
+        between its points, flat past its ends), else the peak."""
+        curve = self.gemm_curve.get(self.compute_precision(weights))
+        if not curve:
+            return self.rate(weights)
+        pts = sorted((int(m), r) for m, r in curve.items())
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (m0, r0), (m1, r1) in zip(pts, pts[1:]):
+            if rows <= m1:
+                f = math.log(rows / m0) / math.log(m1 / m0)
+                return r0 * (r1 / r0) ** f
+        return pts[-1][1]
+
     def stream_bw(self, weights: str) -> float:
         """Bandwidth at which weights in this format are read by a one-token matmul."""
         return self.weight_stream_bw.get(precision(weights), self.bandwidth)
@@ -63,7 +82,7 @@ class HardwareSpec:
         return {"name": self.name, "kind": self.kind, "memory": self.memory, "bandwidth": self.bandwidth,
                 "flops": self.flops, "link": self.link, "link_bw": self.link_bw,
                 "devices_per_node": self.devices_per_node, "weight_stream_bw": self.weight_stream_bw,
-                "op_overhead": self.op_overhead, "source": self.source}
+                "op_overhead": self.op_overhead, "gemm_curve": self.gemm_curve, "source": self.source}
 
 
 T, G = 1e12, 1e9

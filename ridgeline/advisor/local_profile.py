@@ -1,5 +1,6 @@
 """`--hardware local`: measure this machine once (memory read bandwidth, matrix rates per precision,
-one-token matmul streaming rate, host cost per tensor op) and cache the profile in the model cache dir.
+one-token matmul streaming rate, the engine's matmul rate per row count, host cost per tensor op) and
+cache the profile in the model cache dir.
 
 Needs torch; everything else in the advisor does not. Best of a few repetitions, so a busy machine reads
 closer to what it can do; absolute numbers still drift run to run on shared CPUs.
@@ -15,7 +16,8 @@ from pathlib import Path
 from ridgeline.advisor.hardware import HardwareSpec
 from ridgeline.weights.cache_dir import model_cache_dir
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+CURVE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU time (1 thread)
@@ -79,6 +81,27 @@ def _matmul_rates(torch, dev, timer: _Timer, big: bool) -> dict[str, float]:
     return rates
 
 
+def _engine_gemm_curve(torch, timer: _Timer) -> dict[str, dict[int, float]]:
+    """FLOP/s of the engine's matmul dispatch (ridgeline.layers.linear.matmul, with the kernels the engine
+    would pick for each precision) at CURVE_ROWS rows, on a set of weights larger than the caches: decode
+    steps run at small M, where the CPU's GEMM is far below its peak and weight streaming dominates."""
+    from ridgeline.layers import kernels
+    from ridgeline.layers.linear import matmul
+
+    cpu, curve = torch.device("cpu"), {}
+    N = K = 2048
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        kernels.choose_skinny(cpu, dt)
+        ws = [torch.randn(N, K, dtype=dt) for _ in range(16 // dt.itemsize)]  # 64 MiB: past the caches
+        curve[name] = {}
+        for m in CURVE_ROWS:
+            x = torch.randn(m, K)
+            t = timer.best(lambda: [matmul(x, w) for w in ws], 2)
+            curve[name][m] = 2 * m * N * K * len(ws) / t
+        del ws
+    return curve
+
+
 def measure(device: str = "auto", clock: str = "wall") -> dict:
     import torch
 
@@ -108,6 +131,7 @@ def measure(device: str = "auto", clock: str = "wall") -> dict:
             "kind": "gpu" if gpu else "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
             "memory": float(props.total_memory) if gpu else _mem_total(), "bandwidth": bandwidth,
             "flops": _matmul_rates(torch, dev, timer, gpu), "weight_stream_bw": stream, "op_overhead": op,
+            "gemm_curve": {} if gpu else _engine_gemm_curve(torch, timer),
             "clock": clock, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -123,6 +147,7 @@ def to_spec(p: dict) -> HardwareSpec:
     name = p["name"] + f" ({p['threads']} threads)" * (p["kind"] == "cpu")
     return HardwareSpec(name, p["kind"], p["memory"], p["bandwidth"], dict(p["flops"]),
                         weight_stream_bw=dict(p["weight_stream_bw"]), op_overhead=p["op_overhead"],
+                        gemm_curve={k: {int(m): r for m, r in v.items()} for k, v in p.get("gemm_curve", {}).items()},
                         source=f"measured {p['measured_at']} ({p['clock']} clock), torch {p['torch']}")
 
 

@@ -86,7 +86,8 @@ def step(pl: Platform, tokens: float, pairs: float, kv_bytes: float, sampled: fl
     flops = 2 * (s.matmul_params - head) * tokens + 2 * head * sampled + s.attn_flops_per_pair * pairs
     wbytes = s.params_read(tokens) * nbytes(pl.weights)
     mem = (wbytes + kv_bytes) / (pl.tp * pl.hw.bandwidth)
-    return StepTime(mem, flops / (pl.tp * pl.rate), network_time(pl, tokens), pl.overhead, wbytes + kv_bytes, flops,
+    rate = pl.hw.rate_at(pl.weights, tokens)  # the peak, or the measured curve at this many rows
+    return StepTime(mem, flops / (pl.tp * rate), network_time(pl, tokens), pl.overhead, wbytes + kv_bytes, flops,
                     overlap=pl.hw.kind == "gpu")
 
 

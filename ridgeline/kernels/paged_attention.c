@@ -27,12 +27,41 @@ static inline float bf16_to_float(uint16_t v) {
 #define KV_T uint16_t
 #define KV_LOAD(x) bf16_to_float(x)
 #include "paged_attention_attend.h"
+#undef ATTEND
+#undef KV_T
+#undef KV_LOAD
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef __AVX512F__
 #include "reduce16.h"
 #include "vexp.h"
-#include "paged_attention_bf16.h"
-#define HAVE_BF16_DOT 1
+#define FAST attend_f32_fast
+#define KV_T float
+#define QK_W 16
+#define QV_T __m512
+#define Q_PREP(dst, src) (*(dst) = _mm512_loadu_ps(src))
+#define QK_STEP(acc, qv, kp) _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp), acc)
+#define V_LOAD16(p) _mm512_loadu_ps(p)
+#include "paged_attention_avx512.h"
+#undef FAST
+#undef KV_T
+#undef QK_W
+#undef QV_T
+#undef Q_PREP
+#undef QK_STEP
+#undef V_LOAD16
+#define HAVE_F32_FAST 1
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define FAST attend_bf16_fast
+#define KV_T uint16_t
+#define QK_W 32
+#define QV_T __m512bh
+#define Q_PREP(dst, src) (*(dst) = _mm512_cvtne2ps_pbh(_mm512_loadu_ps((src) + 16), _mm512_loadu_ps(src)))
+#define QK_STEP(acc, qv, kp) _mm512_dpbf16_ps(acc, qv, (__m512bh)_mm512_loadu_si512(kp))
+#define V_LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#include "paged_attention_avx512.h"
+#define HAVE_BF16_FAST 1
 #endif
 
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *tables,
@@ -43,17 +72,26 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int k
     for (int64_t b = 0; b < B; b++) max_len = key_lens[b] > max_len ? key_lens[b] : max_len;
     const int64_t per_task = B < 2 * nthreads ? 1 : Hkv; /* KV heads per task */
     const int64_t tasks = B * (Hkv / per_task);
-#ifdef HAVE_BF16_DOT
-    const int dot = D % 32 == 0 && D <= ATT_MAX_D;
+#ifdef HAVE_BF16_FAST
+    const int fast_bf16 = D % 32 == 0 && D <= ATT_MAX_D;
 #else
-    const int dot = 0;
+    const int fast_bf16 = 0;
 #endif
+#ifdef HAVE_F32_FAST
+    const int fast_f32 = D % 16 == 0 && D <= ATT_MAX_D;
+#else
+    const int fast_f32 = 0;
+#endif
+    (void)fast_bf16;
+    (void)fast_f32;
     int failed = 0;
     #pragma omp parallel num_threads(nthreads)
     {
         const size_t nscores = (size_t)((H / Hkv) * per_task * max_len);
-        float *scores = malloc(sizeof(float) * nscores + sizeof(uint16_t) * (size_t)(H * D)); /* + bf16 q */
-        uint16_t *qbuf = scores ? (uint16_t *)(scores + nscores) : NULL;
+        /* + the prepared query, 64-byte aligned */
+        float *scores = malloc(sizeof(float) * (nscores + (size_t)(H * D)) + 64);
+        void *qbuf = scores ? (void *)(((uintptr_t)(scores + nscores) + 63) & ~(uintptr_t)63) : NULL;
+        (void)qbuf;
         if (!scores) {
             #pragma omp atomic write
             failed = 1;
@@ -62,10 +100,20 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int k
         for (int64_t t = 0; t < tasks; t++) {
             if (!scores) continue;
             const int64_t b = t / (Hkv / per_task), h0 = (t % (Hkv / per_task)) * per_task;
-            if (kv_bf16 && dot)
-                attend_bf16_dot(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H,
-                                Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
-            else if (kv_bf16)
+#if defined(HAVE_BF16_FAST) || defined(HAVE_F32_FAST)
+            if (kv_bf16 ? fast_bf16 : fast_f32) {
+#ifdef HAVE_BF16_FAST
+                if (kv_bf16)
+                    attend_bf16_fast(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H,
+                                     Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
+#endif
+                if (!kv_bf16)
+                    attend_f32_fast(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H,
+                                    Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
+                continue;
+            }
+#endif
+            if (kv_bf16)
                 attend_bf16(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H, Hkv,
                             h0, h0 + per_task, D, bs, window, scale, scores);
             else

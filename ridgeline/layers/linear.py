@@ -19,13 +19,17 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
-        w, m = self.weight, x.shape[0]
-        if kernels.SKINNY == "c" and m <= kernels.SKINNY_MAX_M:
-            y = cpu_gemv.gemv(x, w).to(x.dtype)
-        elif m <= kernels.GEMM_MAX_M and w.dtype == torch.bfloat16:
-            y = cpu_gemm.gemm_bf16(x, w).to(x.dtype)
-        elif x.dtype == w.dtype:
-            y = F.linear(x, w)
-        else:  # bf16 weights with fp32 activations (CPU): the GEMM runs in the weights' dtype
-            y = F.linear(x.to(w.dtype), w).to(x.dtype)
+        y = matmul(x, self.weight)
         return y if self.bias is None else y + self.bias
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T -> [M, N] in x's dtype, through the kernel chosen for M."""
+    m = x.shape[0]
+    if kernels.SKINNY == "c" and m <= kernels.SKINNY_MAX_M:
+        return cpu_gemv.gemv(x, w).to(x.dtype)
+    if m <= kernels.GEMM_MAX_M and w.dtype == torch.bfloat16:
+        return cpu_gemm.gemm_bf16(x, w).to(x.dtype)
+    if x.dtype == w.dtype:
+        return F.linear(x, w)
+    return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
