@@ -150,3 +150,19 @@ def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
     want = paged_sdpa(q.to(kv_dtype).float(), kc, vc, g, scale, window)
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, scale, window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_prefill_rows_through_the_decode_kernel(kv_dtype):
+    """row_seq maps query rows to sequences: the same as expanding each row's block table."""
+    from ridgeline.kernels import cpu_attention
+    torch.manual_seed(3)
+    NB, bs, Hkv, G, D = 30, 16, 3, 3, 64
+    kc, vc = torch.randn(NB, bs, Hkv, D).to(kv_dtype), torch.randn(NB, bs, Hkv, D).to(kv_dtype)
+    tables = torch.randperm(NB - 1)[:2 * 6].view(2, 6) + 1  # 2 sequences, up to 96 positions each
+    row_seq = torch.tensor([0] * 5 + [1] * 40)
+    key_lens = torch.cat([torch.arange(20, 25), torch.arange(51, 91)]) + 1  # causal: position + 1
+    q = torch.randn(45, Hkv * G, D)
+    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, None, row_seq=row_seq)
+    want = cpu_attention.paged_decode(q, kc, vc, tables[row_seq].contiguous(), key_lens, 0.125, None)
+    assert torch.equal(got, want)

@@ -1,5 +1,5 @@
 /* Decode attention straight from the paged KV cache: one query token per sequence, no gather.
- * q [B, H, D] fp32, caches [NB, bs, Hkv, D] fp32 or bf16, block_tables [B, max_nb], key_lens [B] -> out [B, H, D].
+ * q [B, H, D] fp32, caches [NB, bs, Hkv, D] fp32 or bf16, block_tables [S, max_nb], key_lens [B] -> out [B, H, D].
  * The cache is read block by block, each position's Hkv*D row once (memory-bound at large B), in
  * two passes: scores (kept in a per-thread buffer), then the softmax-weighted V sum. A task is one
  * sequence, or one (sequence, KV head) when there are too few sequences to keep the threads busy. */
@@ -64,9 +64,12 @@ static inline float bf16_to_float(uint16_t v) {
 #define HAVE_BF16_FAST 1
 #endif
 
+/* B query rows. Row b attends to the first key_lens[b] positions of the sequence whose block table
+ * is tables[row_seq ? row_seq[b] : b]: one decode token per sequence, or (row_seq given) the rows of
+ * prefill chunks, each a query at its own position (key_lens = position + 1: causal). */
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *tables,
-                           const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv,
-                           int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
+                           const int64_t *row_seq, const int64_t *key_lens, float *out, int64_t B, int64_t H,
+                           int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
                            int nthreads) {
     int64_t max_len = 1;
     for (int64_t b = 0; b < B; b++) max_len = key_lens[b] > max_len ? key_lens[b] : max_len;
@@ -100,24 +103,25 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int k
         for (int64_t t = 0; t < tasks; t++) {
             if (!scores) continue;
             const int64_t b = t / (Hkv / per_task), h0 = (t % (Hkv / per_task)) * per_task;
+            const int64_t *table = tables + (row_seq ? row_seq[b] : b) * max_nb;
 #if defined(HAVE_BF16_FAST) || defined(HAVE_F32_FAST)
             if (kv_bf16 ? fast_bf16 : fast_f32) {
 #ifdef HAVE_BF16_FAST
                 if (kv_bf16)
-                    attend_bf16_fast(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H,
+                    attend_bf16_fast(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H,
                                      Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
 #endif
                 if (!kv_bf16)
-                    attend_f32_fast(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H,
+                    attend_f32_fast(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H,
                                     Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
                 continue;
             }
 #endif
             if (kv_bf16)
-                attend_bf16(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H, Hkv,
+                attend_bf16(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H, Hkv,
                             h0, h0 + per_task, D, bs, window, scale, scores);
             else
-                attend_f32(q + b * H * D, kc, vc, tables + b * max_nb, key_lens[b], out + b * H * D, H, Hkv, h0,
+                attend_f32(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H, Hkv, h0,
                    h0 + per_task, D, bs, window, scale, scores);
         }
         free(scores);

@@ -17,6 +17,7 @@ from ridgeline.runner.forward_context import AttnGroup, get_forward_context
 
 BACKENDS: dict[str, Callable] = {}
 SMALL_ATTENTION = 4096  # B * Q * L below which plain matmul-softmax-matmul beats SDPA on a CPU
+PREFILL_IN_C = True  # "auto" on a CPU: prefill chunks through the paged C kernel too (else SDPA)
 
 
 def register_backend(name: str):
@@ -53,10 +54,15 @@ def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g:
 @register_backend("auto")
 def paged_auto(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
                window: int | None) -> torch.Tensor:
-    """Decode groups on a CPU (fp32 or bf16 cache): the C kernel reading blocks in place; else SDPA."""
-    if (g.q_index.shape[1] == 1 and k_cache.device.type == "cpu"
-            and k_cache.dtype in (torch.float32, torch.bfloat16) and cpu_attention.available()):
-        return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.key_lens, scale, window)
+    """On a CPU (fp32 or bf16 cache): the C kernel reading blocks in place, for decode rows and for
+    each row of a prefill chunk as a query at its own position; elsewhere SDPA."""
+    if (k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
+            and cpu_attention.available()):
+        if g.q_index.shape[1] == 1:
+            return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.key_lens, scale, window)
+        if g.row_seq is not None and PREFILL_IN_C:
+            return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.row_key_lens, scale, window,
+                                              row_seq=g.row_seq)
     return paged_sdpa(q, k_cache, v_cache, g, scale, window)
 
 

@@ -16,6 +16,9 @@ class AttnGroup:
     mask: torch.Tensor | None  # [B, 1, Q*G, nb*block_size] bool, True = attend; None when Q == 1 and no pad
     key_lens: torch.Tensor  # [B] int64 tokens in the cache after this step
     valid: torch.Tensor | None  # [B*Q] bool, real (non-pad) queries; None when no padding
+    # prefill groups, per real query row (group order): its sequence in the group and its causal key count
+    row_seq: torch.Tensor | None = None  # [Tg] int64
+    row_key_lens: torch.Tensor | None = None  # [Tg] int64 = position + 1
 
 
 @dataclass

@@ -99,6 +99,10 @@ class ModelRunner:
             allowed &= keys[None, None, :] > (start[:, None] + qi[None, :])[:, :, None] - self.window
         padded = bool((n != Q).any())
         offsets = np.cumsum(n) - n
+        row_seq = row_key_lens = None
+        if Q > 1:
+            row_seq = np.repeat(np.arange(B), n)
+            row_key_lens = start[row_seq] + np.arange(int(n.sum())) - offsets[row_seq] + 1
         q_index = offsets[:, None] + np.minimum(qi[None, :], n[:, None] - 1)
         mask = torch.from_numpy(allowed)
         if Q == 1:
@@ -109,7 +113,9 @@ class ModelRunner:
             rows=rows, q_index=torch.from_numpy(q_index).to(dev),
             block_tables=torch.from_numpy(np.ascontiguousarray(tables[:, :nb])).to(dev), mask=mask.to(dev),
             key_lens=torch.from_numpy(key_lens).to(dev),
-            valid=torch.from_numpy((qi[None, :] < n[:, None]).reshape(-1)).to(dev) if padded else None)
+            valid=torch.from_numpy((qi[None, :] < n[:, None]).reshape(-1)).to(dev) if padded else None,
+            row_seq=None if row_seq is None else torch.from_numpy(row_seq).to(dev),
+            row_key_lens=None if row_key_lens is None else torch.from_numpy(row_key_lens).to(dev))
 
     def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledToken]:
         gens = []
