@@ -166,3 +166,12 @@ def test_prefill_rows_through_the_decode_kernel(kv_dtype):
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, None, row_seq=row_seq)
     want = cpu_attention.paged_decode(q, kc, vc, tables[row_seq].contiguous(), key_lens, 0.125, None)
     assert torch.equal(got, want)
+
+
+def test_hugepage_buffer_is_zeroed_and_writable():
+    from ridgeline.utils import hugepages
+    buf = hugepages.zeroed(3 << 20)
+    assert buf.shape == (3 << 20,) and not buf.any()
+    t = torch.from_numpy(buf).view(torch.float32)
+    t[123] = 2.5
+    assert float(torch.from_numpy(buf).view(torch.float32)[123]) == 2.5

@@ -4,8 +4,7 @@
  * QV_T, stored), QK_STEP(acc, q, kptr), V_LOAD16(ptr) (16 V elements -> fp32). Same contract as
  * paged_attention_attend.h, plus qbuf: room for the H*D prepared query (4 bytes per element).
  * The cache is walked in chunks of <= 16 positions inside one block, each chunk's K (then V) rows
- * used by every head of the task while they sit in L1, and the next chunk prefetched into L2 (a
- * sequence's blocks are scattered, which the hardware prefetcher cannot follow). Scores: q (rounded
+ * used by every head of the task while they sit in L1, blocks prefetched ahead into L2. Scores: q (rounded
  * to bf16 for a bf16 cache) against each key row (vdpbf16ps or FMA), the 16 partial sums folded by one transpose-reduce
  * into a vector of 16 scores. Values: per head, D/16 fp32 accumulators over the chunk's rows. */
 #ifndef ATT_MAX_D
@@ -19,6 +18,16 @@ static inline const char *chunk_ptr(const void *cache, const int64_t *table, int
 
 static inline void prefetch_rows(const char *p, int64_t bytes) {
     for (const char *c = p; c < p + bytes; c += 64) _mm_prefetch(c, _MM_HINT_T1);
+}
+
+/* Blocks are scattered, which the hardware prefetcher cannot follow: the pass over [first, len)
+ * prefetches PF_BLOCKS whole blocks ahead of the one it reads (into L2). */
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 4
+#endif
+static inline void prefetch_block(const void *cache, const int64_t *table, int64_t blk, int64_t last_blk,
+                                  int64_t bs, int64_t row, int64_t elem) {
+    if (blk <= last_blk) prefetch_rows((const char *)cache + table[blk] * bs * row * elem, bs * row * elem);
 }
 
 /* positions [pos, pos + cnt) share one block: cnt = min(16, block end, len) - pos */
@@ -42,11 +51,12 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
     QV_T *qp = (QV_T *)qbuf;
     for (int64_t i = 0; i < heads * nd; i++) Q_PREP(qp + i, qt + QK_W * i);
     const __m512 vscale = _mm512_set1_ps(scale);
+    const int64_t blk0 = first / bs, last_blk = (len - 1) / bs;
+    for (int64_t b = blk0; b < blk0 + PF_BLOCKS; b++) prefetch_block(kc, table, b, last_blk, bs, row, E);
     for (int64_t pos = first, cnt; pos < len; pos += cnt) {
         cnt = chunk_len(pos, len, bs);
         const KV_T *k = (const KV_T *)chunk_ptr(kc, table, pos, bs, row, E);
-        if (pos + cnt < len)
-            prefetch_rows(chunk_ptr(kc, table, pos + cnt, bs, row, E), chunk_len(pos + cnt, len, bs) * row * E);
+        if (pos == first || pos % bs == 0) prefetch_block(kc, table, pos / bs + PF_BLOCKS, last_blk, bs, row, E);
         for (int64_t hk = h0; hk < h1; hk++) {
             const KV_T *kh = k + hk * D;
             for (int64_t g = 0; g < G; g++) {
@@ -65,6 +75,7 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
             }
         }
     }
+    for (int64_t b = blk0; b < blk0 + PF_BLOCKS; b++) prefetch_block(vc, table, b, last_blk, bs, row, E);
     for (int64_t r = 0; r < heads; r++) {
         float *sr = scores + r * n, m = sr[0];
         for (int64_t j = 1; j < n; j++) m = sr[j] > m ? sr[j] : m;
@@ -87,8 +98,7 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
     for (int64_t pos = first, cnt; pos < len; pos += cnt) {
         cnt = chunk_len(pos, len, bs);
         const KV_T *v = (const KV_T *)chunk_ptr(vc, table, pos, bs, row, E);
-        if (pos + cnt < len)
-            prefetch_rows(chunk_ptr(vc, table, pos + cnt, bs, row, E), chunk_len(pos + cnt, len, bs) * row * E);
+        if (pos == first || pos % bs == 0) prefetch_block(vc, table, pos / bs + PF_BLOCKS, last_blk, bs, row, E);
         for (int64_t hk = h0; hk < h1; hk++) {
             const KV_T *vh = v + hk * D;
             for (int64_t g = 0; g < G; g++) {

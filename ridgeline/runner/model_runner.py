@@ -10,6 +10,7 @@ from torch import nn
 from ridgeline.engine.step_plan import ScheduledSeq, StepPlan
 from ridgeline.layers.sampler import Sampler, SamplingMetadata
 from ridgeline.runner.forward_context import AttnGroup, ForwardContext, forward_context
+from ridgeline.utils import hugepages
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -30,9 +31,9 @@ class ModelRunner:
         self.window = arch.sliding_window
         self.eos_ids = eos_ids
         shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        if device.type == "cpu":  # calloc: zero pages mapped on first touch, start-up does not pay for them
+        if device.type == "cpu":  # zero pages mapped on first touch (start-up does not pay), huge pages
             nbytes = int(np.prod(shape)) * kv_dtype.itemsize
-            self.kv_cache = torch.from_numpy(np.zeros(nbytes, np.uint8)).view(kv_dtype).view(shape)
+            self.kv_cache = torch.from_numpy(hugepages.zeroed(nbytes)).view(kv_dtype).view(shape)
         else:  # never-written slots must hold finite values: masked keys still multiply their V by 0
             self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=device)
         for i, layer in enumerate(model.model.layers):
