@@ -8,7 +8,7 @@ or expert parallel) divide bytes and FLOPs; their collectives are added on top.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ridgeline.advisor.hardware import INTER_NODE_BW, INTER_NODE_LATENCY, HardwareSpec
 from ridgeline.advisor.model_spec import ModelSpec
@@ -114,7 +114,12 @@ def prefill(pl: Platform, new: float, cached: float = 0) -> StepTime:
 
 def ridge_batch(pl: Platform, context: float, limit: int = 1 << 20) -> float | None:
     """Smallest decode batch at which compute time reaches memory time; None if it never does (the KV
-    reads then grow as fast as the FLOPs, so decode stays bandwidth-bound at this context)."""
+    reads then grow as fast as the FLOPs, so decode stays bandwidth-bound at this context). The
+    classic roofline: peak matrix rate, not a measured per-row-count curve (whose small-M points
+    already carry the weight-streaming time)."""
+    if pl.hw.gemm_curve:
+        pl = pl.with_(hw=replace(pl.hw, gemm_curve={}))
+
     def compute_bound(b: float) -> bool:
         t = decode_step(pl, b, context)
         return t.compute >= t.memory

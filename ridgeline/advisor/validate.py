@@ -137,7 +137,7 @@ def run_validate(args) -> int:
     for label, p, m, how in rows:
         err = (p - m) / m if m and m != float("inf") and p != float("inf") else float("nan")
         print(f"{label:<40}{p:>12,.1f}{m:>12,.1f}{err:>+9.0%}   {how}")
-    print(f"roofline ridge batch (compute = memory, no host cost): "
+    print(f"roofline ridge batch (compute = memory at the peak GEMM rate, no host cost): "
           f"{analytic:.0f}" if analytic else "roofline ridge batch: none at this context")
     print(f"error = (predicted - measured) / measured; {'CPU' if args.cpu_time else 'wall'} time. On shared CPUs "
           "timings drift run to run: --reprofile re-measures the profile; --threads 1 --cpu-time removes "
