@@ -119,3 +119,16 @@ def test_alias_resolves_through_the_engine_like_the_table():
     engine_side = spec_from_loadable("smollm2-135m")
     assert engine_side.num_params == resolve_spec("SmolLM2-135M").num_params == 134_515_008
     assert engine_side.kv_elems_per_token == 2 * 30 * 3 * 64
+
+
+def test_validate_prefix_gain_serves_the_shared_blocks_from_the_cache(tiny_llama):
+    import time
+
+    from ridgeline import LLM
+    from ridgeline.advisor.validate import prefix_gain
+    llm = LLM(str(tiny_llama), kv_cache_memory="4MiB")
+    cold, warm, cached = prefix_gain(llm.engine, time.perf_counter, length=96, share=0.5, reps=1)
+    assert cached == 48  # three full 16-token blocks of the shared half
+    assert cold > 0 and warm > 0
+    llm.engine.kv.check_integrity()  # raises on a leaked or inconsistent block
+    assert not llm.engine.requests  # every request it added was aborted

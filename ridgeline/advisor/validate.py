@@ -14,6 +14,7 @@ from ridgeline.advisor.roofline import Platform, decode_step, prefill, ridge_bat
 
 PROMPT = 32  # tokens per request in the decode sweep
 PREFILL = 256  # tokens of the single prompt timed for prefill
+PREFIX_LEN, PREFIX_SHARE = 512, 0.75  # prefix-caching check: prompt tokens, fraction already cached
 
 
 def _count_calls(fn) -> int:
@@ -32,8 +33,10 @@ def _count_calls(fn) -> int:
     return Count.n
 
 
-def _prompts(batch: int, length: int, salt: int) -> list[list[int]]:
-    return [[(1000 + 7919 * (salt * 131 + i) + 31 * j) % 40000 + 100 for j in range(length)] for i in range(batch)]
+def _prompts(batch: int, length: int, salt: int, vocab: int = 40100) -> list[list[int]]:
+    """Deterministic distinct token ids in [100, vocab)."""
+    return [[(1000 + 7919 * (salt * 131 + i) + 31 * j) % (vocab - 100) + 100 for j in range(length)]
+            for i in range(batch)]
 
 
 def _decode(eng, batch: int, steps: int, salt: int, clock) -> tuple[float, int, int]:
@@ -75,6 +78,38 @@ def _prefill(eng, clock, reps: int = 3) -> tuple[float, int]:
             best = min(best, clock() - t)
         eng.abort_request(f"p{i}")
     return best, calls
+
+
+def _time_to_first_token(eng, rid: str, prompt: list[int], clock) -> tuple[float, int]:
+    """Seconds from admission to the first sampled token of one request alone; its cached prompt tokens."""
+    from ridgeline.sampling_params import SamplingParams
+
+    eng.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    req = eng.requests[rid]
+    t = clock()
+    while req.num_output_tokens < 1:
+        eng.step(emit_unfinished=False)
+    dt, cached = clock() - t, req.num_cached_tokens
+    eng.abort_request(rid)
+    return dt, cached
+
+
+def prefix_gain(eng, clock, length: int = PREFIX_LEN, share: float = PREFIX_SHARE,
+                reps: int = 3) -> tuple[float, float, int]:
+    """Prefill of a `length`-token prompt with nothing cached vs with its first share*length tokens
+    cached by an earlier request (same prefix, different tail). Best of reps: (cold s, warm s, cached)."""
+    v = min(40100, eng.arch.vocab_size)
+    shared = _prompts(1, int(length * share), 7000, v)[0]
+    cold = warm = float("inf")
+    cached = 0
+    for i in range(reps + 1):
+        t_cold, _ = _time_to_first_token(eng, f"pc-cold{i}", _prompts(1, length, 7100 + i, v)[0], clock)
+        tail = length - len(shared)
+        _time_to_first_token(eng, f"pc-seed{i}", shared + _prompts(1, tail, 7200 + i, v)[0], clock)
+        t_warm, cached = _time_to_first_token(eng, f"pc-warm{i}", shared + _prompts(1, tail, 7300 + i, v)[0], clock)
+        if i:  # the first round warms up
+            cold, warm = min(cold, t_cold), min(warm, t_warm)
+    return cold, warm, cached
 
 
 def _saturation_batch(batches: list[int], times: list[float]) -> float:
@@ -127,6 +162,13 @@ def run_validate(args) -> int:
         if b in batches:
             i = batches.index(b)
             rows.append((f"batch-{b} decode tok/s", b / predicted[i], b / measured[i], ""))
+    if eng.config.cache.enable_prefix_caching:
+        cold, warm, cached = prefix_gain(eng, clock)
+        new = PREFIX_LEN - cached
+        ppl = pl.with_(ops_per_step=pre_calls)
+        gain_pred = prefill(ppl, PREFIX_LEN).total / prefill(ppl, new, cached).total
+        rows.append((f"prefix-cache prefill gain ({cached}/{PREFIX_LEN} cached)", gain_pred, cold / warm,
+                     f"prefill {PREFIX_LEN} tokens vs {new} after {cached} cached (x)"))
     kv_pred = info.kv_bytes / (spec.kv_elems_per_token * info.kv_dtype.itemsize)
     rows.append(("KV capacity (tokens)", kv_pred, info.kv_capacity_tokens, "kv_cache_memory / KV bytes per token"))
     rows.append(("ridge batch: t(1) x best tok/s of sweep", _saturation_batch(batches, predicted),
