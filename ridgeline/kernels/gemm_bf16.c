@@ -7,9 +7,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+
+#include "omp_range.h"
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define HAVE_BF16_DOT 1
@@ -110,12 +109,8 @@ int ridgeline_gemm_bf16(const uint16_t *w, const float *x, float *y, int64_t M, 
     const int64_t tiles = (N + NR - 1) / NR;
     #pragma omp parallel num_threads(nthreads)
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t per = (tiles + nt - 1) / nt, t0 = t * per, t1 = t0 + per < tiles ? t0 + per : tiles;
+        int64_t t0, t1;
+        omp_range(tiles, &t0, &t1);
         for (int64_t ti = t0; ti < t1; ti++) {
             int64_t n = ti * NR;
             int nr = N - n < NR ? (int)(N - n) : NR;

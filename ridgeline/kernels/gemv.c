@@ -1,11 +1,11 @@
-/* Skinny matrix multiply y[M, N] = x[M, K] @ W[N, K]^T for M <= 8, the decode hot path on a CPU.
+/* Skinny matrix multiply y[M, N] = x[M, K] @ W[N, K]^T for M <= 8, the decode hot path on a CPU
+ * for fp32 weights (and bf16 ones where the CPU lacks AVX512-BF16: gemm_bf16.c takes them otherwise).
  * W is read exactly once (bandwidth-bound); each W row is multiplied by all M rows of x while in
  * registers. W is bf16 (raw uint16) or fp32; x and y are fp32. Rows of W split across threads. */
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+
+#include "omp_range.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -76,13 +76,8 @@ int ridgeline_gemv(const void *w, int is_bf16, const float *x, float *y, int64_t
     if (M < 1 || M > MAXM) return -1;
     #pragma omp parallel num_threads(nthreads)
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
-        int64_t chunk = (N + nt - 1) / nt;
-        int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        int64_t n0, n1;
+        omp_range(N, &n0, &n1);
         if (n0 < n1) {
             if (is_bf16) rows_bf16((const uint16_t *)w, x, y, M, N, K, n0, n1);
             else rows_f32((const float *)w, x, y, M, N, K, n0, n1);
