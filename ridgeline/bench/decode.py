@@ -15,8 +15,8 @@ import sys
 import time
 
 from ridgeline.bench import hf_baseline
-from ridgeline.bench.report import describe_machine, machine_info, write_json
-from ridgeline.bench.throughput import build_llm, dtype_name
+from ridgeline.bench.report import write_json
+from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.bench.workloads import chat_workload
 
 
@@ -59,10 +59,7 @@ def _best(runs: list[dict]) -> dict:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    wall0 = time.perf_counter()
-    machine = machine_info()
-    print(describe_machine(machine), file=sys.stderr)
-    llm = build_llm(args)
+    wall0, machine, llm = start(args)
     arch, info = llm.engine.arch, llm.info
     slack = max(4, args.prompt_len // 10)
     prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,

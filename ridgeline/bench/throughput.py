@@ -31,6 +31,14 @@ def build_llm(args: argparse.Namespace):
     return llm
 
 
+def start(args: argparse.Namespace) -> tuple[float, dict, object]:
+    """What every offline bench does first: note the wall clock, describe the machine, build the engine."""
+    wall0 = time.perf_counter()
+    machine = machine_info()
+    print(describe_machine(machine), file=sys.stderr)
+    return wall0, machine, build_llm(args)
+
+
 def workload_from_args(args: argparse.Namespace, tokenizer, num_requests: int, seed: int) -> list[list[int]]:
     return make_workload(args.workload, tokenizer, num_requests, min_len=args.min_prompt,
                          max_len=args.max_prompt, prefix_len=args.prefix_len, seed=seed)
@@ -77,10 +85,7 @@ def greedy_agreement(ours: list[list[int]], theirs: dict[int, list[int]], eos_id
 
 
 def cmd_throughput(args: argparse.Namespace) -> int:
-    wall0 = time.perf_counter()
-    machine = machine_info()
-    print(describe_machine(machine), file=sys.stderr)
-    llm = build_llm(args)
+    wall0, machine, llm = start(args)
     arch, info = llm.engine.arch, llm.info
     num_params = arch.num_params
     prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
