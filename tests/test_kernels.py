@@ -98,28 +98,30 @@ def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     assert not calls
 
 
+def _decode_group(tables: torch.Tensor, key_lens: torch.Tensor, bs: int, window: int | None):
+    """The SDPA backend's view of one decode token per sequence: its mask over the padded blocks."""
+    from ridgeline.runner.forward_context import AttnGroup
+    B, L = len(key_lens), tables.shape[1] * bs
+    keys = torch.arange(L)
+    mask = keys[None, :] < key_lens[:, None]
+    if window:
+        mask &= keys[None, :] >= key_lens[:, None] - window
+    return AttnGroup(rows=slice(0, B), q_index=torch.arange(B)[:, None], block_tables=tables,
+                     mask=mask.view(B, 1, 1, L), key_lens=key_lens, valid=None)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 5])
 def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
-    import numpy as np
-
     from ridgeline.kernels import cpu_attention
     from ridgeline.layers.attention import paged_sdpa
-    from ridgeline.runner.forward_context import AttnGroup
     torch.manual_seed(0)
     NB, bs, Hkv, G, D = 12, 4, 2, 3, 16
     kc, vc = torch.randn(NB, bs, Hkv, D).to(kv_dtype), torch.randn(NB, bs, Hkv, D).to(kv_dtype)
     key_lens = torch.tensor([3, 9, 13])
     tables = torch.tensor([[5, 0, 0, 0], [1, 7, 2, 0], [3, 4, 8, 11]])
     q = torch.randn(3, Hkv * G, D)
-    L = tables.shape[1] * bs
-    keys = torch.arange(L)
-    mask = keys[None, :] < key_lens[:, None]
-    if window:
-        mask &= keys[None, :] >= key_lens[:, None] - window
-    g = AttnGroup(rows=slice(0, 3), q_index=torch.arange(3)[:, None], block_tables=tables,
-                  mask=mask.view(3, 1, 1, L), key_lens=key_lens, valid=None)
-    want = paged_sdpa(q, kc, vc, g, 0.25, window)
+    want = paged_sdpa(q, kc, vc, _decode_group(tables, key_lens, bs, window), 0.25, window)
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.25, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -130,7 +132,6 @@ def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
     """head_dim a multiple of 32 takes the AVX-512 chunked path (bf16 cache: q rounded to bf16)."""
     from ridgeline.kernels import cpu_attention
     from ridgeline.layers.attention import paged_sdpa
-    from ridgeline.runner.forward_context import AttnGroup
     torch.manual_seed(D + bs)
     key_lens = torch.tensor([1, 17, 45, 80])
     nb = (int(key_lens.max()) + bs - 1) // bs
@@ -139,15 +140,8 @@ def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
     perm = torch.randperm(NB - 1)[: 4 * nb] + 1
     tables = perm.view(4, nb)
     q = torch.randn(4, Hkv * G, D)
-    L = nb * bs
-    keys = torch.arange(L)
-    mask = keys[None, :] < key_lens[:, None]
-    if window:
-        mask &= keys[None, :] >= key_lens[:, None] - window
-    g = AttnGroup(rows=slice(0, 4), q_index=torch.arange(4)[:, None], block_tables=tables,
-                  mask=mask.view(4, 1, 1, L), key_lens=key_lens, valid=None)
     scale = D ** -0.5
-    want = paged_sdpa(q.to(kv_dtype).float(), kc, vc, g, scale, window)
+    want = paged_sdpa(q.to(kv_dtype).float(), kc, vc, _decode_group(tables, key_lens, bs, window), scale, window)
     got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, scale, window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 

@@ -22,9 +22,7 @@ static inline void prefetch_rows(const char *p, int64_t bytes) {
 
 /* Blocks are scattered, which the hardware prefetcher cannot follow: the pass over [first, len)
  * prefetches PF_BLOCKS whole blocks ahead of the one it reads (into L2). */
-#ifndef PF_BLOCKS
 #define PF_BLOCKS 4
-#endif
 static inline void prefetch_block(const void *cache, const int64_t *table, int64_t blk, int64_t last_blk,
                                   int64_t bs, int64_t row, int64_t elem) {
     if (blk <= last_blk) prefetch_rows((const char *)cache + table[blk] * bs * row * elem, bs * row * elem);
