@@ -30,52 +30,66 @@ def test_gemv_rejects_too_many_rows():
         cpu_gemv.gemv(torch.randn(cpu_gemv.MAX_M + 1, 16), torch.randn(4, 16))
 
 
-needs_bf16_dot = pytest.mark.skipif(not cpu_gemm.available(), reason="CPU without AVX512-BF16")
+def _reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp64 x @ w^T, with x rounded to bf16 first for bf16 weights (as the kernel does)."""
+    return (x.to(w.dtype) if w.dtype == torch.bfloat16 else x).double() @ w.double().T
 
 
-@needs_bf16_dot
-@pytest.mark.parametrize("M", [1, 3, 4, 5, 17, 64])
-@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7), (9, 1537)])
-def test_gemm_bf16_matches_reference(M, N, K):
+def _packed_dtypes():
+    return [dt for dt in (torch.float32, torch.bfloat16) if cpu_gemm.available(dt)]
+
+
+@pytest.mark.parametrize("dtype", _packed_dtypes())
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 17, 64, 130])
+@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7), (9, 1537), (100, 1)])
+def test_packed_matmul_matches_reference(dtype, M, N, K):
     torch.manual_seed(M * N + K)
-    w = torch.randn(N, K).to(torch.bfloat16)
+    w = torch.randn(N, K).to(dtype)
     x = torch.randn(M, K)
-    want = x.to(torch.bfloat16).double() @ w.double().T  # the kernel rounds x to bf16 once
-    got = cpu_gemm.gemm_bf16(x, w)
+    got = cpu_gemm.PackedWeight(w)(x)
     assert got.dtype == torch.float32 and got.shape == (M, N)
-    torch.testing.assert_close(got.double(), want, atol=1e-4 * K ** 0.5, rtol=1e-4)
+    torch.testing.assert_close(got.double(), _reference(x, w), atol=1e-4 * K ** 0.5, rtol=1e-4)
 
 
-@needs_bf16_dot
-def test_gemm_bf16_rows_do_not_depend_on_batch_size():
-    w = torch.randn(40, 200).to(torch.bfloat16)
-    x = torch.randn(23, 200)
-    full = cpu_gemm.gemm_bf16(x, w)
-    for m in (1, 4, 9):
-        assert torch.equal(cpu_gemm.gemm_bf16(x[:m], w), full[:m])
+@pytest.mark.parametrize("dtype", _packed_dtypes())
+def test_packed_rows_do_not_depend_on_batch_size(dtype):
+    w = cpu_gemm.PackedWeight(torch.randn(100, 200).to(dtype))
+    x = torch.randn(300, 200)
+    full = w(x)
+    for m in (1, 4, 9, 17):
+        assert torch.equal(w(x[:m]), full[:m])
+    assert torch.equal(w(x[150:151]), full[150:151])
 
 
-def test_gemm_bf16_rejects_fp32_weights():
+@pytest.mark.parametrize("dtype", _packed_dtypes())
+def test_packed_large_output_streams_and_stays_exact(dtype):
+    """Outputs over the streaming-store threshold (LM-head sized) take the non-temporal store path."""
+    torch.manual_seed(0)
+    w = torch.randn(4096, 64).to(dtype)
+    x = torch.randn(600, 64)  # 600 * 4096 * 4 B = 9.4 MiB of output
+    torch.testing.assert_close(cpu_gemm.PackedWeight(w)(x).double(), _reference(x, w), atol=1e-3, rtol=1e-4)
+
+
+def test_packed_weight_rejects_bad_input():
     with pytest.raises(ValueError):
-        cpu_gemm.gemm_bf16(torch.randn(2, 16), torch.randn(4, 16))
+        cpu_gemm.PackedWeight(torch.randn(4, 16).half())
+    with pytest.raises(ValueError):
+        cpu_gemm.PackedWeight(torch.randn(4, 16))(torch.randn(2, 15))
 
 
-@needs_bf16_dot
-def test_linear_sends_small_batches_to_the_bf16_kernel(monkeypatch):
-    lin = Linear(96, 40).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", _packed_dtypes())
+def test_linear_prepack_swaps_the_weight_for_the_packed_kernel(monkeypatch, dtype):
+    lin = Linear(96, 40, bias=True).to(dtype)
     torch.nn.init.normal_(lin.weight)
+    torch.nn.init.normal_(lin.bias)
+    lin.bias.data = lin.bias.data.float()
     x = torch.randn(7, 96)
-    monkeypatch.setattr(kernels, "SKINNY", "linear")
-    monkeypatch.setattr(kernels, "GEMM_MAX_M", 16)
-    calls = []
-    real = cpu_gemm.gemm_bf16
-    monkeypatch.setattr(cpu_gemm, "gemm_bf16", lambda *a, **k: calls.append(1) or real(*a, **k))
-    want = x.to(torch.bfloat16).float() @ lin.weight.float().T
+    want = _reference(x, lin.weight).float() + lin.bias
+    monkeypatch.setattr(kernels, "PACKED", frozenset())
+    assert not lin.prepack() and lin.weight is not None  # not chosen: nothing changes
+    monkeypatch.setattr(kernels, "PACKED", frozenset({dtype}))
+    assert lin.prepack() and lin.weight is None
     torch.testing.assert_close(lin(x), want, atol=1e-3, rtol=1e-3)
-    assert calls
-    calls.clear()
-    lin(torch.randn(17, 96))  # over GEMM_MAX_M: torch
-    assert not calls
 
 
 def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):

@@ -45,7 +45,7 @@ class EngineInfo:
             f"{str(self.kv_dtype).removeprefix('torch.')}); max concurrency at "
             f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
-            f"kernels    skinny matmul: {self.gemv}",
+            f"kernels    matmul: {self.gemv}",
         ])
 
 

@@ -56,8 +56,8 @@ class LLMEngine:
         self.max_model_len = max_len
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        gemv = kernels.choose_matmul(device, choice.dtype)  # before loading: it decides how weights are packed
         model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
-        gemv = kernels.choose_skinny(device, choice.dtype)
         if kernels.choose_fused_ops(device, act_dtype):
             gemv += "; fused RMSNorm, SiLU*up, rotary + KV write (C)"
         # the KV cache keeps the model's dtype (the CPU kernels read fp32 and bf16; fp16 is stored as fp32)

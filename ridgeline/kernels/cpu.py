@@ -1,8 +1,8 @@
 """Build (once per machine, cached) and load the C kernels in this folder through ctypes.
 
-gemv.c: skinny matmul for 1-8 token batches, where torch's CPU GEMM reads weights slowly
-(bf16 at small M is several times slower than fp32 here). gemm_bf16.c: bf16-weight matmul for the
-batch sizes of batched decode, with AVX512-BF16 dot products. paged_attention.c: decode attention
+gemm_packed.c: matmul against weights repacked at load time (AVX-512 fp32, AVX512-BF16 bf16), for
+every batch size; torch's CPU GEMM reads weights slowly at small M and runs below peak at large M.
+gemv.c: skinny matmul for 1-8 token batches on CPUs without it. paged_attention.c: decode attention
 read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + KV write).
 """
@@ -24,8 +24,12 @@ _error: str | None = None
 _I64, _PTR, _INT, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "ridgeline_gemv": [_PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _INT],
-    "ridgeline_gemm_bf16": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
-    "ridgeline_gemm_bf16_available": [],
+    "ridgeline_packed_available": [_INT],
+    "ridgeline_packed_cols": [],
+    "ridgeline_pack_f32": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_pack_bf16": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_gemm_f32p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_bf16p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],

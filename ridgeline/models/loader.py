@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.layers.linear import prepack
 from ridgeline.layers.rotary import Rotary
 from ridgeline.models.registry import model_class
 from ridgeline.weights.hf_config import ArchConfig
@@ -31,6 +32,7 @@ def build_model(cfg: ArchConfig, folder: Path, dtype: torch.dtype, device: torch
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder)
+    prepack(model)  # for the matmul kernels chosen at engine start (ridgeline.layers.kernels)
     return model.eval()
 
 
