@@ -81,6 +81,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
+        if self.runner.c_stack:
+            gemv += "; all layers in one C call per step"
         self.groups: dict[str, _Group] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}

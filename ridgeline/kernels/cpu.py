@@ -5,6 +5,7 @@ every batch size; torch's CPU GEMM reads weights slowly at small M and runs belo
 gemv.c: skinny matmul for 1-8 token batches on CPUs without it. paged_attention.c: decode attention
 read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + KV write).
+decoder_stack.c: every layer of a step through the kernels above in one call from Python.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ _SIGNATURES = {
     "ridgeline_pack_bf16": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_f32p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_bf16p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_stack_fields": [_INT],
+    "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _INT],
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.kernels import cpu_ops
+from ridgeline.kernels.cpu_stack import DecoderStack
 from ridgeline.layers import kernels
 from ridgeline.layers.attention import Attention
 from ridgeline.layers.linear import Linear
@@ -79,10 +80,20 @@ class Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.act_dtype = torch.float32
+        self.stack: DecoderStack | None = None  # the same layers in one C call, where supported
+
+    def bind_stack(self) -> bool:
+        """Once weights are packed and KV caches bound: run the layers through the C stack if it can."""
+        self.stack = DecoderStack(self) if DecoderStack.supported(self) else None
+        return self.stack is not None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (before the last norm's residual)."""
         x, residual = self.embed_tokens(input_ids).to(self.act_dtype), None
+        if self.stack is not None:
+            ctx = get_forward_context()
+            if self.stack.serves(x, ctx):
+                return self.stack(x, positions, ctx)
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         return self.norm(x, residual)[0]

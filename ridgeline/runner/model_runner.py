@@ -39,6 +39,7 @@ class ModelRunner:
         for i, layer in enumerate(model.model.layers):
             layer.self_attn.attn.k_cache = self.kv_cache[i, 0]
             layer.self_attn.attn.v_cache = self.kv_cache[i, 1]
+        self.c_stack = model.model.bind_stack()
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
 
