@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -58,7 +59,12 @@ static inline float bf16_to_float(uint16_t v) {
 #define QK_W 32
 #define QV_T __m512bh
 #define Q_PREP(dst, src) (*(dst) = _mm512_cvtne2ps_pbh(_mm512_loadu_ps((src) + 16), _mm512_loadu_ps(src)))
-#define QK_STEP(acc, qv, kp) _mm512_dpbf16_ps(acc, qv, (__m512bh)_mm512_loadu_si512(kp))
+static inline __m512bh load_pbh(const void *p) { /* a plain load: GCC 12 routes a cast from __m512i through the stack */
+    __m512bh v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+#define QK_STEP(acc, qv, kp) _mm512_dpbf16_ps(acc, qv, load_pbh(kp))
 #define V_LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #include "paged_attention_avx512.h"
 #define HAVE_BF16_FAST 1

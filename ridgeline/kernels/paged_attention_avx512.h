@@ -20,12 +20,17 @@ static inline void prefetch_rows(const char *p, int64_t bytes) {
     for (const char *c = p; c < p + bytes; c += 64) _mm_prefetch(c, _MM_HINT_T1);
 }
 
-/* Blocks are scattered, which the hardware prefetcher cannot follow: the pass over [first, len)
- * prefetches PF_BLOCKS whole blocks ahead of the one it reads (into L2). */
+/* Blocks are scattered, which the hardware prefetcher cannot follow. The two passes read one
+ * stream of 2 * nblk blocks (K blocks, then the same blocks of V); at each block the pass
+ * prefetches the one PF_BLOCKS ahead in that stream (into L2), so V's first blocks arrive while
+ * K's last ones are scored. */
 #define PF_BLOCKS 4
-static inline void prefetch_block(const void *cache, const int64_t *table, int64_t blk, int64_t last_blk,
-                                  int64_t bs, int64_t row, int64_t elem) {
-    if (blk <= last_blk) prefetch_rows((const char *)cache + table[blk] * bs * row * elem, bs * row * elem);
+static inline void prefetch_block(const void *kc, const void *vc, const int64_t *table, int64_t blk0, int64_t nblk,
+                                  int64_t idx, int64_t bs, int64_t row, int64_t elem) {
+    if (idx >= 2 * nblk) return;
+    const void *cache = idx < nblk ? kc : vc;
+    const int64_t blk = blk0 + (idx < nblk ? idx : idx - nblk);
+    prefetch_rows((const char *)cache + table[blk] * bs * row * elem, bs * row * elem);
 }
 
 /* positions [pos, pos + cnt) share one block: cnt = min(16, block end, len) - pos */
@@ -49,31 +54,34 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
     QV_T *qp = (QV_T *)qbuf;
     for (int64_t i = 0; i < heads * nd; i++) Q_PREP(qp + i, qt + QK_W * i);
     const __m512 vscale = _mm512_set1_ps(scale);
-    const int64_t blk0 = first / bs, last_blk = (len - 1) / bs;
-    for (int64_t b = blk0; b < blk0 + PF_BLOCKS; b++) prefetch_block(kc, table, b, last_blk, bs, row, E);
+    const int64_t blk0 = first / bs, nblk = (len - 1) / bs + 1 - blk0;
+    for (int64_t i = 0; i < PF_BLOCKS; i++) prefetch_block(kc, vc, table, blk0, nblk, i, bs, row, E);
     for (int64_t pos = first, cnt; pos < len; pos += cnt) {
         cnt = chunk_len(pos, len, bs);
         const KV_T *k = (const KV_T *)chunk_ptr(kc, table, pos, bs, row, E);
-        if (pos == first || pos % bs == 0) prefetch_block(kc, table, pos / bs + PF_BLOCKS, last_blk, bs, row, E);
+        if (pos == first || pos % bs == 0) prefetch_block(kc, vc, table, blk0, nblk, pos / bs - blk0 + PF_BLOCKS, bs, row, E);
         for (int64_t hk = h0; hk < h1; hk++) {
             const KV_T *kh = k + hk * D;
             for (int64_t g = 0; g < G; g++) {
                 const int64_t r = (hk - h0) * G + g;
-                QV_T qb[ATT_MAX_D / QK_W];
-                for (int64_t i = 0; i < nd; i++) qb[i] = qp[r * nd + i];
+                const QV_T *qr = qp + r * nd;
                 __m512 acc[16];
                 for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+                if (cnt == 16) {
 #pragma GCC unroll 16
-                for (int64_t j = 0; j < 16; j++)
-                    if (j < cnt)
-                        for (int64_t i = 0; i < nd; i++)
-                            acc[j] = QK_STEP(acc[j], qb[i], kh + j * row + QK_W * i);
+                    for (int64_t j = 0; j < 16; j++)
+                        for (int64_t i = 0; i < nd; i++) acc[j] = QK_STEP(acc[j], qr[i], kh + j * row + QK_W * i);
+                } else {
+#pragma GCC unroll 16
+                    for (int64_t j = 0; j < 16; j++)
+                        if (j < cnt)
+                            for (int64_t i = 0; i < nd; i++) acc[j] = QK_STEP(acc[j], qr[i], kh + j * row + QK_W * i);
+                }
                 _mm512_mask_storeu_ps(scores + r * n + pos - first, (__mmask16)((1u << cnt) - 1),
                                       _mm512_mul_ps(reduce16(acc), vscale));
             }
         }
     }
-    for (int64_t b = blk0; b < blk0 + PF_BLOCKS; b++) prefetch_block(vc, table, b, last_blk, bs, row, E);
     for (int64_t r = 0; r < heads; r++) {
         float *sr = scores + r * n, m = sr[0];
         for (int64_t j = 1; j < n; j++) m = sr[j] > m ? sr[j] : m;
@@ -96,7 +104,8 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
     for (int64_t pos = first, cnt; pos < len; pos += cnt) {
         cnt = chunk_len(pos, len, bs);
         const KV_T *v = (const KV_T *)chunk_ptr(vc, table, pos, bs, row, E);
-        if (pos == first || pos % bs == 0) prefetch_block(vc, table, pos / bs + PF_BLOCKS, last_blk, bs, row, E);
+        if (pos == first || pos % bs == 0)
+            prefetch_block(kc, vc, table, blk0, nblk, nblk + pos / bs - blk0 + PF_BLOCKS, bs, row, E);
         for (int64_t hk = h0; hk < h1; hk++) {
             const KV_T *vh = v + hk * D;
             for (int64_t g = 0; g < G; g++) {
