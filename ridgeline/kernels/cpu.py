@@ -32,13 +32,17 @@ _SIGNATURES = {
     "ridgeline_gemm_f32p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_bf16p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_stack_fields": [_INT],
-    "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _INT],
+    "ridgeline_stack_scratch": [_PTR, _I64],
+    "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR,
+                                _INT],
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                                _F32, _INT],
 }
+
+_RESTYPES = {"ridgeline_stack_scratch": _I64}
 
 
 def _build() -> ctypes.CDLL:
@@ -64,7 +68,7 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, ctypes.c_int
+        fn.argtypes, fn.restype = args, _RESTYPES.get(name, ctypes.c_int)
     return lib
 
 

@@ -43,6 +43,7 @@ class DecoderStack:
         self.eps, self.scale = layers[0].input_layernorm.eps, a0.attn.scale
         self.cos_sin, self.final_norm = a0.rotary.cos_sin, model.norm.weight
         self.hidden = model.norm.weight.shape[0]
+        self.scratch = torch.empty(0)  # grown to the largest step seen, then reused
 
     @staticmethod
     def supported(model: nn.Module) -> bool:
@@ -80,10 +81,15 @@ class DecoderStack:
                                 (g.key_lens if g.row_seq is None else g.row_key_lens).data_ptr()]
                                for g in ctx.groups], dtype=torch.int64)
         out = torch.empty_like(x)
-        rc = cpu.lib().ridgeline_decoder_stack(
+        lib = cpu.lib()
+        need = lib.ridgeline_stack_scratch(self.dims.data_ptr(), x.shape[0])
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        rc = lib.ridgeline_decoder_stack(
             self.dims.data_ptr(), self.eps, self.scale, self.layer_ptrs.data_ptr(), self.cos_sin.data_ptr(),
             self.final_norm.data_ptr(), x.data_ptr(), out.data_ptr(), x.shape[0], positions.data_ptr(),
-            ctx.slot_mapping.data_ptr(), groups.data_ptr(), len(ctx.groups), torch.get_num_threads())
+            ctx.slot_mapping.data_ptr(), groups.data_ptr(), len(ctx.groups), self.scratch.data_ptr(),
+            torch.get_num_threads())
         if rc:
             raise RuntimeError(f"decoder stack failed ({rc})")
         return out

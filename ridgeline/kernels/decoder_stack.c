@@ -9,7 +9,6 @@
  * layers: [layers][LP_FIELDS] pointers (as int64), see the enum; biases may be 0
  * groups: [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H, float eps,
@@ -44,16 +43,22 @@ static void add_bias(float *y, int64_t bias, int64_t T, int64_t N) {
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
-/* x [T, hidden]: the embeddings in, the residual stream afterwards; out [T, hidden]: the final norm */
+/* floats of scratch a step of T tokens needs */
+int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
+    const int64_t Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5];
+    return T * (2 * Hd + (H + 2 * Hkv) * D + 2 * H * D + 3 * I);
+}
+
+/* x [T, hidden]: the embeddings in, the residual stream afterwards; out [T, hidden]: the final norm;
+ * buf: ridgeline_stack_scratch(dims, T) floats, kept by the caller (large steps would otherwise map
+ * and fault in fresh pages every call) */
 int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const int64_t *layers, const float *cos_sin,
                             const float *final_norm, float *x, float *out, int64_t T, const int64_t *positions,
-                            const int64_t *slots, const int64_t *groups, int64_t ngroups, int nt) {
+                            const int64_t *slots, const int64_t *groups, int64_t ngroups, float *buf, int nt) {
     const int64_t L = dims[0], Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5], bs = dims[6];
     const int64_t window = dims[7];
     const int wbf16 = (int)dims[8], kvbf16 = (int)dims[9];
     const int64_t QKV = (H + 2 * Hkv) * D, HD = H * D;
-    float *buf = malloc(sizeof(float) * (size_t)(T * (2 * Hd + QKV + 2 * HD + 3 * I)));
-    if (!buf) return -3;
     float *h = buf, *h2 = h + T * Hd, *qkv = h2 + T * Hd, *q = qkv + T * QKV, *att = q + T * HD, *gu = att + T * HD;
     float *act = gu + T * 2 * I;
     float *mlp = out; /* each layer's MLP output, consumed by the next norm before out is written */
@@ -86,6 +91,5 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         ridgeline_rmsnorm(mlp, x, final_norm, h, T, Hd, eps, nt);
         memcpy(out, h, sizeof(float) * (size_t)(T * Hd));
     }
-    free(buf);
     return rc;
 }
