@@ -41,7 +41,7 @@ def _packed_dtypes():
 
 @pytest.mark.parametrize("dtype", _packed_dtypes())
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 17, 64, 130])
-@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7), (9, 1537), (100, 1)])
+@pytest.mark.parametrize("N,K", [(64, 576), (37, 100), (3, 7), (9, 1537), (100, 1), (50, 3001)])
 def test_packed_matmul_matches_reference(dtype, M, N, K):
     torch.manual_seed(M * N + K)
     w = torch.randn(N, K).to(dtype)
@@ -52,9 +52,10 @@ def test_packed_matmul_matches_reference(dtype, M, N, K):
 
 
 @pytest.mark.parametrize("dtype", _packed_dtypes())
-def test_packed_rows_do_not_depend_on_batch_size(dtype):
-    w = cpu_gemm.PackedWeight(torch.randn(100, 200).to(dtype))
-    x = torch.randn(300, 200)
+@pytest.mark.parametrize("K", [200, 2500])  # 2500: several k blocks and row chunks
+def test_packed_rows_do_not_depend_on_batch_size(dtype, K):
+    w = cpu_gemm.PackedWeight(torch.randn(100, K).to(dtype))
+    x = torch.randn(300, K)
     full = w(x)
     for m in (1, 4, 9, 17):
         assert torch.equal(w(x[:m]), full[:m])

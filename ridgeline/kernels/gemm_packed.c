@@ -5,9 +5,10 @@
  * Each group is one contiguous stream (the hardware prefetcher follows it). The register tile is
  * MR rows of x by NC columns: per k, NR vector loads of W and MR broadcasts of x feed MR * NR
  * fused multiply-adds, and the accumulators hold whole output vectors (no horizontal reductions).
- * Groups are split across threads; x is taken in chunks of rows that fit L2 while a thread's
- * groups stream past. Each output element sums k in the same order whatever M is, so a row's result
- * does not depend on the batch it shares. */
+ * Groups are split across threads; x is taken in blocks (a chunk of rows by a block of k) that fit
+ * L2 while a thread's groups stream past; a k block after the first adds to the partial sums stored
+ * in y. Each output element sums k in the same order whatever M is, so a row's result does not
+ * depend on the batch it shares. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,11 @@
 #define NC (NR * 16)
 #define MR 8
 #ifndef X_CHUNK_BYTES
-#define X_CHUNK_BYTES (512 * 1024) /* rows of x per chunk: about half of L2 */
+#define X_CHUNK_BYTES (768 * 1024) /* a block of x: most of L2 */
 #endif
+#define KC_MAX 1024 /* k per block at most */
+#define ST_NT 1     /* ukr flags: streaming stores */
+#define ST_ACC 2    /* add to the partial sums in y */
 #ifndef STREAM_OUT_BYTES
 #define STREAM_OUT_BYTES (8 << 20)
 #endif
@@ -84,10 +88,13 @@ static inline __mmask16 col_mask(int64_t n0, int64_t N) {
 /* mr rows of x (stride ldx) against one group pw [K][NC] -> y rows (stride N) at columns n0.. */
 static inline __attribute__((always_inline)) void
 ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, int64_t n0, int64_t N, int64_t K,
-        int nt) {
+        int flags) {
     __m512 acc[MR][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NR; j++) {
+        const __mmask16 m = col_mask(n0 + 16 * j, N);
+        for (int i = 0; i < mr; i++)
+            acc[i][j] = flags & ST_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
+    }
     for (int64_t k = 0; k < K; k++) {
         __m512 wv[NR];
         for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_ps(pw + k * NC + 16 * j);
@@ -98,7 +105,7 @@ ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, in
     }
     for (int j = 0; j < NR; j++) {
         const __mmask16 m = col_mask(n0 + 16 * j, N);
-        if (nt && m == 0xFFFF)
+        if (flags & ST_NT && m == 0xFFFF)
             for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
         else if (m)
             for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
@@ -107,8 +114,8 @@ ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, in
 
 #define UKR_F32(R) \
     static void ukr_f32_##R(const float *pw, const float *x, int64_t ldx, float *y, int64_t n0, int64_t N, int64_t K, \
-                            int nt) { \
-        ukr_f32(R, pw, x, ldx, y, n0, N, K, nt); \
+                            int flags) { \
+        ukr_f32(R, pw, x, ldx, y, n0, N, K, flags); \
     }
 UKR_F32(1) UKR_F32(2) UKR_F32(3) UKR_F32(4) UKR_F32(5) UKR_F32(6) UKR_F32(7) UKR_F32(8)
 typedef void (*ukr_f32_fn)(const float *, const float *, int64_t, float *, int64_t, int64_t, int64_t, int);
@@ -122,27 +129,39 @@ static int stream_out(const float *y, int64_t M, int64_t N) {
     return M * N * 4 > STREAM_OUT_BYTES && N % 16 == 0 && ((uintptr_t)y & 63) == 0;
 }
 
-static int64_t chunk_rows(int64_t K, int64_t elem) {
-    int64_t r = X_CHUNK_BYTES / (K * elem) / MR * MR;
+/* k per block: all of K when the whole x fits a block, else K split evenly into blocks of at most
+ * KC_MAX, even (bf16 pairs) */
+static int64_t k_block(int64_t M, int64_t K, int64_t elem) {
+    if (M * K * elem <= X_CHUNK_BYTES) return K;
+    const int64_t nb = (K + KC_MAX - 1) / KC_MAX, kc = (K + nb - 1) / nb;
+    return (kc + 1) & ~(int64_t)1;
+}
+
+static int64_t chunk_rows(int64_t kc, int64_t elem) {
+    int64_t r = X_CHUNK_BYTES / (kc * elem) / MR * MR;
     return r < MR ? MR : r;
 }
 
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
 #ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t G = groups_of(N), rows = chunk_rows(K, 4);
-    const int nt = stream_out(y, M, N);
+    const int64_t G = groups_of(N), KC = k_block(M, K, 4), rows = chunk_rows(KC, 4);
+    const int nt = KC >= K && stream_out(y, M, N) ? ST_NT : 0;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t g0, g1;
         omp_range(G, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t g = g0; g < g1; g++)
-                for (int64_t m = m0; m < m1; m += MR) {
-                    const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                    UKRS_F32[mr](p + g * K * NC, x + m * K, K, y + m * N, g * NC, N, K, nt);
-                }
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                const int flags = nt | (k0 ? ST_ACC : 0);
+                for (int64_t g = g0; g < g1; g++)
+                    for (int64_t m = m0; m < m1; m += MR) {
+                        const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+                        UKRS_F32[mr](p + (g * K + k0) * NC, x + m * K + k0, K, y + m * N, g * NC, N, kc, flags);
+                    }
+            }
         }
     }
     return 0;
@@ -156,10 +175,13 @@ int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int
 /* mr rows of xb (bf16, stride ldx, even) against one group pw [Kh][NC][2] */
 static inline __attribute__((always_inline)) void
 ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, float *y, int64_t n0, int64_t N,
-         int64_t Kh, int nt) {
+         int64_t Kh, int flags) {
     __m512 acc[MR][NR];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NR; j++) {
+        const __mmask16 m = col_mask(n0 + 16 * j, N);
+        for (int i = 0; i < mr; i++)
+            acc[i][j] = flags & ST_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
+    }
     for (int64_t kk = 0; kk < Kh; kk++) {
         __m512bh wv[NR];
         for (int j = 0; j < NR; j++) wv[j] = (__m512bh)_mm512_loadu_si512(pw + (kk * NC + 16 * j) * 2);
@@ -172,7 +194,7 @@ ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, floa
     }
     for (int j = 0; j < NR; j++) {
         const __mmask16 m = col_mask(n0 + 16 * j, N);
-        if (nt && m == 0xFFFF)
+        if (flags & ST_NT && m == 0xFFFF)
             for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
         else if (m)
             for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
@@ -181,8 +203,8 @@ ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, floa
 
 #define UKR_BF16(R) \
     static void ukr_bf16_##R(const uint16_t *pw, const uint16_t *xb, int64_t ldx, float *y, int64_t n0, int64_t N, \
-                             int64_t Kh, int nt) { \
-        ukr_bf16(R, pw, xb, ldx, y, n0, N, Kh, nt); \
+                             int64_t Kh, int flags) { \
+        ukr_bf16(R, pw, xb, ldx, y, n0, N, Kh, flags); \
     }
 UKR_BF16(1) UKR_BF16(2) UKR_BF16(3) UKR_BF16(4) UKR_BF16(5) UKR_BF16(6) UKR_BF16(7) UKR_BF16(8)
 typedef void (*ukr_bf16_fn)(const uint16_t *, const uint16_t *, int64_t, float *, int64_t, int64_t, int64_t, int);
@@ -210,8 +232,8 @@ static void to_bf16_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t Kh = (K + 1) / 2, Kp = 2 * Kh, G = groups_of(N), rows = chunk_rows(Kp, 2);
-    const int nt = stream_out(y, M, N);
+    const int64_t Kh = (K + 1) / 2, Kp = 2 * Kh, G = groups_of(N), KC = k_block(M, Kp, 2), rows = chunk_rows(KC, 2);
+    const int nt = KC >= Kp && stream_out(y, M, N) ? ST_NT : 0;
     uint16_t *xb = aligned_alloc(64, (size_t)(M * Kp * 2 + 63) & ~(size_t)63);
     if (!xb) return -3;
     #pragma omp parallel num_threads(nthreads)
@@ -223,11 +245,16 @@ int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M,
         omp_range(G, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t g = g0; g < g1; g++)
-                for (int64_t m = m0; m < m1; m += MR) {
-                    const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                    UKRS_BF16[mr](p + g * Kh * NC * 2, xb + m * Kp, Kp, y + m * N, g * NC, N, Kh, nt);
-                }
+            for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
+                const int64_t kc = Kp - k0 < KC ? Kp - k0 : KC;
+                const int flags = nt | (k0 ? ST_ACC : 0);
+                for (int64_t g = g0; g < g1; g++)
+                    for (int64_t m = m0; m < m1; m += MR) {
+                        const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+                        UKRS_BF16[mr](p + (g * Kh + k0 / 2) * NC * 2, xb + m * Kp + k0, Kp, y + m * N, g * NC, N,
+                                      kc / 2, flags);
+                    }
+            }
         }
     }
     free(xb);
