@@ -18,7 +18,8 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 class DecoderStack:
-    """Pointers to one model's weights and KV caches, gathered once; call it once per step."""
+    """Pointers to one model's weights and KV caches, gathered once; call it once per step. Valid while
+    the model lives: the model holds this object (Model.stack) and every tensor it points into."""
 
     def __init__(self, model: nn.Module):
         lib = cpu.lib()
@@ -26,7 +27,6 @@ class DecoderStack:
         a0 = layers[0].self_attn
         packed = [lin.packed for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                               layer.mlp.gate_up_proj, layer.mlp.down_proj)]
-        self._keep = [model]  # every pointer below points into the model's tensors
         self.dims = torch.tensor([len(layers), model.norm.weight.shape[0], a0.h, a0.hkv, a0.d,
                                   layers[0].mlp.down_proj.in_features, a0.attn.k_cache.shape[1], a0.attn.window or 0,
                                   int(packed[0].dtype == torch.bfloat16),
@@ -42,7 +42,6 @@ class DecoderStack:
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
         self.eps, self.scale = layers[0].input_layernorm.eps, a0.attn.scale
         self.cos_sin, self.final_norm = a0.rotary.cos_sin, model.norm.weight
-        self.hidden = model.norm.weight.shape[0]
         self.scratch = torch.empty(0)  # grown to the largest step seen, then reused
 
     @staticmethod
