@@ -85,16 +85,33 @@ static inline __mmask16 col_mask(int64_t n0, int64_t N) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* mr rows of x (stride ldx) against one group pw [K][NC] -> y rows (stride N) at columns n0.. */
+/* the mr x NC tile of y at columns n0..: zeros, or (ST_ACC) the partial sums stored there */
 static inline __attribute__((always_inline)) void
-ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, int64_t n0, int64_t N, int64_t K,
-        int flags) {
-    __m512 acc[MR][NR];
+acc_start(const int mr, __m512 acc[MR][NR], const float *y, int64_t n0, int64_t N, int flags) {
     for (int j = 0; j < NR; j++) {
         const __mmask16 m = col_mask(n0 + 16 * j, N);
         for (int i = 0; i < mr; i++)
             acc[i][j] = flags & ST_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
     }
+}
+
+static inline __attribute__((always_inline)) void
+acc_store(const int mr, __m512 acc[MR][NR], float *y, int64_t n0, int64_t N, int flags) {
+    for (int j = 0; j < NR; j++) {
+        const __mmask16 m = col_mask(n0 + 16 * j, N);
+        if (flags & ST_NT && m == 0xFFFF)
+            for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
+        else if (m)
+            for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
+    }
+}
+
+/* mr rows of x (stride ldx) against one group pw [K][NC] -> y rows (stride N) at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, int64_t n0, int64_t N, int64_t K,
+        int flags) {
+    __m512 acc[MR][NR];
+    acc_start(mr, acc, y, n0, N, flags);
     for (int64_t k = 0; k < K; k++) {
         __m512 wv[NR];
         for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_ps(pw + k * NC + 16 * j);
@@ -103,13 +120,7 @@ ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, in
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(xb, wv[j], acc[i][j]);
         }
     }
-    for (int j = 0; j < NR; j++) {
-        const __mmask16 m = col_mask(n0 + 16 * j, N);
-        if (flags & ST_NT && m == 0xFFFF)
-            for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
-        else if (m)
-            for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
-    }
+    acc_store(mr, acc, y, n0, N, flags);
 }
 
 #define UKR_F32(R) \
@@ -177,11 +188,7 @@ static inline __attribute__((always_inline)) void
 ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, float *y, int64_t n0, int64_t N,
          int64_t Kh, int flags) {
     __m512 acc[MR][NR];
-    for (int j = 0; j < NR; j++) {
-        const __mmask16 m = col_mask(n0 + 16 * j, N);
-        for (int i = 0; i < mr; i++)
-            acc[i][j] = flags & ST_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
-    }
+    acc_start(mr, acc, y, n0, N, flags);
     for (int64_t kk = 0; kk < Kh; kk++) {
         __m512bh wv[NR];
         for (int j = 0; j < NR; j++) wv[j] = (__m512bh)_mm512_loadu_si512(pw + (kk * NC + 16 * j) * 2);
@@ -192,13 +199,7 @@ ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, floa
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
         }
     }
-    for (int j = 0; j < NR; j++) {
-        const __mmask16 m = col_mask(n0 + 16 * j, N);
-        if (flags & ST_NT && m == 0xFFFF)
-            for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
-        else if (m)
-            for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
-    }
+    acc_store(mr, acc, y, n0, N, flags);
 }
 
 #define UKR_BF16(R) \
