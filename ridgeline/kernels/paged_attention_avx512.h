@@ -83,8 +83,13 @@ CAT(FAST, _nd)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *ta
         }
     }
     for (int64_t r = 0; r < heads; r++) {
-        float *sr = scores + r * n, m = sr[0];
-        for (int64_t j = 1; j < n; j++) m = sr[j] > m ? sr[j] : m;
+        float *sr = scores + r * n;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 t = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), t, sr + j));
+        }
+        const float m = _mm512_reduce_max_ps(vmax);
         __m512 vsum = _mm512_setzero_ps();
         const __m512 vm = _mm512_set1_ps(m);
         for (int64_t j = 0; j < n; j += 16) {
