@@ -34,12 +34,11 @@
 int ridgeline_packed_cols(void) { return NC; }
 
 int ridgeline_packed_available(int bf16) {
-#if defined(__AVX512F__)
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    (void)bf16;
     return 1;
-#else
+#elif defined(__AVX512F__)
     return !bf16;
-#endif
 #else
     (void)bf16;
     return 0;
@@ -153,27 +152,50 @@ static int64_t chunk_rows(int64_t kc, int64_t elem) {
     return r < MR ? MR : r;
 }
 
+#ifdef __AVX512F__
+/* One call's operands, for the tile callbacks of walk(). */
+typedef struct {
+    const void *p; /* packed W */
+    const void *x; /* fp32 x or bf16 xb, rows of ldx elements */
+    float *y;
+    int64_t N, K, ldx;
+} gemm_args;
+
+typedef void (*tile_fn)(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags);
+
+/* This thread's groups [g0, g1): for each block of rows (chunk) and of k, every group against every
+ * MR rows; a k block after the first adds to the sums already in y. */
+static void walk(const gemm_args *a, tile_fn tile, int64_t M, int64_t Kp, int64_t KC, int64_t rows, int64_t g0,
+                 int64_t g1, int nt) {
+    for (int64_t m0 = 0; m0 < M; m0 += rows) {
+        const int64_t m1 = m0 + rows < M ? m0 + rows : M;
+        for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
+            const int64_t kc = Kp - k0 < KC ? Kp - k0 : KC;
+            const int flags = nt | (k0 ? ST_ACC : 0);
+            for (int64_t g = g0; g < g1; g++)
+                for (int64_t m = m0; m < m1; m += MR)
+                    tile(a, m1 - m < MR ? (int)(m1 - m) : MR, g, m, k0, kc, flags);
+        }
+    }
+}
+
+static void tile_f32(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
+    UKRS_F32[mr]((const float *)a->p + (g * a->K + k0) * NC, (const float *)a->x + m * a->ldx + k0, a->ldx,
+                 a->y + m * a->N, g * NC, a->N, kc, flags);
+}
+#endif
+
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
 #ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1) return -1;
     const int64_t G = groups_of(N), KC = k_block(M, K, 4), rows = chunk_rows(KC, 4);
     const int nt = KC >= K && stream_out(y, M, N) ? ST_NT : 0;
+    const gemm_args a = {p, x, y, N, K, K};
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t g0, g1;
         omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                const int flags = nt | (k0 ? ST_ACC : 0);
-                for (int64_t g = g0; g < g1; g++)
-                    for (int64_t m = m0; m < m1; m += MR) {
-                        const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                        UKRS_F32[mr](p + (g * K + k0) * NC, x + m * K + k0, K, y + m * N, g * NC, N, kc, flags);
-                    }
-            }
-        }
+        walk(&a, tile_f32, M, K, KC, rows, g0, g1, nt);
     }
     return 0;
 #else
@@ -228,6 +250,12 @@ static void to_bf16_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int
         }
     }
 }
+
+/* k0 and kc count elements of the even-padded K (Kp = a->ldx); the packed W and ukr count pairs */
+static void tile_bf16(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
+    UKRS_BF16[mr]((const uint16_t *)a->p + (g * (a->ldx / 2) + k0 / 2) * NC * 2, (const uint16_t *)a->x + m * a->ldx + k0,
+                  a->ldx, a->y + m * a->N, g * NC, a->N, kc / 2, flags);
+}
 #endif
 
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
@@ -237,6 +265,7 @@ int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M,
     const int nt = KC >= Kp && stream_out(y, M, N) ? ST_NT : 0;
     uint16_t *xb = aligned_alloc(64, (size_t)(M * Kp * 2 + 63) & ~(size_t)63);
     if (!xb) return -3;
+    const gemm_args a = {p, xb, y, N, K, Kp};
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t r0, r1, g0, g1;
@@ -244,19 +273,7 @@ int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M,
         to_bf16_rows(x + r0 * K, xb + r0 * Kp, r1 - r0, K, Kp);
         #pragma omp barrier
         omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
-                const int64_t kc = Kp - k0 < KC ? Kp - k0 : KC;
-                const int flags = nt | (k0 ? ST_ACC : 0);
-                for (int64_t g = g0; g < g1; g++)
-                    for (int64_t m = m0; m < m1; m += MR) {
-                        const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                        UKRS_BF16[mr](p + (g * Kh + k0 / 2) * NC * 2, xb + m * Kp + k0, Kp, y + m * N, g * NC, N,
-                                      kc / 2, flags);
-                    }
-            }
-        }
+        walk(&a, tile_bf16, M, Kp, KC, rows, g0, g1, nt);
     }
     free(xb);
     return 0;
