@@ -109,7 +109,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         write_json(args.json, {
             "command": "decode", "machine": machine,
             "engine": {"model": args.model, "dtype": dtype_name(info.dtype), "num_params": arch.num_params,
-                       "kernels": info.gemv, "weight_bytes_per_token": wbytes},
+                       "kernels": info.kernels, "weight_bytes_per_token": wbytes},
             "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
             "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,
             "greedy_agreement_tokens": agree, "wall_s": wall})

@@ -133,7 +133,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         write_json(args.json, {
             "command": "throughput", "machine": machine,
             "engine": {"model": args.model, "model_folder": str(info.model_folder), "dtype": dtype_name(info.dtype),
-                       "dtype_reason": info.dtype_reason, "num_params": num_params, "kernels": info.gemv,
+                       "dtype_reason": info.dtype_reason, "num_params": num_params, "kernels": info.kernels,
                        "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs},
             "workload": {"name": args.workload, "seed": args.workload_seed, "num_requests": len(prompts),
                          "min_prompt": args.min_prompt, "max_prompt": args.max_prompt,

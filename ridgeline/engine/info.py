@@ -17,7 +17,7 @@ class EngineInfo:
     dtype: torch.dtype
     dtype_reason: str
     kv_dtype: torch.dtype
-    gemv: str
+    kernels: str  # the matmul and fused kernels chosen, for the start-up summary
     max_model_len: int
     block_size: int
     num_kv_blocks: int
@@ -45,7 +45,7 @@ class EngineInfo:
             f"{str(self.kv_dtype).removeprefix('torch.')}); max concurrency at "
             f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
-            f"kernels    matmul: {self.gemv}",
+            f"kernels    matmul: {self.kernels}",
         ])
 
 

@@ -56,10 +56,10 @@ class LLMEngine:
         self.max_model_len = max_len
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
-        gemv = kernels.choose_matmul(device, choice.dtype)  # before loading: it decides how weights are packed
+        kernel_line = kernels.choose_matmul(device, choice.dtype)  # before loading: it decides how weights are packed
         model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
         if kernels.choose_fused_ops(device, act_dtype):
-            gemv += "; fused RMSNorm, SiLU*up, rotary + KV write (C)"
+            kernel_line += "; fused RMSNorm, SiLU*up, rotary + KV write (C)"
         # the KV cache keeps the model's dtype (the CPU kernels read fp32 and bf16; fp16 is stored as fp32)
         cpu_ok = (torch.float32, torch.bfloat16)
         kv_dtype = choice.dtype if device.type != "cpu" or choice.dtype in cpu_ok else torch.float32
@@ -82,12 +82,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
         if self.runner.c_stack:
-            gemv += "; all layers in one C call per step"
+            kernel_line += "; all layers in one C call per step"
         self.groups: dict[str, _Group] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_dtype,
-                               gemv, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
+                               kernel_line, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
                                time.perf_counter() - t0, cc.enable_prefix_caching)
 
     # ---- requests in -------------------------------------------------------------------------
