@@ -155,3 +155,20 @@ def test_a_hash_collision_is_a_miss():
     assert not index.add(8, h, key)  # one block per content
     index.remove(7)
     assert index.get(h, key) is None and len(index) == 0
+
+
+def test_block_hashes_are_the_same_in_every_process():
+    import subprocess
+    import sys
+    from ridgeline.engine.prefix_cache import block_hashes
+    ids = list(range(40))
+    here = [block_hashes(ids, 16), block_hashes(ids, 16, salt="tenant-a")]
+    code = ("from ridgeline.engine.prefix_cache import block_hashes; ids = list(range(40)); "
+            "print([h.hex() for h in block_hashes(ids, 16) + block_hashes(ids, 16, salt='tenant-a')])")
+    for seed in ("1", "2"):  # other string-hash seeds: nothing may depend on Python's hash()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout
+        assert out.strip() == str([h.hex() for h in here[0] + here[1]])
+    assert len(here[0]) == 2 and here[0] != here[1]  # full blocks only; the salt changes every later block
+    assert block_hashes(ids[:16] + [7] * 16, 16)[0] == here[0][0]  # a block depends on its prefix only
+    assert block_hashes([1] + ids[1:32], 16)[1] != here[0][1]  # ... and on all of it

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from ridgeline.engine.prefix_cache import PrefixCacheIndex, PrefixCacheStats, PrefixMatch, chain_keys
+from ridgeline.engine.prefix_cache import BlockHash, PrefixCacheIndex, PrefixCacheStats, PrefixMatch, chain_keys
 
 
 class KVCacheManager:
@@ -28,7 +28,7 @@ class KVCacheManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, ref 0; LRU first
         self.tables: dict[str, list[int]] = {}
         self.cache = PrefixCacheIndex() if enable_caching else None
-        self.block_hashes: dict[str, list[int]] = {}  # request -> hashes of its first full, computed blocks
+        self.block_hashes: dict[str, list[BlockHash]] = {}  # request -> hashes of its first full, computed blocks
         self.stats = PrefixCacheStats()
 
     @property
@@ -68,7 +68,7 @@ class KVCacheManager:
         """The longest run of cached full blocks at the start of token_ids, leaving at least the last
         token to compute (its logits are needed). Changes nothing; `allocate(prefix=...)` takes it."""
         blocks: list[int] = []
-        hashes: list[int] = []
+        hashes: list[BlockHash] = []
         if self.cache is not None:
             for h, key in chain_keys(token_ids, self.block_size, 0, (len(token_ids) - 1) // self.block_size,
                                      None, salt):
