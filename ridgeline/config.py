@@ -32,8 +32,12 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     device: str = "auto"  # auto: cuda if available else cpu
     seed: int = 0
+    # per-layer weight formats: (glob over layer names such as "model.layers.3.*", format name), first
+    # match wins; unmatched layers keep the dense format of `dtype`
+    layer_formats: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "layer_formats", tuple((str(p), str(f)) for p, f in self.layer_formats))
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -6,7 +6,7 @@ import torch
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.engine.step_plan import ScheduledSeq, StepPlan
-from ridgeline.runner.forward_context import forward_context
+from ridgeline.layers.forward_context import forward_context
 
 PROMPTS = ["Hello there, how are you?", "a", "The quick brown fox jumps over the lazy dog " * 3, "0123456789"]
 

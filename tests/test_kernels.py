@@ -3,8 +3,17 @@ import pytest
 import torch
 
 from ridgeline.kernels import cpu_gemm, cpu_gemv
-from ridgeline.layers import kernels
+from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.linear import Linear
+from ridgeline.layers.weight_formats import DENSE, create_weight_format
+
+
+def _linear(dtype: torch.dtype, plan: KernelPlan, bias: bool = True) -> Linear:
+    lin = Linear(96, 40, create_weight_format(DENSE[dtype], plan), bias=bias)
+    torch.nn.init.normal_(lin.weight)
+    if bias:
+        torch.nn.init.normal_(lin.bias)
+    return lin
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,29 +88,25 @@ def test_packed_weight_rejects_bad_input():
 
 
 @pytest.mark.parametrize("dtype", _packed_dtypes())
-def test_linear_prepack_swaps_the_weight_for_the_packed_kernel(monkeypatch, dtype):
-    lin = Linear(96, 40, bias=True).to(dtype)
-    torch.nn.init.normal_(lin.weight)
-    torch.nn.init.normal_(lin.bias)
-    lin.bias.data = lin.bias.data.float()
+def test_linear_repacks_its_weight_only_where_the_plan_says(dtype):
+    lin = _linear(dtype, KernelPlan(packed=frozenset()))
     x = torch.randn(7, 96)
     want = _reference(x, lin.weight).float() + lin.bias
-    monkeypatch.setattr(kernels, "PACKED", frozenset())
-    assert not lin.prepack() and lin.weight is not None  # not chosen: nothing changes
-    monkeypatch.setattr(kernels, "PACKED", frozenset({dtype}))
-    assert lin.prepack() and lin.weight is None
-    torch.testing.assert_close(lin(x), want, atol=1e-3, rtol=1e-3)
+    lin.finish_loading()
+    assert lin.packed is None and lin.weight is not None  # not chosen: nothing changes
+    packing = _linear(dtype, KernelPlan(packed=frozenset({dtype})))
+    packing.weight.data.copy_(lin.weight)
+    packing.bias.data.copy_(lin.bias)
+    packing.finish_loading()
+    assert packing.packed is not None and packing.weight is None
+    torch.testing.assert_close(packing(x), want, atol=1e-3, rtol=1e-3)
 
 
-def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
-    lin = Linear(96, 40, bias=True)
-    torch.nn.init.normal_(lin.weight)
-    torch.nn.init.normal_(lin.bias)
+def test_linear_uses_the_skinny_kernel_where_the_plan_says(monkeypatch):
+    lin = _linear(torch.float32, KernelPlan(skinny="linear"))
     x = torch.randn(3, 96)
-    monkeypatch.setattr(kernels, "SKINNY", "linear")
     ref = lin(x)
-    monkeypatch.setattr(kernels, "SKINNY", "c")
-    monkeypatch.setattr(kernels, "SKINNY_MAX_M", cpu_gemv.MAX_M)
+    lin.format = create_weight_format("f32", KernelPlan(skinny="c"))
     calls = []
     real = cpu_gemv.gemv
     monkeypatch.setattr(cpu_gemv, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -113,23 +118,25 @@ def test_linear_uses_the_kernel_and_agrees_with_torch(monkeypatch):
     assert not calls
 
 
+def paged_sdpa(q, kc, vc, g, scale, window):
+    from ridgeline.layers.attention import PagedSDPA
+    from ridgeline.layers.kv_cache import LayerKV
+    return PagedSDPA()(q, LayerKV(kc, vc, "bf16" if kc.dtype == torch.bfloat16 else "f32"), g, scale, window)
+
+
 def _decode_group(tables: torch.Tensor, key_lens: torch.Tensor, bs: int, window: int | None):
-    """The SDPA backend's view of one decode token per sequence: its mask over the padded blocks."""
-    from ridgeline.runner.forward_context import AttnGroup
-    B, L = len(key_lens), tables.shape[1] * bs
-    keys = torch.arange(L)
-    mask = keys[None, :] < key_lens[:, None]
-    if window:
-        mask &= keys[None, :] >= key_lens[:, None] - window
-    return AttnGroup(rows=slice(0, B), q_index=torch.arange(B)[:, None], block_tables=tables,
-                     mask=mask.view(B, 1, 1, L), key_lens=key_lens, valid=None)
+    """One decode token per sequence (the SDPA backend derives its mask from start and n)."""
+    import numpy as np
+    from ridgeline.layers.forward_context import AttnGroup
+    B = len(key_lens)
+    n = np.ones(B, dtype=np.int64)
+    return AttnGroup(rows=slice(0, B), start=key_lens.numpy() - n, n=n, block_tables=tables, key_lens=key_lens)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 5])
 def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
     from ridgeline.kernels import cpu_attention
-    from ridgeline.layers.attention import paged_sdpa
     torch.manual_seed(0)
     NB, bs, Hkv, G, D = 12, 4, 2, 3, 16
     kc, vc = torch.randn(NB, bs, Hkv, D).to(kv_dtype), torch.randn(NB, bs, Hkv, D).to(kv_dtype)
@@ -146,7 +153,6 @@ def test_paged_decode_matches_sdpa_backend(window, kv_dtype):
 def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
     """head_dim a multiple of 32 takes the AVX-512 chunked path (bf16 cache: q rounded to bf16)."""
     from ridgeline.kernels import cpu_attention
-    from ridgeline.layers.attention import paged_sdpa
     torch.manual_seed(D + bs)
     key_lens = torch.tensor([1, 17, 45, 80])
     nb = (int(key_lens.max()) + bs - 1) // bs

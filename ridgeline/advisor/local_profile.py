@@ -85,22 +85,20 @@ def _engine_gemm_curve(torch, timer: _Timer) -> dict[str, dict[int, float]]:
     """FLOP/s of the engine's matmul (ridgeline.layers.linear.matmul_fn, with the kernels the engine would
     pick for each precision) at CURVE_ROWS rows, on a set of weights larger than the caches: decode
     steps run at small M, where the CPU's GEMM is far below its peak and weight streaming dominates."""
-    from ridgeline.layers import kernels
+    from ridgeline.layers.kernel_plan import choose_kernels
     from ridgeline.layers.linear import matmul_fn
 
     cpu, curve = torch.device("cpu"), {}
-    saved = kernels.PACKED, kernels.SKINNY
     N = K = 2048
     for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        kernels.choose_matmul(cpu, dt)
-        fns = [matmul_fn(torch.randn(N, K, dtype=dt)) for _ in range(16 // dt.itemsize)]  # 64 MiB: past the caches
+        plan = choose_kernels(cpu, dt, torch.float32)
+        fns = [matmul_fn(torch.randn(N, K, dtype=dt), plan) for _ in range(16 // dt.itemsize)]  # 64 MiB: past the caches
         curve[name] = {}
         for m in CURVE_ROWS:
             x = torch.randn(m, K)
             t = timer.best(lambda: [f(x) for f in fns], 2)
             curve[name][m] = 2 * m * N * K * len(fns) / t
         del fns
-    kernels.PACKED, kernels.SKINNY = saved
     return curve
 
 

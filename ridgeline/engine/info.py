@@ -6,7 +6,11 @@ from pathlib import Path
 
 import torch
 
+from ridgeline.kv_spec import KVCacheSpec
+from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.utils.device import meminfo_bytes
+
+_TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -16,15 +20,36 @@ class EngineInfo:
     device: torch.device
     dtype: torch.dtype
     dtype_reason: str
-    kv_dtype: torch.dtype
-    kernels: str  # the matmul and fused kernels chosen, for the start-up summary
+    kv_spec: KVCacheSpec
+    kernel_plan: KernelPlan
+    layer_paths: tuple[str | None, ...]  # per layer: None if the C decoder stack runs it, else why modules
     max_model_len: int
-    block_size: int
     num_kv_blocks: int
     kv_bytes: int
     eos_token_ids: tuple[int, ...]
     load_seconds: float
     prefix_caching: bool = False
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_spec.block_size
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return _TORCH[self.kv_spec.format.name]
+
+    @property
+    def kernels(self) -> str:
+        return self.kernel_plan.summary + self.stack_summary
+
+    @property
+    def stack_summary(self) -> str:
+        n = sum(p is None for p in self.layer_paths)
+        if n == 0:
+            return ""
+        if n == len(self.layer_paths):
+            return "; all layers in one C call per step"
+        return f"; {n} of {len(self.layer_paths)} layers in the C decoder stack"
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -35,18 +60,33 @@ class EngineInfo:
         """Requests of max_model_len tokens that fit in the cache at once."""
         return self.kv_capacity_tokens / self.max_model_len
 
+    def layer_report(self) -> list[str]:
+        """Which path each layer runs, runs of equal layers merged: names every module-path layer and why."""
+        lines, i, paths = [], 0, self.layer_paths
+        while i < len(paths):
+            j = i
+            while j + 1 < len(paths) and paths[j + 1] == paths[i]:
+                j += 1
+            span = f"layer {i}" if i == j else f"layers {i}-{j}"
+            lines.append(f"{span}: " + ("C decoder stack" if paths[i] is None else f"modules ({paths[i]})"))
+            i = j + 1
+        return lines
+
     def summary(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
-        return "\n".join([
+        lines = [
             f"model      {self.model_folder} ({self.architecture}), loaded in {self.load_seconds:.1f}s",
             f"device     {self.device}, dtype {name}: {self.dtype_reason}",
             f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
             f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
-            f"{str(self.kv_dtype).removeprefix('torch.')}); max concurrency at "
+            f"{self.kv_spec.describe()}); max concurrency at "
             f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
-            f"kernels    matmul: {self.kernels}",
-        ])
+            f"kernels    {self.kernels}",
+        ]
+        if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
+            lines += [f"layers     {line}" for line in self.layer_report()]
+        return "\n".join(lines)
 
 
 def available_memory() -> int:

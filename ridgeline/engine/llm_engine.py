@@ -14,8 +14,11 @@ from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogpr
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
-from ridgeline.layers import kernels
+from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
+from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.models.loader import build_model
+from ridgeline.layers.weight_formats import DENSE
+from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
@@ -56,18 +59,16 @@ class LLMEngine:
         self.max_model_len = max_len
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
-        kernel_line = kernels.choose_matmul(device, choice.dtype)  # before loading: it decides how weights are packed
-        model = build_model(arch, folder, choice.dtype, device, max_len, config.attention_backend, act_dtype)
-        if kernels.choose_fused_ops(device, act_dtype):
-            kernel_line += "; fused RMSNorm, SiLU*up, rotary + KV write (C)"
-        # the KV cache keeps the model's dtype (the CPU kernels read fp32 and bf16; fp16 is stored as fp32)
-        cpu_ok = (torch.float32, torch.bfloat16)
-        kv_dtype = choice.dtype if device.type != "cpu" or choice.dtype in cpu_ok else torch.float32
-        per_block = arch.kv_bytes_per_token(kv_dtype.itemsize) * cc.block_size
+        plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
+        formats = layer_format_rules(mc.layer_formats, DENSE[choice.dtype], plan)
+        opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
+        model = build_model(arch, folder, opts, device, max_len)
+        kv_spec = KVCacheSpec(KV_FORMATS[kv_format_for(device, choice.dtype)], arch.num_layers, arch.num_kv_heads,
+                              arch.head_dim, cc.block_size)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
-        num_blocks = kv_bytes // per_block + 1  # + block 0, reserved for padding
+        num_blocks = kv_spec.num_blocks(kv_bytes)
         if num_blocks < 2:
-            raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({per_block} B each)")
+            raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
         if capacity < max_len:
             if mc.max_model_len:
@@ -80,15 +81,18 @@ class LLMEngine:
         self.eos_ids = set(eos)
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(model, arch, device, kv_dtype, num_blocks, cc.block_size, list(eos))
-        if self.runner.c_stack:
-            kernel_line += "; all layers in one C call per step"
+        self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         self.groups: dict[str, _Group] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
-        self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_dtype,
-                               kernel_line, max_len, cc.block_size, num_blocks, (num_blocks - 1) * per_block, eos,
-                               time.perf_counter() - t0, cc.enable_prefix_caching)
+        self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
+                               tuple(self.runner.layer_paths), max_len, num_blocks,
+                               (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
+                               cc.enable_prefix_caching)
+
+    @property
+    def kv_spec(self) -> KVCacheSpec:
+        return self.info.kv_spec
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -215,3 +219,10 @@ class LLMEngine:
         metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time}
         return RequestOutput(gid, group.prompt, group.prompt_token_ids, outs, done,
                              num_cached_tokens=first.num_cached_tokens, metrics=metrics)
+
+
+def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:
+    """The KV cache keeps the model's dtype; on a CPU the kernels read fp32 and bf16, so fp16 is stored as fp32."""
+    if device.type == "cpu" and dtype not in (torch.float32, torch.bfloat16):
+        return "f32"
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]

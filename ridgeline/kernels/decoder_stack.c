@@ -1,13 +1,19 @@
-/* The whole decoder stack of a Llama-family model for one step, in one call from Python: for every
+/* Layers [first, last) of a Llama-family decoder for one step, in one call from Python: for every
  * layer RMSNorm (+ residual) -> qkv matmul (+ bias) -> rotary + KV write -> paged attention ->
- * o matmul (+ bias) -> RMSNorm + residual -> gate_up matmul -> SiLU * up -> down matmul, then the
- * final norm. It calls the same kernels, in the same order and on the same data, as the Python
- * modules do one op at a time (models/llama.py), so the results are bitwise identical; what it
- * saves is the interpreter and dispatch cost between them (~10 calls per layer).
+ * o matmul (+ bias) -> [hook] -> RMSNorm + residual -> gate_up matmul -> SiLU * up -> down matmul
+ * -> [hook] -> [capture], then optionally the final norm. It calls the same kernels, in the same
+ * order and on the same data, as the Python modules do one op at a time (models/llama.py), so the
+ * results are bitwise identical; what it saves is the interpreter and dispatch cost between them.
  *
- * dims:   [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, window, weights_bf16, kv_bf16]
- * layers: [layers][LP_FIELDS] pointers (as int64), see the enum; biases may be 0
- * groups: [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them */
+ * Everything is driven by descriptors (int64 arrays, pointers as integers):
+ * dims:    [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size]
+ * layers:  [layers][LP_FIELDS]: norms, window, KV format + cache (+ scale) pointers, and for each of
+ *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
+ * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
+ * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
+ *          stream + MLP output) [T, hidden] is written there
+ * hook:    NULL, or called in place on the attention output (where 0) and the MLP output (where 1)
+ *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts. */
 #include <stdint.h>
 #include <string.h>
 
@@ -22,26 +28,50 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int k
                            int nthreads);
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
+int ridgeline_packed_available(int bf16);
 
-enum { LP_IN_NORM, LP_QKV, LP_QKV_BIAS, LP_O, LP_O_BIAS, LP_POST_NORM, LP_GATE_UP, LP_DOWN, LP_K_CACHE, LP_V_CACHE,
-       LP_FIELDS };
+enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2 };
+enum kv_format { KV_F32 = 0, KV_BF16 = 1 };
+enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
+enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
+enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_LINEAR,
+       LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_FIELDS };
+enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
 
-int ridgeline_stack_fields(int which) { return which ? GP_FIELDS : LP_FIELDS; }
+typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
 
-static int gemm(int bf16, int64_t p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
-    return bf16 ? ridgeline_gemm_bf16p((const uint16_t *)(intptr_t)p, x, y, M, N, K, nt)
-                : ridgeline_gemm_f32p((const float *)(intptr_t)p, x, y, M, N, K, nt);
+/* the layout, for the Python side to check against its own: 0 layer fields, 1 group fields,
+ * 2 weight descriptor fields, 3 offset of the first weight descriptor in a layer */
+int ridgeline_stack_fields(int which) {
+    const int fields[] = {LP_FIELDS, GP_FIELDS, LW_FIELDS, LP_LINEAR};
+    return which >= 0 && which < 4 ? fields[which] : -1;
 }
 
-static void add_bias(float *y, int64_t bias, int64_t T, int64_t N) {
-    if (!bias) return;
-    const float *b = (const float *)(intptr_t)bias;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
+/* 1 if this build runs that weight / KV format on this CPU */
+int ridgeline_stack_weight_format(int64_t format) {
+    if (format == WF_F32_PACKED) return ridgeline_packed_available(0);
+    if (format == WF_BF16_PACKED) return ridgeline_packed_available(1);
+    return 0;
 }
+int ridgeline_stack_kv_format(int64_t format) { return format == KV_F32 || format == KV_BF16; }
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
+
+static int linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
+    int rc;
+    switch (w[LW_FORMAT]) {
+    case WF_F32_PACKED: rc = ridgeline_gemm_f32p(PTR(const float, w[LW_DATA]), x, y, M, N, K, nt); break;
+    case WF_BF16_PACKED: rc = ridgeline_gemm_bf16p(PTR(const uint16_t, w[LW_DATA]), x, y, M, N, K, nt); break;
+    default: return -2;
+    }
+    if (w[LW_BIAS]) {
+        const float *b = PTR(const float, w[LW_BIAS]);
+        for (int64_t t = 0; t < M; t++)
+            for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
+    }
+    return rc;
+}
 
 /* floats of scratch a step of T tokens needs */
 int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
@@ -49,46 +79,59 @@ int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
     return T * (2 * Hd + (H + 2 * Hkv) * D + 2 * H * D + 3 * I);
 }
 
-/* x [T, hidden]: the embeddings in, the residual stream afterwards; out [T, hidden]: the final norm;
+/* x [T, hidden]: the residual stream, in and out (the embeddings when the run starts at layer 0 with
+ * hidden_in = 0). out [T, hidden]: on entry, with hidden_in, the previous stage's last MLP output;
+ * on exit the final norm of the last hidden state (final_norm given) or the last MLP output, with x
+ * the residual it has not been added to yet: (hidden, residual) for the next stage.
  * buf: ridgeline_stack_scratch(dims, T) floats, kept by the caller (large steps would otherwise map
- * and fault in fresh pages every call) */
-int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const int64_t *layers, const float *cos_sin,
-                            const float *final_norm, float *x, float *out, int64_t T, const int64_t *positions,
-                            const int64_t *slots, const int64_t *groups, int64_t ngroups, float *buf, int nt) {
-    const int64_t L = dims[0], Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5], bs = dims[6];
-    const int64_t window = dims[7];
-    const int wbf16 = (int)dims[8], kvbf16 = (int)dims[9];
+ * and fault in fresh pages every call). Returns 0, or non-zero from a kernel or the hook. */
+int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const int64_t *layers, int64_t first,
+                            int64_t last, const float *cos_sin, const float *final_norm, float *x, float *out,
+                            int hidden_in, int64_t T, const int64_t *positions, const int64_t *slots,
+                            const int64_t *groups, int64_t ngroups, const int64_t *capture, stack_hook hook,
+                            float *buf, int nt) {
+    const int64_t Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5], bs = dims[6];
     const int64_t QKV = (H + 2 * Hkv) * D, HD = H * D;
     float *h = buf, *h2 = h + T * Hd, *qkv = h2 + T * Hd, *q = qkv + T * QKV, *att = q + T * HD, *gu = att + T * HD;
     float *act = gu + T * 2 * I;
     float *mlp = out; /* each layer's MLP output, consumed by the next norm before out is written */
-    int rc = 0;
-    for (int64_t l = 0; l < L && !rc; l++) {
-        const int64_t *lp = layers + l * LP_FIELDS;
-        if (l == 0)
-            ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
-        else
+    int have_hidden = hidden_in, rc = 0;
+    for (int64_t l = first; l < last && !rc; l++) {
+        const int64_t *lp = layers + l * LP_FIELDS, *lw = lp + LP_LINEAR;
+        if (have_hidden)
             ridgeline_rmsnorm(mlp, x, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
-        rc |= gemm(wbf16, lp[LP_QKV], h, qkv, T, QKV, Hd, nt);
-        add_bias(qkv, lp[LP_QKV_BIAS], T, QKV);
+        else
+            ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
+        rc |= linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
-        ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, kvbf16, nt);
+        const int kvf = (int)lp[LP_KV_FORMAT];
+        ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, kvf, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
-            rc |= ridgeline_paged_decode(q + r0 * HD, kc, vc, kvbf16, PTR(const int64_t, gp[GP_TABLES]),
+            rc |= ridgeline_paged_decode(q + r0 * HD, kc, vc, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                          PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
-                                         att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB], window, scale, nt);
+                                         att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB], lp[LP_WINDOW],
+                                         scale, nt);
         }
-        rc |= gemm(wbf16, lp[LP_O], att, h, T, Hd, HD, nt);
-        add_bias(h, lp[LP_O_BIAS], T, Hd);
+        rc |= linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
+        if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);
         ridgeline_rmsnorm(h, x, PTR(const float, lp[LP_POST_NORM]), h2, T, Hd, eps, nt);
-        rc |= gemm(wbf16, lp[LP_GATE_UP], h2, gu, T, 2 * I, Hd, nt);
+        rc |= linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
         ridgeline_silu_mul(gu, act, T, I, nt);
-        rc |= gemm(wbf16, lp[LP_DOWN], act, mlp, T, Hd, I, nt);
+        rc |= linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
+        if (hook && !rc) rc = hook(l, HOOK_MLP_OUT, mlp, T, Hd);
+        have_hidden = 1;
+        if (capture && capture[l]) {
+            float *cap = PTR(float, capture[l]);
+            for (int64_t i = 0; i < T * Hd; i++) cap[i] = x[i] + mlp[i];
+        }
     }
-    if (!rc) {
-        ridgeline_rmsnorm(mlp, x, final_norm, h, T, Hd, eps, nt);
+    if (!rc && final_norm) {
+        if (have_hidden)
+            ridgeline_rmsnorm(mlp, x, final_norm, h, T, Hd, eps, nt);
+        else
+            ridgeline_rmsnorm(x, NULL, final_norm, h, T, Hd, eps, nt);
         memcpy(out, h, sizeof(float) * (size_t)(T * Hd));
     }
     return rc;

@@ -1,69 +1,125 @@
 """Attention over the paged KV cache, behind a backend registry.
 
-Grouped-query trick (SDPA backend): the G = H / Hkv query heads that share a KV head are laid out
-as extra query rows, so SDPA runs per KV head with no KV repetition: q [B, Hkv, Q*G, D] against
-k [B, Hkv, L, D] gathered from the block tables.
+A backend is chosen per layer when its cache is bound (`Attention.bind`), never per step:
+- "paged_c": kernels/paged_attention.c reads fp32/bf16 CPU blocks in place, for decode rows and
+  for each row of a prefill chunk as a query at its own position (key_lens = position + 1).
+- "sdpa": gathers each sequence's blocks into a padded view and calls SDPA. Grouped-query trick:
+  the G = H / Hkv query heads that share a KV head are laid out as extra query rows, so SDPA runs
+  per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
+- "auto": paged_c where the kernel plan has it and the cache format is one it reads, else sdpa.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_attention
-from ridgeline.runner.forward_context import AttnGroup, get_forward_context
+from ridgeline.layers.forward_context import AttnGroup, get_forward_context
+from ridgeline.layers.kernel_plan import KernelPlan
+from ridgeline.layers.kv_cache import LayerKV
 
-BACKENDS: dict[str, Callable] = {}
+BACKENDS: dict[str, type[AttentionBackend]] = {}
 SMALL_ATTENTION = 4096  # B * Q * L below which plain matmul-softmax-matmul beats SDPA on a CPU
-PREFILL_IN_C = True  # "auto" on a CPU: prefill chunks through the paged C kernel too (else SDPA)
 
 
 def register_backend(name: str):
-    def deco(fn):
-        BACKENDS[name] = fn
-        return fn
+    def deco(cls):
+        cls.name = name
+        BACKENDS[name] = cls
+        return cls
     return deco
 
 
+class AttentionBackend:
+    name = "?"
+
+    @staticmethod
+    def unsupported(kv: LayerKV, plan: KernelPlan) -> str | None:
+        """Why this backend cannot serve this cache under this plan, or None if it can."""
+        return None
+
+    def __call__(self, q: torch.Tensor, kv: LayerKV, g: AttnGroup, scale: float, window: int | None) -> torch.Tensor:
+        """q [Tg, H, D] (the group's rows), this step's K/V already in the cache -> [Tg, H*D]."""
+        raise NotImplementedError
+
+
 @register_backend("sdpa")
-def paged_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
-               window: int | None) -> torch.Tensor:
-    """q [Tg, H, D] (the group's rows); caches [NB, bs, Hkv, D] -> [Tg, H*D]. The window is in g.mask."""
-    B, Q = g.q_index.shape
-    _, bs, Hkv, D = k_cache.shape
-    H = q.shape[1]
-    G = H // Hkv
-    qg = q[g.q_index] if g.valid is not None else q.view(B, Q, H, D)
-    qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
-    L = g.block_tables.shape[1] * bs
-    flat = g.block_tables.view(-1)
-    # math in q's dtype: fp32 on a CPU even over a bf16 cache (CPU bf16 SDPA is slow)
-    k = k_cache.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
-    v = v_cache.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
-    if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
-        s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~g.mask, float("-inf"))
-        o = torch.softmax(s, dim=-1) @ v
-    else:
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)  # [B, Hkv, Q*G, D]
-    o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
-    return o if g.valid is None else o[g.valid]
+class PagedSDPA(AttentionBackend):
+    def __call__(self, q, kv, g, scale, window):
+        B, Q = len(g.n), g.max_new
+        _, bs, Hkv, D = kv.k.shape
+        H = q.shape[1]
+        G = H // Hkv
+        q_index, mask, valid = sdpa_view(g, bs, G, window, q.device)
+        qg = q[q_index] if valid is not None else q.view(B, Q, H, D)
+        qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
+        L = g.block_tables.shape[1] * bs
+        flat = g.block_tables.view(-1)
+        # math in q's dtype: fp32 on a CPU even over a bf16 cache (CPU bf16 SDPA is slow)
+        k = kv.k.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
+        v = kv.v.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
+        if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
+            s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
+            o = torch.softmax(s, dim=-1) @ v
+        else:
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [B, Hkv, Q*G, D]
+        o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
+        return o if valid is None else o[valid]
 
 
-@register_backend("auto")
-def paged_auto(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttnGroup, scale: float,
-               window: int | None) -> torch.Tensor:
-    """On a CPU (fp32 or bf16 cache): the C kernel reading blocks in place, for decode rows and for
-    each row of a prefill chunk as a query at its own position; elsewhere SDPA."""
-    if (k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
-            and cpu_attention.available()):
-        if g.q_index.shape[1] == 1:
-            return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.key_lens, scale, window)
-        if g.row_seq is not None and PREFILL_IN_C:
-            return cpu_attention.paged_decode(q, k_cache, v_cache, g.block_tables, g.row_key_lens, scale, window,
-                                              row_seq=g.row_seq)
-    return paged_sdpa(q, k_cache, v_cache, g, scale, window)
+def sdpa_view(g: AttnGroup, bs: int, G: int, window: int | None, device: torch.device):
+    """(q_index [B, Q] row of each (seq, query), pads repeating a valid row; mask [B, 1, Q*G, L] bool,
+    True = attend; valid [B*Q] bool real queries, None without padding), built once per group and step."""
+    key = ("sdpa", bs, G, window)
+    if key not in g.derived:
+        start, n = g.start, g.n
+        B, Q = len(n), int(n.max())
+        L = g.block_tables.shape[1] * bs
+        qi, keys = np.arange(Q), np.arange(L)
+        pos = (start[:, None] + qi[None, :])[:, :, None]  # [B, Q, 1]
+        allowed = (keys[None, None, :] <= pos) & (keys[None, None, :] < (start + n)[:, None, None])
+        if window:
+            allowed &= keys[None, None, :] > pos - window
+        mask = torch.from_numpy(allowed)
+        mask = mask.view(B, 1, 1, L) if Q == 1 else mask.unsqueeze(2).expand(B, Q, G, L).reshape(B, 1, Q * G, L)
+        q_index = (np.cumsum(n) - n)[:, None] + np.minimum(qi[None, :], n[:, None] - 1)
+        valid = torch.from_numpy((qi[None, :] < n[:, None]).reshape(-1)).to(device) if (n != Q).any() else None
+        g.derived[key] = (torch.from_numpy(q_index).to(device), mask.to(device), valid)
+    return g.derived[key]
+
+
+@register_backend("paged_c")
+class PagedC(AttentionBackend):
+    @staticmethod
+    def unsupported(kv, plan):
+        if not plan.c_attention:
+            return "no C attention kernel in this kernel plan"
+        if kv.c_format is None:
+            return f"the C attention kernel does not read {kv.format} caches on {kv.k.device.type}"
+        return None
+
+    def __call__(self, q, kv, g, scale, window):
+        if g.row_seq is None:  # one new token per sequence
+            return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.key_lens, scale, window,
+                                              kv_format=kv.c_format)
+        return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
+                                          row_seq=g.row_seq, kv_format=kv.c_format)
+
+
+def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:
+    if name == "auto":
+        name = "sdpa" if PagedC.unsupported(kv, plan) else "paged_c"
+    cls = BACKENDS.get(name)
+    if cls is None:
+        raise InvalidRequestError(f"unknown attention backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}",
+                                  "attention_backend")
+    why = cls.unsupported(kv, plan)
+    if why:
+        raise InvalidRequestError(f"attention backend {name}: {why}", "attention_backend")
+    return cls()
 
 
 class Attention(nn.Module):
@@ -73,25 +129,25 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.window = sliding_window
-        self.backend = BACKENDS[backend]
-        self.k_cache = self.v_cache = torch.empty(0)  # [NB, bs, Hkv, D], bound by the runner
+        self.backend_name = backend
+        self.backend: AttentionBackend | None = None
+        self.kv: LayerKV | None = None  # bound by the runner
+
+    def bind(self, kv: LayerKV, plan: KernelPlan) -> None:
+        self.kv = kv
+        self.backend = resolve_backend(self.backend_name, kv, plan)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""
-        ctx = get_forward_context()
-        flat_k = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)
-        flat_v = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
-        flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
-        flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
+        self.kv.write(get_forward_context().slot_mapping, k, v)
         return self.attend(q)
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], with this step's K/V already in the cache -> [T, H*D] in q's dtype."""
         ctx = get_forward_context()
         if len(ctx.groups) == 1:
-            g = ctx.groups[0]
-            return self.backend(q, self.k_cache, self.v_cache, g, self.scale, self.window).to(q.dtype)
+            return self.backend(q, self.kv, ctx.groups[0], self.scale, self.window).to(q.dtype)
         out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
         for g in ctx.groups:
-            out[g.rows] = self.backend(q[g.rows], self.k_cache, self.v_cache, g, self.scale, self.window).to(q.dtype)
+            out[g.rows] = self.backend(q[g.rows], self.kv, g, self.scale, self.window).to(q.dtype)
         return out

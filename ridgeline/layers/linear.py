@@ -1,57 +1,60 @@
-"""Dense linear layer. On a CPU, its weight is repacked at load time for the C kernel chosen at
-start-up (`ridgeline.layers.kernels`), or small batches go to the skinny kernel, where torch's CPU
-GEMM is slow."""
+"""Linear layer whose weight lives in a weight format (ridgeline.layers.weight_formats): the format
+creates the parameters, loads checkpoint tensors (whole, or one shard of a fused projection),
+repacks them after loading and applies them. The bias, when there is one, stays in the
+activation dtype and is added here."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ridgeline.kernels import cpu_gemm, cpu_gemv
-from ridgeline.layers import kernels
+from ridgeline.layers.kernel_plan import KernelPlan
+from ridgeline.layers.weight_formats import DENSE, WeightFormat, create_weight_format, load_rows
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, fmt: WeightFormat, bias: bool = False,
+                 act_dtype: torch.dtype = torch.float32, shard_sizes: Sequence[int] | None = None, prefix: str = ""):
+        """shard_sizes: output rows of each projection fused into this one (q, k, v or gate, up)."""
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)  # [N, K]
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self.packed: cpu_gemm.PackedWeight | None = None  # replaces weight after prepack()
+        self.format, self.prefix = fmt, prefix
+        self.shard_sizes = tuple(shard_sizes) if shard_sizes else None
+        fmt.create(self)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=act_dtype), requires_grad=False) if bias else None
+
+    def shard_rows(self, shard: int | None) -> tuple[int, int] | None:
+        """(first row, rows) of a fused projection's shard; None for the whole weight."""
+        if shard is None:
+            return None
+        return sum(self.shard_sizes[:shard]), self.shard_sizes[shard]
+
+    def load(self, param: str, tensor: torch.Tensor, shard: int | None = None) -> None:
+        if param == "bias":
+            load_rows(self.bias.data, tensor, self.shard_rows(shard), f"bias of {self.prefix}")
+        else:
+            self.format.load(self, param, tensor, shard)
+
+    def finish_loading(self) -> None:
+        self.format.finish(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
-        y = self.packed(x).to(x.dtype) if self.packed is not None else matmul(x, self.weight)
+        y = self.format.apply(self, x)
         return y if self.bias is None else y + self.bias
 
-    def prepack(self) -> bool:
-        """Swap the weight for its packed form where the chosen kernels want it (once loaded). A weight
-        shared with another module (tied embeddings) stays there; this layer keeps the packed copy."""
-        if self.packed is None and self.weight is not None and kernels.packs(self.weight):
-            self.packed = cpu_gemm.PackedWeight(self.weight)
-            self.weight = None
-        return self.packed is not None
+
+def finish_loading(model: nn.Module) -> None:
+    """Every Linear's post-load step (repacking for the chosen kernels)."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.finish_loading()
 
 
-def prepack(model: nn.Module) -> int:
-    """Repack every Linear of a loaded model that the chosen kernels want packed; returns how many."""
-    return sum(m.prepack() for m in model.modules() if isinstance(m, Linear))
-
-
-def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T -> [M, N] in x's dtype, for an unpacked weight."""
-    if kernels.SKINNY == "c" and x.shape[0] <= kernels.SKINNY_MAX_M:
-        return cpu_gemv.gemv(x, w).to(x.dtype)
-    if x.dtype == w.dtype:
-        return F.linear(x, w)
-    return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
-
-
-def matmul_fn(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x @ w^T the way a Linear holding w computes it under the chosen kernels."""
-    if kernels.packs(w):
-        packed = cpu_gemm.PackedWeight(w)
-        return lambda x: packed(x).to(x.dtype)
-    return lambda x: matmul(x, w)
+def matmul_fn(w: torch.Tensor, plan: KernelPlan) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w^T the way a dense Linear holding w computes it under `plan`."""
+    lin = Linear(w.shape[1], w.shape[0], create_weight_format(DENSE[w.dtype], plan))
+    lin.weight.data = w
+    lin.finish_loading()
+    return lin

@@ -1,38 +1,56 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2): one class, differences come from
-ArchConfig (qkv bias, tied embeddings, sliding window via the attention mask, rope scaling)."""
+ArchConfig (qkv bias, tied embeddings, sliding window via the attention mask, rope scaling).
+
+Layer ranges: `run_layers(positions, hidden, residual, start, end)` runs layers [start, end) and
+returns (hidden, residual) before the final norm (a pipeline stage hands those on) or, with
+final_norm, the normed hidden state. Hooks: hook(layer, where, x) is called in place on each
+layer's attention output (where 0) and MLP output (where 1), after the bias (tensor parallelism
+all-reduces there). capture: layers whose output hidden state (residual + MLP output) to return.
+Where the C decoder stack runs a layer, it runs these same steps (models/decoder_stack.py).
+"""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.kernels import cpu_ops
-from ridgeline.kernels.cpu_stack import DecoderStack
-from ridgeline.layers import kernels
 from ridgeline.layers.attention import Attention
+from ridgeline.layers.forward_context import get_forward_context
+from ridgeline.layers.kernel_plan import KernelPlan
+from ridgeline.layers.kv_cache import LayerKV
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
-from ridgeline.runner.forward_context import get_forward_context
+from ridgeline.models.options import BuildOptions
 from ridgeline.weights.hf_config import ArchConfig
+
+Hook = Callable[[int, int, torch.Tensor], None]
+ATTN_OUT, MLP_OUT = 0, 1
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: Rotary, backend: str):
+    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, prefix: str):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.d, bias=cfg.qkv_bias)
-        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=cfg.o_bias)
+        sizes = [self.h * self.d, self.hkv * self.d, self.hkv * self.d]
+        self.qkv_proj = Linear(cfg.hidden_size, sum(sizes), opts.format_for(f"{prefix}.qkv_proj"), cfg.qkv_bias,
+                               opts.act_dtype, sizes, f"{prefix}.qkv_proj")
+        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, opts.format_for(f"{prefix}.o_proj"), cfg.o_bias,
+                             opts.act_dtype, prefix=f"{prefix}.o_proj")
         self.rotary = rotary
-        self.attn = Attention(self.h, self.hkv, self.d, backend, cfg.sliding_window)
+        self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, cfg.sliding_window)
+        self.fused = opts.plan.fused_ops
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)
-        if (kernels.FUSED_OPS and qkv.dtype == torch.float32 and qkv.is_contiguous()
-                and self.attn.k_cache.dtype in (torch.float32, torch.bfloat16)):
-            cpu_ops.rope_kv(qkv, positions, self.rotary.cos_sin, get_forward_context().slot_mapping,
-                            self.attn.k_cache, self.attn.v_cache, self.h, self.hkv, self.d)
+        kv = self.attn.kv
+        if self.fused and kv.c_format is not None and qkv.dtype == torch.float32 and qkv.is_contiguous():
+            kv.write_rope(qkv, positions, self.rotary.cos_sin, get_forward_context().slot_mapping,
+                          self.h, self.hkv, self.d)
             return self.o_proj(self.attn.attend(qkv[:, :self.h * self.d].view(T, self.h, self.d)))
         q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         q, k = self.rotary(positions, q.view(T, self.h, self.d), k.view(T, self.hkv, self.d))
@@ -40,63 +58,108 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ArchConfig):
+    def __init__(self, cfg: ArchConfig, opts: BuildOptions, prefix: str):
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        I = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * I, opts.format_for(f"{prefix}.gate_up_proj"),
+                                   act_dtype=opts.act_dtype, shard_sizes=[I, I], prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = Linear(I, cfg.hidden_size, opts.format_for(f"{prefix}.down_proj"),
+                                act_dtype=opts.act_dtype, prefix=f"{prefix}.down_proj")
+        self.fused = opts.plan.fused_ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if kernels.FUSED_OPS and gate_up.dtype == torch.float32 and gate_up.is_contiguous():
+        if self.fused and gate_up.dtype == torch.float32 and gate_up.is_contiguous():
             return self.down_proj(cpu_ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: Rotary, backend: str):
+    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, index: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(cfg, rotary, backend)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        prefix = f"model.layers.{index}"
+        self.index = index
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
+        self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
+        self.mlp = MLP(cfg, opts, f"{prefix}.mlp")
 
-    def forward(self, positions, x, residual):
+    def forward(self, positions, x, residual, hook: Hook | None = None):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x)
+        if hook is not None:
+            hook(self.index, ATTN_OUT, x)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        x = self.mlp(x)
+        if hook is not None:
+            hook(self.index, MLP_OUT, x)
+        return x, residual
 
 
 class Model(nn.Module):
-    def __init__(self, cfg: ArchConfig, max_positions: int, backend: str):
+    def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
         rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling_dict)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, backend) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.act_dtype = torch.float32
-        self.stack: DecoderStack | None = None  # the same layers in one C call, where supported
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, opts, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
+        self.act_dtype = opts.act_dtype
+        self.plan = opts.plan
+        self.stack = None  # models.decoder_stack.CStack once the KV cache is bound, where the plan has it
+        self.segments: list[tuple[int, int, bool]] = [(0, cfg.num_layers, False)]  # (start, end, in C)
 
-    def bind_stack(self) -> bool:
-        """Once weights are packed and KV caches bound: run the layers through the C stack if it can."""
-        self.stack = DecoderStack(self) if DecoderStack.supported(self) else None
-        return self.stack is not None
+    def bind_kv(self, kvs: list[LayerKV]) -> list[str | None]:
+        """Bind each layer's KV cache and choose each layer's path: None where the C stack runs it,
+        else the reason it runs as modules. Decided here, once; printed at start-up."""
+        from ridgeline.models.decoder_stack import CStack
+        for layer, kv in zip(self.layers, kvs):
+            layer.self_attn.attn.bind(kv, self.plan)
+        reasons = CStack.layer_support(self, self.plan)
+        self.stack = CStack(self) if any(r is None for r in reasons) else None
+        self.segments = []
+        for i, r in enumerate(reasons):
+            in_c = r is None
+            if self.segments and self.segments[-1][2] == in_c:
+                self.segments[-1] = (self.segments[-1][0], i + 1, in_c)
+            else:
+                self.segments.append((i, i + 1, in_c))
+        return reasons
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids).to(self.act_dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden] (before the last norm's residual)."""
-        x, residual = self.embed_tokens(input_ids).to(self.act_dtype), None
-        if self.stack is not None:
-            ctx = get_forward_context()
-            if self.stack.serves(x, ctx):
-                return self.stack(x, positions, ctx)
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        return self.norm(x, residual)[0]
+        """input_ids, positions [T] -> final normed hidden states [T, hidden]."""
+        return self.run_layers(positions, self.embed(input_ids), None, 0, len(self.layers), final_norm=True)[0]
+
+    def run_layers(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, start: int,
+                   end: int, final_norm: bool = False, hook: Hook | None = None,
+                   capture: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """Layers [start, end) from (hidden, residual) (residual None: hidden is the embeddings).
+        Returns (hidden, residual, captured) or, with final_norm, (normed hidden, None, captured)."""
+        captured: dict[int, torch.Tensor] = {}
+        for s, e, in_c in self.segments:
+            s, e = max(s, start), min(e, end)
+            if s >= e:
+                continue
+            if in_c:
+                hidden, residual = self.stack(positions, hidden, residual, s, e, final_norm and e == end, hook,
+                                              capture, captured)
+                if final_norm and e == end:
+                    return hidden, None, captured
+                continue
+            for layer in self.layers[s:e]:
+                hidden, residual = layer(positions, hidden, residual, hook)
+                if capture and layer.index in capture:
+                    captured[layer.index] = hidden + residual
+        if final_norm:
+            return (self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]), None, captured
+        return hidden, residual, captured
 
 
 class LlamaForCausalLM(nn.Module):
@@ -104,11 +167,11 @@ class LlamaForCausalLM(nn.Module):
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, cfg: ArchConfig, max_positions: int, backend: str = "auto"):
+    def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
         self.cfg = cfg
-        self.model = Model(cfg, max_positions, backend)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.model = Model(cfg, max_positions, opts)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -116,12 +179,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     @property
-    def act_dtype(self) -> torch.dtype:
-        return self.model.act_dtype
-
-    @act_dtype.setter
-    def act_dtype(self, value: torch.dtype) -> None:
-        self.model.act_dtype = value
+    def plan(self) -> KernelPlan:
+        return self.model.plan
 
     def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Checkpoint tensor -> our layout: q/k rows to interleaved rotary pairs."""
@@ -130,11 +189,5 @@ class LlamaForCausalLM(nn.Module):
         return tensor
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] (only the rows that sample) -> logits [S, V] float32."""
+        """hidden [S, hidden] (only the rows that need logits) -> logits [S, V] float32."""
         return self.lm_head(hidden).float()
-
-    def shard_sizes(self, fused: str) -> list[int]:
-        c = self.cfg
-        if fused == "qkv_proj":
-            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
-        return [c.intermediate_size, c.intermediate_size]

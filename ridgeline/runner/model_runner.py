@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from ridgeline.engine.step_plan import ScheduledSeq, StepPlan
+from ridgeline.kv_spec import KVCacheSpec
+from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
+from ridgeline.layers.kv_cache import LayerKV, allocate_kv
 from ridgeline.layers.sampler import Sampler, SamplingMetadata
-from ridgeline.runner.forward_context import AttnGroup, ForwardContext, forward_context
-from ridgeline.utils import hugepages
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -23,23 +24,14 @@ class SampledToken:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, arch: ArchConfig, device: torch.device, kv_dtype: torch.dtype,
-                 num_blocks: int, block_size: int, eos_ids: list[int]):
+    def __init__(self, model: nn.Module, arch: ArchConfig, device: torch.device, kv_spec: KVCacheSpec,
+                 num_blocks: int, eos_ids: list[int]):
         self.model, self.arch, self.device = model, arch, device
-        self.block_size = block_size
-        self.G = arch.num_heads // arch.num_kv_heads
-        self.window = arch.sliding_window
+        self.block_size = kv_spec.block_size
         self.eos_ids = eos_ids
-        shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        if device.type == "cpu":  # zero pages mapped on first touch (start-up does not pay), huge pages
-            nbytes = int(np.prod(shape)) * kv_dtype.itemsize
-            self.kv_cache = torch.from_numpy(hugepages.zeroed(nbytes)).view(kv_dtype).view(shape)
-        else:  # never-written slots must hold finite values: masked keys still multiply their V by 0
-            self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=device)
-        for i, layer in enumerate(model.model.layers):
-            layer.self_attn.attn.k_cache = self.kv_cache[i, 0]
-            layer.self_attn.attn.v_cache = self.kv_cache[i, 1]
-        self.c_stack = model.model.bind_stack()
+        self.kv_cache = allocate_kv(kv_spec, num_blocks, device)  # kv_spec.shape(num_blocks)
+        kvs = [LayerKV(self.kv_cache[i, 0], self.kv_cache[i, 1], kv_spec.format.name) for i in range(arch.num_layers)]
+        self.layer_paths = model.model.bind_kv(kvs)  # per layer: None in the C stack, else why modules
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
 
@@ -89,35 +81,19 @@ class ModelRunner:
                 ctx, sample_rows)
 
     def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray) -> AttnGroup:
-        B, Q, bs, dev = len(n), int(n.max()), self.block_size, self.device
+        """What every attention backend reads; a backend derives more (SDPA masks) itself if it needs it."""
+        dev = self.device
         key_lens = start + n
-        nb = int(-(-key_lens.max() // bs))
-        L = nb * bs
-        qi = np.arange(Q)
-        keys = np.arange(L)
-        allowed = keys[None, None, :] <= (start[:, None] + qi[None, :])[:, :, None]  # [B, Q, L]
-        allowed &= keys[None, None, :] < key_lens[:, None, None]
-        if self.window:
-            allowed &= keys[None, None, :] > (start[:, None] + qi[None, :])[:, :, None] - self.window
-        padded = bool((n != Q).any())
-        offsets = np.cumsum(n) - n
+        nb = int(-(-key_lens.max() // self.block_size))
         row_seq = row_key_lens = None
-        if Q > 1:
-            row_seq = np.repeat(np.arange(B), n)
+        if int(n.max()) > 1:
+            offsets = np.cumsum(n) - n
+            row_seq = np.repeat(np.arange(len(n)), n)
             row_key_lens = start[row_seq] + np.arange(int(n.sum())) - offsets[row_seq] + 1
-        q_index = offsets[:, None] + np.minimum(qi[None, :], n[:, None] - 1)
-        mask = torch.from_numpy(allowed)
-        if Q == 1:
-            mask = mask.view(B, 1, 1, L)  # broadcast over heads and the G query rows
-        else:
-            mask = mask.unsqueeze(2).expand(B, Q, self.G, L).reshape(B, 1, Q * self.G, L)
-        return AttnGroup(
-            rows=rows, q_index=torch.from_numpy(q_index).to(dev),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables[:, :nb])).to(dev), mask=mask.to(dev),
-            key_lens=torch.from_numpy(key_lens).to(dev),
-            valid=torch.from_numpy((qi[None, :] < n[:, None]).reshape(-1)).to(dev) if padded else None,
-            row_seq=None if row_seq is None else torch.from_numpy(row_seq).to(dev),
-            row_key_lens=None if row_key_lens is None else torch.from_numpy(row_key_lens).to(dev))
+            row_seq, row_key_lens = torch.from_numpy(row_seq).to(dev), torch.from_numpy(row_key_lens).to(dev)
+        return AttnGroup(rows=rows, start=start, n=n,
+                         block_tables=torch.from_numpy(np.ascontiguousarray(tables[:, :nb])).to(dev),
+                         key_lens=torch.from_numpy(key_lens).to(dev), row_seq=row_seq, row_key_lens=row_key_lens)
 
     def _sample(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledToken]:
         gens = []

@@ -1,0 +1,56 @@
+"""Per-step forward metadata has one home: set around the forward (a context that refuses to nest),
+read by the layers. The runner fills in what every attention backend needs (rows, block tables,
+key lengths); a backend derives anything more it needs from that, once per step, and caches it on
+the group (the SDPA backend's padded masks: the C kernels never pay for them)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class AttnGroup:
+    """Sequences attended together: B sequences with n[i] new tokens each, decodes (all n == 1) or prefills."""
+    rows: slice  # this group's rows in the flattened token batch
+    start: np.ndarray  # [B] int64 tokens already cached before this step (host)
+    n: np.ndarray  # [B] int64 new tokens this step (host)
+    block_tables: torch.Tensor  # [B, nb] int64, padded with block 0
+    key_lens: torch.Tensor  # [B] int64 tokens in the cache after this step
+    # rows of a group with more than one new token per sequence: its sequence and its causal key count
+    row_seq: torch.Tensor | None = None  # [Tg] int64
+    row_key_lens: torch.Tensor | None = None  # [Tg] int64 = position + 1
+    derived: dict = field(default_factory=dict)  # per-backend metadata, built on first use this step
+
+    @property
+    def max_new(self) -> int:
+        return int(self.n.max())
+
+
+@dataclass
+class ForwardContext:
+    slot_mapping: torch.Tensor  # [T] int64 flat cache slot of each new token
+    groups: list[AttnGroup]
+
+
+_CTX: ForwardContext | None = None
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext):
+    global _CTX
+    if _CTX is not None:
+        raise RuntimeError("forward contexts do not nest")
+    _CTX = ctx
+    try:
+        yield ctx
+    finally:
+        _CTX = None
+
+
+def get_forward_context() -> ForwardContext:
+    if _CTX is None:
+        raise RuntimeError("attention called outside forward_context()")
+    return _CTX
