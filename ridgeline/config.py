@@ -71,17 +71,33 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_method: str | None = None  # a registered proposer (ridgeline.spec.proposer.PROPOSERS); None: off
+    num_speculative_tokens: int = 4  # proposals per request per step, at most
+
+    @property
+    def method(self) -> str | None:
+        return self.speculative_method
+
+    def __post_init__(self):
+        if not 1 <= self.num_speculative_tokens <= 64:
+            raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"
     progress: bool = True
 
     @classmethod
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":
         """Flat keyword arguments (as the CLI and `LLM(...)` take them) -> the tree."""
-        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                  "speculative": SpeculativeConfig}
         parts: dict[str, dict] = {name: {} for name in groups}
         parts["model"]["model"] = model
         top = {}

@@ -146,6 +146,25 @@ class KVCacheManager:
         self.tables[dst_id] = list(blocks)
         return len(blocks) * self.block_size
 
+    def shrink(self, req_id: str, num_tokens: int) -> int:
+        """Release the blocks of req_id's table past those num_tokens tokens need (tail first, as free()
+        does): slots held for proposals that were rejected. They hold no computed token, so none is
+        cached. Returns how many blocks were released."""
+        table = self.tables.get(req_id)
+        keep = self.blocks_for(num_tokens)
+        if table is None or len(table) <= keep:
+            return 0
+        released = table[keep:]
+        del table[keep:]
+        for block in reversed(released):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.cache is not None and block in self.cache:
+                    self.evictable[block] = None
+                else:
+                    self.free_ids.append(block)
+        return len(released)
+
     def free(self, req_id: str) -> None:
         """Release a request's blocks, tail first: the tail is the first to be reused or evicted."""
         self.block_hashes.pop(req_id, None)

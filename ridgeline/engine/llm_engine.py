@@ -22,6 +22,8 @@ from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.spec.proposer import ProposalRequest, create_proposer
+from ridgeline.spec.stats import SpecStats
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import load_arch_config
 from ridgeline.weights.resolve import resolve_model
@@ -82,6 +84,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
+        self.proposer = create_proposer(config.speculative, arch.vocab_size)
+        self.spec_stats = SpecStats()
         self.groups: dict[str, _Group] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -151,18 +155,26 @@ class LLMEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self, emit_unfinished: bool = True) -> list[RequestOutput]:
+        if self.proposer is not None:
+            self._propose()
         plan = self.scheduler.schedule()
         sampled = self.runner.execute(plan)
-        self.scheduler.advance()
+        if self.proposer is not None and plan.finished_ids:
+            self.proposer.forget(plan.finished_ids)
+        self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
         touched: dict[str, _Group] = {}
         for s in sampled:
             req = self.requests[s.req_id]
             group = self.groups[req.group_id]
-            self._append(req, group, s.token_id, now)
-            if group.logprobs[req.index] is not None and s.logprob is not None:
-                group.logprobs[req.index].append(TokenLogprob(s.token_id, s.logprob, s.top or []))
+            self.spec_stats.record(s)
+            for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
+                self._append(req, group, token, now)
+                if group.logprobs[req.index] is not None and s.logprobs is not None:
+                    group.logprobs[req.index].append(TokenLogprob(token, *s.logprobs[i]))
+                if req.status.finished:
+                    break
             touched[req.group_id] = group
         outputs = []
         for gid, group in touched.items():
@@ -174,6 +186,26 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
+
+    def _propose(self) -> None:
+        """Ask the proposer for tokens for every decoding request, at most what it may still emit."""
+        want = []
+        for req in self.scheduler.running:
+            req.spec_token_ids = []
+            if req.num_computed_tokens != req.num_tokens - 1:
+                continue  # prefilling
+            k = min(self.config.speculative.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
+                    self.max_model_len - req.num_tokens)
+            if k > 0:
+                want.append((req, ProposalRequest(req.request_id, req.token_ids, k)))
+        if not want:
+            return
+        vocab = self.arch.vocab_size
+        for (req, pr), tokens in zip(want, self.proposer.propose([pr for _, pr in want])):
+            tokens = [int(t) for t in tokens[:pr.k]]
+            if any(not 0 <= t < vocab for t in tokens):
+                raise RuntimeError(f"proposer {self.proposer.name} proposed a token outside the vocabulary")
+            req.spec_token_ids = tokens
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""

@@ -38,7 +38,8 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_token_time: float | None = None
-    token_ids: list[int] = field(init=False)  # prompt + output, appended in place
+    token_ids: list[int] = field(init=False)  # prompt + output, appended in place (verified tokens only)
+    spec_token_ids: list[int] = field(default_factory=list)  # proposed for the next step, not yet verified
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -3,7 +3,10 @@
 mixed prefill/decode batches fall out of that rule. Out of blocks: preempt the newest running
 request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived).
 Admission first looks the request up in the prefix cache: a hit starts it at num_computed_tokens =
-the cached tokens. Torch-free.
+the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
+is scheduled with them appended (they count against the budget); advance() then moves it by the
+tokens it knows plus the proposals the runner accepted, and shrinks its table to what it holds.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._finished_ids: list[str] = []
-        self._last: list[tuple[Request, int]] = []
+        self._last: list[tuple[Request, int, int]] = []  # last plan: (request, tokens scheduled, of them proposals)
         # admit only while this many blocks stay free, so decodes rarely preempt fresh admissions
         self.watermark = max(1, kv.num_usable_blocks // 100)
 
@@ -63,7 +66,8 @@ class Scheduler:
                 break
             if req.status != Status.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = min(remaining + (len(req.spec_token_ids) if remaining == 1 else 0), budget)
             while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -77,7 +81,7 @@ class Scheduler:
         if not preempted:
             budget = self._admit(scheduled, budget)
         plan.seqs = self._build(scheduled)
-        self._last = scheduled
+        self._last = [(r, n, n - min(n, r.num_tokens - r.num_computed_tokens)) for r, n in scheduled]
         return plan
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
@@ -122,18 +126,31 @@ class Scheduler:
         seqs = []
         for req, n in scheduled:
             start = req.num_computed_tokens
+            known = min(n, req.num_tokens - start)
+            p = req.params
+            history = (list(req.token_ids) if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
+                       or p.min_tokens else None)
             seqs.append(ScheduledSeq(
-                req_id=req.request_id, start=start, token_ids=req.token_ids[start:start + n],
-                block_table=self.kv.tables[req.request_id], sample=start + n == req.num_tokens,
-                params=req.params, seed=req.seed, all_token_ids=req.token_ids,
-                num_prompt_tokens=req.num_prompt_tokens))
-        seqs.sort(key=lambda s: s.num_new != 1)  # stable: decodes first, then prefill chunks
+                req_id=req.request_id, start=start,
+                token_ids=req.token_ids[start:start + known] + req.spec_token_ids[:n - known],
+                block_table=self.kv.tables[req.request_id][:self.kv.blocks_for(start + n)],
+                sample=start + known == req.num_tokens, params=p, seed=req.seed, history=history,
+                num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known))
+        seqs.sort(key=lambda s: s.num_new != 1)  # stable: one-token decodes first, then the rest
         return seqs
 
-    def advance(self) -> None:
-        """After the runner ran the last plan: its scheduled tokens are now in the KV cache."""
-        for req, n in self._last:
-            req.num_computed_tokens += n
+    def advance(self, accepted: dict[str, int] | None = None) -> None:
+        """After the runner ran the last plan, before the engine appends the tokens it kept: each
+        request's known scheduled tokens plus its accepted proposals (accepted[request id]) are now in
+        the KV cache. Only tokens already in token_ids (verified) are hashed into the prefix cache;
+        accepted proposals follow on the next call, once appended. Blocks held for rejected proposals
+        are released."""
+        accepted = accepted or {}
+        for req, n, spec in self._last:
+            req.num_computed_tokens += n - spec + min(accepted.get(req.request_id, 0), spec)
             if self.kv.caching:  # blocks full of computed tokens (prompt or output) become cached
-                self.kv.cache_blocks(req.request_id, req.token_ids, req.num_computed_tokens, req.cache_salt)
+                self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens),
+                                     req.cache_salt)
+            if spec:
+                self.kv.shrink(req.request_id, req.num_computed_tokens + 1)
         self._last = []

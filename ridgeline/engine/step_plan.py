@@ -1,4 +1,5 @@
-"""What the scheduler hands the runner each step: plain data, no torch."""
+"""What the scheduler hands the runner each step: plain data, no torch, and no live references into
+engine state (lists are copies), so a plan can cross a process boundary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,13 +11,14 @@ from ridgeline.sampling_params import SamplingParams
 class ScheduledSeq:
     req_id: str
     start: int  # tokens already in the KV cache; this step computes positions start..start+len(token_ids)
-    token_ids: list[int]
-    block_table: list[int]  # the request's table (a live reference; read-only for the runner)
-    sample: bool  # this step reaches the end of the known tokens: sample the next one
+    token_ids: list[int]  # known tokens, then num_spec proposed ones at the end
+    block_table: list[int]  # the request's blocks covering positions 0..start+len(token_ids)-1 (a copy)
+    sample: bool  # this step reaches the end of the known tokens: sample the next one (and verify proposals)
     params: SamplingParams
     seed: int | None
-    all_token_ids: list[int]  # prompt + output so far (live reference), for penalties
+    history: list[int] | None  # prompt + output so far, copied only when penalties or min_tokens need it
     num_prompt_tokens: int
+    num_spec: int = 0  # proposed tokens at the end of token_ids, verified by this step
 
     @property
     def num_new(self) -> int:
@@ -25,7 +27,7 @@ class ScheduledSeq:
 
 @dataclass
 class StepPlan:
-    seqs: list[ScheduledSeq] = field(default_factory=list)  # decodes (1 new token) first, then prefills
+    seqs: list[ScheduledSeq] = field(default_factory=list)  # one-token decodes first, then the rest
     finished_ids: list[str] = field(default_factory=list)  # requests that left since the last plan
     num_preempted: int = 0
 
@@ -36,3 +38,15 @@ class StepPlan:
     @property
     def empty(self) -> bool:
         return not self.seqs
+
+
+@dataclass
+class SampledSeq:
+    """What the runner returns per sampling sequence: the tokens it keeps, in order. Without proposals
+    that is one token; with k proposals, the first `accepted` of them (they matched what the target
+    sampled) and one more sampled token, so 1..k+1 tokens."""
+    req_id: str
+    token_ids: list[int]
+    accepted: int = 0  # proposals kept
+    proposed: int = 0  # proposals verified (the sequence's num_spec)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per kept token: (logprob, top)

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers (a registry behind one interface) and their verification."""
