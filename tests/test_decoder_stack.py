@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.engine.step_plan import ScheduledSeq
+from ridgeline.step_plan import ScheduledSeq
 from ridgeline.kernels import cpu_gemm
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.models.decoder_stack import CStack

@@ -15,7 +15,7 @@ from collections import deque
 from ridgeline.config import SchedulerConfig
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.request import Request, Status
-from ridgeline.engine.step_plan import ScheduledSeq, StepPlan
+from ridgeline.step_plan import ScheduledSeq, StepPlan
 
 
 class Scheduler:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ridgeline.engine.step_plan import SampledSeq, ScheduledSeq, StepPlan
+from ridgeline.step_plan import SampledSeq, ScheduledSeq, StepPlan
 from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.engine.step_plan import SampledSeq, ScheduledSeq
+from ridgeline.step_plan import SampledSeq, ScheduledSeq
 from ridgeline.layers.sampler import Sampler, SamplingMetadata
 
 
