@@ -456,21 +456,23 @@ def add_serve_parser(bsub) -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("server")
     g.add_argument("--url", default=None, help="base URL of a running server (e.g. http://127.0.0.1:8080); "
-                                               "without it, a `ridgeline serve` is started with the engine options")
+                                               "default: none, a `ridgeline serve` is started with the engine options")
     g.add_argument("--served-model-name", default=None,
                    help="the `model` of each request body (default: --model if the server lists it, else the "
                         "first model its /v1/models lists)")
     g.add_argument("--tokenizer", default=None, help="tokenizer for the workload prompts (default: --model)")
-    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"), help="sent as a Bearer token")
-    g.add_argument("--server-args", default=None, help="extra `ridgeline serve` flags for a started server")
+    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+                   help="sent as a Bearer token (default: $RIDGELINE_API_KEY)")
+    g.add_argument("--server-args", default=None,
+                   help="extra `ridgeline serve` flags for a started server (default: none)")
     g.add_argument("--server-timeout", type=float, default=600.0, help="seconds a started server gets to load")
-    add_workload_args(p)
-    p.set_defaults(workload_seed=None)  # default: --seed
+    add_workload_args(p, seed_default=None)
     g = p.add_argument_group("load")
     g.add_argument("--prompt-format", default="ids", choices=["ids", "text", "chat"],
                    help="ids: token ids to /v1/completions (exact prompt lengths); text: the decoded prompt to "
-                        "/v1/completions; chat: the messages to /v1/chat/completions (default: ids)")
-    g.add_argument("--concurrency", type=int, default=None, help="at most this many requests in flight")
+                        "/v1/completions; chat: the messages to /v1/chat/completions")
+    g.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="at most this many requests in flight (default: no limit)")
     g.add_argument("--request-rate", type=float, default=math.inf,
                    help="Poisson arrivals at this many requests/s, seeded by --seed (default: inf, all at once)")
     g.add_argument("--num-warmup", type=int, default=2, help="untimed warm-up requests (other prompts)")
@@ -478,14 +480,16 @@ def add_serve_parser(bsub) -> argparse.ArgumentParser:
     g.add_argument("--no-stream-usage", action="store_true",
                    help="do not ask for a usage chunk (stream_options); count output tokens from chunks")
     g.add_argument("--extra-body", default=None,
-                   help='JSON merged into each request body, e.g. \'{"cache_prompt": true}\'')
+                   help='JSON merged into each request body, e.g. \'{"cache_prompt": true}\' (default: none)')
     g = p.add_argument_group("report")
-    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in seconds for goodput")
-    g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in seconds for goodput")
-    g.add_argument("--slo-e2e", type=float, default=None, help="e2e latency SLO in seconds for goodput")
-    g.add_argument("--json", default=None, help="write all results (summary and per request) to this JSON file")
-    g.add_argument("--plot", default=None, help="write a latency-distribution PNG (TTFT, TPOT, ITL, e2e)")
-    g.add_argument("--label", default=None, help="a name for this run in the JSON and the plot title")
+    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in seconds for goodput (default: none)")
+    g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in seconds for goodput (default: none)")
+    g.add_argument("--slo-e2e", type=float, default=None, help="e2e latency SLO in seconds for goodput (default: none)")
+    g.add_argument("--json", default=None, metavar="FILE",
+                   help="also write all results, summary and per request, to FILE (default: none)")
+    g.add_argument("--plot", default=None, metavar="PNG",
+                   help="write a latency-distribution PNG: TTFT, TPOT, ITL, e2e (default: none)")
+    g.add_argument("--label", default=None, help="a name for this run in the JSON and the plot title (default: none)")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.set_defaults(func=cmd_serve_bench)
     return p

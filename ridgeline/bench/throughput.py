@@ -144,16 +144,20 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
+def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0) -> None:
+    """seed_default None: the workload follows the engine's --seed."""
     from ridgeline.bench.workloads import WORKLOADS
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="chat", choices=WORKLOADS)
-    g.add_argument("--num-requests", type=int, default=256)
-    g.add_argument("--min-prompt", type=int, default=50, help="shortest prompt in tokens (chat template included)")
-    g.add_argument("--max-prompt", type=int, default=200)
-    g.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix workload: common prefix tokens")
-    g.add_argument("--output-len", type=int, default=128, help="output tokens per request (ignore_eos)")
-    g.add_argument("--workload-seed", type=int, default=0)
+    g.add_argument("--workload", default="chat", choices=WORKLOADS, help="which prompts to send")
+    g.add_argument("--num-requests", type=int, default=256, metavar="N", help="requests in the timed run")
+    g.add_argument("--min-prompt", type=int, default=50, metavar="N",
+                   help="shortest prompt in tokens, chat template included")
+    g.add_argument("--max-prompt", type=int, default=200, metavar="N", help="longest prompt in tokens")
+    g.add_argument("--prefix-len", type=int, default=1024, metavar="N",
+                   help="shared-prefix workload: common prefix tokens")
+    g.add_argument("--output-len", type=int, default=128, metavar="N", help="output tokens per request (ignore_eos)")
+    g.add_argument("--workload-seed", type=int, default=seed_default, metavar="N",
+                   help="seed that picks the prompts" + (" (default: --seed)" if seed_default is None else ""))
 
 
 def add_throughput_parser(bsub) -> argparse.ArgumentParser:
@@ -161,14 +165,16 @@ def add_throughput_parser(bsub) -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
     g = p.add_argument_group("baselines")
-    g.add_argument("--baseline", default="hf", choices=["hf", "none"])
-    g.add_argument("--hf-requests", type=int, default=16,
+    g.add_argument("--baseline", default="hf", choices=["hf", "none"],
+                   help="hf: HF transformers on the same model, dtype and prompts (needs transformers)")
+    g.add_argument("--hf-requests", type=int, default=16, metavar="N",
                    help="HF one-at-a-time runs only this many requests (evenly spaced) and extrapolates "
-                        "the rate; 0 skips it (default 16)")
-    g.add_argument("--hf-batch", type=int, default=64, help="HF padded batch size; 0 skips it (default 64)")
-    g.add_argument("--hf-batch-requests", type=int, default=None,
-                   help="HF padded batches run only the first whole batches covering this many requests")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+                        "the rate; 0 skips it")
+    g.add_argument("--hf-batch", type=int, default=64, metavar="N", help="HF padded batch size; 0 skips it")
+    g.add_argument("--hf-batch-requests", type=int, default=None, metavar="N",
+                   help="HF padded batches run only the first whole batches covering this many requests "
+                        "(default: all requests)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the results to FILE (default: none)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     p.set_defaults(func=cmd_throughput)
     return p

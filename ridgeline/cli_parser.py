@@ -1,0 +1,43 @@
+"""The parser class of `ridgeline` and of every subcommand: each option's help shows its default.
+
+`add_subparsers()` builds subcommand parsers with the parent's class, so a subcommand registered
+from another module (`serve`, `bench`, `advise`, ...) gets this behaviour without naming it, and a
+`formatter_class` it passes (e.g. RawDescriptionHelpFormatter) keeps working with the defaults
+mixed in.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+
+
+class DefaultsHelpMixin:
+    """Appends "(default: X)" to the help of every option that takes a value, unless the help already
+    says what the default is. Not shown: a default of None (the help must say what happens, e.g.
+    "default: the model's own", since 'None' tells a user nothing), suppressed defaults, and switches
+    (store_true/false/const: their default is not passing them)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if text == argparse.SUPPRESS or not shows_default(action) or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether the formatter appends this action's default to its help."""
+    if action.default is None or action.default is argparse.SUPPRESS or action.nargs == 0:
+        return False
+    return bool(action.option_strings) or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+
+
+@functools.cache
+def with_defaults(formatter: type) -> type:
+    if issubclass(formatter, DefaultsHelpMixin):
+        return formatter
+    return type(f"Defaults{formatter.__name__}", (DefaultsHelpMixin, formatter), {})
+
+
+class RidgelineParser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class: type = argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=with_defaults(formatter_class), **kwargs)
