@@ -107,3 +107,14 @@ def test_closed_pipe_ends_quietly(argv, rc):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == rc  # the timeout is a safety net only
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("device, message", [("tpu", "unknown device 'tpu'"), ("cuda:x", "unknown device"),
+                                             ("cuda", "torch sees no CUDA device")])
+def test_bad_device_is_one_error_line(tiny_llama, capsys, device, message):
+    import torch
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["generate", "hi", "--model", str(tiny_llama), "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
