@@ -66,19 +66,29 @@ def make_llm(args: argparse.Namespace):
 
 
 def cmd_generate(args):
+    from ridgeline.entrypoints.stream import stream_replies
+    params = sampling_params(args)  # before loading: a bad value fails in a second, not after the load
     llm = make_llm(args)
-    params = sampling_params(args)
-    if args.raw:
-        outs = llm.generate(args.prompt, params, use_tqdm=False)
-    else:
-        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False)
-    for out in outs:
-        print(out.outputs[0].text)
+    engine, tok = llm.engine, llm.tokenizer
+    ids = []
+    try:
+        for i, prompt in enumerate(args.prompt):
+            ids.append(f"generate-{i}")
+            if args.raw:
+                engine.add_request(ids[-1], prompt, params)
+            else:
+                engine.add_request(ids[-1], tok.encode_chat([{"role": "user", "content": prompt}]), params, prompt)
+    except RidgelineError:
+        for rid in ids:
+            engine.abort_request(rid)
+        raise
+    stream_replies(engine, ids)
 
 
 def cmd_chat(args):
     from ridgeline.entrypoints.chat import interactive_chat
-    interactive_chat(make_llm(args), sampling_params(args), system=args.system)
+    params = sampling_params(args)
+    interactive_chat(make_llm(args), params, system=args.system)
 
 
 def cmd_pull(args):
@@ -94,14 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("generate", help="generate a reply to each prompt (chat template applied)")
-    p.add_argument("prompt", nargs="+", help="one or more prompts, each answered in turn")
+    p = sub.add_parser("generate", help="generate a reply to each prompt, streamed (chat template applied)")
+    p.add_argument("prompt", nargs="+", help="one or more prompts, each answered in turn (all run as one batch)")
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_engine_args(p)
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("chat", help="interactive streaming chat")
+    p = sub.add_parser("chat", help="interactive streaming chat (/help inside lists its commands)")
     p.add_argument("--system", default=None,
                    help="system message that opens the conversation (default: the chat template's own, if any)")
     add_engine_args(p)
