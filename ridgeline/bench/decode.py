@@ -60,6 +60,9 @@ def _best(runs: list[dict]) -> dict:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     wall0, machine, llm = start(args)
+    skipped = hf_baseline.unavailable(args.baseline == "hf", machine)
+    if skipped:
+        print(f"baseline   {skipped}", file=sys.stderr)
     arch, info = llm.engine.arch, llm.info
     slack = max(4, args.prompt_len // 10)
     prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
@@ -73,7 +76,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 for i in range(args.repeats)])
     rows = [("Ridgeline", rl)]
     hf = None
-    if args.baseline == "hf":
+    if args.baseline == "hf" and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
         del llm
         gc.collect()
@@ -102,6 +105,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
         agree = next((j for j, (a, b) in enumerate(zip(ours[:cut], theirs)) if a != b), min(cut, len(theirs)))
         print(f"\nRidgeline / HF: {ratio:.2f}x decode tok/s; greedy tokens agree for the first {agree} of {cut} "
               f"(compared up to Ridgeline's first EOS)")
+    if skipped:
+        print(f"\n{skipped}")
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:
@@ -112,7 +117,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                        "kernels": info.kernels, "weight_bytes_per_token": wbytes},
             "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
             "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,
-            "greedy_agreement_tokens": agree, "wall_s": wall})
+            "greedy_agreement_tokens": agree, "baseline_skipped": skipped, "wall_s": wall})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

@@ -86,6 +86,9 @@ def greedy_agreement(ours: list[list[int]], theirs: dict[int, list[int]], eos_id
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     wall0, machine, llm = start(args)
+    skipped = hf_baseline.unavailable(args.baseline == "hf" and bool(args.hf_requests or args.hf_batch), machine)
+    if skipped:
+        print(f"baseline   {skipped}", file=sys.stderr)
     arch, info = llm.engine.arch, llm.info
     num_params = arch.num_params
     prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
@@ -99,7 +102,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
     rl, rl_tokens = run_ridgeline(llm, prompts, args.output_len, warm, progress=not args.no_progress)
     results, agreement = [rl], None
-    if args.baseline == "hf" and (args.hf_requests or args.hf_batch):
+    if args.baseline == "hf" and (args.hf_requests or args.hf_batch) and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
         del llm
         gc.collect()
@@ -127,6 +130,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if agreement:
         print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")
+    if skipped:
+        print(f"\n{skipped}")
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:
@@ -139,7 +144,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                          "min_prompt": args.min_prompt, "max_prompt": args.max_prompt,
                          "prompt_tokens": sum(lens), "output_len": args.output_len},
             "results": [r.to_dict(num_params) for r in results], "ratios": ratios,
-            "greedy_agreement": agreement, "wall_s": wall})
+            "greedy_agreement": agreement, "baseline_skipped": skipped, "wall_s": wall})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
