@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 DESCRIPTION = """Diagnose the binding wall (capacity, bandwidth, compute, network, SLO contention) of a model on
 hardware under a workload, and rank the techniques that pay off, with the arithmetic shown.
@@ -70,7 +71,7 @@ def register(subparsers) -> None:
 
 
 def scenario_from_args(args):
-    from ridgeline.advisor.errors import AdvisorError
+    from ridgeline.advisor.errors import AdvisorError, require_positive
     from ridgeline.advisor.hardware import lookup_hardware
     from ridgeline.advisor.model_config import resolve_spec
     from ridgeline.advisor.scenario import SpecDecode, build
@@ -82,8 +83,10 @@ def scenario_from_args(args):
         hw = local_hardware(refresh=args.reprofile)
     else:
         hw = lookup_hardware(args.hardware)
-    if args.draft_len < 1 or not 0 <= args.alpha < 1 or args.draft_cost < 0:
-        raise AdvisorError("speculative settings: need --draft-len >= 1, 0 <= --alpha < 1, --draft-cost >= 0")
+    require_positive("--ttft-slo-ms", args.ttft_slo_ms)
+    require_positive("--tpot-slo-ms", args.tpot_slo_ms)
+    if args.draft_len < 1 or not 0 <= args.alpha < 1 or not 0 <= args.draft_cost < math.inf:
+        raise AdvisorError("speculative settings: need --draft-len >= 1, 0 <= --alpha < 1, finite --draft-cost >= 0")
     w = Workload(prompt_len=args.prompt_len, output_len=args.output_len, concurrency=args.concurrency,
                  rate=args.rate, prefix_share=args.prefix_share, ttft_slo=args.ttft_slo_ms / 1e3,
                  tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=args.weights, kv_precision=args.kv)
@@ -107,7 +110,7 @@ def run(args) -> int:
         from ridgeline.advisor.plot import plot_roofline
         plot_roofline(s, args.plot)
     if args.json:
-        print(json.dumps(as_json(s, sections, wall, techniques), indent=1, default=str))
+        print(json.dumps(as_json(s, sections, wall, techniques), indent=1, default=str, allow_nan=False))
     else:
         print(render(sections, wall, techniques))
         if args.plot:
