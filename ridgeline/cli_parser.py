@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 
 
 class DefaultsHelpMixin:
@@ -41,3 +42,47 @@ def with_defaults(formatter: type) -> type:
 class RidgelineParser(argparse.ArgumentParser):
     def __init__(self, *args, formatter_class: type = argparse.HelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=with_defaults(formatter_class), **kwargs)
+
+
+# Argument types: a bad value is a usage error before anything loads ("argument --repeats: ...").
+
+def _number(kind: type, text: str, low: float, what: str, allow_inf: bool = False):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value < low or (value == float("inf") and not allow_inf):  # nan fails value == value
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(int, text, 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text, 0, "a positive number")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def positive_float_or_inf(text: str) -> float:
+    value = _number(float, text, 0, "a positive number or inf", allow_inf=True)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number or inf, got {text!r}")
+    return value
+
+
+def output_file(text: str) -> str:
+    """A file the command will write at its end: its folder must exist now, not after an hour of benchmark."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
+    return text

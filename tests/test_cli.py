@@ -90,6 +90,35 @@ def test_bad_flag_value_is_a_usage_error(capsys):
     assert err.strip().splitlines()[-1] == "ridgeline generate: error: argument --max-tokens: invalid int value: 'many'"
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "decode", "--repeats", "0"], "argument --repeats: expected a positive integer, got '0'"),
+    (["bench", "decode", "--output-len", "-1"], "argument --output-len: expected a positive integer, got '-1'"),
+    (["bench", "throughput", "--num-requests", "0"], "argument --num-requests: expected a positive integer"),
+    (["bench", "throughput", "--hf-batch", "-1"], "argument --hf-batch: expected an integer >= 0, got '-1'"),
+    (["bench", "throughput", "--json", "/nonexistent-dir/t.json"], "folder /nonexistent-dir does not exist"),
+    (["bench", "serve", "--request-rate", "nan"], "argument --request-rate: expected a positive number or inf"),
+    (["bench", "serve", "--concurrency", "0"], "argument --concurrency: expected a positive integer"),
+    (["advise", "--plot", "/nonexistent-dir/r.png"], "argument --plot: folder /nonexistent-dir does not exist"),
+    (["cache-report", "log.jsonl", "--json", "/nonexistent-dir/r.json"], "folder /nonexistent-dir does not exist"),
+])
+def test_bad_flag_values_fail_before_anything_loads(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "throughput", "--min-prompt", "300", "--max-prompt", "100"], "--min-prompt 300 is over --max-prompt"),
+    (["bench", "serve", "--min-prompt", "300", "--max-prompt", "100"], "--min-prompt 300 is over --max-prompt"),
+    (["bench", "decode", "--prompt-len", "3", "--baseline", "none"], "cannot hold the chat template"),
+])
+def test_impossible_workloads_are_one_error_line(tiny_llama, capsys, argv, message):
+    assert main([*argv, "--model", str(tiny_llama), "--kv-cache-memory", "16MiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: ") and message in err and "Traceback" not in err
+
+
 # The reader closes the pipe before the command writes a byte: the child waits for stdin's EOF, which the
 # test sends only after closing its end of stdout, so the write always meets a closed pipe.
 WAIT_THEN_RUN = "import sys; sys.stdin.read(); from ridgeline.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -5,6 +5,8 @@ import argparse
 import json
 import math
 
+from ridgeline.cli_parser import output_file, positive_int
+
 DESCRIPTION = """Diagnose the binding wall (capacity, bandwidth, compute, network, SLO contention) of a model on
 hardware under a workload, and rank the techniques that pay off, with the arithmetic shown.
   ridgeline advise --model Llama-3.1-70B --hardware H100 --prompt-len 2000 --concurrency 64
@@ -48,7 +50,8 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
     add(t, "--chunk", 512, "chunked-prefill tokens per step", type=int, metavar="N")
     o = p.add_argument_group("output")
     add(o, "--json", False, "print JSON instead of text", action="store_true")
-    add(o, "--plot", None, "draw the roofline with the workload's points to PNG (default: none)", metavar="PNG")
+    add(o, "--plot", None, "draw the roofline with the workload's points to PNG (default: none)", metavar="PNG",
+        type=output_file)
 
 
 def register(subparsers) -> None:
@@ -60,8 +63,8 @@ def register(subparsers) -> None:
     v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="engine dtype")
     v.add_argument("--kv-cache-memory", default="1GiB", metavar="SIZE", help="engine KV cache size")
     v.add_argument("--batches", default="1,4,16,32,64", metavar="B,B,...", help="decode batch sizes to sweep")
-    v.add_argument("--steps", type=int, default=8, metavar="N", help="timed decode steps per batch size")
-    v.add_argument("--threads", type=int, default=None, metavar="N",
+    v.add_argument("--steps", type=positive_int, default=8, metavar="N", help="timed decode steps per batch size")
+    v.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch threads for the profile and the engine (default: torch's own)")
     v.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time (needs --threads 1)")
     sub = p.add_subparsers(dest="advise_command", metavar="{" + ",".join(SUBCOMMANDS) + "}")

@@ -18,6 +18,7 @@ from ridgeline.bench import hf_baseline
 from ridgeline.bench.report import write_json
 from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.bench.workloads import chat_workload
+from ridgeline.cli_parser import output_file, positive_int
 
 
 def weight_bytes_per_token(arch, dtype) -> int:
@@ -125,12 +126,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def add_decode_parser(bsub) -> argparse.ArgumentParser:
     p = bsub.add_parser("decode", help="batch-1 decode tok/s and weight bandwidth, vs HF transformers",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompt-len", type=int, default=100, metavar="N", help="about this many prompt tokens")
-    p.add_argument("--output-len", type=int, default=128, metavar="N", help="decode tokens timed")
-    p.add_argument("--repeats", type=int, default=3, metavar="N", help="timed runs per side; the best is reported")
+    p.add_argument("--prompt-len", type=positive_int, default=100, metavar="N",
+                   help="about this many prompt tokens")
+    p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="decode tokens timed")
+    p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
+                   help="timed runs per side; the best is reported")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed that picks the prompt")
     p.add_argument("--baseline", default="hf", choices=["hf", "none"],
                    help="hf: HF transformers on the same model, dtype and prompt (needs transformers)")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the results to FILE (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the results to FILE (default: none)")
     p.set_defaults(func=cmd_decode)
     return p

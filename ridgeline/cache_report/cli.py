@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ridgeline.cli_parser import output_file
 from ridgeline.config import CacheConfig
 
 DESCRIPTION = """Reads request bodies as `ridgeline serve --log-requests FILE` writes them (or any OpenAI-style chat
@@ -25,7 +26,8 @@ def register(subparsers) -> None:
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests holding KV blocks at once in the simulation")
     p.add_argument("--top", type=int, default=5, help="prefix groups to analyse for divergence")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the report to FILE (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the report to FILE (default: none)")
     p.set_defaults(func=cmd_cache_report)
 
 
