@@ -83,6 +83,8 @@ def test_plot(capsys, tmp_path):
     (["--tpot-slo-ms", "-1"], "--tpot-slo-ms must be a positive finite number"),
     (["--draft-cost", "nan"], "finite --draft-cost"),
     (["--draft-cost", "inf"], "finite --draft-cost"),
+    (["--validate", "--batches", "1,x,4"], "--batches needs at least three positive batch sizes"),
+    (["--validate", "--kv-cache-memory", "zz"], "cannot parse a size"),  # before the machine is profiled
 ])
 def test_bad_input_is_a_message_and_exit_2(capsys, argv, message):
     rc, out, err = run(capsys, *argv)
