@@ -1,27 +1,36 @@
-"""ridgeline serve | generate | chat | bench | cache-report | pull"""
+"""ridgeline serve | generate | chat | bench | advise | cache-report | pull"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from ridgeline import __version__
+from ridgeline.cli_parser import RidgelineParser
 from ridgeline.errors import RidgelineError
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, so pipefail scripts see the same
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m",
-                   help="HF folder, .gguf file, hub id, or built-in alias (default: smollm2-135m)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--device", default="auto")
-    g.add_argument("--kv-cache-memory", default=None, help="KV cache size, e.g. 2GiB (default: 25%% of free "
-                                                           "memory, at most 4 GiB)")
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--model", default="smollm2-135m", help="HF folder, .gguf file, hub id, or built-in alias")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute dtype; auto: bfloat16 where the device multiplies it natively, else float32")
+    g.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="longest prompt + output in tokens (default: the model's maximum context)")
+    g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: cuda when available, else cpu")
+    g.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                   help="KV cache size, e.g. 2GiB (default: 25%% of free memory, at most 4 GiB)")
+    g.add_argument("--block-size", type=int, default=16, metavar="N",
+                   help="tokens per KV cache block, a power of two")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of identical prompt prefixes across requests")
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N",
+                   help="tokens one engine step computes, prefill chunks and decodes together")
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
+    g.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="engine random seed, used by requests without their own")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -32,11 +41,15 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--sampling-seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="most tokens generated per reply")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 is greedy: the same reply every time")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample from the most likely tokens whose probabilities add up to this; 1 keeps all")
+    g.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sample from the k most likely tokens; 0 keeps all")
+    g.add_argument("--sampling-seed", type=int, default=None, metavar="N",
+                   help="makes sampling at temperature > 0 repeatable (default: none, a new draw each run)")
 
 
 def sampling_params(args: argparse.Namespace):
@@ -53,19 +66,29 @@ def make_llm(args: argparse.Namespace):
 
 
 def cmd_generate(args):
+    from ridgeline.entrypoints.stream import stream_replies
+    params = sampling_params(args)  # before loading: a bad value fails in a second, not after the load
     llm = make_llm(args)
-    params = sampling_params(args)
-    if args.raw:
-        outs = llm.generate(args.prompt, params, use_tqdm=False)
-    else:
-        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False)
-    for out in outs:
-        print(out.outputs[0].text)
+    engine, tok = llm.engine, llm.tokenizer
+    ids = []
+    try:
+        for i, prompt in enumerate(args.prompt):
+            ids.append(f"generate-{i}")
+            if args.raw:
+                engine.add_request(ids[-1], prompt, params)
+            else:
+                engine.add_request(ids[-1], tok.encode_chat([{"role": "user", "content": prompt}]), params, prompt)
+    except RidgelineError:
+        for rid in ids:
+            engine.abort_request(rid)
+        raise
+    stream_replies(engine, ids)
 
 
 def cmd_chat(args):
     from ridgeline.entrypoints.chat import interactive_chat
-    interactive_chat(make_llm(args), sampling_params(args), system=args.system)
+    params = sampling_params(args)
+    interactive_chat(make_llm(args), params, system=args.system)
 
 
 def cmd_pull(args):
@@ -76,37 +99,59 @@ def cmd_pull(args):
     print(f"converted: {ensure_converted(path)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ridgeline", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = RidgelineParser(prog="ridgeline", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("generate", help="generate a reply to each prompt (chat template applied)")
-    p.add_argument("prompt", nargs="+")
+    p = sub.add_parser("generate", help="generate a reply to each prompt, streamed (chat template applied)")
+    p.add_argument("prompt", nargs="+", help="one or more prompts, each answered in turn (all run as one batch)")
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     add_engine_args(p)
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("chat", help="interactive streaming chat")
-    p.add_argument("--system", default=None)
+    p = sub.add_parser("chat", help="interactive streaming chat (/help inside lists its commands)")
+    p.add_argument("--system", default=None,
+                   help="system message that opens the conversation (default: the chat template's own, if any)")
     add_engine_args(p)
     add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("pull", help="fetch a built-in model alias into the model cache")
-    p.add_argument("alias", nargs="?", default="smollm2-135m")
+    p.add_argument("alias", nargs="?", default="smollm2-135m", help="built-in model alias")
     p.set_defaults(func=cmd_pull)
 
     for register in _plugins():
         register(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        return args.func(args) or 0
+        args = build_parser().parse_args(argv)
+        rc = args.func(args) or 0
+        sys.stdout.flush()  # a reader that went away shows up here, not in the interpreter's exit
+        return rc
     except RidgelineError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ridgeline ... | head`: the reader has all it wanted
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush of what is left does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # stdout is not a file (captured in tests)
+        pass
 
 
 def _plugins():

@@ -77,6 +77,14 @@ def test_plot(capsys, tmp_path):
     (["--prefix-share", "1.5"], "prefix share"),
     (["--model", "SmolLM2-135M", "--prompt-len", "9000"], "maximum context"),
     (["spec", "--alpha", "1.2"], "alpha"),
+    (["--rate", "inf"], "rate must be a positive finite number"),
+    (["--rate", "nan"], "rate must be a positive finite number"),
+    (["--ttft-slo-ms", "nan"], "--ttft-slo-ms must be a positive finite number"),
+    (["--tpot-slo-ms", "-1"], "--tpot-slo-ms must be a positive finite number"),
+    (["--draft-cost", "nan"], "finite --draft-cost"),
+    (["--draft-cost", "inf"], "finite --draft-cost"),
+    (["--validate", "--batches", "1,x,4"], "--batches needs at least three positive batch sizes"),
+    (["--validate", "--kv-cache-memory", "zz"], "cannot parse a size"),  # before the machine is profiled
 ])
 def test_bad_input_is_a_message_and_exit_2(capsys, argv, message):
     rc, out, err = run(capsys, *argv)
@@ -132,3 +140,72 @@ def test_validate_prefix_gain_serves_the_shared_blocks_from_the_cache(tiny_llama
     assert cold > 0 and warm > 0
     llm.engine.kv.check_integrity()  # raises on a leaked or inconsistent block
     assert not llm.engine.requests  # every request it added was aborted
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{name} in --json output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_too_few_gpus_says_it_does_not_fit_with_the_arithmetic_and_what_would(capsys):
+    rc, out, _ = run(capsys, "--model", "Llama-3.1-70B", "--hardware", "L4", "--gpus", "1")
+    assert rc == 0 and "fits on one device" not in out
+    assert ("does not fit on 1 x L4: weights (bf16) 141 GB + KV for 16 requests 6.71 GB = 148 GB > "
+            "1 x 21.6 GB usable = 21.6 GB; 7 devices hold it (--gpus 7), or 4 at --weights fp8, "
+            "or 2 at --weights int4") in out
+    assert "Binding wall: CAPACITY" in out
+    for argv in (["--gpus", "7"], ["--gpus", "4", "--weights", "fp8"], ["--gpus", "2", "--weights", "int4"]):
+        rc, out, _ = run(capsys, "--model", "Llama-3.1-70B", "--hardware", "L4", *argv, "--json")
+        data = _strict_json(out)
+        assert rc == 0 and "does not fit" not in data["layout"]["reason"], argv
+        assert data["layout"]["devices"] >= data["sections"]["parallelism"]["values"]["needed"]["value"]
+        assert data["wall"]["name"] != "capacity"
+
+
+EXTREMES = [
+    ["--model", "Llama-3.1-70B", "--hardware", "L4", "--gpus", "1"],
+    ["--model", "Llama-3.1-70B", "--hardware", "L4", "--gpus", "3"],
+    ["--model", "Llama-3.1-405B", "--hardware", "H100", "--gpus", "8"],
+    ["--model", "Mixtral-8x7B", "--hardware", "L4", "--gpus", "3"],
+    ["--model", "Llama-3.1-8B", "--hardware", "L4", "--concurrency", "2000", "--gpus", "1"],
+    ["--model", "Llama-3.1-8B", "--hardware", "H100", "--gpus", "64"],
+    ["--model", "Llama-3.1-8B", "--hardware", "H100", "--rate", "1000000"],
+    ["--model", "Llama-3.1-8B", "--hardware", "H100", "--prompt-len", "130000", "--output-len", "1000"],
+    ["--model", "Llama-3.1-8B", "--hardware", "H100", "--prefix-share", "0.999999", "--draft-cost", "0"],
+    ["--model", "SmolLM2-135M", "--hardware", "Ryzen-7950X", "--alpha", "0"],
+]
+
+
+@pytest.mark.parametrize("sub", [[], ["kv"], ["gpus"], ["spec"], ["disagg"]])
+@pytest.mark.parametrize("argv", EXTREMES)
+def test_extreme_inputs_never_print_inf_nan_or_a_false_fit(capsys, argv, sub):
+    import re
+    rc, out, err = run(capsys, *sub, *argv)
+    assert rc == 0, err
+    assert not re.search(r"\b(inf|nan)x?\b|infx|nanx", out, re.IGNORECASE), out
+    _strict_json(run(capsys, *sub, *argv, "--json")[1])
+
+
+@pytest.mark.parametrize("argv", EXTREMES)
+def test_the_layout_says_whether_it_fits(capsys, argv):
+    data = _strict_json(run(capsys, "gpus", *argv, "--json")[1])
+    layout, needed = data["layout"], data["sections"]["parallelism"]["values"]["needed"]["value"]
+    assert ("does not fit" in layout["reason"]) == (layout["devices"] < needed), layout
+    assert "fits on one device" not in layout["reason"] or needed == 1
+    assert layout["pp"] <= data["model"]["layers"]  # a pipeline stage holds at least one layer
+
+
+def test_no_link_means_no_disaggregation(capsys):
+    rc, out, _ = run(capsys, "--model", "SmolLM2-135M", "--hardware", "Ryzen-7950X")
+    line = next(x for x in out.splitlines() if "disaggregation:" in x)
+    assert line.endswith("TRAP HERE") and "has no link between devices to move it over" in out
+
+
+def test_ratios_over_zero_have_no_multiplier():
+    from ridgeline.advisor.units import finite_or_none, fmt_ratio, fmt_time, fmt_value
+    assert fmt_ratio(1.234) == "1.23x"
+    assert fmt_ratio(float("inf")) == "unbounded (from zero)" and fmt_ratio(float("nan")) == "n/a"
+    assert fmt_value(float("inf"), "sequences") == "unbounded" and fmt_time(float("inf")) == "never"
+    assert fmt_value(1, "devices") == "1 device" and fmt_value(2, "devices") == "2 devices"
+    assert finite_or_none({"a": [1.0, float("inf")], "b": float("nan")}) == {"a": [1.0, None], "b": None}

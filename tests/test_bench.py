@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -129,3 +130,25 @@ def test_bench_decode_reports_consistent_numbers(tiny_llama, tmp_path, capsys):
     untied_embedding = 384 * 64  # the tiny llama's input embedding: a lookup, not a full read
     assert r["engine"]["weight_bytes_per_token"] == (r["engine"]["num_params"] - untied_embedding) * 4
     assert math.isclose(r["ratio"], r["ridgeline"]["decode_tok_per_s"] / r["hf"]["decode_tok_per_s"])
+
+
+@pytest.mark.parametrize("bench", [
+    ["decode", "--prompt-len", "60", "--output-len", "4", "--repeats", "1"],
+    ["throughput", "--num-requests", "2", "--min-prompt", "60", "--max-prompt", "90", "--output-len", "4",
+     "--hf-requests", "1", "--hf-batch", "2", "--no-progress"],
+])
+def test_bench_without_transformers_reports_ridgeline_then_how_to_get_the_baseline(tiny_llama, tmp_path, capsys,
+                                                                                  monkeypatch, bench):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    out = tmp_path / "b.json"
+    assert main(["bench", *bench, "--model", str(tiny_llama), *ENGINE, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert any(line.startswith("Ridgeline ") for line in lines)  # its row of the table
+    assert not any(line.startswith(("HF", "Ridgeline / HF")) for line in lines)
+    last = text.strip().splitlines()[-2]  # before the wall time
+    assert last.startswith("no HF baseline") and "pip install transformers" in last
+    r = _load(out)
+    assert r["baseline_skipped"] and r["machine"]["transformers"] is None
+    rows = r.get("results") or [r["ridgeline"]]
+    assert len(rows) == 1 and (rows[0].get("output_tokens") or rows[0]["decode_tokens"]) > 0

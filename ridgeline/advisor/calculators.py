@@ -10,7 +10,7 @@ from ridgeline.advisor.report import model_section, parallel_section
 from ridgeline.advisor.roofline import decode_step, verify_step
 from ridgeline.advisor.scenario import Scenario
 from ridgeline.advisor.techniques import chunked_prefill, disaggregation
-from ridgeline.advisor.units import fmt_bytes, fmt_time
+from ridgeline.advisor.units import fmt_bytes, fmt_ratio, fmt_time
 from ridgeline.advisor.workload import Workload
 
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -65,7 +65,7 @@ def spec(s: Scenario):
         t, tv = decode_step(s.pl, b, ctx).total, verify_step(s.pl, b, ctx, k).total
         kb, gb = sp.best_k(s.pl, b, ctx, a, c)
         sec.note(f"batch {b:>3}: step {fmt_time(t):>9}, verify {k + 1} tokens/seq {fmt_time(tv):>9}, gain "
-                 f"{sp.gain(s.pl, b, ctx, a, k, c):.2f}x; best k {kb} -> {gb:.2f}x")
+                 f"{fmt_ratio(sp.gain(s.pl, b, ctx, a, k, c))}; best k {kb} -> {fmt_ratio(gb)}")
     return [sec], None, None
 
 
@@ -78,7 +78,7 @@ def disagg(s: Scenario):
             f"{fmt_time(sv.step_s)} + {s.concurrency:g} * {fmt_time(sv.prefill_s)} / {w.output_len}",
             sv.tpot_contended, "s")
     d, ch = disaggregation(s), chunked_prefill(s)
-    verdict = ("justified" if not d.trap_here else "not justified") + f": {d.gain:.2f}x TPOT"
+    verdict = ("justified" if not d.trap_here else "not justified") + f": {fmt_ratio(d.gain)} TPOT"
     if d.trap_here:
         verdict += "; try chunked prefill first" if not ch.trap_here else ""
     sec.note(f"verdict: {verdict} (TPOT SLO {fmt_time(w.tpot_slo)})")

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+
+from ridgeline.cli_parser import output_file, positive_int
 
 DESCRIPTION = """Diagnose the binding wall (capacity, bandwidth, compute, network, SLO contention) of a model on
 hardware under a workload, and rank the techniques that pay off, with the arithmetic shown.
@@ -19,31 +22,36 @@ SUBCOMMANDS = {
 
 
 def _common(p: argparse.ArgumentParser, sub: bool) -> None:
-    d = (lambda v: argparse.SUPPRESS) if sub else (lambda v: v)  # a subcommand keeps values given before it
+    def add(group, flag: str, default, text: str, **kw) -> None:
+        if sub:  # a subcommand keeps the values given before it: its own defaults are only shown
+            shown = "" if default is None or kw.get("action") == "store_true" else f" (default: {default})"
+            text, default = text + shown, argparse.SUPPRESS
+        group.add_argument(flag, default=default, help=text, **kw)
+
     g = p.add_argument_group("model and hardware")
-    g.add_argument("--model", default=d("smollm2-135m"),
-                   help="config.json path, shipped name (e.g. Llama-3.1-70B), or a model Ridgeline loads")
-    g.add_argument("--hardware", default=d("H100-SXM"), help="table name (e.g. H100, MI300X, L4) or 'local'")
-    g.add_argument("--gpus", type=int, default=d(None), help="devices to use (default: the fewest that fit)")
-    g.add_argument("--weights", default=d("bf16"), help="weight precision: fp32 bf16 fp16 fp8 int8 int4 fp4")
-    g.add_argument("--kv", default=d("bf16"), help="KV cache precision")
-    g.add_argument("--reprofile", action="store_true", default=d(False), help="re-measure --hardware local")
+    add(g, "--model", "smollm2-135m", "config.json path, shipped name (e.g. Llama-3.1-70B), or a model Ridgeline loads")
+    add(g, "--hardware", "H100-SXM", "table name (e.g. H100, MI300X, L4) or 'local'")
+    add(g, "--gpus", None, "devices to use (default: the fewest that fit)", type=int, metavar="N")
+    add(g, "--weights", "bf16", "weight precision: fp32 bf16 fp16 fp8 int8 int4 fp4")
+    add(g, "--kv", "bf16", "KV cache precision")
+    add(g, "--reprofile", False, "re-measure --hardware local", action="store_true")
     w = p.add_argument_group("workload")
-    w.add_argument("--prompt-len", type=int, default=d(1024))
-    w.add_argument("--output-len", type=int, default=d(256))
-    w.add_argument("--concurrency", type=int, default=d(16), help="requests decoding at once")
-    w.add_argument("--rate", type=float, default=d(None), help="requests/s (overrides --concurrency)")
-    w.add_argument("--prefix-share", type=float, default=d(0.0), help="f: shared fraction of each prompt")
-    w.add_argument("--ttft-slo-ms", type=float, default=d(1000.0))
-    w.add_argument("--tpot-slo-ms", type=float, default=d(50.0))
+    add(w, "--prompt-len", 1024, "prompt tokens per request", type=int, metavar="N")
+    add(w, "--output-len", 256, "output tokens per request", type=int, metavar="N")
+    add(w, "--concurrency", 16, "requests decoding at once", type=int, metavar="N")
+    add(w, "--rate", None, "requests/s, overrides --concurrency (default: none)", type=float)
+    add(w, "--prefix-share", 0.0, "f: shared fraction of each prompt", type=float, metavar="F")
+    add(w, "--ttft-slo-ms", 1000.0, "time-to-first-token target in ms", type=float, metavar="MS")
+    add(w, "--tpot-slo-ms", 50.0, "time-per-output-token target in ms", type=float, metavar="MS")
     t = p.add_argument_group("techniques")
-    t.add_argument("--alpha", type=float, default=d(0.7), help="speculative acceptance rate per token")
-    t.add_argument("--draft-len", type=int, default=d(4), help="speculative draft tokens k")
-    t.add_argument("--draft-cost", type=float, default=d(0.05), help="draft step time / target step time")
-    t.add_argument("--chunk", type=int, default=d(512), help="chunked-prefill tokens per step")
+    add(t, "--alpha", 0.7, "speculative acceptance rate per token", type=float)
+    add(t, "--draft-len", 4, "speculative draft tokens k", type=int, metavar="K")
+    add(t, "--draft-cost", 0.05, "draft step time / target step time", type=float, metavar="C")
+    add(t, "--chunk", 512, "chunked-prefill tokens per step", type=int, metavar="N")
     o = p.add_argument_group("output")
-    o.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of text")
-    o.add_argument("--plot", default=d(None), metavar="PNG", help="draw the roofline with the workload's points")
+    add(o, "--json", False, "print JSON instead of text", action="store_true")
+    add(o, "--plot", None, "draw the roofline with the workload's points to PNG (default: none)", metavar="PNG",
+        type=output_file)
 
 
 def register(subparsers) -> None:
@@ -52,11 +60,12 @@ def register(subparsers) -> None:
     _common(p, sub=False)
     v = p.add_argument_group("validation (runs the engine on this machine)")
     v.add_argument("--validate", action="store_true", help="predicted vs measured with the default model")
-    v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    v.add_argument("--kv-cache-memory", default="1GiB")
-    v.add_argument("--batches", default="1,4,16,32,64", help="decode batch sizes to sweep")
-    v.add_argument("--steps", type=int, default=8, help="timed decode steps per batch size")
-    v.add_argument("--threads", type=int, default=None, help="torch threads for the profile and the engine")
+    v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="engine dtype")
+    v.add_argument("--kv-cache-memory", default="1GiB", metavar="SIZE", help="engine KV cache size")
+    v.add_argument("--batches", default="1,4,16,32,64", metavar="B,B,...", help="decode batch sizes to sweep")
+    v.add_argument("--steps", type=positive_int, default=8, metavar="N", help="timed decode steps per batch size")
+    v.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch threads for the profile and the engine (default: torch's own)")
     v.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time (needs --threads 1)")
     sub = p.add_subparsers(dest="advise_command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, help_ in SUBCOMMANDS.items():
@@ -65,7 +74,7 @@ def register(subparsers) -> None:
 
 
 def scenario_from_args(args):
-    from ridgeline.advisor.errors import AdvisorError
+    from ridgeline.advisor.errors import AdvisorError, require_positive
     from ridgeline.advisor.hardware import lookup_hardware
     from ridgeline.advisor.model_config import resolve_spec
     from ridgeline.advisor.scenario import SpecDecode, build
@@ -77,8 +86,10 @@ def scenario_from_args(args):
         hw = local_hardware(refresh=args.reprofile)
     else:
         hw = lookup_hardware(args.hardware)
-    if args.draft_len < 1 or not 0 <= args.alpha < 1 or args.draft_cost < 0:
-        raise AdvisorError("speculative settings: need --draft-len >= 1, 0 <= --alpha < 1, --draft-cost >= 0")
+    require_positive("--ttft-slo-ms", args.ttft_slo_ms)
+    require_positive("--tpot-slo-ms", args.tpot_slo_ms)
+    if args.draft_len < 1 or not 0 <= args.alpha < 1 or not 0 <= args.draft_cost < math.inf:
+        raise AdvisorError("speculative settings: need --draft-len >= 1, 0 <= --alpha < 1, finite --draft-cost >= 0")
     w = Workload(prompt_len=args.prompt_len, output_len=args.output_len, concurrency=args.concurrency,
                  rate=args.rate, prefix_share=args.prefix_share, ttft_slo=args.ttft_slo_ms / 1e3,
                  tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=args.weights, kv_precision=args.kv)
@@ -102,7 +113,7 @@ def run(args) -> int:
         from ridgeline.advisor.plot import plot_roofline
         plot_roofline(s, args.plot)
     if args.json:
-        print(json.dumps(as_json(s, sections, wall, techniques), indent=1, default=str))
+        print(json.dumps(as_json(s, sections, wall, techniques), indent=1, default=str, allow_nan=False))
     else:
         print(render(sections, wall, techniques))
         if args.plot:

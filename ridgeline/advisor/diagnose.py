@@ -33,9 +33,13 @@ def diagnose(s: Scenario) -> Wall:
     if not s.fits:
         return wall("capacity", f"weights + KV for {C:g} requests need {s.needed} x {s.hw.name}; the deployment has "
                                 f"{s.layout.devices}")
-    if C > s.max_conc + 1e-9 or sv.overloaded:
+    if sv.overloaded:
+        return wall("capacity", f"at {w.rate:g} requests/s the traffic needs more requests in flight than the "
+                                f"{s.max_conc:.0f} the KV room holds at context {w.context}: the rate cannot be "
+                                "sustained")
+    if C > s.max_conc + 1e-9:
         return wall("capacity", f"the KV room holds {s.max_conc:.0f} requests at context {w.context}, the traffic "
-                                f"needs {C:g}" + (" (the request rate cannot be sustained)" if sv.overloaded else ""))
+                                f"needs {C:g}")
     busy = max(dstep.memory, dstep.compute)
     if dstep.network > TP_NETWORK_LIMIT * busy:
         return wall("network", f"collectives take {fmt_time(dstep.network)} of each {fmt_time(dstep.total)} decode "

@@ -1,6 +1,8 @@
 """Bad advisor input (unknown names, missing config fields, impossible sizes): exit code 2, no traceback."""
 from __future__ import annotations
 
+import math
+
 from ridgeline.errors import InvalidRequestError
 
 
@@ -9,6 +11,6 @@ class AdvisorError(InvalidRequestError):
 
 
 def require_positive(name: str, value: float) -> float:
-    if value is None or value <= 0:
-        raise AdvisorError(f"{name} must be positive, got {value}", name)
+    if value is None or not 0 < value < math.inf:  # nan fails both comparisons
+        raise AdvisorError(f"{name} must be a positive finite number, got {value}", name)
     return value

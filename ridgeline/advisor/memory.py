@@ -65,6 +65,8 @@ def memory_section(spec: ModelSpec, hw: HardwareSpec, w: Workload, devices: int,
     usable = hw.usable_memory
     free = s.add("kv_capacity", "KV capacity", f"devices * memory * (1 - {MEMORY_RESERVE:g}) - weights",
                  f"{devices} * {fmt_bytes(usable)} - {fmt_bytes(wb)}", devices * usable - wb, "B")
+    if free < 0:
+        s.note(f"the weights need {fmt_bytes(-free)} more than {devices} x {fmt_bytes(usable)} usable: no KV fits")
     s.add("kv_capacity_tokens", "KV capacity in tokens", "KV capacity / KV per token",
           f"{fmt_bytes(max(free, 0))} / {fmt_num(kvb)}", max(free, 0) / kvb, "tokens")
     s.add("max_concurrency", f"max concurrency at context {w.context}",

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.hardware import INTER_NODE_BW, HardwareSpec
-from ridgeline.advisor.memory import kv_needed, min_devices, weight_bytes
+from ridgeline.advisor.memory import kv_needed, max_concurrency, min_devices, weight_bytes
 from ridgeline.advisor.model_spec import ModelSpec
 from ridgeline.advisor.roofline import Platform, decode_step
-from ridgeline.advisor.units import fmt_bytes, fmt_time
+from ridgeline.advisor.units import BYTES, fmt_bytes, fmt_time
 from ridgeline.advisor.workload import Workload
 
 TP_NETWORK_LIMIT = 0.25  # TP is a trap when its collectives add more than this fraction to a decode step
@@ -77,7 +77,7 @@ def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, c
     tp_pl = Platform(spec, hw, w.weight_precision, w.kv_precision, tp=tp)
     t = decode_step(tp_pl, concurrency, w.mean_decode_context)
     busy = max(t.memory, t.compute)
-    if tp > 1 and t.network > TP_NETWORK_LIMIT * busy:
+    if tp > 1 and t.network > TP_NETWORK_LIMIT * busy and needed <= spec.num_layers:  # a stage holds >= 1 layer
         return Layout(1, needed, False, (
             f"pipeline parallel: TP{tp} over {hw.link} would spend {fmt_time(t.network)} per decode step in "
             f"all-reduces (2 per layer) against {fmt_time(busy)} of memory/compute time; PP{needed} passes "
@@ -90,3 +90,20 @@ def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, c
         reason += (f"; PP{pp} across nodes, because between nodes ({fmt_bytes(INTER_NODE_BW)}/s) only "
                    "activations should cross, once per stage")
     return Layout(tp, pp, False, reason)
+
+
+def does_not_fit(spec: ModelSpec, hw: HardwareSpec, w: Workload, layout: Layout, needed: int,
+                 concurrency: float) -> str:
+    """The layout's reason when it has fewer devices than capacity needs: the arithmetic, then what would fit."""
+    n, usable = layout.devices, hw.usable_memory
+    wb, kv = weight_bytes(spec, w.weight_precision), kv_needed(spec, w, concurrency)
+    text = (f"does not fit on {n} x {hw.name}: weights ({w.weight_precision}) {fmt_bytes(wb)} + KV for "
+            f"{concurrency:g} requests {fmt_bytes(kv)} = {fmt_bytes(wb + kv)} > {n} x {fmt_bytes(usable)} usable "
+            f"= {fmt_bytes(n * usable)}; {needed} devices hold it (--gpus {needed})")
+    lower = [(p, min_devices(spec, hw, Workload(**{**w.summary(), "weight_precision": p}), concurrency))
+             for p in ("fp8", "int4") if BYTES[p] < BYTES[w.weight_precision]]
+    text += "".join(f", or {m} at --weights {p}" for p, m in lower if m < needed)
+    room = max_concurrency(spec, hw, w, n)
+    text += (f"; the weights alone exceed {n} device{'s' if n > 1 else ''}" if wb > n * usable else
+             f"; {n} device{'s hold' if n > 1 else ' holds'} {room:.0f} such requests at once")
+    return text + (f". Planned anyway as {layout.reason}" if n > 1 else "")

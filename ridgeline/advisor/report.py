@@ -7,7 +7,7 @@ from ridgeline.advisor.memory import memory_section
 from ridgeline.advisor.roofline import crossover_len, decode_step, kvb, prefill
 from ridgeline.advisor.scenario import Scenario
 from ridgeline.advisor.techniques import ranked
-from ridgeline.advisor.units import fmt_bytes, fmt_num, fmt_rate, fmt_time, nbytes
+from ridgeline.advisor.units import finite_or_none, fmt_bytes, fmt_num, fmt_rate, fmt_ratio, fmt_time, nbytes
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -62,6 +62,8 @@ def time_section(s: Scenario) -> Section:
     if denom <= 0:
         sec.note("at this context every extra sequence adds more KV bytes than FLOPs: decode never leaves the "
                  "bandwidth roof")
+    elif not s.ridge:
+        sec.note("no batch size up to 2^20 makes decode compute-bound here")
     for b in BATCHES:
         t = decode_step(pl, b, ctx)
         sec.note(f"decode batch {b:>3}: step {fmt_time(t.total):>9} ({t.bound}-bound, memory {fmt_time(t.memory)}, "
@@ -107,7 +109,7 @@ def render(sections: list[Section], wall: dict | None = None, techniques: list |
         lines = ["== Techniques, ranked by predicted gain (traps for this workload last) =="]
         for i, t in enumerate(techniques, 1):
             tag = "  TRAP HERE" if t["trap_here"] else ""
-            lines.append(f"  {i}. {t['name']}: {t['gain']:.2f}x {t['metric']}{tag}")
+            lines.append(f"  {i}. {t['name']}: {fmt_ratio(t['gain'])} {t['metric']}{tag}")
             lines.append(f"     {t['arithmetic']}")
             if t["advice"]:
                 lines.append(f"     suggestion: {t['advice']}")
@@ -117,7 +119,8 @@ def render(sections: list[Section], wall: dict | None = None, techniques: list |
 
 
 def as_json(s: Scenario, sections: list[Section], wall: dict | None, techniques: list | None) -> dict:
-    return {"model": s.spec.summary(), "hardware": s.hw.summary(), "workload": s.w.summary(),
-            "layout": {"tp": s.layout.tp, "pp": s.layout.pp, "ep": s.layout.ep, "devices": s.layout.devices,
-                       "reason": s.layout.reason},
-            "sections": {sec.key: sec.json() for sec in sections}, "wall": wall, "techniques": techniques}
+    return finite_or_none({
+        "model": s.spec.summary(), "hardware": s.hw.summary(), "workload": s.w.summary(),
+        "layout": {"tp": s.layout.tp, "pp": s.layout.pp, "ep": s.layout.ep, "devices": s.layout.devices,
+                   "reason": s.layout.reason},
+        "sections": {sec.key: sec.json() for sec in sections}, "wall": wall, "techniques": techniques})

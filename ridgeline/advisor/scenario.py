@@ -1,13 +1,13 @@
 """Everything the report needs, computed once: the deployment, its capacity, and the serving estimate."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.hardware import HardwareSpec
 from ridgeline.advisor.memory import max_concurrency, min_devices
 from ridgeline.advisor.model_spec import ModelSpec
-from ridgeline.advisor.parallel import Layout, check_fits, choose_layout
+from ridgeline.advisor.parallel import Layout, check_fits, choose_layout, does_not_fit
 from ridgeline.advisor.roofline import Platform, ridge_batch
 from ridgeline.advisor.serving import Serving, at_rate, estimate
 from ridgeline.advisor.workload import Workload
@@ -65,5 +65,10 @@ def build(spec: ModelSpec, hw: HardwareSpec, w: Workload, gpus: int | None = Non
         serving = estimate(pl, w, w.concurrency)
     else:
         serving = at_rate(pl, w, w.rate, max(cap, 1))
-        needed = max(needed, min_devices(spec, hw, w, serving.concurrency))
+        conc = serving.concurrency
+        needed = max(needed, min_devices(spec, hw, w, conc))
+    if layout.devices < needed:
+        layout = replace(layout, reason=does_not_fit(spec, hw, w, layout, needed, conc))
+    elif gpus is not None and layout.devices != gpus:
+        layout = replace(layout, reason=f"{layout.reason} (--gpus {gpus} asked; this layout uses {layout.devices})")
     return Scenario(spec, hw, w, layout, pl, needed, cap, serving, ridge_batch(pl, w.mean_decode_context), sd, chunk)

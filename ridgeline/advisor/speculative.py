@@ -9,6 +9,8 @@ collapses below 1.
 """
 from __future__ import annotations
 
+import math
+
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.roofline import Platform, decode_step, verify_step
 
@@ -27,8 +29,8 @@ def batch1_gain(alpha: float, k: int, c: float) -> float:
 
 
 def gain(pl: Platform, batch: float, context: float, alpha: float, k: int, c: float) -> float:
-    if c < 0:
-        raise AdvisorError(f"draft cost ratio c must be >= 0, got {c}", "draft_cost")
+    if not 0 <= c < math.inf:
+        raise AdvisorError(f"draft cost ratio c must be finite and >= 0, got {c}", "draft_cost")
     base = decode_step(pl, batch, context).total
     verify = verify_step(pl, batch, context, k).total
     return expected_tokens(alpha, k) * base / (verify + c * k * base)

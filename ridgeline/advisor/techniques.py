@@ -8,7 +8,7 @@ from ridgeline.advisor import speculative as sp
 from ridgeline.advisor.memory import max_concurrency
 from ridgeline.advisor.roofline import decode_step, kvb, network_time, prefill, step
 from ridgeline.advisor.scenario import Scenario
-from ridgeline.advisor.units import BYTES, fmt_bytes, fmt_time
+from ridgeline.advisor.units import BYTES, fmt_bytes, fmt_ratio, fmt_time
 from ridgeline.advisor.workload import Workload
 
 PREFILL_BUSY = 0.8  # target utilization of a prefill instance, so TTFT queueing stays bounded
@@ -59,7 +59,10 @@ def kv_quant(s: Scenario) -> Technique | None:
     t1, t2 = decode_step(s.pl, C, ctx), decode_step(s.pl.with_(kv=lower), C, ctx)
     w2 = Workload(**{**s.w.summary(), "kv_precision": lower})
     cap2 = max_concurrency(s.spec, s.hw, w2, s.layout.devices)
-    cap_gain = cap2 / s.max_conc if s.max_conc > 0 else float("inf")
+    if s.max_conc > 0:
+        cap_gain = cap2 / s.max_conc
+    else:  # no request fits now: from none to some has no finite ratio; from none to none is no gain
+        cap_gain = float("inf") if cap2 > 0 else 1.0
     bound = C > s.max_conc
     g = cap_gain if bound else t1.total / t2.total
     kv_share = C * ctx * kvb(s.pl) / t1.bytes
@@ -67,7 +70,8 @@ def kv_quant(s: Scenario) -> Technique | None:
         f"KV cache quantization {s.w.kv_precision} -> {lower}", g,
         "concurrency that fits" if bound else "decode step time",
         f"KV is {kv_share:.0%} of the bytes a decode step reads; step {fmt_time(t1.total)} -> {fmt_time(t2.total)}; "
-        f"KV room {s.max_conc:.0f} -> {cap2:.0f} requests at context {s.w.context}",
+        f"KV room {s.max_conc:.0f} -> {cap2:.0f} requests at context {s.w.context}"
+        + ("; the weights leave no memory for KV at any KV precision" if cap2 == 0 else ""),
         "short contexts, where the KV is a small share of the bytes read next to the weights; low-bit KV costs "
         "accuracy on long-range recall", g < 1.1)
 
@@ -82,11 +86,12 @@ def speculative(s: Scenario) -> Technique:
     return Technique(
         f"speculative decoding (alpha {a:g}, k {k}, draft cost {c:g})", g, "decode tokens/s per sequence",
         f"E = (1 - a^(k+1)) / (1 - a) = {E:.2f} tokens/pass; batch 1: E / (1 + c k) = "
-        f"{sp.batch1_gain(a, k, c):.2f}x; at batch {C:g}: E t(B) / (t_verify(B (k+1)) + c k t(B)) = {g:.2f}x; "
+        f"{fmt_ratio(sp.batch1_gain(a, k, c))}; at batch {C:g}: E t(B) / (t_verify(B (k+1)) + c k t(B)) = "
+        f"{fmt_ratio(g)}; "
         + (f"pays up to batch {be:.0f}" if be else "never pays here"),
         "batches near or past the ridge (verification then costs ~k+1 steps), low acceptance (unlike draft "
         "and target, high temperature)", g < 1.05,
-        f"best k at batch {C:g}: {kb} ({gb:.2f}x)")
+        f"best k at batch {C:g}: {kb} ({fmt_ratio(gb)})")
 
 
 def prefix_cache(s: Scenario) -> Technique:
@@ -145,7 +150,7 @@ def tensor_parallel(s: Scenario) -> Technique | None:
     return Technique(
         f"tensor parallelism TP{s.pl.tp} -> TP{tp2}", t1 / t2, "per-token latency (TPOT)",
         f"step {fmt_time(t1)} -> {fmt_time(t2)} incl. {fmt_time(net)} of all-reduces over {s.hw.link}; "
-        f"throughput per device x{t1 / t2 / 2:.2f}",
+        f"throughput per device {fmt_ratio(t1 / t2 / 2)}",
         "PCIe-only links, small models (all-reduce latency ~ the step), across nodes; doubles devices for < 2x",
         t1 / t2 < 1.2, "")
 
@@ -154,22 +159,27 @@ def disaggregation(s: Scenario) -> Technique:
     sv, w, C = s.serving, s.w, s.concurrency
     g = sv.tpot_contended / sv.tpot
     kv_req = w.prompt_len * kvb(s.pl)
-    xfer = kv_req / s.hw.link_bw if s.hw.link_bw else float("inf")
     rate = C / sv.request_s
     x = max(1, math.ceil(rate * sv.prefill_s / PREFILL_BUSY))
-    c_slo = _slo_concurrency(s)
-    y = max(1, math.ceil(C / max(1.0, min(c_slo, s.max_conc or 1.0))))
-    trap = g < 1.2 or rate * sv.prefill_s < 0.2 or xfer > sv.prefill_s
+    room = min(_slo_concurrency(s), s.max_conc)
+    y = max(1, math.ceil(C / max(1.0, room)))
+    if s.hw.link_bw:
+        xfer = kv_req / s.hw.link_bw
+        moved = f"KV moved per request {fmt_bytes(kv_req)} in {fmt_time(xfer)} over {s.hw.link}"
+    else:  # nothing to move the KV over: disaggregation cannot run here
+        xfer = math.inf
+        moved = f"KV per request {fmt_bytes(kv_req)}, but {s.hw.name} has no link between devices to move it over"
+    trap = g < 1.2 or rate * sv.prefill_s < 0.2 or xfer > sv.prefill_s or room < 1
+    advice = (f"{x}P{y}D: {x} prefill instance(s) at <= {PREFILL_BUSY:.0%} busy, {y} decode instance(s) holding "
+              f"<= {room:.0f} requests each (TPOT SLO and KV room), each instance {s.layout.describe()}"
+              if room >= 1 else f"a decode instance of {s.layout.describe()} holds no request: fix capacity first")
     return Technique(
         "prefill/decode disaggregation", g, "TPOT under load",
         f"decode no longer stalls for prefills: TPOT {fmt_time(sv.tpot_contended)} -> {fmt_time(sv.tpot)}; "
-        f"KV moved per request {fmt_bytes(kv_req)} in {fmt_time(xfer)} over {s.hw.link}; prefill load "
+        f"{moved}; prefill load "
         f"rate * t_prefill = {rate:.2f}/s * {fmt_time(sv.prefill_s)} = {rate * sv.prefill_s:.2f} instances",
         "low traffic (prefill instances idle), short prompts (little interference), slow links (KV transfer "
-        "costs more than it saves)", trap,
-        f"{x}P{y}D: {x} prefill instance(s) at <= {PREFILL_BUSY:.0%} busy, {y} decode instance(s) holding "
-        f"<= {min(c_slo, s.max_conc):.0f} requests each (TPOT SLO and KV room), each instance "
-        f"{s.layout.describe()}")
+        "costs more than it saves)", trap, advice)
 
 
 def _slo_concurrency(s: Scenario) -> float:

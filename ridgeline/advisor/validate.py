@@ -123,9 +123,15 @@ def run_validate(args) -> int:
     from ridgeline.advisor.local_profile import local_hardware
     from ridgeline.advisor.model_config import spec_from_arch
 
-    batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    from ridgeline.config import parse_bytes
+
+    try:
+        batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    except ValueError:
+        batches = []
     if not batches or batches[0] < 1 or len(batches) < 3:
         raise AdvisorError("--batches needs at least three positive batch sizes, e.g. 1,16,32,64", "batches")
+    parse_bytes(args.kv_cache_memory)  # a bad size fails now, not after the machine profile
     if args.cpu_time and args.threads != 1:
         raise AdvisorError("--cpu-time needs --threads 1 (the CPU time of several threads adds their waits up)")
     if args.threads:

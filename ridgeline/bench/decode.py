@@ -18,6 +18,7 @@ from ridgeline.bench import hf_baseline
 from ridgeline.bench.report import write_json
 from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.bench.workloads import chat_workload
+from ridgeline.cli_parser import output_file, positive_int
 
 
 def weight_bytes_per_token(arch, dtype) -> int:
@@ -60,6 +61,9 @@ def _best(runs: list[dict]) -> dict:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     wall0, machine, llm = start(args)
+    skipped = hf_baseline.unavailable(args.baseline == "hf", machine)
+    if skipped:
+        print(f"baseline   {skipped}", file=sys.stderr)
     arch, info = llm.engine.arch, llm.info
     slack = max(4, args.prompt_len // 10)
     prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
@@ -73,7 +77,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                 for i in range(args.repeats)])
     rows = [("Ridgeline", rl)]
     hf = None
-    if args.baseline == "hf":
+    if args.baseline == "hf" and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
         del llm
         gc.collect()
@@ -102,6 +106,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
         agree = next((j for j, (a, b) in enumerate(zip(ours[:cut], theirs)) if a != b), min(cut, len(theirs)))
         print(f"\nRidgeline / HF: {ratio:.2f}x decode tok/s; greedy tokens agree for the first {agree} of {cut} "
               f"(compared up to Ridgeline's first EOS)")
+    if skipped:
+        print(f"\n{skipped}")
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:
@@ -112,7 +118,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
                        "kernels": info.kernels, "weight_bytes_per_token": wbytes},
             "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
             "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,
-            "greedy_agreement_tokens": agree, "wall_s": wall})
+            "greedy_agreement_tokens": agree, "baseline_skipped": skipped, "wall_s": wall})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
@@ -120,11 +126,15 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def add_decode_parser(bsub) -> argparse.ArgumentParser:
     p = bsub.add_parser("decode", help="batch-1 decode tok/s and weight bandwidth, vs HF transformers",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompt-len", type=int, default=100, help="about this many prompt tokens (default 100)")
-    p.add_argument("--output-len", type=int, default=128, help="decode tokens timed (default 128)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per side; the best is reported")
-    p.add_argument("--workload-seed", type=int, default=0)
-    p.add_argument("--baseline", default="hf", choices=["hf", "none"])
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--prompt-len", type=positive_int, default=100, metavar="N",
+                   help="about this many prompt tokens")
+    p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="decode tokens timed")
+    p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
+                   help="timed runs per side; the best is reported")
+    p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed that picks the prompt")
+    p.add_argument("--baseline", default="hf", choices=["hf", "none"],
+                   help="hf: HF transformers on the same model, dtype and prompt (needs transformers)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the results to FILE (default: none)")
     p.set_defaults(func=cmd_decode)
     return p

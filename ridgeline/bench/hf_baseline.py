@@ -19,12 +19,17 @@ from tqdm.auto import tqdm
 from ridgeline.bench.report import RunResult
 
 
+def unavailable(wanted: bool, machine: dict) -> str | None:
+    """Why an asked-for baseline cannot run on this machine (`machine_info()` found no transformers), or None.
+    The bench then reports Ridgeline's figures alone and ends with this line."""
+    if wanted and machine.get("transformers") is None:
+        return ("no HF baseline: transformers is not installed; `pip install transformers` (or the test extras, "
+                "`pip install -e '.[test]'`) adds it, --baseline none skips it")
+    return None
+
+
 def load_model(folder: str | Path, dtype: torch.dtype):
-    try:
-        import transformers
-    except ImportError:
-        raise SystemExit("the HF baseline needs transformers: pip install transformers "
-                         "(or run with --baseline none)") from None
+    import transformers
     t0 = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
     model.load_seconds = time.perf_counter() - t0

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from ridgeline.errors import InvalidRequestError
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -81,7 +83,7 @@ def request_body(spec: RequestSpec, cfg: LoadConfig, max_tokens: int | None = No
         body["stream_options"] = {"include_usage": True}
     if cfg.prompt_format == "chat":
         if spec.messages is None:
-            raise ValueError("--prompt-format chat needs the workload's chat messages")
+            raise InvalidRequestError("--prompt-format chat needs the workload's chat messages")
         path, body["messages"] = "/v1/chat/completions", spec.messages
     elif cfg.prompt_format == "text":
         path, body["prompt"] = "/v1/completions", spec.text

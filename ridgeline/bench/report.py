@@ -6,6 +6,8 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ridgeline.errors import RidgelineError
+
 
 @dataclass
 class RunResult:
@@ -107,4 +109,7 @@ def ratio_lines(base: RunResult, others: list[RunResult]) -> tuple[list[str], di
 
 
 def write_json(path: str, payload: dict) -> None:
-    Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    try:
+        Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    except OSError as e:
+        raise RidgelineError(f"cannot write {path}: {e.strerror}") from None

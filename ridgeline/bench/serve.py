@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from ridgeline.bench.loadgen import LoadConfig, RequestSpec, parse_prometheus, prefix_cache_delta, summarize
+from ridgeline.cli_parser import non_negative_int, output_file, positive_float, positive_float_or_inf, positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
 
 
@@ -316,27 +317,9 @@ def _machine() -> dict:
 
 # ---------------------------------------------------------------- the command
 
-def _check(args: argparse.Namespace) -> None:
-    problems = []
-    if args.num_requests < 1:
-        problems.append("--num-requests must be >= 1")
-    if args.output_len < 1:
-        problems.append("--output-len must be >= 1")
-    if args.concurrency is not None and args.concurrency < 1:
-        problems.append("--concurrency must be >= 1")
-    if not args.request_rate > 0:
-        problems.append("--request-rate must be > 0")
-    if args.num_warmup < 0:
-        problems.append("--num-warmup must be >= 0")
-    for k in ("slo_ttft", "slo_tpot", "slo_e2e"):
-        if getattr(args, k) is not None and getattr(args, k) <= 0:
-            problems.append(f"--{k.replace('_', '-')} must be > 0")
-    if problems:
-        raise InvalidRequestError("; ".join(problems))
-
-
 def cmd_serve_bench(args: argparse.Namespace) -> int:
-    _check(args)
+    from ridgeline.bench.throughput import check_workload_args
+    check_workload_args(args)  # each flag's own range is checked as it is parsed
     wall0 = time.perf_counter()
     seed = args.workload_seed if args.workload_seed is not None else args.seed
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -456,36 +439,44 @@ def add_serve_parser(bsub) -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("server")
     g.add_argument("--url", default=None, help="base URL of a running server (e.g. http://127.0.0.1:8080); "
-                                               "without it, a `ridgeline serve` is started with the engine options")
+                                               "default: none, a `ridgeline serve` is started with the engine options")
     g.add_argument("--served-model-name", default=None,
                    help="the `model` of each request body (default: --model if the server lists it, else the "
                         "first model its /v1/models lists)")
     g.add_argument("--tokenizer", default=None, help="tokenizer for the workload prompts (default: --model)")
-    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"), help="sent as a Bearer token")
-    g.add_argument("--server-args", default=None, help="extra `ridgeline serve` flags for a started server")
-    g.add_argument("--server-timeout", type=float, default=600.0, help="seconds a started server gets to load")
-    add_workload_args(p)
-    p.set_defaults(workload_seed=None)  # default: --seed
+    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+                   help="sent as a Bearer token (default: $RIDGELINE_API_KEY)")
+    g.add_argument("--server-args", default=None,
+                   help="extra `ridgeline serve` flags for a started server, given as --server-args='--flag value' "
+                        "(default: none)")
+    g.add_argument("--server-timeout", type=positive_float, default=600.0, help="seconds a started server gets to load")
+    add_workload_args(p, seed_default=None)
     g = p.add_argument_group("load")
     g.add_argument("--prompt-format", default="ids", choices=["ids", "text", "chat"],
                    help="ids: token ids to /v1/completions (exact prompt lengths); text: the decoded prompt to "
-                        "/v1/completions; chat: the messages to /v1/chat/completions (default: ids)")
-    g.add_argument("--concurrency", type=int, default=None, help="at most this many requests in flight")
-    g.add_argument("--request-rate", type=float, default=math.inf,
+                        "/v1/completions; chat: the messages to /v1/chat/completions")
+    g.add_argument("--concurrency", type=positive_int, default=None, metavar="N",
+                   help="at most this many requests in flight (default: no limit)")
+    g.add_argument("--request-rate", type=positive_float_or_inf, default=math.inf,
                    help="Poisson arrivals at this many requests/s, seeded by --seed (default: inf, all at once)")
-    g.add_argument("--num-warmup", type=int, default=2, help="untimed warm-up requests (other prompts)")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    g.add_argument("--num-warmup", type=non_negative_int, default=2, help="untimed warm-up requests (other prompts)")
+    g.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
     g.add_argument("--no-stream-usage", action="store_true",
                    help="do not ask for a usage chunk (stream_options); count output tokens from chunks")
     g.add_argument("--extra-body", default=None,
-                   help='JSON merged into each request body, e.g. \'{"cache_prompt": true}\'')
+                   help='JSON merged into each request body, e.g. \'{"cache_prompt": true}\' (default: none)')
     g = p.add_argument_group("report")
-    g.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in seconds for goodput")
-    g.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in seconds for goodput")
-    g.add_argument("--slo-e2e", type=float, default=None, help="e2e latency SLO in seconds for goodput")
-    g.add_argument("--json", default=None, help="write all results (summary and per request) to this JSON file")
-    g.add_argument("--plot", default=None, help="write a latency-distribution PNG (TTFT, TPOT, ITL, e2e)")
-    g.add_argument("--label", default=None, help="a name for this run in the JSON and the plot title")
+    g.add_argument("--slo-ttft", type=positive_float, default=None,
+                   help="TTFT SLO in seconds for goodput (default: none)")
+    g.add_argument("--slo-tpot", type=positive_float, default=None,
+                   help="TPOT SLO in seconds for goodput (default: none)")
+    g.add_argument("--slo-e2e", type=positive_float, default=None,
+                   help="e2e latency SLO in seconds for goodput (default: none)")
+    g.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write all results, summary and per request, to FILE (default: none)")
+    g.add_argument("--plot", type=output_file, default=None, metavar="PNG",
+                   help="write a latency-distribution PNG: TTFT, TPOT, ITL, e2e (default: none)")
+    g.add_argument("--label", default=None, help="a name for this run in the JSON and the plot title (default: none)")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.set_defaults(func=cmd_serve_bench)
     return p

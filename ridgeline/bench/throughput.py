@@ -17,6 +17,8 @@ from ridgeline.bench import hf_baseline
 from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
                                     write_json)
 from ridgeline.bench.workloads import make_workload
+from ridgeline.cli_parser import non_negative_int, output_file, positive_int
+from ridgeline.errors import InvalidRequestError
 
 
 def dtype_name(dtype) -> str:
@@ -84,8 +86,18 @@ def greedy_agreement(ours: list[list[int]], theirs: dict[int, list[int]], eos_id
             "mean_matching_prefix": statistics.mean(prefixes) if prefixes else float("nan")}
 
 
+def check_workload_args(args: argparse.Namespace) -> None:
+    """What argparse cannot see flag by flag; checked before the model loads."""
+    if args.min_prompt > args.max_prompt:
+        raise InvalidRequestError(f"--min-prompt {args.min_prompt} is over --max-prompt {args.max_prompt}")
+
+
 def cmd_throughput(args: argparse.Namespace) -> int:
+    check_workload_args(args)
     wall0, machine, llm = start(args)
+    skipped = hf_baseline.unavailable(args.baseline == "hf" and bool(args.hf_requests or args.hf_batch), machine)
+    if skipped:
+        print(f"baseline   {skipped}", file=sys.stderr)
     arch, info = llm.engine.arch, llm.info
     num_params = arch.num_params
     prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
@@ -99,7 +111,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
     rl, rl_tokens = run_ridgeline(llm, prompts, args.output_len, warm, progress=not args.no_progress)
     results, agreement = [rl], None
-    if args.baseline == "hf" and (args.hf_requests or args.hf_batch):
+    if args.baseline == "hf" and (args.hf_requests or args.hf_batch) and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
         del llm
         gc.collect()
@@ -127,6 +139,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if agreement:
         print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")
+    if skipped:
+        print(f"\n{skipped}")
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:
@@ -139,21 +153,26 @@ def cmd_throughput(args: argparse.Namespace) -> int:
                          "min_prompt": args.min_prompt, "max_prompt": args.max_prompt,
                          "prompt_tokens": sum(lens), "output_len": args.output_len},
             "results": [r.to_dict(num_params) for r in results], "ratios": ratios,
-            "greedy_agreement": agreement, "wall_s": wall})
+            "greedy_agreement": agreement, "baseline_skipped": skipped, "wall_s": wall})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
+def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0) -> None:
+    """seed_default None: the workload follows the engine's --seed."""
     from ridgeline.bench.workloads import WORKLOADS
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="chat", choices=WORKLOADS)
-    g.add_argument("--num-requests", type=int, default=256)
-    g.add_argument("--min-prompt", type=int, default=50, help="shortest prompt in tokens (chat template included)")
-    g.add_argument("--max-prompt", type=int, default=200)
-    g.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix workload: common prefix tokens")
-    g.add_argument("--output-len", type=int, default=128, help="output tokens per request (ignore_eos)")
-    g.add_argument("--workload-seed", type=int, default=0)
+    g.add_argument("--workload", default="chat", choices=WORKLOADS, help="which prompts to send")
+    g.add_argument("--num-requests", type=positive_int, default=256, metavar="N", help="requests in the timed run")
+    g.add_argument("--min-prompt", type=positive_int, default=50, metavar="N",
+                   help="shortest prompt in tokens, chat template included")
+    g.add_argument("--max-prompt", type=positive_int, default=200, metavar="N", help="longest prompt in tokens")
+    g.add_argument("--prefix-len", type=positive_int, default=1024, metavar="N",
+                   help="shared-prefix workload: common prefix tokens")
+    g.add_argument("--output-len", type=positive_int, default=128, metavar="N",
+                   help="output tokens per request (ignore_eos)")
+    g.add_argument("--workload-seed", type=int, default=seed_default, metavar="N",
+                   help="seed that picks the prompts" + (" (default: --seed)" if seed_default is None else ""))
 
 
 def add_throughput_parser(bsub) -> argparse.ArgumentParser:
@@ -161,14 +180,18 @@ def add_throughput_parser(bsub) -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
     g = p.add_argument_group("baselines")
-    g.add_argument("--baseline", default="hf", choices=["hf", "none"])
-    g.add_argument("--hf-requests", type=int, default=16,
+    g.add_argument("--baseline", default="hf", choices=["hf", "none"],
+                   help="hf: HF transformers on the same model, dtype and prompts (needs transformers)")
+    g.add_argument("--hf-requests", type=non_negative_int, default=16, metavar="N",
                    help="HF one-at-a-time runs only this many requests (evenly spaced) and extrapolates "
-                        "the rate; 0 skips it (default 16)")
-    g.add_argument("--hf-batch", type=int, default=64, help="HF padded batch size; 0 skips it (default 64)")
-    g.add_argument("--hf-batch-requests", type=int, default=None,
-                   help="HF padded batches run only the first whole batches covering this many requests")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+                        "the rate; 0 skips it")
+    g.add_argument("--hf-batch", type=non_negative_int, default=64, metavar="N",
+                   help="HF padded batch size; 0 skips it")
+    g.add_argument("--hf-batch-requests", type=positive_int, default=None, metavar="N",
+                   help="HF padded batches run only the first whole batches covering this many requests "
+                        "(default: all requests)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the results to FILE (default: none)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     p.set_defaults(func=cmd_throughput)
     return p

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 
 from ridgeline.bench import corpus
+from ridgeline.errors import InvalidRequestError
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _TOPIC_ASKS = ["Can you tell me about {t}?", "What should I know about {t}?", "Explain {t} briefly.",
@@ -84,7 +85,7 @@ def _fit(build: Callable[[str], list[dict]], filler: _Filler, encode, target: in
         return None
     lo, hi = min_k, len(filler.units)
     if len(ids(hi)) < target:
-        raise ValueError(f"the corpus is too short for a {target}-token prompt")
+        raise InvalidRequestError(f"the corpus is too short for a {target}-token prompt")
     while lo < hi:  # smallest k with len(ids(k)) >= target
         mid = (lo + hi) // 2
         if len(ids(mid)) >= target:
@@ -134,7 +135,8 @@ def _chat_request(rng: random.Random, encode, target: int, min_len: int, max_len
         ids = _fit(builder(k, s), filler, encode, target, min_len, max_len, min_k)
         if ids is not None:
             return ids
-    raise ValueError(f"max_len {max_len} is shorter than the chat template around the shortest question")
+    raise InvalidRequestError(f"a prompt of at most {max_len} tokens cannot hold the chat template around the "
+                              "shortest question: ask for longer prompts")
 
 
 def chat_workload(tokenizer, num_requests: int, min_len: int = 50, max_len: int = 200, seed: int = 0,
@@ -142,7 +144,7 @@ def chat_workload(tokenizer, num_requests: int, min_len: int = 50, max_len: int 
     """num_requests chat prompts (token ids) of mixed lengths, each within [min_len, max_len] when the
     template allows (a prompt is never shorter than its chat template around a question)."""
     if not 1 <= min_len <= max_len:
-        raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+        raise InvalidRequestError(f"prompt lengths: need 1 <= shortest <= longest, got {min_len} and {max_len} tokens")
     encode = _encoder(tokenizer)
     prompts, seen = [], set()
     for i in range(num_requests):
@@ -195,8 +197,8 @@ def multi_turn_workload(tokenizer, num_requests: int, turns: int = 8, concurrent
     then the next `concurrent` conversations. Turn t's prompt is turn t-1's prompt + its (scripted)
     assistant reply + a new user message, so request i does not depend on num_requests."""
     if turns < 1 or concurrent < 1 or not 1 <= reply_words[0] <= reply_words[1]:
-        raise ValueError(f"need turns, concurrent >= 1 and 1 <= reply_words, got {turns}, {concurrent}, "
-                         f"{reply_words}")
+        raise InvalidRequestError(f"need turns, concurrent >= 1 and 1 <= reply_words, got {turns}, {concurrent}, "
+                                  f"{reply_words}")
     encode = _encoder(tokenizer)
     prompts: list[list[int]] = []
     group = 0
@@ -238,4 +240,4 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
         return shared_prefix_workload(tokenizer, num_requests, prefix_len, seed)
     if name == "multi-turn":
         return multi_turn_workload(tokenizer, num_requests, seed=seed)
-    raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+    raise InvalidRequestError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ridgeline.cli_parser import output_file
 from ridgeline.config import CacheConfig
 
 DESCRIPTION = """Reads request bodies as `ridgeline serve --log-requests FILE` writes them (or any OpenAI-style chat
@@ -23,9 +24,10 @@ def register(subparsers) -> None:
     p.add_argument("--kv-tokens", nargs="+", default=None, metavar="N",
                    help="KV capacities to simulate, in tokens (e.g. 8192 65536 or 64k); default: unbounded")
     p.add_argument("--concurrency", type=int, default=1,
-                   help="requests holding KV blocks at once in the simulation (default 1)")
+                   help="requests holding KV blocks at once in the simulation")
     p.add_argument("--top", type=int, default=5, help="prefix groups to analyse for divergence")
-    p.add_argument("--json", default=None, help="also write the report to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the report to FILE (default: none)")
     p.set_defaults(func=cmd_cache_report)
 
 

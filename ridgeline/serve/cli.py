@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, "
                                             "/v1/completions, /v1/models, /health, /metrics)")
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for every interface")
     g.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1 routes (default: $RIDGELINE_API_KEY)")
@@ -23,9 +23,10 @@ def register(subparsers) -> None:
     g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
-    g.add_argument("--access-log", action="store_true")
+    g.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
     g.add_argument("--log-requests", default=None, metavar="FILE",
-                   help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`)")
+                   help="append each request body to FILE as a JSON line, input for `ridgeline cache-report` "
+                        "(default: none)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve)
 

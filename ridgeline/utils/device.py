@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from ridgeline.errors import InvalidRequestError
+
 _NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -18,7 +20,19 @@ class DtypeChoice:
 def pick_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise InvalidRequestError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N", "device")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError(f"device {spec!r}: torch sees no CUDA device here; use cpu or auto",
+                                  "device")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise InvalidRequestError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) visible",
+                                  "device")
+    return device
 
 
 def cpu_flags() -> set[str]:

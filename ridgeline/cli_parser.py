@@ -1,0 +1,88 @@
+"""The parser class of `ridgeline` and of every subcommand: each option's help shows its default.
+
+`add_subparsers()` builds subcommand parsers with the parent's class, so a subcommand registered
+from another module (`serve`, `bench`, `advise`, ...) gets this behaviour without naming it, and a
+`formatter_class` it passes (e.g. RawDescriptionHelpFormatter) keeps working with the defaults
+mixed in.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+
+
+class DefaultsHelpMixin:
+    """Appends "(default: X)" to the help of every option that takes a value, unless the help already
+    says what the default is. Not shown: a default of None (the help must say what happens, e.g.
+    "default: the model's own", since 'None' tells a user nothing), suppressed defaults, and switches
+    (store_true/false/const: their default is not passing them)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if text == argparse.SUPPRESS or not shows_default(action) or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether the formatter appends this action's default to its help."""
+    if action.default is None or action.default is argparse.SUPPRESS or action.nargs == 0:
+        return False
+    return bool(action.option_strings) or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+
+
+@functools.cache
+def with_defaults(formatter: type) -> type:
+    if issubclass(formatter, DefaultsHelpMixin):
+        return formatter
+    return type(f"Defaults{formatter.__name__}", (DefaultsHelpMixin, formatter), {})
+
+
+class RidgelineParser(argparse.ArgumentParser):
+    def __init__(self, *args, formatter_class: type = argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=with_defaults(formatter_class), **kwargs)
+
+
+# Argument types: a bad value is a usage error before anything loads ("argument --repeats: ...").
+
+def _number(kind: type, text: str, low: float, what: str, allow_inf: bool = False):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value < low or (value == float("inf") and not allow_inf):  # nan fails value == value
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(int, text, 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text, 0, "a positive number")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def positive_float_or_inf(text: str) -> float:
+    value = _number(float, text, 0, "a positive number or inf", allow_inf=True)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number or inf, got {text!r}")
+    return value
+
+
+def output_file(text: str) -> str:
+    """A file the command will write at its end: its folder must exist now, not after an hour of benchmark."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder} is not writable")
+    return text
