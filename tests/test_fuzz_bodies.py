@@ -34,8 +34,9 @@ def base(route: str) -> dict:
 @pytest.fixture(scope="module")
 def served(tiny_llama):
     engine = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
-    with ServerThread(build_app(engine, ServerSettings("tiny", max_waiting=64))) as s:
-        yield s.url, engine
+    app = build_app(engine, ServerSettings("tiny", max_waiting=64))
+    with ServerThread(app) as s:
+        yield s.url, engine, app.state.ridgeline.async_engine
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,7 @@ def offline(tiny_llama):
 
 
 def test_poison_requests_are_refused_while_others_run(served, offline):
-    url, engine = served
+    url, engine, async_engine = served
     prompts = [f"stream {i}: " + "xyz"[: i % 3] for i in range(4)]
     greedy = dict(model="tiny", max_tokens=32, ignore_eos=True, stream=True, temperature=0)
     bodies = [{**greedy, "prompt": p} for p in prompts]
@@ -244,15 +245,16 @@ def test_poison_requests_are_refused_while_others_run(served, offline):
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             streams = [asyncio.create_task(read_stream(c, b)) for b in bodies]
             try:
-                while len(engine.groups) < len(bodies):  # admit every stream, a step at a time
-                    await gate.step_once()
+                await until(lambda: async_engine.num_waiting == len(bodies))  # all posted, no step has run
+                await gate.step_once()  # the held step; every stream is added right after it
+                await until(lambda: len(engine.groups) == len(bodies))
                 # the step thread is held: a poison request admitted now would share the next step
                 refused = await asyncio.wait_for(asyncio.gather(*(post(c, *p) for p in POISON)), 30)
+                waiting = async_engine.num_waiting
                 late = asyncio.ensure_future(asyncio.gather(*(post(c, *p) for p in POISON_AT_ADMISSION)))
-                while not late.done():  # refused when the step thread applies the add
-                    await gate.step_once()
-                    await asyncio.wait({late}, timeout=1.0)
-                refused += await late
+                await until(lambda: async_engine.num_waiting > waiting)  # posted: applied after the next step
+                await gate.step_once()
+                refused += await asyncio.wait_for(late, 30)
                 assert len(engine.groups) == len(bodies)  # the streams were in flight the whole time
             finally:
                 gate.open()
@@ -267,7 +269,7 @@ def test_poison_requests_are_refused_while_others_run(served, offline):
 
 
 def test_after_all_that_the_server_serves_and_leaked_nothing(served, client):
-    url, engine = served
+    engine = served[1]
     r = client.post(CMPL, json={**base(CMPL), "max_tokens": 3, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     deadline = time.monotonic() + 30  # a safety net: aborted requests free their blocks at the next step
