@@ -72,6 +72,8 @@ def _bool(param: str, value) -> bool:
 
 
 def _shown(value) -> str:
+    if isinstance(value, int) and value.bit_length() > 128:  # str() refuses ints past 4300 digits
+        return f"an integer of {value.bit_length()} bits"
     text = ascii(value)  # ascii: a lone surrogate or a newline cannot reach a log or a JSON body raw
     return text if len(text) <= 40 else text[:37] + "..."
 

@@ -14,6 +14,7 @@ from ridgeline.sampling_params import INT64_MAX, MAX_STOP_STRING_CHARS, MAX_STOP
 
 BAD_PARAMS = [  # kwargs, param named
     ({"seed": 2**70}, "seed"),
+    ({"seed": 10**5000}, "seed"),  # past the digits str() converts
     ({"seed": INT64_MAX, "n": 2}, "seed"),  # choice 1 would be seeded with seed + 1
     ({"seed": -(2**63) - 1}, "seed"),
     ({"seed": 1.5}, "seed"),
