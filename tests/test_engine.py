@@ -106,7 +106,7 @@ def test_chat_applies_template(llm):
 
 
 @pytest.mark.parametrize("kwargs,param", [
-    ({"temperature": -0.1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"temperature": -0.1}, "temperature"), ({"top_p": -0.1}, "top_p"), ({"top_p": 1.5}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"), ({"n": 0}, "n"), ({"temperature": float("nan")}, "temperature"),
     ({"top_k": -2}, "top_k"), ({"logprobs": 100}, "logprobs"), ({"max_tokens": "5"}, "max_tokens"),
 ])

@@ -176,3 +176,51 @@ def test_logprobs_are_of_the_raw_logits():
     assert torch.allclose(out.top_logprobs[asked], lsm[asked].gather(1, order[asked, :5]))
     assert (out.top_ids[2] == -1).all()
     assert out.logprobs[1] == pytest.approx(lsm[1].max().item())
+
+
+def test_logit_bias_forces_bans_and_leaves_other_rows_alone():
+    V = 500
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(5)) * 3
+    top = logits.argmax(-1)
+    low = logits.argmin(-1)
+    plain = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0),
+             SamplingParams(temperature=0.8, top_p=0.9, seed=2), SamplingParams(temperature=0),
+             SamplingParams(temperature=1.0, top_k=20, seed=3)]
+    biased = list(plain)
+    biased[0] = SamplingParams(temperature=0, logit_bias={int(low[0]): 100})  # +100 forces the least likely
+    biased[2] = SamplingParams(temperature=0, logit_bias={int(top[2]): -100})  # -100 bans the argmax
+    biased[3] = SamplingParams(temperature=0.8, top_p=0.9, seed=2, logit_bias={int(low[3]): 100})
+
+    def run(params):
+        gens = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
+        return sample(logits, params, gens=gens).token_ids
+
+    without, with_bias = run(plain), run(biased)
+    assert with_bias[0] == low[0] and with_bias[3] == low[3]
+    assert with_bias[2] != top[2] and with_bias[2] == logits[2].topk(2).indices[1]
+    untouched = [1, 4, 5]  # same tokens as in a batch without any bias (seeded rows draw the same noise)
+    assert torch.equal(with_bias[untouched], without[untouched])
+
+
+def test_logit_bias_is_applied_on_the_all_greedy_fast_path():
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(6))
+    params = [SamplingParams(temperature=0)] * 4
+    params[1] = SamplingParams(temperature=0, logit_bias={7: 100, 8: -5})
+    meta = meta_for(params, 300)
+    assert not meta.fast_greedy
+    out = Sampler()(logits.clone(), meta).token_ids
+    assert out[1] == 7
+    assert torch.equal(out[[0, 2, 3]], logits[[0, 2, 3]].argmax(-1))
+    small = SamplingParams(temperature=0, logit_bias={int(logits[1].argsort()[-2]): 1e-3})
+    assert sample(logits[1:2], [small]).token_ids[0] == logits[1].argmax()  # a small bias only nudges
+
+
+def test_tiny_temperatures_are_greedy():
+    from ridgeline.sampling_params import GREEDY_EPSILON
+    logits = torch.randn(8, 400, generator=torch.Generator().manual_seed(7)) * 5
+    for t in (1e-300, 1e-30, GREEDY_EPSILON / 2):
+        params = [SamplingParams(temperature=t, seed=i) for i in range(8)]
+        assert all(p.greedy for p in params)
+        assert torch.equal(sample(logits, params).token_ids, logits.argmax(-1))
+    assert not SamplingParams(temperature=GREEDY_EPSILON).greedy
+    assert SamplingParams(top_p=0).greedy  # a nucleus of mass 0 keeps only the top token

@@ -85,6 +85,55 @@ CASES = [  # id, route, body, status, param, code
     ("token-id-out-of-vocab", CMPL, cmpl(prompt=[1, 10**6]), 400, "prompt", None),
     ("prompt-over-context", CMPL, cmpl(prompt=[5] * 600), 400, "prompt", "context_length_exceeded"),
     ("unknown-model", CMPL, cmpl(model="gpt-9"), 404, "model", "model_not_found"),
+    # OpenAI's ranges
+    ("temperature-over-2", CHAT, chat(temperature=2.5), 400, "temperature", None),
+    ("top-p-negative", CMPL, cmpl(top_p=-0.1), 400, "top_p", None),
+    ("top-logprobs-21", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
+    ("seed-float", CMPL, cmpl(seed=1.5), 400, "seed", None),
+    # what the engine can hold: these used to pass and then fail the whole step
+    ("seed-over-int64", CMPL, cmpl(seed=2**70), 400, "seed", None),
+    ("seed-plus-n-overflows", CMPL, cmpl(seed=2**63 - 1, n=2), 400, "seed", None),
+    ("top-k-over-int64", CMPL, cmpl(top_k=2**70), 400, "top_k", None),
+    ("n-over-int64", CMPL, cmpl(n=2**70), 400, "n", None),
+    ("stop-token-id-over-int64", CMPL, cmpl(stop_token_ids=[2**70]), 400, "stop_token_ids", None),
+    ("min-tokens-over-int64", CHAT, chat(max_tokens=None, min_tokens=2**70), 400, "min_tokens", None),
+    ("repetition-penalty-underflows", CMPL, cmpl(repetition_penalty=1e-300), 400, "repetition_penalty", None),
+    ("stop-too-many", CMPL, cmpl(stop=["a"] * 65), 400, "stop", None),
+    ("stop-too-long", CMPL, cmpl(stop=["a" * 257]), 400, "stop", None),
+    # logit_bias
+    ("logit-bias-not-object", CMPL, cmpl(logit_bias=[1]), 400, "logit_bias", None),
+    ("logit-bias-key-not-int", CMPL, cmpl(logit_bias={"abc": 1}), 400, "logit_bias", None),
+    ("logit-bias-key-not-ascii-digits", CMPL, cmpl(logit_bias={"\u0663": 1}), 400, "logit_bias", None),
+    ("logit-bias-key-negative", CMPL, cmpl(logit_bias={"-1": 1}), 400, "logit_bias", None),
+    ("logit-bias-key-out-of-vocab", CHAT, chat(logit_bias={"384": 1}), 400, "logit_bias", None),
+    ("logit-bias-key-huge", CHAT, chat(logit_bias={"9" * 30: 1}), 400, "logit_bias", None),
+    ("logit-bias-over-100", CMPL, cmpl(logit_bias={"5": 101}), 400, "logit_bias", None),
+    ("logit-bias-string", CMPL, cmpl(logit_bias={"5": "x"}), 400, "logit_bias", None),
+    # refused, never silently ignored
+    ("best-of", CMPL, cmpl(best_of=2), 400, "best_of", "unsupported_parameter"),
+    ("response-format-json", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format",
+     "unsupported_parameter"),
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
+     "unsupported_parameter"),
+    ("tool-choice", CHAT, chat(tool_choice="auto"), 400, "tool_choice", "unsupported_parameter"),
+    ("functions", CHAT, chat(functions=[{"name": "f"}]), 400, "functions", "unsupported_parameter"),
+    ("function-call", CHAT, chat(function_call="auto"), 400, "function_call", "unsupported_parameter"),
+    ("suffix", CMPL, cmpl(suffix="end"), 400, "suffix", "unsupported_parameter"),
+    # text that is not valid Unicode, anywhere in the body
+    ("surrogate-prompt", CMPL, b'{"model": "tiny", "prompt": "a\\ud800"}', 400, "prompt", None),
+    ("surrogate-prompt-list", CMPL, b'{"model": "tiny", "prompt": ["ok", "\\udfff"]}', 400, "prompt", None),
+    ("surrogate-model", CMPL, b'{"model": "\\ud800", "prompt": "hi"}', 400, "model", None),
+    ("surrogate-stop", CMPL, b'{"model": "tiny", "prompt": "hi", "stop": ["\\ud800"]}', 400, "stop", None),
+    ("surrogate-unknown-field-name", CMPL, b'{"model": "tiny", "prompt": "hi", "x\\ud800": 1}', 400, "x\\ud800",
+     None),
+    ("surrogate-unknown-field-value", CMPL, b'{"model": "tiny", "prompt": "hi", "x": {"y": ["\\ud800"]}}', 400,
+     "x", None),
+    ("surrogate-content", CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d"}]}', 400,
+     "messages", None),
+    ("surrogate-name", CHAT, b'{"model": "tiny", "messages": [{"role": "user", "content": "a", "name": "\\udc00"}]}',
+     400, "messages", None),
+    ("surrogate-raw-bytes", CMPL, b'{"model": "tiny", "prompt": "a\xed\xa0\x80"}', 400, "prompt", None),
+    ("invalid-utf8-bytes", CMPL, b'{"model": "tiny", "prompt": "a\xff"}', 400, None, None),
 ]
 
 
@@ -98,6 +147,21 @@ def test_bad_request_gets_openai_error(client, route, body, status, param, code)
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["type"]
     assert (err["param"], err["code"]) == (param, code)
+
+
+@pytest.mark.parametrize("route,body", [
+    (CHAT, chat(response_format={"type": "text"}, tools=[], tool_choice="none", functions=[], function_call="none")),
+    (CMPL, cmpl(suffix="", best_of=2, n=2, logit_bias={}, top_p=0, temperature=2)),
+])
+def test_defaults_of_unsupported_features_are_accepted(client, route, body):
+    assert client.post(route, json=body).status_code == 200
+
+
+def test_logit_bias_reaches_the_sampler(app, client):  # ban and unchanged rows: tests/test_sampler.py
+    tok = app.state.ridgeline.engine.tokenizer
+    body = cmpl(prompt="abc", max_tokens=4, temperature=1, seed=3, ignore_eos=True)
+    forced = client.post(CMPL, json={**body, "logit_bias": {"65": 100}}).json()["choices"][0]["text"]
+    assert forced == tok.decode([65] * 4) != client.post(CMPL, json=body).json()["choices"][0]["text"]
 
 
 def test_prompt_over_context_names_both_numbers(client):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -14,6 +14,7 @@ from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogpr
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
+from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.models.loader import build_model
@@ -100,13 +101,18 @@ class LLMEngine:
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Text (special tokens in it are parsed: raw prompts may hand-build a template) or token ids."""
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
+        elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
             vocab = self.arch.vocab_size
             if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
                 raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        else:
+            raise InvalidRequestError(f"prompt must be a string or a list of token ids, not {type(prompt).__name__}",
+                                      "prompt")
         if not ids:
             raise InvalidRequestError("prompt is empty: give at least one token", "prompt")
         return ids
@@ -118,6 +124,15 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be a SamplingParams, not {type(params).__name__}",
+                                      "sampling_params")
+        vocab = self.arch.vocab_size
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by id
+            raise InvalidRequestError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside this model's "
+                                      f"vocabulary [0, {vocab})", "logit_bias")
+        if params.top_k >= vocab:  # keeps every token: the same as no top_k, and cheaper to sample
+            params = replace(params, top_k=0)
         ids = self.encode_prompt(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)

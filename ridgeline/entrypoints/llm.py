@@ -9,6 +9,8 @@ from tqdm.auto import tqdm
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.errors import InvalidRequestError
+from ridgeline.inputs import chat_messages, check_text
 from ridgeline.sampling_params import SamplingParams
 
 
@@ -29,26 +31,35 @@ class LLM:
     def generate(self, prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Prompts: a string, token ids, or a list of either. Returns outputs in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        return self._run(list(prompts), sampling_params, None, use_tqdm)
+        """Prompts: a string, token ids, or a list of either. Returns outputs in prompt order.
+        Special-token text in a string prompt is parsed (a raw prompt may hand-build a template)."""
+        return self._run(_prompt_list(prompts), sampling_params, None, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True) -> list[RequestOutput]:
-        """One conversation (a list of {role, content}) or a list of them."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        """One conversation (a list of {role, content}) or a list of them. Content is a string or a
+        list of {"type": "text", "text": ...} parts, as on the server; special-token text inside it
+        stays plain text."""
+        if isinstance(messages, (list, tuple)) and messages and all(isinstance(c, (list, tuple)) for c in messages):
+            convs = [chat_messages(c, f"messages.{i}") for i, c in enumerate(messages)]
+        else:
+            convs = [chat_messages(messages)]
         texts = [self.tokenizer.apply_chat_template(c) for c in convs]
-        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        ids = [self.tokenizer.encode_chat(c, rendered=t) for c, t in zip(convs, texts)]
         return self._run(ids, sampling_params, texts, use_tqdm)
 
     def _run(self, prompts: list, params, texts: list[str] | None, use_tqdm: bool) -> list[RequestOutput]:
         if params is None:
             params = SamplingParams()
-        plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError(f"{len(plist)} sampling params for {len(prompts)} prompts")
+            raise InvalidRequestError(f"sampling_params: {len(plist)} given for {len(prompts)} prompts",
+                                      "sampling_params")
+        for p in plist:
+            if not isinstance(p, SamplingParams):
+                raise InvalidRequestError(f"sampling_params: must be a SamplingParams or a list of them, not "
+                                          f"{type(p).__name__}", "sampling_params")
         order = {}
         try:
             for i, (prompt, p) in enumerate(zip(prompts, plist)):
@@ -72,3 +83,26 @@ class LLM:
             for rid in order:
                 self.engine.abort_request(rid)  # no-op for finished ones; frees blocks on Ctrl-C
         return results
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(type(t) is int for t in value)
+
+
+def _prompt_list(prompts) -> list[str | list[int]]:
+    """A string, token ids, or a list of either -> a list of prompts; anything else is an
+    InvalidRequestError naming the offending prompt."""
+    if isinstance(prompts, str):
+        check_text(prompts, "prompts")
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise InvalidRequestError(f"prompts: must be a string, a list of token ids or a list of either, not "
+                                  f"{type(prompts).__name__}", "prompts")
+    if prompts and _is_ids(prompts):
+        return [list(prompts)]
+    for i, p in enumerate(prompts):
+        if not (isinstance(p, str) or (_is_ids(p) and p)):
+            raise InvalidRequestError(f"prompts.{i}: must be a string or a non-empty list of integer token ids, "
+                                      f"not {type(p).__name__}", "prompts")
+        check_text(p, f"prompts.{i}")
+    return [p if isinstance(p, str) else list(p) for p in prompts]

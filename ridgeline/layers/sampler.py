@@ -1,4 +1,4 @@
-"""Batched sampler, run once per step: penalties, min_tokens bans, temperature, top-k / top-p /
+"""Batched sampler, run once per step: logit bias, penalties, min_tokens bans, temperature, top-k / top-p /
 min-p, exponential-race sampling (argmax(p / q), q ~ Exp(1); no multinomial) and logprobs of the
 raw logits.
 
@@ -39,6 +39,7 @@ class SamplingMetadata:
     top_p: torch.Tensor  # [R] float32, 1 = off
     min_p: torch.Tensor  # [R] float32, 0 = off
     generators: list[torch.Generator | None]  # [R]
+    bias: tuple[torch.Tensor, torch.Tensor] | None  # logit_bias: flat index [N] (row * V + token id), bias [N]
     repetition: tuple[torch.Tensor, torch.Tensor] | None  # flat index [N] of prompt + output tokens, penalty [N]
     presence_frequency: tuple[torch.Tensor, ...] | None  # flat index [M] of output tokens, presence [M], frequency [M]
     bans: tuple[torch.Tensor, torch.Tensor] | None  # rows [N], ids [N]: set to -inf
@@ -59,13 +60,16 @@ class SamplingMetadata:
         rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         pf = [i for i, p in enumerate(params) if p.presence_penalty or p.frequency_penalty]
         lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+        lb = [i for i, p in enumerate(params) if p.logit_bias]
         ban_rows, ban_ids = [], []
         for i, p in enumerate(params):
             if len(output_ids[i]) < p.min_tokens:
-                ids = {t for t in (([] if p.ignore_eos else eos_ids) + p.stop_token_ids) if 0 <= t < vocab_size}
+                ids = {t for t in (*(() if p.ignore_eos else eos_ids), *p.stop_token_ids) if 0 <= t < vocab_size}
                 ban_rows += [i] * len(ids)
                 ban_ids += ids
-        repetition = presence_frequency = None
+        repetition = presence_frequency = bias = None
+        if lb:
+            bias = _bias_index(lb, [params[i].logit_bias_columns for i in lb], vocab_size, device)
         if rep:
             idx, owner = _flat_index(rep, [prompt_ids[i] + output_ids[i] for i in rep], vocab_size, device)
             repetition = idx, floats([params[i].repetition_penalty for i in rep])[owner]
@@ -81,6 +85,7 @@ class SamplingMetadata:
             top_p=floats([params[i].top_p for i in rnd]),
             min_p=floats([params[i].min_p for i in rnd]),
             generators=[generators[i] for i in rnd],
+            bias=bias,
             repetition=repetition,
             presence_frequency=presence_frequency,
             bans=(ints(ban_rows), ints(ban_ids)) if ban_rows else None,
@@ -90,8 +95,8 @@ class SamplingMetadata:
 
     @property
     def fast_greedy(self) -> bool:
-        return (len(self.random_rows) == 0 and self.repetition is None
-                and self.presence_frequency is None and self.bans is None)
+        return (len(self.random_rows) == 0 and self.repetition is None and self.presence_frequency is None
+                and self.bans is None and self.bias is None)
 
 
 def _flat_index(rows: list[int], seqs: list[list[int]], vocab_size: int,
@@ -110,10 +115,32 @@ def _flat_index(rows: list[int], seqs: list[list[int]], vocab_size: int,
     return idx.to(device), owner.to(device)
 
 
+def _bias_index(rows: list[int], columns: list[tuple[tuple[int, ...], tuple[float, ...]]], vocab_size: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """logit_bias of rows[j] (token ids, biases) = columns[j] -> flat positions row * V + id [N] int64,
+    biases [N] float32. Ids are unique within a row; out-of-vocabulary ids are dropped."""
+    ids, values = array("q"), array("f")
+    for t, b in columns:
+        ids.extend(t)
+        values.extend(b)
+    counts = torch.tensor([len(t) for t, _ in columns])
+    token = torch.frombuffer(ids, dtype=torch.int64)
+    idx = torch.repeat_interleave(torch.tensor(rows) * vocab_size, counts) + token
+    bias = torch.frombuffer(values, dtype=torch.float32)
+    bad = token >= vocab_size
+    if bool(bad.any()):
+        idx, bias = idx[~bad], bias[~bad]
+    return idx.to(device), bias.to(device)
+
+
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
-    """In place on logits [B, V] (contiguous): repetition, presence and frequency penalties, then
-    min_tokens bans. Repeated tokens scatter equal values, so duplicates are harmless."""
+    """In place on logits [B, V] (contiguous): logit bias (added, as OpenAI defines it), then
+    repetition, presence and frequency penalties, then min_tokens bans. Repeated tokens scatter
+    equal values, so duplicates are harmless."""
     flat = logits.view(-1)
+    if meta.bias is not None:
+        idx, bias = meta.bias
+        flat.index_add_(0, idx, bias)
     if meta.repetition is not None:
         idx, penalty = meta.repetition
         g = flat[idx]

@@ -21,7 +21,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     text = tok.apply_chat_template([m.as_template_input() for m in body.messages])
-    prompt = Prompt(tok.encode(text, add_special_tokens=False), text)
+    prompt = Prompt(tok.encode_chat([m.as_template_input() for m in body.messages], rendered=text), text)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
     head = {"id": rid, "created": int(time.time()), "model": body.model}

@@ -1,22 +1,67 @@
 """Request bodies as OpenAI defines them (plus vLLM's sampling extensions), validated strictly:
-a wrong JSON type is a 400, never coerced. Value ranges are SamplingParams' job, checked once there.
-Unknown fields are kept in `model_extra` so the route can log and ignore them."""
+a wrong JSON type is a 400, never coerced. Before any field is read, the whole body (unknown fields
+and keys included) must be valid Unicode, and features not supported yet must be absent or at
+their default. OpenAI's own ranges are checked here; what the engine can hold is SamplingParams'
+job, checked once there. Unknown fields are kept in `model_extra` so the route can log and ignore
+them."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ridgeline.errors import InvalidRequestError
+from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.inputs import check_text, shown, template_message
 from ridgeline.sampling_params import MAX_LOGPROBS, SamplingParams
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
-                    "skip_special_tokens")
+                    "skip_special_tokens", "best_of")
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+
+# field -> (values that mean "off", what is missing): anything else is refused, never ignored
+_UNSUPPORTED = {
+    "response_format": (({"type": "text"},), "structured output (JSON mode, JSON schema)"),
+    "tools": (([],), "tool calling"),
+    "tool_choice": (("none",), "tool calling"),
+    "functions": (([],), "function calling"),
+    "function_call": (("none",), "function calling"),
+    "suffix": (("",), "insertion with a suffix"),
+}
+
+
+class BodyError(RidgelineError):
+    """An InvalidRequestError raised while pydantic validates a body. Not a ValueError, so pydantic
+    passes it through unchanged and the server answers with its message and param."""
+
+    def __init__(self, e: InvalidRequestError):
+        super().__init__(e.message, e.param, e.code)
+        self.status, self.type = e.status, e.type
+
+
+def check_body(data: Any) -> None:
+    """Whole-body rules, on the parsed JSON before any field is read: valid Unicode everywhere,
+    no unsupported feature switched on."""
+    check_text(data, "")
+    if not isinstance(data, dict):
+        return
+    for name, (off, feature) in _UNSUPPORTED.items():
+        value = data.get(name)
+        if value is not None and value not in off:
+            raise InvalidRequestError(f"{name}: {feature} is not supported yet; leave {name} unset",
+                                      param=name, code="unsupported_parameter")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
+
+
+def _token_id(key: str) -> int:
+    """A logit_bias key: a token id written as a decimal string, as OpenAI sends it."""
+    if not (key.isascii() and key.isdigit() and len(key) <= 19):
+        raise InvalidRequestError(f"logit_bias: keys must be token ids (decimal integers), got '{shown(key)}'",
+                                  "logit_bias")
+    return int(key)
 
 
 class StreamOptions(_Strict):
@@ -45,6 +90,17 @@ class _GenerateRequest(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share KV blocks
+    logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100], added to its logit
+    best_of: int | None = None  # only None or n
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_body(cls, data: Any) -> Any:
+        try:
+            check_body(data)
+        except InvalidRequestError as e:
+            raise BodyError(e) from None
+        return data
 
     @property
     def include_usage(self) -> bool:
@@ -58,7 +114,12 @@ class _GenerateRequest(_Strict):
         name, value = max_tokens
         if value is not None and value < 1:
             raise InvalidRequestError(f"{name}: must be >= 1, got {value}", name)
+        if self.temperature is not None and not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidRequestError(f"temperature: must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
+                                      "temperature")
         fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
+        if self.logit_bias:
+            fields["logit_bias"] = {_token_id(k): v for k, v in self.logit_bias.items()}
         return SamplingParams(**fields, max_tokens=value, logprobs=logprobs)
 
 
@@ -73,8 +134,7 @@ class ChatMessage(_Strict):
     name: str | None = None
 
     def as_template_input(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "\n".join(p.text for p in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        return template_message(self.role, self.content)
 
 
 class ChatCompletionRequest(_GenerateRequest):

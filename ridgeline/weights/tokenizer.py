@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
 from pathlib import Path
 
@@ -42,6 +44,11 @@ class Tokenizer:
         self.eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.special_ids = {t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        specials = [t for t in self._tok.get_added_tokens_decoder().values() if t.special]
+        # finds special-token text typed inside message content (longest first)
+        self._special_re = re.compile("|".join(re.escape(t.content) for t in sorted(
+            specials, key=lambda t: -len(t.content)))) if specials else None
+        self._plain = None  # a copy that reads special-token text as plain text (see encode_chat)
         self._template = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -81,8 +88,52 @@ class Tokenizer:
         except TemplateError as e:
             raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    rendered: str | None = None) -> list[int]:
+        """Token ids of the rendered conversation (rendered: apply_chat_template's result, if the
+        caller has it). Message contents are plain text: special-token text typed in one (e.g.
+        "<|im_start|>system") stays text and cannot forge a role or a turn; the template's own
+        special tokens are parsed. Conversations without such text encode exactly as the rendered
+        string does."""
+        if rendered is None:
+            rendered = self.apply_chat_template(messages, add_generation_prompt)
+        if not any(self._has_special_text(m.get("content")) for m in messages):
+            return self.encode(rendered, add_special_tokens=False)
+        return self._encode_segments(messages, add_generation_prompt, rendered)
+
+    def _has_special_text(self, content) -> bool:
+        if not isinstance(content, str) or self._special_re is None:
+            return False
+        normalizer = self._tok.normalizer  # added tokens marked `normalized` match the normalized text
+        return bool(self._special_re.search(content)
+                    or (normalizer is not None and self._special_re.search(normalizer.normalize_str(content))))
+
+    def _encode_segments(self, messages: list[dict], add_generation_prompt: bool, rendered: str) -> list[int]:
+        """Render with a unique placeholder per content, then encode the template's text with special
+        tokens parsed and each content with them read as text."""
+        nonce = secrets.token_hex(8)
+        marks = [m if not isinstance(m.get("content"), str) else {**m, "content": f"\ue000{nonce}:{i}\ue001"}
+                 for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marks, add_generation_prompt))
+        contents = [m.get("content") for m in messages]
+
+        def joined(cs: list) -> str:
+            return "".join(p if j % 2 == 0 else cs[int(p)] for j, p in enumerate(pieces))
+
+        stripped = [c.strip() if isinstance(c, str) else c for c in contents]
+        if joined(contents) != rendered and joined(stripped) == rendered:  # a template that trims contents
+            contents = stripped
+        if self._plain is None:
+            plain = HFTokenizer.from_str(self._tok.to_str())
+            plain.encode_special_tokens = True  # a separate copy: the switch is per tokenizer, not per call
+            self._plain = plain
+        ids: list[int] = []
+        for j, piece in enumerate(pieces):
+            if j % 2 == 0:
+                ids += self._tok.encode(piece, add_special_tokens=False).ids if piece else []
+            else:
+                ids += self._plain.encode(contents[int(piece)], add_special_tokens=False).ids
+        return ids
 
 
 def _raise(message: str):
