@@ -133,10 +133,11 @@ class SamplingParams:
     seed: int | None = None  # choice i is seeded with seed + i: both in the signed 64-bit range
     stop: tuple[str, ...] | list[str] | str | None = None  # stored as a tuple, empty strings dropped
     stop_token_ids: tuple[int, ...] | list[int] | None = None  # stored as a tuple
-    max_tokens: int | None = 16  # None: up to max_model_len
+    max_tokens: int | None = 16  # None: up to max_model_len; 0 only with prompt_logprobs (score the prompt)
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per sampled token (0: only the sampled one)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token (its whole prompt is computed)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None  # stored as sorted (id, bias) pairs
@@ -175,8 +176,10 @@ class SamplingParams:
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise _bad("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}")
         v["stop_token_ids"] = tuple(_int("stop_token_ids", t, 0) for t in ids)
+        if self.prompt_logprobs is not None:
+            v["prompt_logprobs"] = _int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if self.max_tokens is not None:
-            v["max_tokens"] = _int("max_tokens", self.max_tokens, 1)
+            v["max_tokens"] = _int("max_tokens", self.max_tokens, 0 if self.prompt_logprobs is not None else 1)
         v["min_tokens"] = _int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and v["min_tokens"] > v["max_tokens"]:
             raise _bad("min_tokens", f"must be in [0, max_tokens], got {v['min_tokens']}")

@@ -19,6 +19,8 @@ class ScheduledSeq:
     history: list[int] | None  # prompt + output so far, copied only when penalties or min_tokens need it
     num_prompt_tokens: int
     num_spec: int = 0  # proposed tokens at the end of token_ids, verified by this step
+    score_prompt: bool = False  # prompt_logprobs: score the prompt tokens this chunk predicts
+    next_token: int | None = None  # ... the prompt token after this chunk (its last row's target), if any
 
     @property
     def num_new(self) -> int:
@@ -41,6 +43,15 @@ class StepPlan:
 
 
 @dataclass
+class PromptLogprobs:
+    """Logprobs of prompt tokens start+1 .. start+len(token_ids) of one request, computed this step."""
+    start: int  # the position predicting the first of them
+    token_ids: list[int]  # the prompt tokens scored (the targets)
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+@dataclass
 class SampledSeq:
     """What the runner returns per sampling sequence: the tokens it keeps, in order. Without proposals
     that is one token; with k proposals, the first `accepted` of them (they matched what the target
@@ -50,3 +61,9 @@ class SampledSeq:
     accepted: int = 0  # proposals kept
     proposed: int = 0  # proposals verified (the sequence's num_spec)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per kept token: (logprob, top)
+
+
+@dataclass
+class StepResult:
+    sampled: list[SampledSeq] = field(default_factory=list)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # request id -> this step's

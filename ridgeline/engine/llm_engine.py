@@ -40,6 +40,7 @@ class _Group:
     members: list[Request]
     detoks: list[Detokenizer]
     logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # [P]: position 0 has none (nothing before it)
 
 
 class LLMEngine:
@@ -141,7 +142,7 @@ class LLMEngine:
                 f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
                 "raise --kv-cache-memory", "prompt")
         room = self.max_model_len - len(ids)
-        max_tokens = min(params.max_tokens or room, room)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         members: list[Request] = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
@@ -151,7 +152,8 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = _Group(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],
-                                         [[] if params.logprobs is not None else None for _ in members])
+                                         [[] if params.logprobs is not None else None for _ in members],
+                                         [None] * len(ids) if params.prompt_logprobs is not None else None)
         for r in members:
             self.requests[r.request_id] = r
             self.scheduler.add(r)
@@ -173,16 +175,26 @@ class LLMEngine:
         if self.proposer is not None:
             self._propose()
         plan = self.scheduler.schedule()
-        sampled = self.runner.execute(plan)
+        result = self.runner.execute(plan)
+        sampled = result.sampled
         if self.proposer is not None and plan.finished_ids:
             self.proposer.forget(plan.finished_ids)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
         touched: dict[str, _Group] = {}
+        for rid, pl in result.prompt_logprobs.items():
+            store = self.groups[self.requests[rid].group_id].prompt_logprobs
+            for i, (t, lp, top) in enumerate(zip(pl.token_ids, pl.logprobs, pl.top)):
+                store[pl.start + 1 + i] = TokenLogprob(t, lp, top)
         for s in sampled:
             req = self.requests[s.req_id]
             group = self.groups[req.group_id]
+            touched[req.group_id] = group
+            if req.max_tokens == 0:  # prompt scoring only: done once the prompt is computed
+                req.finish_time = now
+                self.scheduler.finish(req, Status.FINISHED_LENGTH)
+                continue
             self.spec_stats.record(s)
             for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
                 self._append(req, group, token, now)
@@ -190,7 +202,6 @@ class LLMEngine:
                     group.logprobs[req.index].append(TokenLogprob(token, *s.logprobs[i]))
                 if req.status.finished:
                     break
-            touched[req.group_id] = group
         outputs = []
         for gid, group in touched.items():
             done = all(r.status.finished for r in group.members)
@@ -264,8 +275,12 @@ class LLMEngine:
                                          list(lp) if lp is not None else None))
         first = group.members[0]
         metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time}
+        plp = group.prompt_logprobs
+        if plp is not None and first.num_computed_tokens < len(plp) and not done:
+            plp = None  # not all computed yet: sent with the first output that has them all
         return RequestOutput(gid, group.prompt, group.prompt_token_ids, outs, done,
-                             num_cached_tokens=first.num_cached_tokens, metrics=metrics)
+                             num_cached_tokens=first.num_cached_tokens, metrics=metrics,
+                             prompt_logprobs=list(plp) if plp is not None else None)
 
 
 def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:

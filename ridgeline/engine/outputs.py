@@ -33,4 +33,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first has none)
     metrics: dict = field(default_factory=dict)  # arrival, first token and finish times (monotonic s)

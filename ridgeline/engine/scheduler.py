@@ -94,7 +94,9 @@ class Scheduler:
                 skipped.append(req)  # its prompt's blocks are not computed yet
                 continue
             match, reused = None, 0
-            if self.kv.caching:  # also on readmission after preemption
+            if req.params.prompt_logprobs is not None and req.index == 0:
+                pass  # its prompt's logits are needed: compute all of it (choices 1.. then reuse it)
+            elif self.kv.caching:  # also on readmission after preemption
                 match = self.kv.match(req.token_ids, req.cache_salt)
                 reused = match.num_tokens
             elif req.share_from is not None and req.share_from.status == Status.RUNNING:
@@ -128,6 +130,7 @@ class Scheduler:
             start = req.num_computed_tokens
             known = min(n, req.num_tokens - start)
             p = req.params
+            score = p.prompt_logprobs is not None and req.index == 0 and start < req.num_prompt_tokens - 1
             history = (list(req.token_ids) if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
                        or p.min_tokens else None)
             seqs.append(ScheduledSeq(
@@ -135,7 +138,8 @@ class Scheduler:
                 token_ids=req.token_ids[start:start + known] + req.spec_token_ids[:n - known],
                 block_table=self.kv.tables[req.request_id][:self.kv.blocks_for(start + n)],
                 sample=start + known == req.num_tokens, params=p, seed=req.seed, history=history,
-                num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known))
+                num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known, score_prompt=score,
+                next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None))
         seqs.sort(key=lambda s: s.num_new != 1)  # stable: one-token decodes first, then the rest
         return seqs
 

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ridgeline.step_plan import SampledSeq, ScheduledSeq, StepPlan
+from ridgeline.runner.prompt_logprobs import score_prompts
+from ridgeline.step_plan import ScheduledSeq, StepPlan, StepResult
 from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv
@@ -26,21 +27,24 @@ class ModelRunner:
         self.sample = StepSampler(device, eos_ids)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> list[SampledSeq]:
-        """One forward over every scheduled token; logits only for the rows that sample (the last
-        num_spec + 1 rows of a sampling sequence); the tokens each sampling sequence keeps."""
+    def execute(self, plan: StepPlan) -> StepResult:
+        """One forward over every scheduled token; logits only for the rows that need them: the last
+        num_spec + 1 rows of a sampling sequence (the tokens it keeps), and the prompt rows of a
+        request that asked for prompt logprobs."""
         self.sample.forget(plan.finished_ids)
+        result = StepResult()
         if plan.empty:
-            return []
+            return result
         seqs = plan.seqs
         ids, positions, ctx, sample_rows = self._prepare(seqs)
         with forward_context(ctx):
             hidden = self.model(ids, positions)
+        if any(s.score_prompt for s in seqs):
+            result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
-        if not sampling:
-            return []
-        logits = self.model.compute_logits(hidden[sample_rows])
-        return self.sample(sampling, logits)
+        if sampling:
+            result.sampled = self.sample(sampling, self.model.compute_logits(hidden[sample_rows]))
+        return result
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device
