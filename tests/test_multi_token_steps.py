@@ -10,6 +10,7 @@ import random
 import pytest
 
 from ridgeline import LLM, SamplingParams
+from ridgeline.engine.outputs import Accumulator
 from ridgeline.spec.proposer import PROPOSERS, Proposer
 
 PROMPTS = ["Once upon a time", "The meaning of life is " * 3, "x", "abcdefghijklmnopqrstuvwxyz",
@@ -56,9 +57,10 @@ def _run(llm: LLM, params: list[SamplingParams], check=True) -> list[list[int]]:
     eng = llm.engine
     for i, (p, sp) in enumerate(zip(PROMPTS, params)):
         eng.add_request(f"r{i}", p, sp)
-    done = {}
+    done, acc = {}, Accumulator()
     while eng.has_unfinished():
-        for out in eng.step():
+        for delta in eng.step():
+            out = acc.add(delta)
             if out.finished:
                 done[out.request_id] = [c.token_ids for c in out.outputs]
         if check:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -10,7 +10,8 @@ from ridgeline.config import EngineConfig
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
 from ridgeline.engine.kv_manager import KVCacheManager
-from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from ridgeline.engine.group import RequestGroup
+from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
@@ -31,16 +32,6 @@ from ridgeline.weights.resolve import resolve_model
 from ridgeline.weights.tokenizer import Tokenizer
 
 DEFAULT_KV_CAP = 4 << 30
-
-
-@dataclass
-class _Group:
-    prompt: str | None
-    prompt_token_ids: list[int]
-    members: list[Request]
-    detoks: list[Detokenizer]
-    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # [P]: position 0 has none (nothing before it)
 
 
 class LLMEngine:
@@ -88,7 +79,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         self.proposer = create_proposer(config.speculative, arch.vocab_size)
         self.spec_stats = SpecStats()
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
@@ -150,7 +141,7 @@ class LLMEngine:
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
                                    share_from=members[0] if i else None, cache_salt=cache_salt))
         text = prompt if isinstance(prompt, str) else prompt_text
-        self.groups[request_id] = _Group(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
+        self.groups[request_id] = RequestGroup(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],
                                          [[] if params.logprobs is not None else None for _ in members],
                                          [None] * len(ids) if params.prompt_logprobs is not None else None)
@@ -172,6 +163,9 @@ class LLMEngine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self, emit_unfinished: bool = True) -> list[RequestOutput]:
+        """Run one step. Returns a delta (RequestOutput) for every request that changed: new token ids,
+        text and logprobs since its last output; with emit_unfinished=False only for requests that
+        finished (whole, if never emitted before)."""
         if self.proposer is not None:
             self._propose()
         plan = self.scheduler.schedule()
@@ -182,7 +176,7 @@ class LLMEngine:
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
-        touched: dict[str, _Group] = {}
+        touched: dict[str, RequestGroup] = {}
         for rid, pl in result.prompt_logprobs.items():
             store = self.groups[self.requests[rid].group_id].prompt_logprobs
             for i, (t, lp, top) in enumerate(zip(pl.token_ids, pl.logprobs, pl.top)):
@@ -204,9 +198,9 @@ class LLMEngine:
                     break
         outputs = []
         for gid, group in touched.items():
-            done = all(r.status.finished for r in group.members)
+            done = group.done
             if done or emit_unfinished:
-                outputs.append(self._output(gid, group, done))
+                outputs.append(group.delta(gid))
             if done:
                 del self.groups[gid]
                 for r in group.members:
@@ -248,7 +242,7 @@ class LLMEngine:
     def reset_kv_usage(self) -> None:
         self.kv_usage = [0, 0]
 
-    def _append(self, req: Request, group: _Group, token: int, now: float) -> None:
+    def _append(self, req: Request, group: RequestGroup, token: int, now: float) -> None:
         req.token_ids.append(token)
         if req.first_token_time is None:
             req.first_token_time = now
@@ -265,22 +259,6 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
-
-    def _output(self, gid: str, group: _Group, done: bool) -> RequestOutput:
-        outs = []
-        for r, d, lp in zip(group.members, group.detoks, group.logprobs):
-            fin = r.status.finished
-            outs.append(CompletionOutput(r.index, d.emittable(fin), r.output_token_ids,
-                                         r.status.value if fin else None, r.stop_reason,
-                                         list(lp) if lp is not None else None))
-        first = group.members[0]
-        metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time}
-        plp = group.prompt_logprobs
-        if plp is not None and first.num_computed_tokens < len(plp) and not done:
-            plp = None  # not all computed yet: sent with the first output that has them all
-        return RequestOutput(gid, group.prompt, group.prompt_token_ids, outs, done,
-                             num_cached_tokens=first.num_cached_tokens, metrics=metrics,
-                             prompt_logprobs=list(plp) if plp is not None else None)
 
 
 def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:

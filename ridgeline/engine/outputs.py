@@ -1,4 +1,7 @@
-"""What the engine returns: one RequestOutput per user request (all n choices), vLLM-shaped."""
+"""What the engine returns: one RequestOutput per user request and step, vLLM-shaped. Outputs are
+deltas: a CompletionOutput carries the token ids, text and logprobs new since the request's last
+output (only the choices that changed appear). `merge` folds a delta into what came before;
+`Accumulator` keeps whole outputs for callers that want them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,3 +38,35 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first has none)
     metrics: dict = field(default_factory=dict)  # arrival, first token and finish times (monotonic s)
+
+    def merge(self, later: RequestOutput) -> RequestOutput:
+        """This output followed by a later delta of the same request, as one output (new objects)."""
+        by_index = {c.index: CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
+                                              None if c.logprobs is None else list(c.logprobs)) for c in self.outputs}
+        for c in later.outputs:
+            old = by_index.get(c.index)
+            if old is None:
+                by_index[c.index] = CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason,
+                                                     c.stop_reason, None if c.logprobs is None else list(c.logprobs))
+                continue
+            old.text += c.text
+            old.token_ids += c.token_ids
+            if c.logprobs is not None:
+                old.logprobs = (old.logprobs or []) + c.logprobs
+            old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
+                             [by_index[i] for i in sorted(by_index)], later.finished, later.num_cached_tokens,
+                             later.prompt_logprobs if later.prompt_logprobs is not None else self.prompt_logprobs,
+                             {**self.metrics, **later.metrics})
+
+
+class Accumulator:
+    """Whole outputs from deltas, per request id."""
+
+    def __init__(self):
+        self.outputs: dict[str, RequestOutput] = {}
+
+    def add(self, delta: RequestOutput) -> RequestOutput:
+        old = self.outputs.get(delta.request_id)
+        self.outputs[delta.request_id] = merged = delta if old is None else old.merge(delta)
+        return merged

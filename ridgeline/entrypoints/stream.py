@@ -24,7 +24,7 @@ def stream_replies(engine, request_ids: list[str], write: Callable[[str], None] 
         while turn < len(request_ids):
             for out in engine.step():
                 if out.request_id in texts:
-                    texts[out.request_id] = out.outputs[0].text
+                    texts[out.request_id] += "".join(c.text for c in out.outputs)  # deltas
                     if out.finished:
                         finished.add(out.request_id)
             while turn < len(request_ids):
