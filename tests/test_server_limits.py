@@ -122,6 +122,19 @@ def test_stalled_and_short_requests_are_closed_and_others_keep_being_served(engi
         wait_idle(srv.url)
 
 
+def test_a_body_over_the_limit_is_refused_without_resetting_the_upload(engine):
+    """The 413 comes before the body; the client still sends it, then reuses the connection. Had the
+    server closed, the unread upload would have reset the connection under the client's feet."""
+    with serving(engine, max_body_bytes=100) as srv:
+        s = _raw(srv.url)
+        s.sendall(HEAD + b"Content-Length: 5000\r\n\r\n")
+        reply = _read_response(s)
+        assert reply.startswith(b"HTTP/1.1 413 ") and b"connection: close" not in reply.lower()
+        s.sendall(b"x" * 5000 + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(s).startswith(b"HTTP/1.1 200 ")
+        s.close()
+
+
 def test_a_keep_alive_connection_gets_a_header_deadline_per_request(engine):
     with serving(engine, timeout_header=0.3) as srv:
         s = _raw(srv.url)

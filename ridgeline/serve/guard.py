@@ -19,7 +19,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
 
-CLOSE = {"Connection": "close"}  # the rest of the request is not read: the connection cannot be reused
+# Closing a connection whose client is still uploading resets it (the unread bytes make the kernel send
+# RST) and the client may never read the answer. So a refusal of a body that is coming (413, a bad
+# Content-Length) keeps the connection: uvicorn reads and drops the rest, under the next request's
+# header deadline. Only a stalled body (408) or a shutdown closes it.
+CLOSE = {"Connection": "close"}
 
 
 class Guard:
@@ -51,10 +55,10 @@ class Guard:
                             headers={**CLOSE, "Retry-After": str(RETRY_AFTER_S)})
         length = headers.get("content-length")
         if length is not None and not length.isdigit():
-            return ApiError(400, f"invalid Content-Length {length!r}", headers=CLOSE)
+            return ApiError(400, f"invalid Content-Length {length!r}")
         if length is not None and int(length) > self.max_body_bytes:
             return ApiError(413, f"the request body is {length} bytes, over the limit of {self.max_body_bytes} "
-                                 "(--max-body-bytes)", code="request_too_large", headers=CLOSE)
+                                 "(--max-body-bytes)", code="request_too_large")
         return None
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -81,7 +85,7 @@ class Guard:
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
                 raise HTTPException(413, f"the request body is over the limit of {self.max_body_bytes} "
-                                         "bytes (--max-body-bytes)", headers=CLOSE)
+                                         "bytes (--max-body-bytes)")
             done = not message.get("more_body", False)
             return message
 
