@@ -1,15 +1,16 @@
 """The OpenAI-compatible server on the tiny model, through the official `openai` client (sync and
-async, streaming and not), against the offline engine; disconnects free KV blocks."""
+async, streaming and not), against the offline engine; disconnects free KV blocks; the small routes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
-import time
 
 import httpx
 import openai
 import pytest
+from server_helpers import StepGate, metric, wait_idle, wait_until
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.config import EngineConfig
@@ -23,8 +24,12 @@ MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    engine = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
+def engine(tiny_llama):
+    return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
+
+
+@pytest.fixture(scope="module")
+def server(engine):
     with ServerThread(build_app(engine, ServerSettings(MODEL, max_waiting=64))) as s:
         yield s
 
@@ -37,20 +42,6 @@ def offline(tiny_llama):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def metric(url: str, name: str, labels: str = "") -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + (labels and "{" + labels + "}") + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def wait_idle(url: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while metric(url, "ridgeline_kv_cache_blocks_used") or metric(url, "ridgeline_num_requests_running"):
-        assert time.monotonic() < deadline, "KV blocks were not freed"
-        time.sleep(0.05)
 
 
 def test_models_health_and_metrics(server, client):
@@ -153,31 +144,35 @@ def test_async_chat_non_stream(server):
     assert asyncio.run(main()).usage.completion_tokens == 4
 
 
-def test_disconnects_abort_and_free_every_kv_block(server):
+def test_disconnects_abort_and_free_every_kv_block(server, engine):
     url = server.url
     aborted = metric(url, "ridgeline_requests_total", 'status="abort"')
-    body = dict(model=MODEL, prompt="a long story", max_tokens=480, ignore_eos=True, stream=True)
+    # logprobs: every token makes a chunk (text alone may wait for the rest of a UTF-8 character)
+    body = dict(model=MODEL, prompt="a long story", max_tokens=480, ignore_eos=True, stream=True, logprobs=0)
 
-    async def main():
-        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+    async def streams_then_disconnect(gate: StepGate) -> float:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             streams = [await c.send(c.build_request("POST", "/v1/completions", json=body), stream=True)
                        for _ in range(4)]
             readers = [r.aiter_lines() for r in streams]  # kept alive: a collected reader closes its stream
+            while metric(url, "ridgeline_num_requests_running") < 4:  # every stream has a token, none is done
+                await asyncio.to_thread(gate.step)
             for lines in readers:
                 while not (await anext(lines)).startswith("data: {"):
                     pass
-            assert (await c.get("/metrics")).status_code == 200
             used = metric(url, "ridgeline_kv_cache_blocks_used")
             for r in streams:
                 await r.aclose()  # mid-stream: the connection closes
             return used
 
-    assert asyncio.run(main()) >= 4
-    with pytest.raises(httpx.ReadTimeout):  # a non-stream client that gives up
-        httpx.post(url + "/v1/completions", json={**body, "stream": False, "n": 2}, timeout=0.3)
+    with StepGate(server.app) as gate:
+        assert asyncio.run(streams_then_disconnect(gate)) >= 4
+        wait_until(lambda: metric(url, "ridgeline_requests_total", 'status="abort"') == aborted + 4)
+        with pytest.raises(httpx.ReadTimeout):  # a non-stream client that gives up: held, it cannot finish
+            httpx.post(url + "/v1/completions", json={**body, "stream": False, "n": 2}, timeout=0.3)
+        wait_until(lambda: metric(url, "ridgeline_requests_total", 'status="abort"') == aborted + 4 + 2)
     wait_idle(url)
     assert metric(url, "ridgeline_requests_total", 'status="abort"') == aborted + 4 + 2
-    assert metric(url, "ridgeline_num_requests_waiting") == 0
 
 
 def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
@@ -187,21 +182,134 @@ def test_unknown_fields_are_ignored_with_a_warning(client, caplog):
     assert "frobnicate" in caplog.text
 
 
-def test_shutdown_drains_for_a_bounded_time_then_frees_everything(offline):
+def test_a_field_name_cannot_forge_log_lines(server, caplog):
+    forged = "x\nCRITICAL ridgeline.serve: forged\r\x1b[2J"
+    with caplog.at_level(logging.WARNING, logger="ridgeline.serve"):
+        r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1,
+                                                             forged: 1}, timeout=60)
+    assert r.status_code == 200
+    [record] = [r for r in caplog.records if "unknown field" in r.getMessage()]
+    line = record.getMessage()
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert "x\\nCRITICAL ridgeline.serve: forged\\r\\x1b[2J" in line
+
+
+def test_models_by_id_head_and_fingerprint(server, client):
+    card = httpx.get(server.url + "/v1/models/" + MODEL).json()
+    assert card["id"] == MODEL and card["object"] == "model" and client.models.retrieve(MODEL).id == MODEL
+    r = httpx.get(server.url + "/v1/models/gpt-9")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    for path in ("/health", "/v1/models", "/v1/models/" + MODEL):
+        head = httpx.head(server.url + path)
+        assert head.status_code == 200 and head.content == b""
+    kw = dict(model=MODEL, max_tokens=3, temperature=0)
+    cmpl = client.completions.create(prompt="hi", **kw)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **kw)
+    fp = cmpl.system_fingerprint
+    assert fp and fp.startswith("fp_") and chat.system_fingerprint == fp
+    chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], stream=True, **kw))
+    chunks += list(client.completions.create(prompt="hi", stream=True, **kw))
+    assert {c.system_fingerprint for c in chunks} == {fp}
+
+
+def test_docs_work_offline(server):
+    r = httpx.get(server.url + "/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "/v1/chat/completions" in r.text and "/v1/completions" in r.text
+    low = r.text.lower()
+    assert "http://" not in low and "https://" not in low and "<script" not in low  # nothing to fetch
+    assert httpx.get(server.url + "/openapi.json").json()["paths"]
+    assert httpx.get(server.url + "/redoc").status_code == 404
+
+
+def test_one_log_line_per_finished_request(server, client, caplog):
+    with caplog.at_level(logging.INFO, logger="ridgeline.serve"):
+        r = client.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                            max_tokens=2, stream=True, extra_body={"ignore_eos": True}))
+    lines = [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith(("cmpl-", "chatcmpl-"))]
+    assert len(lines) == 2
+    assert lines[0].startswith(r.id + " 200: 3 prompt + 5 completion tokens, TTFT ")
+    assert lines[1].startswith("chatcmpl-") and " 200: " in lines[1] and "+ 2 completion tokens" in lines[1]
+
+
+def test_tokenizing_runs_off_the_event_loop(server, engine, client):
+    """While one huge prompt is being tokenized (held here on an event), every route still answers."""
+    tok = engine.tokenizer
+    encode, template = tok.encode, tok.apply_chat_template
+    entered, release = threading.Event(), threading.Event()
+
+    def held(fn):
+        def run(text, *a, **k):
+            if "HUGE" in str(text):
+                entered.set()
+                assert release.wait(60)
+            return fn(text, *a, **k)
+        return run
+
+    tok.encode, tok.apply_chat_template = held(encode), held(template)
+    try:
+        for route, body in (("/v1/completions", {"prompt": "HUGE" + "x" * 100}),
+                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+                                {"type": "text", "text": "HUGE"}]}]})):
+            entered.clear()
+            release.clear()
+            big = {"model": MODEL, "max_tokens": 2, "temperature": 0, **body}
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                thread = threading.Thread(target=lambda: results.append(c.post(route, json=big)))
+                results: list[httpx.Response] = []
+                thread.start()
+                assert entered.wait(60)
+                assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+                assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices
+                assert thread.is_alive() and not results  # the huge one is still being tokenized
+                release.set()
+                thread.join(60)
+                assert results[0].status_code == 200
+    finally:
+        release.set()
+        del tok.encode, tok.apply_chat_template
+
+
+def test_shutdown_ends_what_outlives_the_drain_with_an_error_and_frees_everything(offline, caplog):
+    """Held at the gate, a stream and a non-stream request are still running when the drain timeout
+    passes: the stream gets an in-band error then [DONE], the other a JSON 503; one log line each."""
     engine = offline.engine  # idle: lend it to a server with a short drain
     srv = ServerThread(build_app(engine, ServerSettings(MODEL)), drain_timeout=0.3).start()
-    body = dict(model=MODEL, prompt="a", max_tokens=480, ignore_eos=True, stream=True)
-    rest = []
-    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
-        lines = r.iter_lines()
-        while not next(lines).startswith("data: {"):
-            pass
-        stopper = threading.Thread(target=srv.stop)
-        stopper.start()
-        with pytest.raises(httpx.RemoteProtocolError):  # cut after the drain timeout, not run to the end
-            rest.extend(lines)
-    stopper.join(10)
-    assert not stopper.is_alive() and "data: [DONE]" not in rest
+    body = dict(model=MODEL, prompt="a", max_tokens=480, ignore_eos=True, logprobs=0)
+    plain: list[httpx.Response] = []
+    uvicorn_log = logging.getLogger("uvicorn.error")  # does not propagate to caplog's root handler
+    uvicorn_log.addHandler(caplog.handler)
+    with caplog.at_level(logging.INFO), StepGate(srv.app) as gate:
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            lines = r.iter_lines()
+            gate.step()  # the stream's first token
+            while not next(lines).startswith("data: {"):
+                pass
+            waiter = threading.Thread(target=lambda: plain.append(
+                httpx.post(srv.url + "/v1/completions", json=body, timeout=60)))
+            waiter.start()
+            wait_until(lambda: metric(srv.url, "ridgeline_num_requests_waiting") == 1, "second request admitted")
+            stopper = threading.Thread(target=srv.stop)
+            stopper.start()
+            rest = [line for line in lines if line]
+            waiter.join(60)
+        gate.open()  # the step thread may finish its step; the engine then drops both requests
+        stopper.join(60)
+    uvicorn_log.removeHandler(caplog.handler)
+    assert not stopper.is_alive()
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "service_unavailable" and "drain timeout" in error["message"]
+    assert all(json.loads(line[6:]).get("choices") for line in rest[:-2])  # tokens, then the error
+    [r] = plain
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "service_unavailable"
+    assert len([m for m in caplog.messages if m.startswith("shutdown: aborted")]) == 2
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
+    assert "CancelledError" not in caplog.text and "Traceback" not in caplog.text
+    assert "Waiting for application shutdown" in caplog.text  # uvicorn's log was captured too
     assert not engine.has_unfinished()
     engine.kv.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_usable_blocks

@@ -28,6 +28,17 @@ class EngineStoppedError(RidgelineError):
     type = "service_unavailable"
 
 
+class EngineStepError(RidgelineError):
+    """A step raised (a bug, not bad input): its requests end with this generic 500. The detail is
+    logged once, by the step thread; clients never see it."""
+    status = 500
+    type = "server_error"
+    logged = True
+
+    def __init__(self):
+        super().__init__("internal error")
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """Written whole by the step thread after every step and batch of ops; read from any thread."""
@@ -54,8 +65,9 @@ class RequestStream:
     """Outputs of a set of engine requests, each request's newest first-come. Outputs are cumulative
     snapshots, so an unread one is replaced by its successor: a slow reader skips, never lags."""
 
-    def __init__(self, owner: AsyncEngine, request_ids: list[str]):
+    def __init__(self, owner: AsyncEngine, request_ids: list[str], name: str):
         self._owner = owner
+        self.name = name  # the HTTP request's id, for the log
         self.unfinished = set(request_ids)
         self._ready: dict[str, RequestOutput] = {}
         self._error: BaseException | None = None
@@ -102,7 +114,12 @@ class AsyncEngine:
         self._stopping = False
         self._live: set[str] = set()  # step thread: requests added and not yet finished or aborted
         self._streams: dict[str, RequestStream] = {}  # event loop: unfinished request -> its stream
-        self._no_token_yet: set[str] = set()  # event loop: subset of _streams still waiting
+        self._no_token_yet: dict[str, int] = {}  # event loop: subset of _streams still waiting -> its n
+        self._adding: set[asyncio.Future] = set()  # event loop: adds the step thread has not applied yet
+        self._refusal: BaseException | None = None  # event loop: set by abort_all, raised by add
+        # tests: called on the step thread before each step; False holds the step (adds and aborts still
+        # apply) until the next op or wake(). Makes "still running when X happens" certain, not raced.
+        self.step_gate = None
         self.stats = self._snapshot()
 
     # ---- event-loop side ---------------------------------------------------------------------
@@ -121,19 +138,27 @@ class AsyncEngine:
         return len(self._no_token_yet)
 
     @property
+    def num_waiting_seqs(self) -> int:
+        """Sequences (choices: each waiting request's n) accepted that have no token yet."""
+        return sum(self._no_token_yet.values())
+
+    @property
     def num_running(self) -> int:
         return len(self._streams) - len(self._no_token_yet)
 
-    async def add(self, requests: list[NewRequest]) -> RequestStream:
+    async def add(self, requests: list[NewRequest], name: str | None = None) -> RequestStream:
         """Add requests atomically (one bad request adds none); raises the engine's error."""
+        if self._refusal is not None:
+            raise self._refusal
         if not self.alive:
             raise EngineStoppedError("the server is shutting down")
         ids = [r.request_id for r in requests]
-        stream = RequestStream(self, ids)
-        for rid in ids:
-            self._streams[rid] = stream
-            self._no_token_yet.add(rid)
+        stream = RequestStream(self, ids, name or ids[0])
+        for r in requests:
+            self._streams[r.request_id] = stream
+            self._no_token_yet[r.request_id] = r.params.n
         done = self._loop.create_future()
+        self._adding.add(done)
         self._post(("add", requests, done))
         try:
             await done
@@ -141,12 +166,29 @@ class AsyncEngine:
             for rid in ids:
                 self.abort(rid)
             raise
+        finally:
+            self._adding.discard(done)
         return stream
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-        self._no_token_yet.discard(request_id)
+        self._no_token_yet.pop(request_id, None)
         self._post(("abort", request_id))
+
+    def abort_all(self, error: BaseException) -> list[RequestStream]:
+        """End every unfinished request with `error` and refuse new ones (the drain deadline). Returns
+        the streams failed, one per HTTP request. Does not wait for the step thread, which may be in a
+        long step: their readers get `error` now, and the engine drops them before its next step."""
+        self._refusal = error
+        streams = list(dict.fromkeys(self._streams.values()))
+        for rid in list(self._streams):
+            self.abort(rid)
+        for stream in streams:
+            stream._fail(error)
+        for done in self._adding:
+            if not done.done():
+                done.set_exception(error)
+        return streams
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Abort everything left and end the step thread."""
@@ -159,6 +201,13 @@ class AsyncEngine:
             stream._fail(error)
         self._streams.clear()
         self._no_token_yet.clear()
+        for done in self._adding:
+            if not done.done():
+                done.set_exception(error)
+
+    def wake(self) -> None:
+        """Have the step thread look at its ops and step_gate again."""
+        self._wake.set()
 
     def _post(self, op: tuple) -> None:
         self._ops.append(op)
@@ -166,14 +215,14 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            self._no_token_yet.discard(out.request_id)
+            self._no_token_yet.pop(out.request_id, None)
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None:
                 stream._put(out)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for rid in request_ids:
-            self._no_token_yet.discard(rid)
+            self._no_token_yet.pop(rid, None)
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream._fail(error)
@@ -184,15 +233,16 @@ class AsyncEngine:
             self._wake.clear()
             if not self._apply_ops():
                 break
-            if not self.engine.has_unfinished():
+            if not self.engine.has_unfinished() or (self.step_gate is not None and not self.step_gate()):
                 self.stats = self._snapshot()
                 self._wake.wait()
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # a bug, not bad input: fail the requests in flight, keep serving
-                log.exception("engine step failed; failing %d request(s)", len(self._live))
-                self._abort_all(RidgelineError(f"engine step failed: {e}"))
+            except Exception:  # a bug, not bad input: end the requests in flight, keep serving
+                # never retried: a retry would advance seeded generators twice
+                log.exception("engine step failed; ending the %d request(s) in flight with a 500", len(self._live))
+                self._abort_all(EngineStepError())
                 continue
             for out in outputs:
                 if out.finished:

@@ -1,6 +1,9 @@
 """build_app(engine, settings): the FastAPI app. Its lifespan starts and stops the step thread."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import time
 from contextlib import asynccontextmanager
 
@@ -12,51 +15,88 @@ from ridgeline import __version__
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve import chat, completions
+from ridgeline.serve.docs import docs_page
+from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import install_error_handlers
 from ridgeline.serve.guard import Guard
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
 from ridgeline.serve.state import ServerSettings, ServerState, state_of
+from ridgeline.serve.stats_log import log_throughput
 
 
-def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
+def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float = 5.0) -> FastAPI:
+    """log_interval: seconds between throughput lines while busy (none with settings.quiet)."""
     async_engine = AsyncEngine(engine)
     metrics = ServerMetrics(async_engine)
     request_log = RequestLog(settings.log_requests) if settings.log_requests else None
+    state = ServerState(settings, engine, async_engine, metrics, request_log, Drain(async_engine),
+                        system_fingerprint(engine))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         async_engine.start()
+        ticker = None if settings.quiet else asyncio.ensure_future(log_throughput(state, log_interval))
         try:
             yield
         finally:
-            await async_engine.stop()
+            if ticker is not None:
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
+            await async_engine.stop(timeout=0.5 if state.drain.forced else 10.0)
+            state.executor.shutdown(wait=False, cancel_futures=True)
             if request_log is not None:
                 request_log.close()
 
-    app = FastAPI(title="ridgeline", version=__version__, lifespan=lifespan)
-    app.state.ridgeline = ServerState(settings, engine, async_engine, metrics, request_log)
+    # FastAPI's own /docs and /redoc load their scripts from a CDN: replaced by an offline page
+    app = FastAPI(title="ridgeline", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.ridgeline = state
     app.state.started = int(time.time())
     install_error_handlers(app, metrics.count_error)
     app.include_router(chat.router)
     app.include_router(completions.router)
-    app.add_api_route("/v1/models", list_models, methods=["GET"])
-    app.add_api_route("/health", health, methods=["GET"])
+    for path, route in (("/v1/models", list_models), ("/v1/models/{model_id:path}", get_model), ("/health", health)):
+        app.add_api_route(path, route, methods=["GET"])
+        app.add_api_route(path, route, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", prometheus, methods=["GET"])
-    app.add_middleware(Guard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
-                       on_error=metrics.count_error)
+
+    async def docs():
+        return docs_page(app.openapi())
+
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
+    app.add_middleware(Guard, settings=settings, drain=state.drain, on_error=metrics.count_error)
     return app
 
 
-async def list_models(request: Request):
+def system_fingerprint(engine: LLMEngine) -> str:
+    """Names the backend configuration a response came from (OpenAI's `system_fingerprint`): the same
+    Ridgeline version, model files, architecture, dtypes and kernels give the same value."""
+    i = engine.info
+    key = f"{__version__}|{i.model_folder}|{i.architecture}|{i.dtype}|{i.kv_dtype}|{i.kernels}"
+    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _card(request: Request) -> dict:
     state = state_of(request)
-    card = {"id": state.settings.served_model_name, "object": "model", "created": request.app.state.started,
+    return {"id": state.settings.served_model_name, "object": "model", "created": request.app.state.started,
             "owned_by": "ridgeline", "max_model_len": state.engine.max_model_len}
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def list_models(request: Request):
+    return JSONResponse({"object": "list", "data": [_card(request)]})
+
+
+async def get_model(model_id: str, request: Request):
+    state_of(request).check_model(model_id)
+    return JSONResponse(_card(request))
 
 
 async def health(request: Request):
-    ok = state_of(request).async_engine.alive
+    state = state_of(request)
+    if state.drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    ok = state.async_engine.alive
     return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
 

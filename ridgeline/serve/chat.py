@@ -20,17 +20,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = state_of(request)
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
-    text = tok.apply_chat_template([m.as_template_input() for m in body.messages])
-    prompt = Prompt(tok.encode_chat([m.as_template_input() for m in body.messages], rendered=text), text)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
+    prompt = await state.offload(rid, _prompt, tok, [m.as_template_input() for m in body.messages])
     job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
-    head = {"id": rid, "created": int(time.time()), "model": body.model}
+    head = {"id": rid, "created": int(time.time()), "model": body.model,
+            "system_fingerprint": state.system_fingerprint}
     if body.stream:
         return sse_response(job, _chunks(job, head, tok, params.n, body.include_usage))
     [out] = await job.results(request)
     choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                 "logprobs": chat_logprobs(tok, c.logprobs), "finish_reason": c.finish_reason} for c in out.outputs]
     return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": job.usage()})
+
+
+def _prompt(tok, messages: list[dict]) -> Prompt:
+    """Render and tokenize (on the server's executor: a long conversation takes a while)."""
+    text = tok.apply_chat_template(messages)
+    return Prompt(tok.encode_chat(messages, rendered=text), text)  # message contents never parse special tokens
 
 
 async def _chunks(job: Job, head: dict, tok, n: int, include_usage: bool):

@@ -1,4 +1,4 @@
-"""`ridgeline serve`: registered into ridgeline.cli by its plugin hook."""
+"""`ridgeline serve [MODEL]`: registered into ridgeline.cli by its plugin hook."""
 from __future__ import annotations
 
 import argparse
@@ -7,28 +7,77 @@ import os
 
 from ridgeline.cli import add_engine_args, engine_kwargs
 from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.serve.state import ServerSettings
+
+_D = ServerSettings("")  # the defaults the flags show
+
+
+class _DefaultModel(str):
+    """--model's default, marked: `serve MODEL` may then name another model without a conflict."""
+
+
+def _request_defaults() -> str:
+    from ridgeline.sampling_params import SamplingParams
+    d = SamplingParams()
+    return (f"Default sampling, for a request that omits these fields: temperature {d.temperature:g}, "
+            f"top_p {d.top_p:g}, top_k {d.top_k or 'off'}, min_p {d.min_p:g}, no penalties, no seed; "
+            f"max_tokens {d.max_tokens} on /v1/completions (OpenAI's default), up to the context length on "
+            "/v1/chat/completions. Send temperature 0 for greedy, reproducible output.")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, "
-                                            "/v1/completions, /v1/models, /health, /metrics)")
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, "
+                      "/health, /metrics, /docs)",
+        description="Serve MODEL over an OpenAI-compatible HTTP API. " + _request_defaults())
+    p.add_argument("model_positional", nargs="?", metavar="MODEL", default=None,
+                   help="the model, as with --model (give one or the other; default: --model's)")
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for every interface")
-    g.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: %(default)s)")
     g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1 routes (default: $RIDGELINE_API_KEY)")
-    g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: --model)")
-    g.add_argument("--max-waiting", type=int, default=1024,
-                   help="requests allowed to wait for their first token; more get 429")
-    g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413")
-    g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
-    g.add_argument("--access-log", action="store_true", help="log one line per HTTP request")
+                   help="require `Authorization: Bearer KEY` on every route but /health "
+                        "(default: $RIDGELINE_API_KEY, else no key)")
+    g.add_argument("--public-metrics", action="store_true", help="with --api-key: /metrics needs no key (default: it needs the key)")
+    g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the model)")
+    g.add_argument("--max-waiting", type=int, default=_D.max_waiting,
+                   help="sequences (prompts x n) allowed to wait for their first token; more get 429, "
+                        "a single request over it gets 400 (default: %(default)s)")
+    g.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes, help="larger request bodies get 413 (default: %(default)s)")
+    g.add_argument("--drain-timeout", type=float, default=_D.drain_timeout,
+                   help="on SIGINT/SIGTERM: seconds in-flight requests get to finish before they end with a 503 (default: %(default)s)")
+    g.add_argument("--timeout-header", type=float, default=_D.timeout_header,
+                   help="seconds a connection gets to send a request's headers before it is closed (default: %(default)s)")
+    g.add_argument("--timeout-body", type=float, default=_D.timeout_body,
+                   help="seconds a request gets to send its whole body after its headers (then 408) (default: %(default)s)")
+    g.add_argument("--max-connections", type=int, default=_D.max_connections,
+                   help="open connections; a request on one over the cap gets 503 (default: %(default)s)")
+    g.add_argument("--quiet", action="store_true",
+                   help="no per-request log lines and no periodic throughput lines (default: both on)")
+    g.add_argument("--access-log", action="store_true", help="uvicorn's access log, one line per HTTP request (default: off)")
     g.add_argument("--log-requests", default=None, metavar="FILE",
-                   help="append each request body to FILE as a JSON line, input for `ridgeline cache-report` "
-                        "(default: none)")
+                   help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`; default: off)")
     add_engine_args(p)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
+
+
+def _model(args: argparse.Namespace) -> str:
+    given, flag = args.model_positional, args.model
+    if given is None:
+        return str(flag)
+    if not isinstance(flag, _DefaultModel) and flag != given:
+        raise InvalidRequestError(f"two models given: {given!r} and --model {flag!r}; give one")
+    return given
+
+
+def _check(args: argparse.Namespace) -> None:
+    bad = [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
+        ("max_waiting", args.max_waiting >= 1, ">= 1"), ("max_body_bytes", args.max_body_bytes >= 1, ">= 1"),
+        ("drain_timeout", args.drain_timeout >= 0, ">= 0"), ("timeout_header", args.timeout_header > 0, "> 0"),
+        ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"))
+        if not ok]
+    if bad:
+        raise InvalidRequestError("; ".join(bad))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -37,23 +86,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.serve.app import build_app
     from ridgeline.serve.server import bind, serve_forever, url_of
-    from ridgeline.serve.state import ServerSettings
 
-    if args.max_waiting < 0 or args.max_body_bytes < 1 or args.drain_timeout < 0:
-        raise InvalidRequestError("--max-waiting must be >= 0, --max-body-bytes >= 1, --drain-timeout >= 0")
+    _check(args)
+    model = _model(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
         raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
-    config = EngineConfig.from_kwargs(args.model, **engine_kwargs(args))
+    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
     engine = build_off_main_thread(lambda: LLMEngine(config))
-    name = args.served_model_name or args.model
-    settings = ServerSettings(name, args.api_key, args.max_waiting, args.max_body_bytes, args.drain_timeout,
-                              args.log_requests)
+    name = args.served_model_name or model
+    settings = ServerSettings(
+        name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
+        drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
+        timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
+        quiet=args.quiet)
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
-    serve_forever(build_app(engine, settings), sock, args.drain_timeout, args.access_log)
-    return 0
-
+    return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)

@@ -20,10 +20,11 @@ router = APIRouter()
 async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
     params = accept(state, body, "/v1/completions")
-    prompts = [_prompt(state.engine, p, body.echo) for p in body.prompts]
     rid = f"cmpl-{uuid.uuid4().hex}"
+    prompts = await state.offload(rid, _prompts, state.engine, body.prompts, body.echo)
     job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)
-    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.model}
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.model,
+            "system_fingerprint": state.system_fingerprint}
     tok, n = state.engine.tokenizer, params.n
     if body.stream:
         return sse_response(job, _chunks(job, head, tok, n, body.echo, body.include_usage))
@@ -34,6 +35,11 @@ async def completions(body: CompletionRequest, request: Request):
                      "logprobs": completion_logprobs(tok, c.logprobs, len(echo)),
                      "finish_reason": c.finish_reason} for c in out.outputs]
     return JSONResponse({**head, "choices": choices, "usage": job.usage()})
+
+
+def _prompts(engine: LLMEngine, prompts: list[str | list[int]], echo: bool) -> list[Prompt]:
+    """Tokenize (on the server's executor: a long prompt takes a while)."""
+    return [_prompt(engine, p, echo) for p in prompts]
 
 
 def _prompt(engine: LLMEngine, prompt: str | list[int], echo: bool) -> Prompt:

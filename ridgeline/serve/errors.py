@@ -1,4 +1,6 @@
-"""Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}}."""
+"""Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}}.
+A 500 never carries its cause (exception text can hold paths, prompts, internals): clients get the
+generic INTERNAL body, and the detail goes to the log only."""
 from __future__ import annotations
 
 import logging
@@ -9,29 +11,57 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ridgeline.errors import RidgelineError
+from ridgeline.serve.logtext import clean
 
 log = logging.getLogger("ridgeline.serve")
+INTERNAL = "internal error"
+RETRY_AFTER_S = 1  # what a 429 / busy 503 asks the client to wait before retrying
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class ApiError(RidgelineError):
     """An HTTP-level refusal (auth, unknown model, limits) raised by the server itself."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message, param, code)
         self.status = status
         self.type = _TYPES.get(status, "server_error")
+        self.headers = headers
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def error_response(e: RidgelineError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+def status_of(e: BaseException) -> int:
+    """The HTTP status `e` is answered with (see public)."""
+    return e.status if isinstance(e, RidgelineError) and (e.status < 500 or e.status == 503) else 500
+
+
+def public(e: BaseException) -> RidgelineError:
+    """What a client may see of `e`: a RidgelineError below 500 (or a 503) as it is; anything else the
+    generic 500, its detail logged here unless whoever raised it has logged it (`logged`)."""
+    if status_of(e) != 500:
+        return e
+    if not getattr(e, "logged", False):
+        log.error("internal error: %s", clean(f"{type(e).__name__}: {e}"), exc_info=e)
+    return ApiError(500, INTERNAL)
+
+
+def error_headers(e: RidgelineError) -> dict[str, str] | None:
+    headers = dict(getattr(e, "headers", None) or {})
+    if e.status == 429:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    return headers or None
+
+
+def error_response(e: BaseException) -> JSONResponse:
+    e = public(e)
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), e.status, error_headers(e))
 
 
 def install_error_handlers(app: FastAPI, on_error) -> None:
@@ -50,14 +80,12 @@ def install_error_handlers(app: FastAPI, on_error) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException):
         on_error(e.status_code)
-        err = ApiError(e.status_code, str(e.detail))
-        return JSONResponse(error_body(err.message, err.type), status_code=e.status_code, headers=e.headers)
+        return error_response(ApiError(e.status_code, str(e.detail), headers=e.headers))
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception):
-        log.exception("unhandled error")
         on_error(500)
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), 500)
+        return error_response(e)
 
 
 def _from_validation(errors) -> ApiError:

@@ -15,9 +15,10 @@ from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import NewRequest, RequestStream
 from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from ridgeline.errors import InvalidRequestError, PromptTooLongError, RidgelineError
+from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.serve.errors import ApiError, error_body
+from ridgeline.serve.errors import ApiError, error_body, public, status_of
+from ridgeline.serve.logtext import clean
 from ridgeline.serve.metrics import RequestTracker
 from ridgeline.serve.state import ServerState
 
@@ -32,7 +33,7 @@ class Prompt:
 
 def warn_unknown(body: BaseModel, route: str) -> None:
     if body.model_extra:
-        log.warning("%s: ignoring unknown field(s): %s", route, ", ".join(sorted(body.model_extra)))
+        log.warning("%s: ignoring unknown field(s): %s", route, clean(", ".join(sorted(body.model_extra))))
 
 
 def accept(state, body, route: str):
@@ -56,6 +57,22 @@ def check_context(max_model_len: int, prompt: Prompt, max_tokens: tuple[str, int
             param=name, code="context_length_exceeded")
 
 
+def check_admission(state: ServerState, num_prompts: int, n: int) -> None:
+    """Every choice of every prompt is a sequence that waits for its first token: prompts x n of them
+    count toward --max-waiting. More than the limit in one request can never be admitted (400);
+    more than the room left now is worth retrying (429, with Retry-After)."""
+    seqs, limit = num_prompts * n, state.settings.max_waiting
+    if seqs > limit:
+        raise InvalidRequestError(
+            f"this request asks for {seqs} sequences ({num_prompts} prompt(s) x n={n}), more than this server "
+            f"ever admits at once (--max-waiting {limit}); send fewer prompts or a lower n",
+            param="n" if n > 1 else "prompt")
+    waiting = state.async_engine.num_waiting_seqs
+    if waiting + seqs > limit:
+        raise ApiError(429, f"the server is busy: {waiting} sequences are waiting for a first token and this "
+                            f"request adds {seqs} (--max-waiting {limit}); retry later", code="rate_limit_exceeded")
+
+
 class ClientDisconnected(ApiError):
     def __init__(self):
         super().__init__(499, "the client closed the connection")
@@ -64,12 +81,14 @@ class ClientDisconnected(ApiError):
 class Job:
     """The engine requests of one HTTP request (one per prompt; n choices each)."""
 
-    def __init__(self, request_ids: list[str], prompts: list[Prompt], stream: RequestStream,
-                 tracker: RequestTracker):
+    def __init__(self, name: str, request_ids: list[str], prompts: list[Prompt], stream: RequestStream,
+                 tracker: RequestTracker, quiet: bool):
+        self.name = name
         self.request_ids = request_ids
         self.prompts = prompts
         self.stream = stream
         self.tracker = tracker
+        self.quiet = quiet
         self.latest: dict[str, RequestOutput] = {}
 
     @classmethod
@@ -78,14 +97,12 @@ class Job:
         arrival = time.monotonic()
         for p in prompts:
             check_context(state.engine.max_model_len, p, max_tokens)
-        ae, limit = state.async_engine, state.settings.max_waiting
-        if ae.num_waiting + len(prompts) > limit:
-            raise ApiError(429, f"the server is busy: {ae.num_waiting} requests are waiting for a first "
-                                f"token (--max-waiting {limit}); retry later", code="rate_limit_exceeded")
+        check_admission(state, len(prompts), params.n)
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
-        stream = await ae.add([NewRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)])
+        stream = await state.async_engine.add(
+            [NewRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)], base_id)
         tracker = state.metrics.track(sum(len(p.ids) for p in prompts), params.n, arrival)
-        return cls(ids, prompts, stream, tracker)
+        return cls(base_id, ids, prompts, stream, tracker, state.settings.quiet)
 
     def index_of(self, request_id: str) -> int:
         return self.request_ids.index(request_id)
@@ -105,16 +122,13 @@ class Job:
             if not consumer.done():
                 raise ClientDisconnected()
             outs = consumer.result()
-        except ClientDisconnected:
-            self.close()
-            raise
-        except BaseException:
-            self.close(error=True)
+        except BaseException as e:
+            self.close(status_of(e) if isinstance(e, Exception) else 499)
             raise
         finally:
             watcher.cancel()
             consumer.cancel()
-        self.close()
+        self.close(200)
         return outs
 
     async def _drain(self) -> list[RequestOutput]:
@@ -122,10 +136,19 @@ class Job:
             pass
         return [self.latest[rid] for rid in self.request_ids]
 
-    def close(self, error: bool = False) -> None:
-        """Abort whatever is unfinished (its KV blocks free before the next step); record metrics."""
+    def close(self, status: int = 499) -> None:
+        """Abort whatever is unfinished (its KV blocks free before the next step); record metrics and,
+        the first time, log the request's line. status: the HTTP status it ended with (499: the
+        client went away)."""
         self.stream.abort()
-        self.tracker.close(self.request_ids, error)
+        if self.tracker.closed:
+            return
+        self.tracker.close(self.request_ids, error=status not in (200, 499))
+        if not self.quiet:
+            t = self.tracker
+            ttft = "-" if t.first is None else f"{t.first - t.arrival:.3f}s"
+            log.info("%s %d: %d prompt + %d completion tokens, TTFT %s, %.3fs", self.name, status,
+                     sum(len(p.ids) for p in self.prompts), sum(t.seen.values()), ttft, time.monotonic() - t.arrival)
 
     def usage(self) -> dict:
         outs = list(self.latest.values())
@@ -164,18 +187,16 @@ class Cursor:
 
 def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
     async def body():
-        error = False
+        status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
             async for chunk in chunks:
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            status = 200
         except Exception as e:  # the status line is sent: report in-band, as OpenAI does
-            error = True
-            if not isinstance(e, RidgelineError):
-                log.exception("stream failed")
-                e = RidgelineError(f"internal error: {type(e).__name__}: {e}")
+            status, e = status_of(e), public(e)
             yield f"data: {json.dumps(error_body(e.message, e.type, e.param, e.code))}\n\n"
         finally:  # also on disconnect (cancellation) or generator close: abort and free at once
-            job.close(error=error)
+            job.close(status)
         yield "data: [DONE]\n\n"
 
     return _JobResponse(job, body(), media_type="text/event-stream",

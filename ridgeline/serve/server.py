@@ -1,12 +1,16 @@
 """Run the app under uvicorn on a socket bound up front (port 0 picks a free one).
 
-serve_forever: the CLI's main-thread server; SIGINT/SIGTERM stop accepting, let in-flight requests
-finish for up to drain_timeout seconds, abort the rest, and return (exit 0). A second signal quits
-without waiting. ServerThread: the same server on a background thread (tests, notebooks, benchmarks).
+serve_forever: the CLI's main-thread server. SIGINT/SIGTERM (or ServerThread.stop) drains: stop
+accepting, answer new requests on open connections with 503, let in-flight requests finish for up to
+drain_timeout seconds, then end each one still running with an OpenAI-style 503 (in-band, then
+[DONE], for a stream) and exit 0. A second signal ends them at once and exits with 128 + its number.
+ServerThread: the same server on a background thread (tests, notebooks, benchmarks).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import sys
@@ -15,6 +19,11 @@ import time
 
 import uvicorn
 from fastapi import FastAPI
+
+from ridgeline.serve.transport import guarded_protocol
+
+log = logging.getLogger("ridgeline.serve")
+WRITE_GRACE_S = 5.0  # after the drain deadline: time for routes to write their errors before connections close
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -34,14 +43,20 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _config(app: FastAPI, drain_timeout: float, access_log: bool) -> uvicorn.Config:
-    return uvicorn.Config(app, lifespan="on", timeout_graceful_shutdown=drain_timeout, access_log=access_log,
-                          log_level="info", timeout_keep_alive=5)
+def _config(app: FastAPI, drain_timeout: float | None, access_log: bool) -> uvicorn.Config:
+    s = app.state.ridgeline.settings
+    drain = s.drain_timeout if drain_timeout is None else drain_timeout
+    return uvicorn.Config(app, lifespan="on", timeout_graceful_shutdown=drain, access_log=access_log,
+                          log_level="info", timeout_keep_alive=5,
+                          http=guarded_protocol(s.timeout_header, s.max_connections))
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn re-raises the signal after a graceful shutdown (exit status 128+n); here a signal
-    means: drain, then return normally."""
+    """uvicorn's shutdown cancels whatever is left at its graceful timeout (cut streams, a text/plain
+    500, CancelledError tracebacks) and re-raises the signal; here the app ends each request itself
+    at the deadline, and a signal means: drain, then return an exit status."""
+
+    exit_status = 0
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -56,21 +71,67 @@ class _DrainingServer(uvicorn.Server):
                 signal.signal(s, handler)
 
     def _on_signal(self, sig: int, frame) -> None:
+        # state first, then the message: a second signal can run its handler in the middle of this one
         if self.should_exit:
-            print("second signal: quitting without waiting", file=sys.stderr, flush=True)
             self.force_exit = True
+            self.exit_status = 128 + sig
+            print("second signal: ending in-flight requests now", file=sys.stderr, flush=True)
         else:
+            self.should_exit = True
             print(f"{signal.Signals(sig).name}: draining in-flight requests for up to "
                   f"{self.config.timeout_graceful_shutdown:g}s", file=sys.stderr, flush=True)
-            self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = self.config.app.state.ridgeline.drain
+        drain.begin()
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle ones close now, busy ones after their response
+        timeout = self.config.timeout_graceful_shutdown
+        if not await self._wait_idle(timeout):
+            drain.expire(timeout)
+            if not await self._wait_idle(WRITE_GRACE_S, ignore_force=True):
+                await self._close_the_rest()
+        drain.forced = self.force_exit
+        await self.lifespan.shutdown()
+
+    async def _wait_idle(self, timeout: float, ignore_force: bool = False) -> bool:
+        """Wait until no connection or request task is left; False on timeout or a second signal."""
+        deadline = time.monotonic() + timeout
+        state = self.server_state
+        while state.connections or state.tasks:
+            if time.monotonic() >= deadline or (self.force_exit and not ignore_force):
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def _close_the_rest(self) -> None:
+        """Clients that did not take their error within the grace: drop them (their routes then see a
+        disconnect and end), and cancel what still runs after that."""
+        state = self.server_state
+        log.warning("shutdown: closing %d connection(s) that did not finish within %gs of the drain deadline",
+                    len(state.connections), WRITE_GRACE_S)
+        for connection in list(state.connections):
+            connection.transport.close()
+        if not await self._wait_idle(1.0, ignore_force=True):
+            for task in state.tasks:
+                task.cancel()
 
 
-def serve_forever(app: FastAPI, sock: socket.socket, drain_timeout: float, access_log: bool = False) -> None:
-    _DrainingServer(_config(app, drain_timeout, access_log)).run(sockets=[sock])
+def serve_forever(app: FastAPI, sock: socket.socket, drain_timeout: float | None = None,
+                  access_log: bool = False) -> int:
+    """Serve until a signal; returns the process exit status (0: drained, 128+n: forced by signal n)."""
+    server = _DrainingServer(_config(app, drain_timeout, access_log))
+    server.run(sockets=[sock])
+    return server.exit_status
 
 
 class ServerThread:
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, drain_timeout: float = 5.0):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, drain_timeout: float | None = None):
+        self.app = app
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
         self.server = _DrainingServer(_config(app, drain_timeout, access_log=False))
@@ -86,7 +147,7 @@ class ServerThread:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 60.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()

@@ -1,13 +1,16 @@
 """What every route needs: the settings, the engines and the metrics, hung on app.state."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import ApiError
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
@@ -17,10 +20,15 @@ from ridgeline.serve.request_log import RequestLog
 class ServerSettings:
     served_model_name: str
     api_key: str | None = None
-    max_waiting: int = 1024  # requests accepted but without a first token; more get 429
+    max_waiting: int = 1024  # sequences (prompts x n) accepted but without a first token; more get 429
     max_body_bytes: int = 8 << 20
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     log_requests: str | None = None  # append each request body to this file as a JSON line
+    timeout_header: float = 10.0  # seconds a connection gets to send a request's headers
+    timeout_body: float = 60.0  # seconds a request gets to send its whole body, once its headers are in
+    max_connections: int = 1000  # open connections; a request on one over the cap gets 503
+    public_metrics: bool = False  # /metrics needs no API key
+    quiet: bool = False  # no per-request or throughput log lines
 
 
 @dataclass
@@ -30,6 +38,11 @@ class ServerState:
     async_engine: AsyncEngine
     metrics: ServerMetrics
     request_log: RequestLog | None = None
+    drain: Drain = None
+    system_fingerprint: str = ""
+    # tokenizing and chat-template rendering run here, off the event loop: a huge prompt must not
+    # stall every other route (the tokenizer releases the GIL while it encodes)
+    executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "ridgeline-tokenize"))
 
     def log_request(self, body: BaseModel) -> None:
         if self.request_log is not None:
@@ -39,6 +52,25 @@ class ServerState:
         if name != self.settings.served_model_name:
             raise ApiError(404, f"the model `{name}` does not exist; this server serves "
                                 f"`{self.settings.served_model_name}`", param="model", code="model_not_found")
+
+    async def offload(self, name: str, fn, *args):
+        """fn(*args) on the executor; ends with the drain's 503 if the drain timeout passes first."""
+        job = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        job.add_done_callback(_consume)  # no "exception never retrieved" if nobody waits for it
+        expired = asyncio.ensure_future(self.drain.expired.wait())
+        try:
+            await asyncio.wait({job, expired}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            expired.cancel()
+        if not job.done():
+            self.drain.log_aborted(name)
+            raise self.drain.error
+        return job.result()
+
+
+def _consume(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def state_of(request: Request) -> ServerState:

@@ -52,7 +52,8 @@ class Tokenizer:
         self._template = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: it releases the GIL, so a long text does not stall the server's event loop
+        ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids = [self.bos_id] + ids
         return ids
