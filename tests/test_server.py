@@ -313,3 +313,31 @@ def test_shutdown_ends_what_outlives_the_drain_with_an_error_and_frees_everythin
     assert not engine.has_unfinished()
     engine.kv.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_usable_blocks
+
+
+def test_echo_with_logprobs_scores_the_prompt(server, offline):
+    """Legacy echo + logprobs: the prompt's tokens come back with their logprobs (the first null),
+    then the completion's; max_tokens 0 scores the prompt alone. Stream and non-stream agree."""
+    prompt = "The quick brown fox"
+    ids = offline.tokenizer.encode(prompt)
+    ref = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=2), use_tqdm=False)[0]
+    body = dict(model=MODEL, prompt=prompt, echo=True, logprobs=2, max_tokens=0)
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    [c] = r["choices"]
+    lp = c["logprobs"]
+    assert c["text"] == prompt and c["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 0
+    assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx([x.logprob for x in ref.prompt_logprobs[1:]], abs=1e-5)
+    assert all(len(top) <= 2 for top in lp["top_logprobs"][1:])
+    body.update(max_tokens=5, temperature=0, ignore_eos=True)
+    whole = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    assert whole["text"].startswith(prompt) and len(whole["logprobs"]["tokens"]) == len(ids) + 5
+    assert whole["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"]
+    text, tokens = "", []
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                ch = json.loads(line[6:])["choices"][0]
+                text += ch["text"]
+                tokens += (ch["logprobs"] or {}).get("tokens", [])
+    assert text == whole["text"] and tokens == whole["logprobs"]["tokens"]

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.errors import RidgelineError
 from ridgeline.sampling_params import SamplingParams
@@ -52,18 +53,9 @@ class EngineStats:
     prefix_cache_evictions: int = 0
 
 
-@dataclass
-class NewRequest:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    prompt_text: str | None = None
-    cache_salt: str | None = None
-
-
 class RequestStream:
-    """Outputs of a set of engine requests, each request's newest first-come. Outputs are cumulative
-    snapshots, so an unread one is replaced by its successor: a slow reader skips, never lags."""
+    """Outputs of a set of engine requests, first-come per request. Outputs are deltas: an unread one
+    is merged with its successor, so a slow reader gets fewer, larger deltas and never lags."""
 
     def __init__(self, owner: AsyncEngine, request_ids: list[str], name: str):
         self._owner = owner
@@ -74,7 +66,8 @@ class RequestStream:
         self._event = asyncio.Event()
 
     def _put(self, out: RequestOutput) -> None:
-        self._ready[out.request_id] = out
+        unread = self._ready.get(out.request_id)
+        self._ready[out.request_id] = out if unread is None else unread.merge(out)
         self._event.set()
 
     def _fail(self, error: BaseException) -> None:
@@ -104,10 +97,17 @@ class RequestStream:
         self.unfinished.clear()
 
 
+@dataclass(frozen=True)
+class _Add:
+    """Requests to add atomically; `done` settles on the event loop once the step thread has."""
+    requests: list[EngineRequest]
+    done: asyncio.Future
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._ops: deque[tuple] = deque()
+        self._ops: deque[_Add | AbortRequest | Shutdown] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -146,7 +146,7 @@ class AsyncEngine:
     def num_running(self) -> int:
         return len(self._streams) - len(self._no_token_yet)
 
-    async def add(self, requests: list[NewRequest], name: str | None = None) -> RequestStream:
+    async def add(self, requests: list[EngineRequest], name: str | None = None) -> RequestStream:
         """Add requests atomically (one bad request adds none); raises the engine's error."""
         if self._refusal is not None:
             raise self._refusal
@@ -159,7 +159,7 @@ class AsyncEngine:
             self._no_token_yet[r.request_id] = r.params.n
         done = self._loop.create_future()
         self._adding.add(done)
-        self._post(("add", requests, done))
+        self._post(_Add(requests, done))
         try:
             await done
         except BaseException:  # includes cancellation: the add may still land, so abort after it
@@ -173,7 +173,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._no_token_yet.pop(request_id, None)
-        self._post(("abort", request_id))
+        self._post(AbortRequest(request_id))
 
     def abort_all(self, error: BaseException) -> list[RequestStream]:
         """End every unfinished request with `error` and refuse new ones (the drain deadline). Returns
@@ -193,7 +193,7 @@ class AsyncEngine:
     async def stop(self, timeout: float = 10.0) -> None:
         """Abort everything left and end the step thread."""
         self._stopping = True
-        self._post(("stop",))
+        self._post(Shutdown())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, timeout)
         error = EngineStoppedError("the server shut down before this request finished")
@@ -209,7 +209,7 @@ class AsyncEngine:
         """Have the step thread look at its ops and step_gate again."""
         self._wake.set()
 
-    def _post(self, op: tuple) -> None:
+    def _post(self, op: _Add | AbortRequest | Shutdown) -> None:
         self._ops.append(op)
         self._wake.set()
 
@@ -255,21 +255,21 @@ class AsyncEngine:
     def _apply_ops(self) -> bool:
         while self._ops:
             op = self._ops.popleft()
-            if op[0] == "add":
-                self._add(op[1], op[2])
-            elif op[0] == "abort":
-                self.engine.abort_request(op[1])
-                self._live.discard(op[1])
+            if isinstance(op, _Add):
+                self._add(op.requests, op.done)
+            elif isinstance(op, AbortRequest):
+                self.engine.abort_request(op.request_id)
+                self._live.discard(op.request_id)
             else:
                 return False
         self.stats = self._snapshot()
         return True
 
-    def _add(self, requests: list[NewRequest], done: asyncio.Future) -> None:
+    def _add(self, requests: list[EngineRequest], done: asyncio.Future) -> None:
         added: list[str] = []
         try:
             for r in requests:
-                self.engine.add_request(r.request_id, r.prompt, r.params, r.prompt_text, r.cache_salt)
+                self.engine.add(r)
                 added.append(r.request_id)
         except Exception as e:
             for rid in added:

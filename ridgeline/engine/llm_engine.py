@@ -11,6 +11,7 @@ from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
+from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
@@ -108,6 +109,9 @@ class LLMEngine:
         if not ids:
             raise InvalidRequestError("prompt is empty: give at least one token", "prompt")
         return ids
+
+    def add(self, request: EngineRequest) -> None:
+        self.add_request(request.request_id, request.prompt, request.params, request.prompt_text, request.cache_salt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     prompt_text: str | None = None, cache_salt: str | None = None) -> None:

@@ -61,12 +61,33 @@ class RequestOutput:
 
 
 class Accumulator:
-    """Whole outputs from deltas, per request id."""
+    """Whole outputs from deltas, per request id: kept in place, so folding a delta costs its size."""
 
     def __init__(self):
         self.outputs: dict[str, RequestOutput] = {}
 
     def add(self, delta: RequestOutput) -> RequestOutput:
-        old = self.outputs.get(delta.request_id)
-        self.outputs[delta.request_id] = merged = delta if old is None else old.merge(delta)
-        return merged
+        whole = self.outputs.get(delta.request_id)
+        if whole is None:  # an own copy: the delta's lists stay the caller's
+            self.outputs[delta.request_id] = whole = RequestOutput(
+                delta.request_id, delta.prompt, delta.prompt_token_ids, [], num_cached_tokens=delta.num_cached_tokens)
+        by_index = {c.index: c for c in whole.outputs}
+        for c in delta.outputs:
+            old = by_index.get(c.index)
+            if old is None:
+                old = by_index[c.index] = CompletionOutput(c.index, "", [])
+                whole.outputs.append(old)
+                whole.outputs.sort(key=lambda o: o.index)
+            old.text += c.text
+            old.token_ids.extend(c.token_ids)
+            if c.logprobs is not None:
+                if old.logprobs is None:
+                    old.logprobs = []
+                old.logprobs.extend(c.logprobs)
+            old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+        whole.finished = delta.finished
+        whole.num_cached_tokens = delta.num_cached_tokens
+        whole.metrics.update(delta.metrics)
+        if delta.prompt_logprobs is not None:
+            whole.prompt_logprobs = delta.prompt_logprobs
+        return whole

@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ridgeline.serve.generate import Cursor, Job, Prompt, sse_response, accept
+from ridgeline.serve.generate import Job, Prompt, sse_response, accept
 from ridgeline.serve.logprobs import chat_logprobs
 from ridgeline.serve.protocol import ChatCompletionRequest
 from ridgeline.serve.state import state_of
@@ -49,12 +49,10 @@ async def _chunks(job: Job, head: dict, tok, n: int, include_usage: bool):
 
     for i in range(n):
         yield chunk(i, {"role": "assistant", "content": ""})
-    cursors = [Cursor() for _ in range(n)]
-    async for out in job:
+    async for out in job:  # deltas
         for c in out.outputs:
-            step = cursors[c.index].advance(c)
-            if step is not None:
-                text, lps, finish = step
-                yield chunk(c.index, {"content": text} if text else {}, chat_logprobs(tok, lps), finish)
+            if c.text or c.logprobs or c.finish_reason:
+                yield chunk(c.index, {"content": c.text} if c.text else {}, chat_logprobs(tok, c.logprobs),
+                            c.finish_reason)
     if include_usage:
         yield {**base, "choices": [], "usage": job.usage()}

@@ -13,8 +13,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from ridgeline.engine.async_engine import NewRequest, RequestStream
-from ridgeline.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from ridgeline.engine.async_engine import RequestStream
+from ridgeline.engine.messages import EngineRequest
+from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
@@ -82,14 +83,15 @@ class Job:
     """The engine requests of one HTTP request (one per prompt; n choices each)."""
 
     def __init__(self, name: str, request_ids: list[str], prompts: list[Prompt], stream: RequestStream,
-                 tracker: RequestTracker, quiet: bool):
+                 tracker: RequestTracker, quiet: bool, params: SamplingParams):
+        self.params = params
         self.name = name
         self.request_ids = request_ids
         self.prompts = prompts
         self.stream = stream
         self.tracker = tracker
         self.quiet = quiet
-        self.latest: dict[str, RequestOutput] = {}
+        self.acc = Accumulator()  # whole outputs so far, from the deltas
 
     @classmethod
     async def start(cls, state: ServerState, base_id: str, prompts: list[Prompt], params: SamplingParams,
@@ -100,18 +102,18 @@ class Job:
         check_admission(state, len(prompts), params.n)
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
         stream = await state.async_engine.add(
-            [NewRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)], base_id)
+            [EngineRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)], base_id)
         tracker = state.metrics.track(sum(len(p.ids) for p in prompts), params.n, arrival)
-        return cls(base_id, ids, prompts, stream, tracker, state.settings.quiet)
+        return cls(base_id, ids, prompts, stream, tracker, state.settings.quiet, params)
 
     def index_of(self, request_id: str) -> int:
         return self.request_ids.index(request_id)
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        async for out in self.stream:
-            self.latest[out.request_id] = out
-            self.tracker.update(out)
-            yield out
+        """The deltas of this job's requests as they come (each folded into self.acc too)."""
+        async for delta in self.stream:
+            self.tracker.update(self.acc.add(delta))
+            yield delta
 
     async def results(self, request: Request) -> list[RequestOutput]:
         """Wait for every prompt to finish, in prompt order; abort if the client goes away first."""
@@ -134,7 +136,7 @@ class Job:
     async def _drain(self) -> list[RequestOutput]:
         async for _ in self:
             pass
-        return [self.latest[rid] for rid in self.request_ids]
+        return [self.acc.outputs[rid] for rid in self.request_ids]
 
     def close(self, status: int = 499) -> None:
         """Abort whatever is unfinished (its KV blocks free before the next step); record metrics and,
@@ -151,7 +153,7 @@ class Job:
                      sum(len(p.ids) for p in self.prompts), sum(t.seen.values()), ttft, time.monotonic() - t.arrival)
 
     def usage(self) -> dict:
-        outs = list(self.latest.values())
+        outs = list(self.acc.outputs.values())
         prompt = sum(len(p.ids) for p in self.prompts)
         completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
@@ -161,28 +163,6 @@ class Job:
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-class Cursor:
-    """How much of one choice the client has been sent."""
-
-    def __init__(self):
-        self.chars = 0
-        self.tokens = 0
-        self.done = False
-
-    def advance(self, c: CompletionOutput) -> tuple[str, list[TokenLogprob] | None, str | None] | None:
-        """(new text, new logprobs, finish reason or None), or None if there is nothing new to send."""
-        if self.done:
-            return None
-        text = c.text[self.chars:]
-        lps = c.logprobs[self.tokens:] if c.logprobs is not None else None
-        finish = c.finish_reason
-        if not text and not lps and finish is None:
-            return None
-        self.chars, self.done = len(c.text), finish is not None
-        self.tokens = len(c.logprobs) if c.logprobs is not None else 0
-        return text, lps, finish
 
 
 def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:

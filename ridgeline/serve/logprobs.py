@@ -30,6 +30,24 @@ def chat_logprobs(tok: Tokenizer, lps: list[TokenLogprob] | None) -> dict | None
     return {"content": content, "refusal": None}
 
 
+def prompt_logprobs_block(tok: Tokenizer, prompt_ids: list[int], lps: list[TokenLogprob | None]) -> dict:
+    """The prompt's tokens in the legacy shape (echo + logprobs): the first has no logprob (null)."""
+    tokens = [token_text(tok, t) for t in prompt_ids]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [None if lp is None else _num(lp.logprob) for lp in lps],
+            "top_logprobs": [None if lp is None else {token_text(tok, t): _num(v) for t, v in lp.top} for lp in lps],
+            "text_offset": offsets}
+
+
+def join_logprobs(first: dict | None, second: dict | None) -> dict | None:
+    if first is None or second is None:
+        return first or second
+    return {k: first[k] + second[k] for k in first}
+
+
 def completion_logprobs(tok: Tokenizer, lps: list[TokenLogprob] | None, text_offset: int) -> dict | None:
     """text_offset: characters of text before the first of these tokens."""
     if lps is None:

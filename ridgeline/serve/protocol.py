@@ -110,17 +110,19 @@ class _GenerateRequest(_Strict):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options: only allowed when stream is true", "stream_options")
 
-    def _sampling(self, max_tokens: tuple[str, int | None], logprobs: int | None) -> SamplingParams:
+    def _sampling(self, max_tokens: tuple[str, int | None], logprobs: int | None,
+                  prompt_logprobs: int | None = None) -> SamplingParams:
         name, value = max_tokens
-        if value is not None and value < 1:
-            raise InvalidRequestError(f"{name}: must be >= 1, got {value}", name)
+        if value is not None and value < (0 if prompt_logprobs is not None else 1):
+            hint = " (0 is allowed with echo and logprobs: score the prompt only)" if value == 0 else ""
+            raise InvalidRequestError(f"{name}: must be >= 1, got {value}{hint}", name)
         if self.temperature is not None and not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise InvalidRequestError(f"temperature: must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
                                       "temperature")
         fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
         if self.logit_bias:
             fields["logit_bias"] = {_token_id(k): v for k, v in self.logit_bias.items()}
-        return SamplingParams(**fields, max_tokens=value, logprobs=logprobs)
+        return SamplingParams(**fields, max_tokens=value, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
 class TextPart(_Strict):
@@ -181,6 +183,5 @@ class CompletionRequest(_GenerateRequest):
 
     def sampling_params(self) -> SamplingParams:
         self.check_stream_options()
-        if self.echo and self.logprobs is not None:
-            raise InvalidRequestError("echo with logprobs is not supported (no prompt logprobs)", "echo")
-        return self._sampling(self.max_tokens_field, self.logprobs)
+        # echo + logprobs: the prompt's tokens get logprobs too (its whole prompt is computed)
+        return self._sampling(self.max_tokens_field, self.logprobs, self.logprobs if self.echo else None)
