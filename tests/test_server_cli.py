@@ -143,3 +143,10 @@ def test_model_positional_or_flag_but_not_two_different(capsys):
     for flag in ("--timeout-header", "--timeout-body", "--max-connections", "--drain-timeout", "--public-metrics",
                  "--quiet", "--max-waiting"):
         assert flag in help_text
+
+
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_out_of_range_is_one_error_line(capsys, port):
+    assert main(["serve", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert "--port must be in [0, 65535]" in err and "Traceback" not in err

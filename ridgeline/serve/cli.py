@@ -74,7 +74,8 @@ def _check(args: argparse.Namespace) -> None:
     bad = [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
         ("max_waiting", args.max_waiting >= 1, ">= 1"), ("max_body_bytes", args.max_body_bytes >= 1, ">= 1"),
         ("drain_timeout", args.drain_timeout >= 0, ">= 0"), ("timeout_header", args.timeout_header > 0, "> 0"),
-        ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"))
+        ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"),
+        ("port", 0 <= args.port <= 65535, "in [0, 65535]"))
         if not ok]
     if bad:
         raise InvalidRequestError("; ".join(bad))
