@@ -44,9 +44,6 @@ class ArchConfig:
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
-    def kv_bytes_per_token(self, element_size: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
-
 
 def _ids(value) -> tuple[int, ...]:
     if value is None:
