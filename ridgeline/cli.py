@@ -31,11 +31,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="engine random seed, used by requests without their own")
+    g.add_argument("--speculative-method", default=None, choices=["ngram"],
+                   help="propose tokens for each decoding request and verify them in the same step "
+                        "(ngram: prompt lookup; default: off)")
+    g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                   help="most tokens proposed per request per step")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "block_size", "enable_prefix_caching",
-            "max_num_batched_tokens", "max_num_seqs", "seed"]
+            "max_num_batched_tokens", "max_num_seqs", "seed", "speculative_method", "num_speculative_tokens"]
     return {k: getattr(args, k) for k in keys}
 
 

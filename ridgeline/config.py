@@ -74,6 +74,8 @@ class SchedulerConfig:
 class SpeculativeConfig:
     speculative_method: str | None = None  # a registered proposer (ridgeline.spec.proposer.PROPOSERS); None: off
     num_speculative_tokens: int = 4  # proposals per request per step, at most
+    ngram_min: int = 2  # `ngram` proposer: the shortest suffix it looks up
+    ngram_max: int = 4  # ... and the longest (tried first)
 
     @property
     def method(self) -> str | None:
@@ -82,6 +84,8 @@ class SpeculativeConfig:
     def __post_init__(self):
         if not 1 <= self.num_speculative_tokens <= 64:
             raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 64:
+            raise InvalidRequestError("ngram sizes need 1 <= ngram_min <= ngram_max <= 64", "ngram_min")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     load_seconds: float
     prefix_caching: bool = False
+    speculative: str | None = None  # "ngram, k <= 4", or None when off
 
     @property
     def block_size(self) -> int:
@@ -84,6 +85,8 @@ class EngineInfo:
             f"{'on' if self.prefix_caching else 'off'}",
             f"kernels    {self.kernels}",
         ]
+        if self.speculative:
+            lines.append(f"speculate  {self.speculative}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
             lines += [f"layers     {line}" for line in self.layer_report()]
         return "\n".join(lines)

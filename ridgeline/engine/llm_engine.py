@@ -86,7 +86,7 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching)
+                               cc.enable_prefix_caching, _spec_line(config))
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -263,6 +263,14 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
+
+
+def _spec_line(config: EngineConfig) -> str | None:
+    sc = config.speculative
+    if sc.method is None:
+        return None
+    extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
+    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step{extra}"
 
 
 def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:

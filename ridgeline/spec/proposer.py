@@ -45,6 +45,7 @@ class Proposer:
 def create_proposer(config: SpeculativeConfig, vocab_size: int) -> Proposer | None:
     if config.method is None:
         return None
+    import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
     cls = PROPOSERS.get(config.method)
     if cls is None:
         raise InvalidRequestError(f"unknown speculative method {config.method!r}; known: "
