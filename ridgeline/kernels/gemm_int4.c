@@ -90,9 +90,9 @@ ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
         for (int v = 0; v < nv; v++) {
             const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+            const __m512 m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
             const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-24.f))
-                                  : _mm512_fnmadd_ps(_mm512_set1_ps(16.f), d,
-                                                     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC))));
+                                  : _mm512_fnmadd_ps(_mm512_set1_ps(16.f), d, m);
             for (int i = 0; i < mr; i++) {
                 acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
                 acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
