@@ -129,3 +129,6 @@ def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: KernelPlan) -> torch.Te
     if x.dtype == w.dtype:
         return F.linear(x, w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
+
+
+from ridgeline.quant import formats as _quant_formats  # noqa: E402,F401  registers int8 and int4 (they subclass the above)
