@@ -147,3 +147,15 @@ def test_without_the_kernels_each_layer_is_named_and_runs_as_modules(tied, monke
     assert all("int8 weights have no C kernel on this CPU" in p for p in llm.info.layer_paths)
     assert "layer 0: modules (model.layers.0.self_attn.qkv_proj: int8 weights have no C kernel" in llm.info.summary()
     torch.testing.assert_close(_logits(llm), with_kernels, atol=1e-4, rtol=1e-4)  # the torch reference path
+
+
+def test_bench_decode_counts_the_quantized_bytes(tiny_llama, tmp_path):
+    import json
+    from ridgeline.cli import main
+    out = tmp_path / "d.json"
+    assert main(["bench", "decode", "--model", str(tiny_llama), "--dtype", "float32", "--kv-cache-memory", "4MiB",
+                 "--quantization", "int8", "--prompt-len", "150", "--output-len", "4", "--repeats", "1",
+                 "--baseline", "none", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["engine"]["quantization"] == "int8" and r["engine"]["weight_formats"] == "int8 x 9"
+    assert r["engine"]["weight_bytes_per_token"] < r["engine"]["num_params"] * 1.05  # ~1 byte a weight, not 4
