@@ -49,6 +49,7 @@ int ridgeline_pack_i4(const uint8_t *q, uint32_t *p, int64_t N, int64_t K) {
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define I4_MR 4
+#define I4_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
 
 /* one pair of k (nibble pair j) of every vector against every row: S[i][v] += x pair . (16 + q) */
 #define I4_PAIR(j, SHIFTED) \
@@ -135,6 +136,14 @@ static void tile_i4(const i4_args *a, int mr, int ng, int64_t g, int64_t m, int6
       kc / a->G, a->G, k0 ? QT_ACC : 0);
 }
 
+static inline int i4_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* x [M, K] fp32 -> xb [M, K] bf16 (round to nearest even) and xs [M, K/G]: each group's sum of xb */
 static void to_bf16_groups(const float *x, uint16_t *xb, float *xs, int64_t M, int64_t K, int64_t G) {
     for (int64_t m = 0; m < M; m++)
@@ -158,20 +167,29 @@ int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, flo
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
     const int64_t NG = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, G), rows = qt_chunk_rows(KC, 2, I4_MR);
-    uint16_t *xb = aligned_alloc(64, (size_t)(M * K * 2 + 63) & ~(size_t)63);
-    float *xs = malloc(sizeof(float) * (size_t)(M * (K / G)));
+    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
+     * between converting and multiplying; more rows: each thread converts its share of one copy */
+    const int own = M <= I4_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
+    const int64_t KG = K / G;
+    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K * 2 + 63) & ~(size_t)63);
+    float *xs = malloc(sizeof(float) * (size_t)(copies * M * KG));
     if (!xb || !xs) {
         free(xb);
         free(xs);
         return -3;
     }
-    const i4_args a = {p, s, xb, xs, y, N, K, G, sym != 0};
     #pragma omp parallel num_threads(nthreads)
     {
-        int64_t r0, r1, g0, g1;
-        omp_range(M, &r0, &r1);
-        to_bf16_groups(x + r0 * K, xb + r0 * K, xs + r0 * (K / G), r1 - r0, K, G);
-        #pragma omp barrier
+        int64_t r0 = 0, r1 = M, g0, g1;
+        const int64_t c = own ? i4_thread() : 0;
+        uint16_t *xbc = xb + c * M * K;
+        float *xsc = xs + c * M * KG;
+        const i4_args a = {p, s, xbc, xsc, y, N, K, G, sym != 0};
+        if (!own) omp_range(M, &r0, &r1);
+        to_bf16_groups(x + r0 * K, xbc + r0 * K, xsc + r0 * KG, r1 - r0, K, G);
+        if (!own) {
+            #pragma omp barrier
+        }
         omp_range(NG, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
