@@ -159,3 +159,21 @@ def test_bench_decode_counts_the_quantized_bytes(tiny_llama, tmp_path):
     r = json.loads(out.read_text())
     assert r["engine"]["quantization"] == "int8" and r["engine"]["weight_formats"] == "int8 x 9"
     assert r["engine"]["weight_bytes_per_token"] < r["engine"]["num_params"] * 1.05  # ~1 byte a weight, not 4
+
+
+def test_a_tied_head_is_quantized_from_the_checkpoint_tensor_not_the_rounded_table(tied):
+    """In a bf16 engine the embedding table is bf16; the int4 head still sees the fp32 checkpoint
+    values (a Q4_1 file's grid comes back exactly only from those)."""
+    from safetensors.torch import load_file
+    from ridgeline.quant import rtn
+    llm = LLM(str(tied), dtype="bfloat16", kv_cache_memory="4MiB", progress=False, quantization="int4")
+    model = llm.engine.runner.model
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16 and model.lm_head.weight is None
+    ckpt = load_file(str(tied / "model.safetensors"))["model.embed_tokens.weight"]
+    want = rtn.quantize_int4(ckpt, 32, False)
+    head = model.lm_head
+    if head.packed is None:
+        assert torch.equal(head.quant.q, want.q) and torch.equal(head.quant.scale, want.scale)
+    else:
+        ref = cpu_quant.PackedInt4(want)
+        assert torch.equal(head.packed.data, ref.data) and torch.equal(head.packed.scale, ref.scale)

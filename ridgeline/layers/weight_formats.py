@@ -44,6 +44,7 @@ def create_weight_format(name: str, plan: KernelPlan) -> WeightFormat:
 class WeightFormat:
     name = "?"
     dtype: torch.dtype
+    shares_tied_weight = True  # an LM head tied to the embedding uses the embedding's tensor as its weight
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan

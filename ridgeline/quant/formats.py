@@ -25,6 +25,7 @@ from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
 
 class QuantizedFormat(WeightFormat):
     dtype = torch.float32  # of the staging weight checkpoint tensors load into
+    shares_tied_weight = False  # a tied LM head loads the embedding's checkpoint tensor into its own staging
     kind = "?"  # kernel family: "int8" or "int4"
 
     def check_shape(self, layer: nn.Module) -> None:
