@@ -51,8 +51,13 @@ class ModelConfig:
 
     @property
     def weight_format(self) -> str | None:
-        """The registry name of the quantized format every Linear takes; None: dense in `dtype`."""
+        """The registry name of the quantized format the Linears take; None: dense in `dtype`."""
         return quant_options.format_name(self.quantization, self.quant_group_size, self.quant_symmetric)
+
+    @property
+    def format_rules(self) -> tuple[tuple[str, str], ...]:
+        """layer_formats, then the rules the quantization implies (int4: an int8 LM head); first match wins."""
+        return self.layer_formats + quant_options.implied_rules(self.quantization)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ def test_quantized_model_is_close_to_float_and_the_stack_equals_modules(tied, fl
     llm = _llm(tied, quantization=quantization, quant_group_size=group, quant_symmetric=sym)
     model = llm.engine.runner.model
     name = llm.config.model.weight_format
-    assert model.lm_head.format.name == name and model.model.layers[1].mlp.down_proj.format.name == name
+    assert model.model.layers[1].mlp.down_proj.format.name == name
+    assert model.lm_head.format.name == "int8"  # int4 too: a 4-bit head costs far more accuracy than it saves
     assert model.model.embed_tokens.weight.dtype == torch.float32  # the tied table stays float for the lookup
     logits = _logits(llm)
     rel = float((logits - float_logits).abs().max() / float_logits.abs().max())
@@ -87,6 +88,13 @@ def test_start_up_names_the_format_and_the_weight_bytes(tied):
     assert "weights    f32 x 9:" in plain.info.summary()
     assert "weights    int8 x 9:" in q8.info.summary() and " MB in linear layers" in q8.info.summary()
     assert q8.info.weight_bytes < plain.info.weight_bytes * 0.3
+
+
+def test_int4_takes_an_int8_head_unless_a_rule_says_otherwise(tied):
+    llm = _llm(tied, quantization="int4", quant_group_size=64)
+    assert llm.info.weight_formats == "int4-g64 x 8, int8 x 1"
+    assert EngineConfig.from_kwargs("m", quantization="int4").model.format_rules == (("lm_head", "int8"),)
+    assert EngineConfig.from_kwargs("m", quantization="int8").model.format_rules == ()
 
 
 def test_layer_format_rules_win_over_quantization(tied):
@@ -134,9 +142,11 @@ def three_layers_llama(tmp_path_factory):
 
 
 def test_untied_head_loads_its_own_tensor_and_quantizes(three_layers_llama):
-    llm = _llm(three_layers_llama, quantization="int4", quant_symmetric=True)
+    llm = _llm(three_layers_llama, quantization="int4", quant_symmetric=True,
+               layer_formats=[("lm_head", "int4-sym")])  # a rule asks for a 4-bit head
     head = llm.engine.runner.model.lm_head
     assert head.format.name == "int4-sym" and head.weight is None
+    assert llm.info.weight_formats == "int4-sym x 13"  # 3 layers x 4, and the head
     assert llm.generate("hello", SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
 
 
@@ -162,11 +172,12 @@ def test_bench_decode_counts_the_quantized_bytes(tiny_llama, tmp_path):
 
 
 def test_a_tied_head_is_quantized_from_the_checkpoint_tensor_not_the_rounded_table(tied):
-    """In a bf16 engine the embedding table is bf16; the int4 head still sees the fp32 checkpoint
+    """In a bf16 engine the embedding table is bf16; an int4 head still sees the fp32 checkpoint
     values (a Q4_1 file's grid comes back exactly only from those)."""
     from safetensors.torch import load_file
     from ridgeline.quant import rtn
-    llm = LLM(str(tied), dtype="bfloat16", kv_cache_memory="4MiB", progress=False, quantization="int4")
+    llm = LLM(str(tied), dtype="bfloat16", kv_cache_memory="4MiB", progress=False, quantization="int4",
+              layer_formats=[("lm_head", "int4")])
     model = llm.engine.runner.model
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16 and model.lm_head.weight is None
     ckpt = load_file(str(tied / "model.safetensors"))["model.embed_tokens.weight"]

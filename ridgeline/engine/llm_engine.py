@@ -63,7 +63,7 @@ class LLMEngine:
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats = layer_format_rules(mc.layer_formats, mc.weight_format or DENSE[choice.dtype], plan)
+        formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
         kv_spec = KVCacheSpec(KV_FORMATS[kv_format_for(device, choice.dtype)], arch.num_layers, arch.num_kv_heads,

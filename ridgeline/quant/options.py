@@ -6,7 +6,10 @@
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
-lookup; the head gets its own quantized copy). `layer_formats` rules still win for the layers they match.
+lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
+default model a 4-bit head alone costs ~6% perplexity and a fifth of greedy top-1 agreement, an
+8-bit one almost nothing, for 13% more bytes per token (as llama.cpp keeps its Q4 files' output
+tensor at 6-8 bits). `layer_formats` rules win over both for the layers they match.
 """
 from __future__ import annotations
 
@@ -42,3 +45,8 @@ def format_name(quantization: str, group_size: int | None, symmetric: bool) -> s
         group = group_size or DEFAULT_GROUP_SIZE
         return "int4" + ("-sym" if symmetric else "") + ("" if group == 32 else f"-g{group}")
     return None
+
+
+def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
+    """(glob, format) rules the quantization adds after the user's layer_formats (which match first)."""
+    return (("lm_head", "int8"),) if quantization == "int4" else ()
