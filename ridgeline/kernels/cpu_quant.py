@@ -33,7 +33,10 @@ def _groups(n: int) -> int:
     return -(-n // NC)
 
 
-class _Packed:
+class PackedQuant:
+    """A quantized [N, K] weight packed for its kernel: data and scale are what the decoder stack's
+    descriptor points at, code its format there."""
+
     data: torch.Tensor
     scale: torch.Tensor
     code: int
@@ -58,7 +61,7 @@ class _Packed:
         return y
 
 
-class PackedInt8(_Packed):
+class PackedInt8(PackedQuant):
     """Per-channel int8: data [groups][K][NC] int8, scale [groups * NC] fp32 (zero past N)."""
 
     code = C_INT8
@@ -76,7 +79,7 @@ class PackedInt8(_Packed):
                                             M, self.N, self.K, threads)
 
 
-class PackedInt4(_Packed):
+class PackedInt4(PackedQuant):
     """Group-wise int4: data [groups][K/8][NC] uint32 (8 nibbles each), scale [groups][K/G][2 or 1][NC] fp16."""
 
     def __init__(self, t: Int4Tensor):

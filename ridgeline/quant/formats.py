@@ -34,7 +34,7 @@ class QuantizedFormat(WeightFormat):
     def quantize(self, w: torch.Tensor):
         raise NotImplementedError
 
-    def pack(self, t) -> cpu_quant._Packed:
+    def pack(self, t) -> cpu_quant.PackedQuant:
         raise NotImplementedError
 
     def create(self, layer: nn.Module) -> None:
@@ -48,7 +48,7 @@ class QuantizedFormat(WeightFormat):
         return w.device.type == "cpu" and self.kind in self.plan.quant
 
     def finish(self, layer: nn.Module) -> None:
-        """Quantize the loaded weight (a tied embedding's stays with the embedding; the layer keeps its own copy)."""
+        """Quantize the loaded float weight, pack it for the kernel and drop the float copy."""
         if layer.weight is None:
             return
         t = self.quantize(layer.weight.detach())
@@ -65,8 +65,8 @@ class QuantizedFormat(WeightFormat):
 
     def stack_weight(self, layer: nn.Module) -> tuple[int, int, int] | str:
         if layer.packed is None:
-            return f"{self.name} weights have no C kernel on this CPU (it needs AVX-512" + \
-                   (" with AVX512-BF16)" if self.kind == "int4" else ")")
+            needs = "AVX-512 with AVX512-BF16" if self.kind == "int4" else "AVX-512"
+            return f"{self.name} weights have no C kernel on this CPU (it needs {needs})"
         return layer.packed.code, layer.packed.data.data_ptr(), layer.packed.scale.data_ptr()
 
     def weight_bytes(self, layer: nn.Module) -> int:
