@@ -43,6 +43,8 @@ class ModelConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "layer_formats", tuple((str(p), str(f)) for p, f in self.layer_formats))
+        if self.quantization is None:  # as vLLM spells "no quantization"
+            object.__setattr__(self, "quantization", "none")
         quant_options.check(self.quantization, self.quant_group_size, self.quant_symmetric)
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")

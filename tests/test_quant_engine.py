@@ -117,6 +117,10 @@ def test_bad_values_are_clear_errors(kw, match):
         EngineConfig.from_kwargs("smollm2-135m", **kw)
 
 
+def test_none_means_no_quantization():
+    assert EngineConfig.from_kwargs("m", quantization=None).model.weight_format is None
+
+
 def test_a_group_size_that_does_not_divide_a_layer_names_it(tied):
     want = r"int4 group size 128 does not divide the 64 input columns of model\.layers\.0\.self_attn\.qkv_proj; " \
            r"group sizes that do: 32, 64"
