@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.quant import options as quant_options
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
@@ -35,13 +36,30 @@ class ModelConfig:
     # per-layer weight formats: (glob over layer names such as "model.layers.3.*", format name), first
     # match wins; unmatched layers keep the dense format of `dtype`
     layer_formats: tuple[tuple[str, str], ...] = ()
+    # weight quantization of every Linear, the LM head included (ridgeline/quant/options.py): none, int8, int4
+    quantization: str = "none"
+    quant_group_size: int | None = None  # int4: 32 (default), 64 or 128 input columns per scale
+    quant_symmetric: bool = False  # int4: scale only, no per-group minimum
 
     def __post_init__(self):
         object.__setattr__(self, "layer_formats", tuple((str(p), str(f)) for p, f in self.layer_formats))
+        if self.quantization is None:  # as vLLM spells "no quantization"
+            object.__setattr__(self, "quantization", "none")
+        quant_options.check(self.quantization, self.quant_group_size, self.quant_symmetric)
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError("max_model_len must be >= 2", "max_model_len")
+
+    @property
+    def weight_format(self) -> str | None:
+        """The registry name of the quantized format the Linears take; None: dense in `dtype`."""
+        return quant_options.format_name(self.quantization, self.quant_group_size, self.quant_symmetric)
+
+    @property
+    def format_rules(self) -> tuple[tuple[str, str], ...]:
+        """layer_formats, then the rules the quantization implies (int4: an int8 LM head); first match wins."""
+        return self.layer_formats + quant_options.implied_rules(self.quantization)
 
 
 @dataclass(frozen=True)

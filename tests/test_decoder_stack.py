@@ -157,6 +157,20 @@ def test_mixed_weight_formats_all_run_in_the_stack(three_layers):
     _equals_module_path(llm)
 
 
+def test_quantized_layers_mix_with_dense_ones_in_the_stack(three_layers):
+    from ridgeline.kernels import cpu_quant
+    llm = LLM(str(three_layers), dtype="bfloat16", kv_cache_memory="4MiB", progress=False,
+              layer_formats=[("model.layers.0.*", "int8"), ("model.layers.1.*", "int4-sym-g64"),
+                             ("lm_head", "int4")])
+    model = llm.engine.runner.model
+    layers = model.model.layers
+    assert [layers[i].mlp.down_proj.format.name for i in range(3)] == ["int8", "int4-sym-g64", "bf16"]
+    assert model.lm_head.format.name == "int4"
+    if llm.info.kernel_plan.c_stack and cpu_quant.available("int8") and cpu_quant.available("int4"):
+        assert llm.info.layer_paths == (None, None, None)  # int8, int4 and bf16 layers in one C call
+    _equals_module_path(llm)
+
+
 def test_a_layer_the_stack_cannot_run_is_named_and_runs_as_modules(three_layers):
     llm = LLM(str(three_layers), dtype="float32", kv_cache_memory="4MiB", progress=False,
               layer_formats=[("model.layers.1.*", "f16")])  # no C kernel reads fp16 weights

@@ -68,9 +68,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     slack = max(4, args.prompt_len // 10)
     prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
                            args.workload_seed)[0]
-    wbytes = weight_bytes_per_token(arch, info.dtype)
+    quantized = args.quantization != "none"
+    # quantized: the linear weights as stored, scales included (the norms' few KB left out)
+    wbytes = info.weight_bytes if quantized else weight_bytes_per_token(arch, info.dtype)
+    label = dtype_name(info.dtype) + (f", {info.weight_formats}" if quantized else "")
     print(f"decode     prompt {len(prompt)} tokens, {args.output_len} decode tokens, dtype "
-          f"{dtype_name(info.dtype)}, weights read per token {_num(wbytes / 1e6)} MB; best of {args.repeats}",
+          f"{label}, weights read per token {_num(wbytes / 1e6)} MB; best of {args.repeats}",
           file=sys.stderr)
     ridgeline_decode_timing(llm, prompt, 8, "bench-decode-warmup")
     rl = _best([ridgeline_decode_timing(llm, prompt, args.output_len, f"bench-decode-{i}")
@@ -88,7 +91,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         del model
 
     print()
-    print(f"Batch-1 decode: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
+    print(f"Batch-1 decode: {args.model} ({label}) on {machine['cpu']}, "
           f"{machine['torch_threads']} threads; prompt {len(prompt)} tokens, {args.output_len} decode tokens")
     head = f"{'':<16}{'decode tok/s':>14}{'ms/token':>10}{'weights GB/s':>14}{'TTFT s':>9}   runs (tok/s)"
     print(head)
@@ -115,6 +118,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         write_json(args.json, {
             "command": "decode", "machine": machine,
             "engine": {"model": args.model, "dtype": dtype_name(info.dtype), "num_params": arch.num_params,
+                       "quantization": args.quantization, "weight_formats": info.weight_formats,
                        "kernels": info.kernels, "weight_bytes_per_token": wbytes},
             "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
             "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,

@@ -29,6 +29,8 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     load_seconds: float
     prefix_caching: bool = False
+    weight_formats: str = ""  # each Linear weight format with its count, e.g. "int8 x 121"
+    weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
 
     @property
@@ -85,6 +87,9 @@ class EngineInfo:
             f"{'on' if self.prefix_caching else 'off'}",
             f"kernels    {self.kernels}",
         ]
+        if self.weight_formats:
+            lines.insert(2, f"weights    {self.weight_formats}: {self.weight_bytes / 1e6:.1f} MB in linear layers "
+                            "(the LM head included)")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):

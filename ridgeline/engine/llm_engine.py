@@ -19,6 +19,7 @@ from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongE
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.kernel_plan import choose_kernels
+from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
@@ -56,7 +57,7 @@ class LLMEngine:
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats = layer_format_rules(mc.layer_formats, DENSE[choice.dtype], plan)
+        formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
         kv_spec = KVCacheSpec(KV_FORMATS[kv_format_for(device, choice.dtype)], arch.num_layers, arch.num_kv_heads,
@@ -86,7 +87,7 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, _spec_line(config))
+                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config))
 
     @property
     def kv_spec(self) -> KVCacheSpec:

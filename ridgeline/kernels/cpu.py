@@ -5,6 +5,8 @@ every batch size; torch's CPU GEMM reads weights slowly at small M and runs belo
 gemv.c: skinny matmul for 1-8 token batches on CPUs without it. paged_attention.c: decode attention
 read straight from the paged KV cache, where gather + SDPA costs a copy and a large fixed overhead.
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + KV write).
+gemm_int8.c, gemm_int4.c: weight-only matmul against int8 (per-channel) and group-wise int4 weights,
+packed at load time like gemm_packed.c's.
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
 """
 from __future__ import annotations
@@ -31,6 +33,12 @@ _SIGNATURES = {
     "ridgeline_pack_bf16": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_f32p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_bf16p": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_int8_available": [],
+    "ridgeline_int4_available": [],
+    "ridgeline_pack_i8": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_pack_i4": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_gemm_i8p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_i4p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _INT],
     "ridgeline_stack_fields": [_INT],
     "ridgeline_stack_weight_format": [_I64],
     "ridgeline_stack_kv_format": [_I64],

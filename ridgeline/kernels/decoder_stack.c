@@ -29,8 +29,17 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int k
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_packed_available(int bf16);
+int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                       int nthreads);
+int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
+                       int64_t K, int64_t G, int sym, int nthreads);
+int ridgeline_int8_available(void);
+int ridgeline_int4_available(void);
 
-enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2 };
+/* WF_I4_G32..WF_I4_SYM_G128: group-wise int4, groups of 32 << (f - WF_I4_G32) % 3, symmetric from
+ * WF_I4_SYM_G32 (kernels/cpu_quant.py int4_code) */
+enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF_I4_G32 = 4, WF_I4_SYM_G32 = 7,
+                     WF_I4_LAST = 9 };
 enum kv_format { KV_F32 = 0, KV_BF16 = 1 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
@@ -52,6 +61,8 @@ int ridgeline_stack_fields(int which) {
 int ridgeline_stack_weight_format(int64_t format) {
     if (format == WF_F32_PACKED) return ridgeline_packed_available(0);
     if (format == WF_BF16_PACKED) return ridgeline_packed_available(1);
+    if (format == WF_I8_PACKED) return ridgeline_int8_available();
+    if (format >= WF_I4_G32 && format <= WF_I4_LAST) return ridgeline_int4_available();
     return 0;
 }
 int ridgeline_stack_kv_format(int64_t format) { return format == KV_F32 || format == KV_BF16; }
@@ -63,7 +74,13 @@ static int linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t
     switch (w[LW_FORMAT]) {
     case WF_F32_PACKED: rc = ridgeline_gemm_f32p(PTR(const float, w[LW_DATA]), x, y, M, N, K, nt); break;
     case WF_BF16_PACKED: rc = ridgeline_gemm_bf16p(PTR(const uint16_t, w[LW_DATA]), x, y, M, N, K, nt); break;
-    default: return -2;
+    case WF_I8_PACKED:
+        rc = ridgeline_gemm_i8p(PTR(const int8_t, w[LW_DATA]), PTR(const float, w[LW_SCALE]), x, y, M, N, K, nt);
+        break;
+    default:
+        if (w[LW_FORMAT] < WF_I4_G32 || w[LW_FORMAT] > WF_I4_LAST) return -2;
+        rc = ridgeline_gemm_i4p(PTR(const uint32_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N, K,
+                                32 << (w[LW_FORMAT] - WF_I4_G32) % 3, w[LW_FORMAT] >= WF_I4_SYM_G32, nt);
     }
     if (w[LW_BIAS]) {
         const float *b = PTR(const float, w[LW_BIAS]);

@@ -4,6 +4,7 @@ repacks them after loading and applies them. The bias, when there is one, stays 
 activation dtype and is added here."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -50,6 +51,17 @@ def finish_loading(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, Linear):
             m.finish_loading()
+
+
+def weight_summary(model: nn.Module) -> tuple[str, int]:
+    """(each weight format with its count of Linears, bytes of Linear weights as stored: what a decode step reads)."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear):
+            counts[m.format.name] += 1
+            total += m.format.weight_bytes(m)
+    return ", ".join(f"{name} x {n}" for name, n in counts.most_common()), total
 
 
 def matmul_fn(w: torch.Tensor, plan: KernelPlan) -> Callable[[torch.Tensor], torch.Tensor]:

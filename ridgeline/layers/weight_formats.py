@@ -44,6 +44,7 @@ def create_weight_format(name: str, plan: KernelPlan) -> WeightFormat:
 class WeightFormat:
     name = "?"
     dtype: torch.dtype
+    shares_tied_weight = True  # an LM head tied to the embedding uses the embedding's tensor as its weight
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
@@ -129,3 +130,6 @@ def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: KernelPlan) -> torch.Te
     if x.dtype == w.dtype:
         return F.linear(x, w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
+
+
+from ridgeline.quant import formats as _quant_formats  # noqa: E402,F401  registers int8 and int4 (they subclass the above)

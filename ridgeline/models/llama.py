@@ -172,11 +172,16 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = Model(cfg, max_positions, opts)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
-        if cfg.tie_word_embeddings:
+        if self.ties_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    @property
+    def ties_head(self) -> bool:
+        """The LM head's weight is the embedding table itself (a quantized head keeps its own copy)."""
+        return self.cfg.tie_word_embeddings and self.lm_head.format.shares_tied_weight
 
     @property
     def plan(self) -> KernelPlan:

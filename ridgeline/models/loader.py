@@ -27,7 +27,7 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
     for module in model.modules():
         if isinstance(module, Rotary):  # its tables were made on the meta device
             module.init_tables(device)
-    if cfg.tie_word_embeddings:
+    if model.ties_head:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder)
     finish_loading(model)  # repack for the kernels of opts.plan
@@ -38,7 +38,7 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     modules = dict(model.named_modules())
     pending: set[tuple[str, int | None]] = set()  # (parameter, shard) still to fill; fused ones per shard
     for n, _ in model.named_parameters(remove_duplicate=False):
-        if model.cfg.tie_word_embeddings and n == "lm_head.weight":
+        if model.ties_head and n == "lm_head.weight":
             continue
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
@@ -60,6 +60,9 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         except ValueError as e:
             raise ModelLoadError(f"weight {name}: {e}") from None
         pending.discard((target, shard))
+        if target == "model.embed_tokens.weight" and model.cfg.tie_word_embeddings and not model.ties_head:
+            model.lm_head.load("weight", tensor)  # a tied head with its own (quantized) copy: same tensor
+            pending.discard(("lm_head.weight", None))
     if pending:
         names = sorted(n if i is None else f"{n}[shard {i}]" for n, i in pending)
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")

@@ -1,0 +1,101 @@
+"""Weight-only quantized matmul y = x @ W^T on AVX-512 CPUs (kernels/gemm_int8.c, kernels/gemm_int4.c).
+
+The quantized weight is packed once, at load time, into the 48-column groups of the packed kernels
+(k-major, one contiguous stream per group) with its scales beside it; x stays fp32 at the interface.
+`code` is the weight's format in kernels/decoder_stack.c (enum weight_format), so the C decoder stack
+calls the same kernel on the same data: the two paths agree bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+from ridgeline.kernels import cpu
+from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8Tensor
+
+NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
+C_INT8 = 3
+C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
+
+
+def available(kind: str) -> bool:
+    """The library built and this CPU runs the `int8` or `int4` kernel."""
+    lib = cpu.lib()
+    if lib is None:
+        return False
+    return bool(lib.ridgeline_int8_available() if kind == "int8" else lib.ridgeline_int4_available())
+
+
+def int4_code(group: int, symmetric: bool) -> int:
+    return C_INT4 + INT4_GROUP_SIZES.index(group) + 3 * int(symmetric)
+
+
+def _groups(n: int) -> int:
+    return -(-n // NC)
+
+
+class PackedQuant:
+    """A quantized [N, K] weight packed for its kernel: data and scale are what the decoder stack's
+    descriptor points at, code its format there."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    code: int
+    N: int
+    K: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scale))
+
+    def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """x [M, K] (any float dtype) -> [M, N] fp32."""
+        M, K = x.shape
+        if K != self.K:
+            raise ValueError(f"quantized matmul: x has {K} columns, W has {self.K}")
+        xf = x.to(torch.float32).contiguous()
+        y = torch.empty(M, self.N, dtype=torch.float32)
+        if M:
+            rc = self._gemm(xf, y, M, threads or torch.get_num_threads())
+            if rc:
+                raise RuntimeError(f"quantized matmul failed ({rc}): M={M} N={self.N} K={K}")
+        return y
+
+
+class PackedInt8(PackedQuant):
+    """Per-channel int8: data [groups][K][NC] int8, scale [groups * NC] fp32 (zero past N)."""
+
+    code = C_INT8
+
+    def __init__(self, t: Int8Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        self.data = torch.empty(_groups(self.N) * self.K * NC, dtype=torch.int8)
+        lib.ridgeline_pack_i8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        self.scale = torch.zeros(_groups(self.N) * NC)
+        self.scale[:self.N] = t.scale
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_i8p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, threads)
+
+
+class PackedInt4(PackedQuant):
+    """Group-wise int4: data [groups][K/8][NC] uint32 (8 nibbles each), scale [groups][K/G][2 or 1][NC] fp16."""
+
+    def __init__(self, t: Int4Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        self.group, self.symmetric = t.group, t.symmetric
+        self.code = int4_code(t.group, t.symmetric)
+        G = _groups(self.N)
+        self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
+        if lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
+            raise ValueError(f"int4 packing needs K a multiple of 8, got {self.K}")
+        parts = [t.scale] if t.symmetric else [t.scale, t.min]
+        sc = torch.zeros(G * NC, self.K // t.group, len(parts), dtype=torch.float16)
+        sc[:self.N] = torch.stack(parts, dim=-1)
+        self.scale = sc.view(G, NC, -1, len(parts)).permute(0, 2, 3, 1).contiguous().view(-1)  # [G][K/G][parts][NC]
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_i4p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, self.group, int(self.symmetric), threads)

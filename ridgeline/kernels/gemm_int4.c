@@ -1,0 +1,218 @@
+/* y[M, N] = x[M, K] @ W^T for group-wise int4 weights, fp32 x and y (weight-only: x is not quantized).
+ * Groups of G = 32, 64 or 128 consecutive k of one output channel share an fp16 scale d and, when
+ * asymmetric, an fp16 minimum m (GGUF Q4_1's grid): w = d * q + m, or symmetric w = d * (q - 8);
+ * q in [0, 15]. K is a multiple of G.
+ *   P[g][k/8][NC] uint32: column c's q for k = 8o..8o+7, nibble j (bits 4j..) holds k = 8o + 2j and
+ *                         nibble j + 4 (bits 4j + 16..) k = 8o + 2j + 1, j < 4
+ *   S[g][k/G][2][NC] fp16: d, then m (asymmetric); S[g][k/G][NC]: d (symmetric)
+ * Dequantizing is two instructions per 32 weights: a shift brings a pair of nibbles to bits 3..6 and
+ * 19..22 of each lane, and one vpternlogd masks them into bf16 exponent 16, so each 16-bit half reads
+ * 16 + q exactly: a vdpbf16ps operand. x is rounded to bf16 as for the bf16 packed kernel, and per
+ * group the dot product S = sum x (16 + q) gives sum x w = d * S + (m - 16 d) * X, X = sum x over
+ * the group (symmetric: d * S - 24 d * X). Per group the partial S starts from zero and folds into
+ * fp32 sums; an output's arithmetic does not depend on M or on the tile shape (a single row takes
+ * two groups at once for more independent chains), so a row's result does not depend on its batch.
+ * W4A8 later reuses q, d and m unchanged (vpdpbusd takes u8 q against s8 x; m needs X as here). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "omp_range.h"
+#include "quant_tile.h"
+
+int ridgeline_int4_available(void) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* q [N, K] uint8 in [0, 15] -> p [groups][K/8][NC] uint32; K a multiple of 8 */
+int ridgeline_pack_i4(const uint8_t *q, uint32_t *p, int64_t N, int64_t K) {
+    const int64_t G = (N + QT_NC - 1) / QT_NC, O = K / 8;
+    if (K % 8) return -1;
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t c = 0; c < QT_NC; c++) {
+                const int64_t n = g * QT_NC + c;
+                uint32_t word = 0;
+                for (int j = 0; n < N && j < 4; j++) {
+                    const uint8_t *src = q + n * K + 8 * o + 2 * j;
+                    word |= (uint32_t)(src[0] & 15) << (4 * j) | (uint32_t)(src[1] & 15) << (4 * j + 16);
+                }
+                p[(g * O + o) * QT_NC + c] = word;
+            }
+    return 0;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define I4_MR 4
+#define I4_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
+
+/* one pair of k (nibble pair j) of every vector against every row: S[i][v] += x pair . (16 + q) */
+#define I4_PAIR(j, SHIFTED) \
+    for (int v = 0; v < nv; v++) { \
+        const __m512i t = SHIFTED; \
+        const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(t, nib, magic, 0xEA); /* (t & nib) | magic */ \
+        for (int i = 0; i < mr; i++) { \
+            int32_t pair; \
+            memcpy(&pair, xg + i * ldx + 8 * o + 2 * (j), 4); \
+            S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
+        } \
+    }
+
+/* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2)
+ * consecutive column groups (stride gs words, scale stride ss halves), kg k-groups from this block's
+ * start -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss,
+       const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, int64_t kg,
+       int64_t G, int flags) {
+    const __m512i nib = _mm512_set1_epi32(0x00780078), magic = _mm512_set1_epi32(0x41804180);
+    const int nv = ng * QT_NR, sn = sym ? 1 : 2;
+    __m512 acc[I4_MR][2 * QT_NR];
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t b = 0; b < kg; b++) {
+        __m512 S[I4_MR][2 * QT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_ps();
+        const uint16_t *xg = xb + b * G;
+        for (int64_t o = 0; o < G / 8; o++) {
+            __m512i W[2 * QT_NR];
+            for (int v = 0; v < nv; v++)
+                W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * (G / 8) + o) * QT_NC + 16 * (v % QT_NR));
+            I4_PAIR(0, _mm512_slli_epi32(W[v], 3))
+            I4_PAIR(1, _mm512_srli_epi32(W[v], 1))
+            I4_PAIR(2, _mm512_srli_epi32(W[v], 5))
+            I4_PAIR(3, _mm512_srli_epi32(W[v], 9))
+        }
+        for (int v = 0; v < nv; v++) {
+            const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+            const __m512 m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
+            const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-24.f))
+                                  : _mm512_fnmadd_ps(_mm512_set1_ps(16.f), d, m);
+            for (int i = 0; i < mr; i++) {
+                acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
+                acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
+            }
+        }
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+typedef void (*ukr_i4_fn)(const uint32_t *, int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t,
+                          const float *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int);
+#define UKR_I4(R, NG, SYM) \
+    static void ukr_i4_##R##_##NG##_##SYM(const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, \
+                                          const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y, \
+                                          int64_t n0, int64_t N, int64_t kg, int64_t G, int flags) { \
+        ukr_i4(R, NG, SYM, pw, gs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, G, flags); \
+    }
+UKR_I4(1, 2, 0) UKR_I4(1, 1, 0) UKR_I4(2, 1, 0) UKR_I4(3, 1, 0) UKR_I4(4, 1, 0)
+UKR_I4(1, 2, 1) UKR_I4(1, 1, 1) UKR_I4(2, 1, 1) UKR_I4(3, 1, 1) UKR_I4(4, 1, 1)
+static const ukr_i4_fn UKRS_I4[2][I4_MR + 1] = {{0, ukr_i4_1_1_0, ukr_i4_2_1_0, ukr_i4_3_1_0, ukr_i4_4_1_0},
+                                                {0, ukr_i4_1_1_1, ukr_i4_2_1_1, ukr_i4_3_1_1, ukr_i4_4_1_1}};
+static const ukr_i4_fn UKRS_I4_WIDE[2] = {ukr_i4_1_2_0, ukr_i4_1_2_1};
+
+typedef struct {
+    const uint32_t *p;
+    const uint16_t *s, *xb;
+    const float *xs;
+    float *y;
+    int64_t N, K, G;
+    int sym;
+} i4_args;
+
+/* rows [m, m + mr), column groups [g, g + ng), k in [k0, k0 + kc) (whole quantization groups) */
+static void tile_i4(const i4_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc) {
+    const int64_t KG = a->K / a->G, gs = a->K / 8 * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
+    const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC;
+    const uint16_t *sc = a->s + g * ss + k0 / a->G * (a->sym ? 1 : 2) * QT_NC;
+    const ukr_i4_fn f = ng == 2 ? UKRS_I4_WIDE[a->sym] : UKRS_I4[a->sym][mr];
+    f(pw, gs, sc, ss, a->xb + m * a->K + k0, a->K, a->xs + m * KG + k0 / a->G, KG, a->y + m * a->N, g * QT_NC, a->N,
+      kc / a->G, a->G, k0 ? QT_ACC : 0);
+}
+
+static inline int i4_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* x [M, K] fp32 -> xb [M, K] bf16 (round to nearest even) and xs [M, K/G]: each group's sum of xb */
+static void to_bf16_groups(const float *x, uint16_t *xb, float *xs, int64_t M, int64_t K, int64_t G) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k0 = 0; k0 < K; k0 += G) {
+            __m512 sum = _mm512_setzero_ps();
+            for (int64_t k = k0; k < k0 + G; k += 32) {
+                const __m512 a = _mm512_loadu_ps(x + m * K + k), b = _mm512_loadu_ps(x + m * K + k + 16);
+                const __m512bh v = _mm512_cvtne2ps_pbh(b, a);
+                _mm512_storeu_si512(xb + m * K + k, (__m512i)v);
+                const __m512i w = (__m512i)v; /* bf16 -> fp32: the 16 bits become the high half */
+                sum = _mm512_add_ps(sum, (__m512)_mm512_slli_epi32(w, 16));
+                sum = _mm512_add_ps(sum, (__m512)_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+            }
+            xs[m * (K / G) + k0 / G] = _mm512_reduce_add_ps(sum);
+        }
+}
+#endif
+
+int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
+                       int64_t K, int64_t G, int sym, int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
+    const int64_t NG = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, G), rows = qt_chunk_rows(KC, 2, I4_MR);
+    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
+     * between converting and multiplying; more rows: each thread converts its share of one copy */
+    const int own = M <= I4_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
+    const int64_t KG = K / G;
+    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K * 2 + 63) & ~(size_t)63);
+    float *xs = malloc(sizeof(float) * (size_t)(copies * M * KG));
+    if (!xb || !xs) {
+        free(xb);
+        free(xs);
+        return -3;
+    }
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int64_t r0 = 0, r1 = M, g0, g1;
+        const int64_t c = own ? i4_thread() : 0;
+        uint16_t *xbc = xb + c * M * K;
+        float *xsc = xs + c * M * KG;
+        const i4_args a = {p, s, xbc, xsc, y, N, K, G, sym != 0};
+        if (!own) omp_range(M, &r0, &r1);
+        to_bf16_groups(x + r0 * K, xbc + r0 * K, xsc + r0 * KG, r1 - r0, K, G);
+        if (!own) {
+            #pragma omp barrier
+        }
+        omp_range(NG, &g0, &g1);
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                for (int64_t g = g0; g < g1;) {
+                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
+                        tile_i4(&a, 1, 2, g, m0, k0, kc);
+                        g += 2;
+                        continue;
+                    }
+                    for (int64_t m = m0; m < m1; m += I4_MR)
+                        tile_i4(&a, m1 - m < I4_MR ? (int)(m1 - m) : I4_MR, 1, g, m, k0, kc);
+                    g++;
+                }
+            }
+        }
+    }
+    free(xb);
+    free(xs);
+    return 0;
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
+    return -2;
+#endif
+}

@@ -1,0 +1,135 @@
+/* y[M, N] = x[M, K] @ W^T for int8 weights with one fp32 scale per output channel, fp32 x and y
+ * (weight-only: x is not quantized). w[n][k] = s[n] * q[n][k], q in [-127, 127].
+ *   P[g][k][NC]  int8, NC = 48 output columns per group g, zero-padded past N
+ *   s[g * NC + c] fp32, zero-padded past N
+ * Per k, a group's 48 weights are one 48-byte slice of a contiguous stream; they are sign-extended
+ * and converted to fp32 in registers (vpmovsxbd + vcvtdq2ps) once and shared by the tile's rows of x,
+ * whose FMAs sum q * x over k in order; the scale multiplies each output once, after the last k.
+ * Tiles are MR rows x one group, or for a single row two groups (six independent FMA chains instead
+ * of three, to cover the FMA latency when nothing else is in flight); an output's arithmetic is the
+ * same in either, and whatever M is, so a row's result does not depend on the batch it shares.
+ * W8A8 later reuses q and s unchanged: vpdpbusd on u8 (x + 128) against s8 q, with the per-channel
+ * 128 * sum(q) correction; only the layout of q changes, to [k/4][NC][4]. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "omp_range.h"
+#include "quant_tile.h"
+
+int ridgeline_int8_available(void) {
+#ifdef __AVX512F__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* q [N, K] -> p [groups][K][NC] */
+int ridgeline_pack_i8(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
+    const int64_t G = (N + QT_NC - 1) / QT_NC;
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t k = 0; k < K; k++) {
+            int8_t *dst = p + (g * K + k) * QT_NC;
+            for (int64_t c = 0; c < QT_NC; c++) {
+                const int64_t n = g * QT_NC + c;
+                dst[c] = n < N ? q[n * K + k] : 0;
+            }
+        }
+    return 0;
+}
+
+#ifdef __AVX512F__
+#define I8_MR 8
+
+/* mr rows of x (stride ldx) against ng (1 or 2) consecutive groups pw [K][NC] (group stride gs)
+ * -> y rows at columns n0..; k in [0, kc) of this block */
+static inline __attribute__((always_inline)) void
+ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const float *x, int64_t ldx,
+       float *y, int64_t n0, int64_t N, int64_t kc, int flags) {
+    __m512 acc[I8_MR][2 * QT_NR];
+    const int nv = ng * QT_NR;
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 wv[2 * QT_NR];
+        for (int v = 0; v < nv; v++) {
+            const int8_t *src = pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR);
+            wv[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
+        }
+        for (int i = 0; i < mr; i++) {
+            const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
+            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
+        }
+    }
+    if (flags & QT_LAST)
+        for (int v = 0; v < nv; v++) {
+            const __m512 sv = _mm512_loadu_ps(s + 16 * v);
+            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_mul_ps(acc[i][v], sv);
+        }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+#define UKR_I8(R, NG) \
+    static void ukr_i8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const float *x, int64_t ldx, \
+                                  float *y, int64_t n0, int64_t N, int64_t kc, int flags) { \
+        ukr_i8(R, NG, pw, gs, s, x, ldx, y, n0, N, kc, flags); \
+    }
+UKR_I8(1, 2) UKR_I8(1, 1) UKR_I8(2, 1) UKR_I8(3, 1) UKR_I8(4, 1) UKR_I8(5, 1) UKR_I8(6, 1) UKR_I8(7, 1) UKR_I8(8, 1)
+typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const float *, int64_t, float *, int64_t, int64_t,
+                          int64_t, int);
+static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3_1, ukr_i8_4_1,
+                                             ukr_i8_5_1, ukr_i8_6_1, ukr_i8_7_1, ukr_i8_8_1};
+
+typedef struct {
+    const int8_t *p;
+    const float *s, *x;
+    float *y;
+    int64_t N, K;
+} i8_args;
+
+/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) */
+static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
+    const int8_t *pw = a->p + (g * a->K + k0) * QT_NC;
+    const float *s = a->s + g * QT_NC, *x = a->x + m * a->K + k0;
+    float *y = a->y + m * a->N;
+    if (ng == 2)
+        ukr_i8_1_2(pw, a->K * QT_NC, s, x, a->K, y, g * QT_NC, a->N, kc, flags);
+    else
+        UKRS_I8[mr](pw, 0, s, x, a->K, y, g * QT_NC, a->N, kc, flags);
+}
+#endif
+
+int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                       int nthreads) {
+#ifdef __AVX512F__
+    if (M < 1 || N < 1 || K < 1) return -1;
+    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 4, 1), rows = qt_chunk_rows(KC, 4, I8_MR);
+    const i8_args a = {p, s, x, y, N, K};
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int64_t g0, g1;
+        omp_range(G, &g0, &g1);
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                const int flags = (k0 ? QT_ACC : 0) | (k0 + kc == K ? QT_LAST : 0);
+                for (int64_t g = g0; g < g1;) {
+                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two groups per tile */
+                        tile_i8(&a, 1, 2, g, m0, k0, kc, flags);
+                        g += 2;
+                        continue;
+                    }
+                    for (int64_t m = m0; m < m1; m += I8_MR)
+                        tile_i8(&a, m1 - m < I8_MR ? (int)(m1 - m) : I8_MR, 1, g, m, k0, kc, flags);
+                    g++;
+                }
+            }
+        }
+    }
+    return 0;
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -2;
+#endif
+}

@@ -1,0 +1,96 @@
+"""Round-to-nearest weight quantizers and the exact dequantization each format defines.
+
+int8, per output channel, symmetric:  w[n, k] = s[n] * q[n, k],  q in [-127, 127], s = max|w[n]| / 127 (fp32)
+int4, groups of G consecutive k of one output channel, q in [0, 15], fp16 scale d (and minimum m):
+    asymmetric  w = d * q + m,   m = min, d = (max - min) / 15        (GGUF Q4_1's grid)
+    symmetric   w = d * (q - 8), d = -v / 8, v the group's value of largest magnitude (GGUF Q4_0's)
+q is rounded against the stored (fp16-rounded) d and m, so the grid a weight is rounded to is the one
+it is dequantized from. Weights already on such a grid (a Q4_1 file's, dequantized) come back exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.quant.options import INT4_GROUP_SIZES
+
+_FP16_MAX = 65504.0
+
+
+@dataclass
+class Int8Tensor:
+    q: torch.Tensor  # [N, K] int8
+    scale: torch.Tensor  # [N] fp32
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 4
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale[:, None]
+
+
+@dataclass
+class Int4Tensor:
+    q: torch.Tensor  # [N, K] uint8 in [0, 15]
+    scale: torch.Tensor  # [N, K / group] fp16
+    min: torch.Tensor | None  # [N, K / group] fp16 (asymmetric), None (symmetric)
+    group: int
+
+    @property
+    def symmetric(self) -> bool:
+        return self.min is None
+
+    @property
+    def nbytes(self) -> int:
+        """As packed two per byte, with fp16 scales (and minimums)."""
+        return self.q.numel() // 2 + self.scale.numel() * 2 * (1 if self.min is None else 2)
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        q = self.q.float().view(N, K // self.group, self.group)
+        d = self.scale.float()[..., None]
+        w = d * (q - 8) if self.min is None else d * q + self.min.float()[..., None]
+        return w.view(N, K)
+
+
+def quantize_int8(w: torch.Tensor) -> Int8Tensor:
+    """w [N, K] float -> per-channel int8 (an all-zero row gets scale 0)."""
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1) / 127
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    return Int8Tensor(q, scale)
+
+
+def quantize_int4(w: torch.Tensor, group: int, symmetric: bool) -> Int4Tensor:
+    """w [N, K] float, K a multiple of group -> group-wise int4."""
+    if group not in INT4_GROUP_SIZES:
+        raise InvalidRequestError(f"int4 group size {group} is not one of {INT4_GROUP_SIZES}", "quant_group_size")
+    N, K = w.shape
+    if K % group:
+        raise InvalidRequestError(f"int4 group size {group} does not divide the {K} input columns", "quant_group_size")
+    wg = w.detach().float().view(N, K // group, group)
+    if symmetric:
+        idx = wg.abs().argmax(dim=-1, keepdim=True)
+        d = _fp16(wg.gather(-1, idx).squeeze(-1) / -8)
+        q = torch.round(wg / _nonzero(d.float())[..., None]) + 8
+        mn = None
+    else:
+        lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+        mn, d = _fp16(lo), _fp16((hi - lo) / 15)
+        q = torch.round((wg - mn.float()[..., None]) / _nonzero(d.float())[..., None])
+    q = torch.where(d[..., None] == 0, torch.zeros_like(q) + (8 if symmetric else 0), q)
+    return Int4Tensor(q.clamp_(0, 15).to(torch.uint8).view(N, K), d, mn, group)
+
+
+def _fp16(x: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.isfinite(x).all()) or float(x.abs().max()) > _FP16_MAX:
+        raise InvalidRequestError("weights too large (or not finite) for fp16 int4 group scales")
+    return x.to(torch.float16)
+
+
+def _nonzero(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d == 0, torch.ones_like(d), d)

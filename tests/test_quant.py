@@ -1,0 +1,106 @@
+"""Quantized weight formats: round-to-nearest error bounds, the exact Q4_1 grid, the packed int8/int4
+kernels against a dequantize-then-matmul reference, and rows that do not depend on their batch."""
+import pytest
+import torch
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.kernels import cpu_quant
+from ridgeline.quant import rtn
+
+INT4 = [(g, s) for g in (32, 64, 128) for s in (False, True)]
+
+
+def _w(N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g) * 0.2
+
+
+def test_int8_round_trip_within_half_a_step():
+    w = _w(70, 300)
+    t = rtn.quantize_int8(w)
+    assert t.q.dtype == torch.int8 and t.q.abs().max() <= 127 and t.scale.shape == (70,)
+    err = (t.dequantize() - w).abs()
+    assert bool((err <= t.scale[:, None] * (0.5 + 1e-5)).all())
+    zero = rtn.quantize_int8(torch.zeros(2, 8))  # an all-zero row: scale 0, exact
+    assert torch.equal(zero.dequantize(), torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("group,sym", INT4)
+def test_int4_round_trip_within_a_step(group, sym):
+    w = _w(40, 256, seed=group)
+    t = rtn.quantize_int4(w, group, sym)
+    assert t.q.dtype == torch.uint8 and int(t.q.max()) <= 15 and t.scale.dtype == torch.float16
+    assert t.scale.shape == (40, 256 // group) and (t.min is None) == sym
+    d = t.scale.float().abs().repeat_interleave(group, dim=1)
+    err = (t.dequantize() - w).abs()
+    if sym:  # the group's largest magnitude maps to -8 exactly; its opposite end clamps at +7: a whole step
+        assert bool((err <= d * (1 + 1e-3) + 1e-7).all())
+    else:  # min and max are grid points; fp16 rounding of d and m adds a little
+        m = t.min.float().abs().repeat_interleave(group, dim=1)
+        assert bool((err <= d * (0.5 + 16 * 2**-10) + m * 2**-10 + 1e-7).all())
+    assert float(err.mean()) < float(d.mean()) * 0.3  # most weights far closer than the bound
+
+
+def test_int4_asymmetric_g32_reproduces_a_q4_1_grid_exactly():
+    gguf = pytest.importorskip("gguf")
+    from ridgeline.weights.gguf_dequant import dequantize
+    w = _w(16, 128).numpy()
+    on_grid = dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1,
+                         (16, 128))
+    assert torch.equal(rtn.quantize_int4(on_grid, 32, False).dequantize(), on_grid)
+
+
+def test_int4_rejects_bad_group_sizes():
+    with pytest.raises(InvalidRequestError, match="one of"):
+        rtn.quantize_int4(torch.zeros(4, 96), 48, False)
+    with pytest.raises(InvalidRequestError, match="does not divide"):
+        rtn.quantize_int4(torch.zeros(4, 96), 64, False)
+
+
+def _kinds():
+    return [k for k in ("int8", "int4") if cpu_quant.available(k)]
+
+
+def _packed(kind, w, group=32, sym=False):
+    if kind == "int8":
+        t = rtn.quantize_int8(w)
+        return cpu_quant.PackedInt8(t), t.dequantize(), False
+    t = rtn.quantize_int4(w, group, sym)
+    return cpu_quant.PackedInt4(t), t.dequantize(), True
+
+
+def _reference(x, wd, bf16_x):
+    """fp64 x @ wd^T, x rounded to bf16 first where the kernel rounds it (int4: vdpbf16ps)."""
+    return (x.to(torch.bfloat16) if bf16_x else x).double() @ wd.double().T
+
+
+CASES = [("int8", 32, False)] + [("int4", g, s) for g, s in INT4]
+
+
+@pytest.mark.parametrize("kind,group,sym", CASES)
+@pytest.mark.parametrize("M", [1, 3, 4, 9, 70])
+@pytest.mark.parametrize("N,K", [(96, 256), (37, 128), (5, 384), (200, 1536)])
+def test_packed_kernel_equals_dequantize_then_matmul(kind, group, sym, M, N, K):
+    if kind not in _kinds():
+        pytest.skip(f"no {kind} kernel on this CPU")
+    w, x = _w(N, K, seed=M + N), torch.randn(M, K)
+    p, wd, bf16_x = _packed(kind, w, group, sym)
+    got = p(x)
+    assert got.dtype == torch.float32 and got.shape == (M, N)
+    want = _reference(x, wd, bf16_x)
+    scale = (x.abs().double() @ wd.abs().double().T).clamp_min(1e-3)  # sum of |terms|: the rounding scale
+    assert float(((got.double() - want).abs() / scale).max()) < 2e-6
+
+
+@pytest.mark.parametrize("kind,group,sym", CASES)
+@pytest.mark.parametrize("K", [256, 3072])  # 3072 at 300 rows: several k blocks and row chunks
+def test_quantized_rows_do_not_depend_on_batch_size(kind, group, sym, K):
+    if kind not in _kinds():
+        pytest.skip(f"no {kind} kernel on this CPU")
+    p, _, _ = _packed(kind, _w(150, K), group, sym)  # 150: an odd number of column groups (4)
+    x = torch.randn(300, K)
+    full = p(x)
+    for m in (1, 2, 5, 8, 17):
+        assert torch.equal(p(x[:m]), full[:m]), m
+    assert torch.equal(p(x[151:152]), full[151:152])
+    assert torch.equal(p(x[7:12]), full[7:12])
