@@ -141,3 +141,14 @@ def test_bad_kv_cache_dtypes_are_clear_errors(tiny_llama, tmp_path):
     odd = make_tiny_model(tmp_path / "odd", "llama", hidden_size=48, num_attention_heads=2, num_key_value_heads=1)
     with pytest.raises(InvalidRequestError, match="int4 quantizes groups of 32 .* head_dim is 24; this model takes"):
         LLM(str(odd), kv_cache_dtype="int4")
+
+
+def test_command_line_flags_reach_the_config():
+    """Every command that loads a model (serve, generate, bench) takes the flags through add_engine_args."""
+    from ridgeline.cli import build_parser, engine_kwargs
+    from ridgeline.config import EngineConfig
+    args = build_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "int8", "--kv-cache-dtype-k", "int4"])
+    cache = EngineConfig.from_kwargs("m", **engine_kwargs(args)).cache
+    assert (cache.k_dtype, cache.v_dtype) == ("int4", "int8")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "q4_0"])
