@@ -8,6 +8,7 @@ import sys
 from ridgeline import __version__
 from ridgeline.cli_parser import RidgelineParser
 from ridgeline.errors import RidgelineError
+from ridgeline.kv_spec import KV_CACHE_DTYPES
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, so pipefail scripts see the same
 
@@ -22,6 +23,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: cuda when available, else cpu")
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="KV cache size, e.g. 2GiB (default: 25%% of free memory, at most 4 GiB)")
+    kv_choices = list(KV_CACHE_DTYPES)
+    g.add_argument("--kv-cache-dtype", default="auto", choices=kv_choices,
+                   help="how K and V are stored: auto keeps --dtype; int8 (a scale per token and head), int4 "
+                        "(Hadamard-rotated, groups of 32) and fp8 (e4m3 = fp8, e5m2; scales from the data) hold "
+                        "~1.9x / ~3.5x / ~1.9x the tokens of bfloat16 in the same --kv-cache-memory")
+    g.add_argument("--kv-cache-dtype-k", default=None, choices=kv_choices, metavar="DTYPE",
+                   help="K alone (default: --kv-cache-dtype)")
+    g.add_argument("--kv-cache-dtype-v", default=None, choices=kv_choices, metavar="DTYPE",
+                   help="V alone (default: --kv-cache-dtype)")
     g.add_argument("--block-size", type=int, default=16, metavar="N",
                    help="tokens per KV cache block, a power of two")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -46,7 +56,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "block_size", "enable_prefix_caching",
+    keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "kv_cache_dtype", "kv_cache_dtype_k",
+            "kv_cache_dtype_v", "block_size", "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens"]
     return {k: getattr(args, k) for k in keys}

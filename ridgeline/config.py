@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.kv_spec import check_kv_cache_dtype
 from ridgeline.quant import options as quant_options
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -68,8 +69,26 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; None: kv_cache_fraction of available memory
     kv_cache_fraction: float = 0.25
     enable_prefix_caching: bool = True  # reuse KV blocks of identical prompt prefixes across requests
+    # how K and V are stored (ridgeline/kv_spec.py KV_CACHE_DTYPES): auto (the model's dtype), float32,
+    # bfloat16, float16, int8, int4, fp8_e4m3 (fp8), fp8_e5m2; _k / _v override it for K or V alone
+    kv_cache_dtype: str = "auto"
+    kv_cache_dtype_k: str | None = None
+    kv_cache_dtype_v: str | None = None
+
+    @property
+    def k_dtype(self) -> str:
+        return self.kv_cache_dtype_k or self.kv_cache_dtype
+
+    @property
+    def v_dtype(self) -> str:
+        return self.kv_cache_dtype_v or self.kv_cache_dtype
 
     def __post_init__(self):
+        for name in ("kv_cache_dtype", "kv_cache_dtype_k", "kv_cache_dtype_v"):
+            try:
+                check_kv_cache_dtype(getattr(self, name), name, optional=name != "kv_cache_dtype")
+            except ValueError as e:
+                raise InvalidRequestError(str(e), name) from None
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise InvalidRequestError("block_size must be a power of two", "block_size")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

@@ -180,7 +180,7 @@ def test_bfloat16_engine_agrees_with_float32_on_clear_choices(tiny_llama):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     f32 = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB").generate(PROMPTS, params, use_tqdm=False)
     bf = LLM(str(tiny_llama), dtype="bfloat16", kv_cache_memory="2MiB")
-    assert bf.engine.runner.kv_cache.dtype == torch.bfloat16
+    assert bf.engine.runner.kv[0].k.dtype == torch.bfloat16
     b16 = bf.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids[:2] for o in f32] == [o.outputs[0].token_ids[:2] for o in b16]
 

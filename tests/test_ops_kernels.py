@@ -49,7 +49,7 @@ def test_rope_kv_matches_rotary_and_cache_write(kv_dtype):
     want_kc[slots] = want_k.to(kv_dtype)
     want_vc[slots] = v.reshape(T, Hkv, D).to(kv_dtype)
     got = qkv.clone()
-    cpu_ops.rope_kv(got, positions, rot.cos_sin, slots, kc, vc, H, Hkv, D, int(kv_dtype == torch.bfloat16))
+    cpu_ops.rope_kv(got, positions, rot.cos_sin, slots, kc, vc, H, Hkv, D, int(kv_dtype == torch.bfloat16) * 0x101)
     torch.testing.assert_close(got[:, :H * D].view(T, H, D), want_q, atol=1e-5, rtol=1e-5)
     # bf16 rounding is round-to-nearest-even like torch's; fp32 rotation may differ in the last bit
     torch.testing.assert_close(kc.view(-1, Hkv, D).float(), want_kc.float(), atol=1e-5, rtol=1e-2)

@@ -1,12 +1,12 @@
 """Facts measured or derived at engine start-up: never written back into the config."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from ridgeline.kv_spec import KVCacheSpec
+from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.utils.device import meminfo_bytes
 
@@ -38,8 +38,17 @@ class EngineInfo:
         return self.kv_spec.block_size
 
     @property
-    def kv_dtype(self) -> torch.dtype:
-        return _TORCH[self.kv_spec.format.name]
+    def kv_dtype(self) -> torch.dtype | None:
+        """The torch dtype K and V are stored in, or None for quantized (or mixed) formats."""
+        k, v = self.kv_spec.format.name, self.kv_spec.v_format.name
+        return _TORCH.get(k) if k == v else None
+
+    @property
+    def kv_capacity_ratio(self) -> float:
+        """Tokens this cache holds over what the same memory holds in the model's dtype."""
+        name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.dtype, "f32")
+        plain = replace(self.kv_spec, format=KV_FORMATS[name], v_format=None)
+        return plain.bytes_per_token / self.kv_spec.bytes_per_token
 
     @property
     def kernels(self) -> str:
@@ -75,6 +84,10 @@ class EngineInfo:
             i = j + 1
         return lines
 
+    def _kv_ratio_note(self) -> str:
+        r = self.kv_capacity_ratio
+        return "" if abs(r - 1) < 1e-9 else f", {r:.2f}x the tokens of {str(self.dtype).removeprefix('torch.')}"
+
     def summary(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
         lines = [
@@ -82,7 +95,7 @@ class EngineInfo:
             f"device     {self.device}, dtype {name}: {self.dtype_reason}",
             f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
             f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
-            f"{self.kv_spec.describe()}); max concurrency at "
+            f"{self.kv_spec.describe()}{self._kv_ratio_note()}); max concurrency at "
             f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
             f"kernels    {self.kernels}",

@@ -17,7 +17,7 @@ from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
-from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
+from ridgeline.kv_spec import KVCacheSpec, kv_formats
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
@@ -54,14 +54,17 @@ class LLMEngine:
             raise InvalidRequestError(f"max_model_len {max_len} exceeds the model's "
                                       f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
         self.max_model_len = max_len
+        try:  # before any weight is read
+            k_fmt, v_fmt = kv_formats(cc.k_dtype, cc.v_dtype, str(choice.dtype).removeprefix("torch."), arch.head_dim)
+        except ValueError as e:
+            raise InvalidRequestError(str(e), "kv_cache_dtype") from None
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
-        kv_spec = KVCacheSpec(KV_FORMATS[kv_format_for(device, choice.dtype)], arch.num_layers, arch.num_kv_heads,
-                              arch.head_dim, cc.block_size)
+        kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
         num_blocks = kv_spec.num_blocks(kv_bytes)
         if num_blocks < 2:
@@ -273,9 +276,3 @@ def _spec_line(config: EngineConfig) -> str | None:
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
     return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step{extra}"
 
-
-def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The KV cache keeps the model's dtype; on a CPU the kernels read fp32 and bf16, so fp16 is stored as fp32."""
-    if device.type == "cpu" and dtype not in (torch.float32, torch.bfloat16):
-        return "f32"
-    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]

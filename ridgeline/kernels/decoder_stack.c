@@ -7,7 +7,8 @@
  *
  * Everything is driven by descriptors (int64 arrays, pointers as integers):
  * dims:    [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size]
- * layers:  [layers][LP_FIELDS]: norms, window, KV format + cache (+ scale) pointers, and for each of
+ * layers:  [layers][LP_FIELDS]: norms, window, KV formats (K | V << 8, kv_quant.h) + cache and fp16
+ *          scale pointers (0 for float formats), and for each of
  *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
@@ -16,16 +17,18 @@
  *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts. */
 #include <stdint.h>
 #include <string.h>
+#include "kv_quant.h"
 
 int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H, float eps,
                       int nthreads);
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
-                      const float *cs, const int64_t *slots, void *kc, void *vc, int kv_bf16, int nthreads);
-int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *tables,
-                           const int64_t *row_seq, const int64_t *key_lens, float *out, int64_t B, int64_t H,
-                           int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
-                           int nthreads);
+                      const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
+                      int kv_formats, int nthreads);
+int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
+                           int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
+                           float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
+                           int64_t window, float scale, int nthreads);
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_packed_available(int bf16);
@@ -40,7 +43,6 @@ int ridgeline_int4_available(void);
  * WF_I4_SYM_G32 (kernels/cpu_quant.py int4_code) */
 enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF_I4_G32 = 4, WF_I4_SYM_G32 = 7,
                      WF_I4_LAST = 9 };
-enum kv_format { KV_F32 = 0, KV_BF16 = 1 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_LINEAR,
@@ -65,7 +67,8 @@ int ridgeline_stack_weight_format(int64_t format) {
     if (format >= WF_I4_G32 && format <= WF_I4_LAST) return ridgeline_int4_available();
     return 0;
 }
-int ridgeline_stack_kv_format(int64_t format) { return format == KV_F32 || format == KV_BF16; }
+/* format: K format | V format << 8 (kv_quant.h) */
+int ridgeline_stack_kv_format(int64_t format) { return kv_known((int)(format & 0xff)) && kv_known((int)(format >> 8)); }
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
@@ -121,12 +124,13 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
         rc |= linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
+        uint16_t *ksc = PTR(uint16_t, lp[LP_K_SCALE]), *vsc = PTR(uint16_t, lp[LP_V_SCALE]);
         const int kvf = (int)lp[LP_KV_FORMAT];
-        ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, kvf, nt);
+        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
-            rc |= ridgeline_paged_decode(q + r0 * HD, kc, vc, kvf, PTR(const int64_t, gp[GP_TABLES]),
+            rc |= ridgeline_paged_decode(q + r0 * HD, kc, vc, ksc, vsc, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                          PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
                                          att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB], lp[LP_WINDOW],
                                          scale, nt);

@@ -3,20 +3,15 @@
  *   rmsnorm:  residual += x (optional), out = residual / rms(residual) * w
  *   silu_mul: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
  *   rope_kv:  rotate q and k inside the fused qkv rows (interleaved pairs), write k and v into the
- *             paged KV cache (fp32 or bf16) at their slots. */
+ *             paged KV cache at their slots, in its formats (kv_quant.h: fp32, bf16, fp16, int8, int4,
+ *             fp8), quantizing on the way. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "kv_quant.h"
 #ifdef __AVX512F__
 #include "vexp.h"
 #endif
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
 
 int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H,
                       float eps, int nthreads) {
@@ -59,10 +54,31 @@ int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nt
     return 0;
 }
 
+/* K or V rows [Hkv, D] of one token into its cache slot, in format f (rows of fp32/bf16 in one pass) */
+static inline void store_rows(int f, void *cache, uint16_t *scales, int64_t slot, const float *x, int64_t Hkv,
+                              int64_t D) {
+    const int64_t n = Hkv * D;
+    if (f == KV_F32) {
+        memcpy((float *)cache + slot * n, x, sizeof(float) * (size_t)n);
+    } else if (f == KV_BF16) {
+        uint16_t *d = (uint16_t *)cache + slot * n;
+        for (int64_t i = 0; i < n; i++) d[i] = kv_f32_to_bf16(x[i]);
+    } else {
+        const int64_t vb = kv_vec_bytes(f, D), ns = kv_vec_scales(f, D);
+        for (int64_t h = 0; h < Hkv; h++)
+            kv_store(f, (char *)cache + (slot * Hkv + h) * vb, scales ? scales + (slot * Hkv + h) * ns : NULL,
+                     x + h * D, D);
+    }
+}
+
 /* qkv [T, (H + 2 Hkv) D] fp32 (q rotated in place); cs [P, D/2, 2] (cos, sin); slots [T] into the
- * caches viewed as [NB * bs, Hkv, D]. */
+ * caches viewed as [NB * bs, Hkv, vector]; kv_formats = K format | V format << 8 (kv_quant.h), with
+ * fp16 scale arrays [NB * bs, Hkv, scales per vector] for quantized ones. Returns -1 for an unknown format. */
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
-                      const float *cs, const int64_t *slots, void *kc, void *vc, int kv_bf16, int nthreads) {
+                      const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
+                      int kv_formats, int nthreads) {
+    const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
+    if (!kv_known(kf) || !kv_known(vf)) return -1;
     const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
     #pragma omp parallel for num_threads(nthreads) if (T >= 64)
     for (int64_t t = 0; t < T; t++) {
@@ -78,17 +94,8 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
             }
         }
         const float *k = row + H * D, *v = k + Hkv * D;
-        const int64_t n = Hkv * D, off = slots[t] * n;
-        if (kv_bf16) {
-            uint16_t *kd = (uint16_t *)kc + off, *vd = (uint16_t *)vc + off;
-            for (int64_t i = 0; i < n; i++) {
-                kd[i] = f32_to_bf16(k[i]);
-                vd[i] = f32_to_bf16(v[i]);
-            }
-        } else {
-            memcpy((float *)kc + off, k, sizeof(float) * n);
-            memcpy((float *)vc + off, v, sizeof(float) * n);
-        }
+        store_rows(kf, kc, ksc, slots[t], k, Hkv, D);
+        store_rows(vf, vc, vsc, slots[t], v, Hkv, D);
     }
     return 0;
 }

@@ -1,8 +1,14 @@
-/* Decode attention straight from the paged KV cache: one query token per sequence, no gather.
- * q [B, H, D] fp32, caches [NB, bs, Hkv, D] fp32 or bf16, block_tables [S, max_nb], key_lens [B] -> out [B, H, D].
- * The cache is read block by block, each position's Hkv*D row once (memory-bound at large B), in
- * two passes: scores (kept in a per-thread buffer), then the softmax-weighted V sum. A task is one
- * sequence, or one (sequence, KV head) when there are too few sequences to keep the threads busy. */
+/* Attention straight from the paged KV cache: query rows against their sequences' cached keys, no gather.
+ * q [B, H, D] fp32; K and V caches in any KV format of kv_quant.h (data [NB, bs, Hkv, vector], fp16
+ * scales [NB, bs, Hkv, scales per vector] for quantized ones), dequantized inside the kernel; scores,
+ * softmax and the output in fp32; block_tables [S, max_nb], key_lens [B] -> out [B, H, D].
+ *
+ * Split-KV (flash-decoding): a row's keys are cut at fixed multiples of SPLIT positions; each split
+ * yields a partial (max m, sum l of exp(s - m), u = sum exp(s - m) v), and the partials are merged in
+ * split order by one function. The cut depends on the row's own length only, so a row's result is
+ * the same whoever computes its splits: with few rows, every (row, KV head, split) is a task of its
+ * own and one long sequence keeps every thread busy whatever its number of KV heads; with many rows,
+ * a task is a row (all its heads and splits). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,31 +16,81 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "kv_quant.h"
 
-static inline float bf16_to_float(uint16_t v) {
-    union { uint32_t u; float f; } x = {.u = (uint32_t)v << 16};
-    return x.f;
+#define SPLIT 256 /* positions per split, a multiple of every block size up to it */
+
+typedef struct {
+    const char *data[2]; /* K, V */
+    const uint16_t *scale[2];
+    int fmt[2];
+    int64_t vb[2], ns[2]; /* data bytes and scales per (position, head) vector */
+    int64_t Hkv, D, G, bs;
+    float scale_qk;
+} att_src;
+
+/* one task's range: heads [h0, h1) of one row, positions [lo, hi); end_blk: the row's last block */
+typedef struct {
+    const int64_t *table;
+    int64_t lo, hi, h0, h1, end_blk;
+} att_range;
+
+static inline const char *vec_ptr(const att_src *s, int w, int64_t slot, int64_t h) {
+    return s->data[w] + (slot * s->Hkv + h) * s->vb[w];
+}
+static inline const uint16_t *scale_ptr(const att_src *s, int w, int64_t slot, int64_t h) {
+    return s->scale[w] ? s->scale[w] + (slot * s->Hkv + h) * s->ns[w] : NULL;
 }
 
-#define ATTEND attend_f32
-#define KV_T float
-#define KV_LOAD(x) (x)
-#include "paged_attention_attend.h"
-#undef ATTEND
-#undef KV_T
-#undef KV_LOAD
-
-#define ATTEND attend_bf16
-#define KV_T uint16_t
-#define KV_LOAD(x) bf16_to_float(x)
-#include "paged_attention_attend.h"
-#undef ATTEND
-#undef KV_T
-#undef KV_LOAD
+/* Portable path, any format and head_dim: each vector dequantized (kv_load) before use. q: the task's
+ * (h1 - h0) * G query rows, already rotated for a rotated K. Writes m, l [rows], u [rows, D]. */
+static void attend_any(const att_src *s, const float *q, const att_range *r, float *scores, float *vec, float *m,
+                       float *l, float *u) {
+    const int64_t D = s->D, G = s->G, n = r->hi - r->lo, rows = (r->h1 - r->h0) * G;
+    for (int64_t pos = r->lo; pos < r->hi; pos++) {
+        const int64_t slot = r->table[pos / s->bs] * s->bs + pos % s->bs;
+        for (int64_t hk = r->h0; hk < r->h1; hk++) {
+            kv_load(s->fmt[0], vec_ptr(s, 0, slot, hk), scale_ptr(s, 0, slot, hk), vec, D);
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + ((hk - r->h0) * G + g) * D;
+                float acc = 0.f;
+                #pragma omp simd reduction(+ : acc)
+                for (int64_t d = 0; d < D; d++) acc += qg[d] * vec[d];
+                scores[((hk - r->h0) * G + g) * n + pos - r->lo] = acc * s->scale_qk;
+            }
+        }
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        float *sr = scores + i * n, mx = sr[0], sum = 0.f;
+        for (int64_t j = 1; j < n; j++) mx = sr[j] > mx ? sr[j] : mx;
+        for (int64_t j = 0; j < n; j++) {
+            sr[j] = expf(sr[j] - mx);
+            sum += sr[j];
+        }
+        m[i] = mx;
+        l[i] = sum;
+    }
+    memset(u, 0, sizeof(float) * (size_t)(rows * D));
+    for (int64_t pos = r->lo; pos < r->hi; pos++) {
+        const int64_t slot = r->table[pos / s->bs] * s->bs + pos % s->bs;
+        for (int64_t hk = r->h0; hk < r->h1; hk++) {
+            kv_load(s->fmt[1], vec_ptr(s, 1, slot, hk), scale_ptr(s, 1, slot, hk), vec, D);
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t i = (hk - r->h0) * G + g;
+                const float p = scores[i * n + pos - r->lo];
+                float *o = u + i * D;
+                #pragma omp simd
+                for (int64_t d = 0; d < D; d++) o[d] += p * vec[d];
+            }
+        }
+    }
+}
 
 #ifdef __AVX512F__
 #include "reduce16.h"
 #include "vexp.h"
+#include "paged_attention_tile.h"
+
 #define FAST attend_f32_fast
 #define KV_T float
 #define QK_W 16
@@ -43,6 +99,11 @@ static inline float bf16_to_float(uint16_t v) {
 #define QK_STEP(acc, qv, kp) _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp), acc)
 #define V_LOAD16(p) _mm512_loadu_ps(p)
 #include "paged_attention_avx512.h"
+#define TILE 1
+#undef FAST
+#define FAST attend_tile_fast
+#include "paged_attention_avx512.h"
+#undef TILE
 #undef FAST
 #undef KV_T
 #undef QK_W
@@ -50,7 +111,7 @@ static inline float bf16_to_float(uint16_t v) {
 #undef Q_PREP
 #undef QK_STEP
 #undef V_LOAD16
-#define HAVE_F32_FAST 1
+#define HAVE_FAST 1
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -70,67 +131,171 @@ static inline __m512bh load_pbh(const void *p) { /* a plain load: GCC 12 routes 
 #define HAVE_BF16_FAST 1
 #endif
 
-/* B query rows. Row b attends to the first key_lens[b] positions of the sequence whose block table
- * is tables[row_seq ? row_seq[b] : b]: one decode token per sequence, or (row_seq given) the rows of
- * prefill chunks, each a query at its own position (key_lens = position + 1: causal). */
-int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, int kv_bf16, const int64_t *tables,
-                           const int64_t *row_seq, const int64_t *key_lens, float *out, int64_t B, int64_t H,
-                           int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
-                           int nthreads) {
+enum { PATH_ANY, PATH_F32, PATH_BF16, PATH_TILE };
+
+/* which implementation reads this pair of formats: decided by the formats and D alone */
+static int choose_path(int kf, int vf, int64_t D) {
+    (void)kf, (void)vf, (void)D;
+#ifdef HAVE_BF16_FAST
+    if (kf == KV_BF16 && vf == KV_BF16 && D % 32 == 0 && D <= ATT_MAX_D) return PATH_BF16;
+#endif
+#ifdef HAVE_FAST
+    if (kf == KV_F32 && vf == KV_F32 && D % 16 == 0 && D <= ATT_MAX_D) return PATH_F32;
+    if (D % 16 == 0 && D <= ATT_MAX_D) return PATH_TILE;
+#endif
+    return PATH_ANY;
+}
+
+/* per-thread buffers */
+typedef struct {
+    float *scores, *q, *vec, *m, *l, *u, *M, *L, *U;
+    void *qbuf;
+} att_buf;
+
+static void *alloc_buf(att_buf *b, int64_t rows, int64_t D) {
+    const size_t sc = (size_t)(rows * SPLIT), rd = (size_t)(rows * D);
+    /* scores, q, vec/tile (16 x D), m, l, u, M, L, U, prepared q (+ 64 for alignment) */
+    float *p = malloc(sizeof(float) * (sc + rd + 16 * (size_t)D + 4 * (size_t)rows + 3 * rd) + 128);
+    if (!p) return NULL;
+    b->scores = p;
+    b->q = p + sc;
+    b->vec = b->q + rd;
+    b->m = b->vec + 16 * D;
+    b->l = b->m + rows;
+    b->M = b->l + rows;
+    b->L = b->M + rows;
+    b->u = b->L + rows;
+    b->U = b->u + rd;
+    b->qbuf = (void *)(((uintptr_t)(b->U + rd) + 63) & ~(uintptr_t)63);
+    return p;
+}
+
+/* one split's partial for rows of heads [h0, h1) into m, l, u; q: the row's H * D query */
+static void partial(const att_src *s, int path, const float *q, const att_range *r, att_buf *b) {
+    const int64_t D = s->D, rows = (r->h1 - r->h0) * s->G;
+    const float *qt = q + r->h0 * s->G * D;
+    if (kv_rotated(s->fmt[0])) { /* (Hq).(Hk) = q.k */
+        memcpy(b->q, qt, sizeof(float) * (size_t)(rows * D));
+        for (int64_t i = 0; i < rows; i++) kv_fwht(b->q + i * D, D);
+        qt = b->q;
+    }
+    switch (path) {
+#ifdef HAVE_FAST
+    case PATH_F32: attend_f32_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
+    case PATH_TILE: attend_tile_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
+#endif
+#ifdef HAVE_BF16_FAST
+    case PATH_BF16: attend_bf16_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
+#endif
+    default: attend_any(s, qt, r, b->scores, b->vec, b->m, b->l, b->u);
+    }
+}
+
+/* Running state (M, L, U) of `rows` rows += partial (m, l, u), in split order; first: start from it.
+ * Never inlined: both task shapes run these very instructions, so a row's result is bitwise the same. */
+static __attribute__((noinline)) void merge(float *M, float *L, float *U, const float *m, const float *l,
+                                            const float *u, int64_t rows, int64_t D, int first) {
+    if (first) {
+        memcpy(M, m, sizeof(float) * (size_t)rows);
+        memcpy(L, l, sizeof(float) * (size_t)rows);
+        memcpy(U, u, sizeof(float) * (size_t)(rows * D));
+        return;
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        const float mx = m[i] > M[i] ? m[i] : M[i], a = expf(M[i] - mx), c = expf(m[i] - mx);
+        L[i] = L[i] * a + l[i] * c;
+        M[i] = mx;
+        float *Ui = U + i * D;
+        const float *ui = u + i * D;
+        for (int64_t d = 0; d < D; d++) Ui[d] = Ui[d] * a + ui[d] * c;
+    }
+}
+
+/* out rows = U / L, rotated back for a rotated V (H is its own inverse) */
+static __attribute__((noinline)) void finish(const float *L, const float *U, float *out, int64_t rows, int64_t D,
+                                             int rotated) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float inv = 1.f / L[i];
+        for (int64_t d = 0; d < D; d++) out[i * D + d] = U[i * D + d] * inv;
+        if (rotated) kv_fwht(out + i * D, D);
+    }
+}
+
+static inline int64_t first_key(int64_t len, int64_t window) { return window > 0 && len > window ? len - window : 0; }
+
+/* split sp of a row [first, len): positions [max(first, sp * SPLIT), min(len, (sp + 1) * SPLIT)) */
+static inline void split_range(att_range *r, int64_t first, int64_t len, int64_t sp) {
+    r->lo = sp * SPLIT > first ? sp * SPLIT : first;
+    r->hi = (sp + 1) * SPLIT < len ? (sp + 1) * SPLIT : len;
+}
+
+/* B query rows. Row b attends to the first key_lens[b] positions (the last `window` of them when
+ * window > 0) of the sequence whose block table is tables[row_seq ? row_seq[b] : b]: one decode token
+ * per sequence, or (row_seq given) the rows of prefill chunks, each a query at its own position
+ * (key_lens = position + 1: causal). kv_formats = K format | V format << 8. Returns 0, -1 if out of
+ * memory, -2 for an unknown format. */
+int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
+                           int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
+                           float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
+                           int64_t window, float scale, int nthreads) {
+    const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
+    if (!kv_known(kf) || !kv_known(vf)) return -2;
+    const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
+                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale};
+    const int path = choose_path(kf, vf, D), vrot = kv_rotated(vf);
+    const int64_t G = H / Hkv;
     int64_t max_len = 1;
     for (int64_t b = 0; b < B; b++) max_len = key_lens[b] > max_len ? key_lens[b] : max_len;
-    const int64_t per_task = B < 2 * nthreads ? 1 : Hkv; /* KV heads per task */
-    const int64_t tasks = B * (Hkv / per_task);
-#ifdef HAVE_BF16_FAST
-    const int fast_bf16 = D % 32 == 0 && D <= ATT_MAX_D;
-#else
-    const int fast_bf16 = 0;
-#endif
-#ifdef HAVE_F32_FAST
-    const int fast_f32 = D % 16 == 0 && D <= ATT_MAX_D;
-#else
-    const int fast_f32 = 0;
-#endif
-    (void)fast_bf16;
-    (void)fast_f32;
-    int failed = 0;
+    const int by_split = B < 2 * nthreads; /* else a task is a row */
+    const int64_t nsplit = (max_len - 1) / SPLIT + 1, part = G * (D + 2); /* floats of one (head, split) partial */
+    float *parts = by_split ? malloc(sizeof(float) * (size_t)(B * Hkv * nsplit * part)) : NULL;
+    int failed = by_split && !parts;
+    const int64_t tasks = by_split ? B * Hkv * nsplit : B;
     #pragma omp parallel num_threads(nthreads)
     {
-        const size_t nscores = (size_t)((H / Hkv) * per_task * max_len);
-        /* + the prepared query, 64-byte aligned */
-        float *scores = malloc(sizeof(float) * (nscores + (size_t)(H * D)) + 64);
-        void *qbuf = scores ? (void *)(((uintptr_t)(scores + nscores) + 63) & ~(uintptr_t)63) : NULL;
-        (void)qbuf;
-        if (!scores) {
+        att_buf buf;
+        void *mem = failed ? NULL : alloc_buf(&buf, by_split ? G : H, D);
+        if (!mem) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
-            if (!scores) continue;
-            const int64_t b = t / (Hkv / per_task), h0 = (t % (Hkv / per_task)) * per_task;
-            const int64_t *table = tables + (row_seq ? row_seq[b] : b) * max_nb;
-#if defined(HAVE_BF16_FAST) || defined(HAVE_F32_FAST)
-            if (kv_bf16 ? fast_bf16 : fast_f32) {
-#ifdef HAVE_BF16_FAST
-                if (kv_bf16)
-                    attend_bf16_fast(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H,
-                                     Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
-#endif
-                if (!kv_bf16)
-                    attend_f32_fast(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H,
-                                    Hkv, h0, h0 + per_task, D, bs, window, scale, scores, qbuf);
+            if (!mem) continue;
+            const int64_t b = by_split ? t / (Hkv * nsplit) : t, len = key_lens[b], first = first_key(len, window);
+            att_range r = {tables + (row_seq ? row_seq[b] : b) * max_nb, 0, 0, 0, Hkv, (len - 1) / bs};
+            if (by_split) { /* one (head, split) partial into parts */
+                const int64_t hk = t / nsplit % Hkv, sp = t % nsplit;
+                if (sp < first / SPLIT || sp * SPLIT >= len) continue;
+                r.h0 = hk, r.h1 = hk + 1;
+                split_range(&r, first, len, sp);
+                float *pp = parts + t * part;
+                att_buf one = buf;
+                one.m = pp, one.l = pp + G, one.u = pp + 2 * G;
+                partial(&src, path, q + b * H * D, &r, &one);
                 continue;
             }
-#endif
-            if (kv_bf16)
-                attend_bf16(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H, Hkv,
-                            h0, h0 + per_task, D, bs, window, scale, scores);
-            else
-                attend_f32(q + b * H * D, kc, vc, table, key_lens[b], out + b * H * D, H, Hkv, h0,
-                   h0 + per_task, D, bs, window, scale, scores);
+            for (int64_t sp = first / SPLIT; sp * SPLIT < len; sp++) {
+                split_range(&r, first, len, sp);
+                partial(&src, path, q + b * H * D, &r, &buf);
+                merge(buf.M, buf.L, buf.U, buf.m, buf.l, buf.u, H, D, sp == first / SPLIT);
+            }
+            finish(buf.L, buf.U, out + b * H * D, H, D, vrot);
         }
-        free(scores);
+        if (by_split) {
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < B * Hkv; t++) {
+                if (!mem) continue;
+                const int64_t b = t / Hkv, hk = t % Hkv, len = key_lens[b], first = first_key(len, window);
+                for (int64_t sp = first / SPLIT; sp * SPLIT < len; sp++) {
+                    const float *pp = parts + (t * nsplit + sp) * part;
+                    merge(buf.M, buf.L, buf.U, pp, pp + G, pp + 2 * G, G, D, sp == first / SPLIT);
+                }
+                finish(buf.L, buf.U, out + (b * H + hk * G) * D, G, D, vrot);
+            }
+        }
+        free(mem);
     }
+    free(parts);
     return failed ? -1 : 0;
 }

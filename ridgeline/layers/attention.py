@@ -1,9 +1,10 @@
 """Attention over the paged KV cache, behind a backend registry.
 
 A backend is chosen per layer when its cache is bound (`Attention.bind`), never per step:
-- "paged_c": kernels/paged_attention.c reads fp32/bf16 CPU blocks in place, for decode rows and
-  for each row of a prefill chunk as a query at its own position (key_lens = position + 1).
-- "sdpa": gathers each sequence's blocks into a padded view and calls SDPA. Grouped-query trick:
+- "paged_c": kernels/paged_attention.c reads CPU blocks of every KV format in place (dequantizing
+  inside the kernel), for decode rows and for each row of a prefill chunk as a query at its own
+  position (key_lens = position + 1).
+- "sdpa": gathers each sequence's blocks (dequantized) into a padded view and calls SDPA. Grouped-query trick:
   the G = H / Hkv query heads that share a KV head are laid out as extra query rows, so SDPA runs
   per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
 - "auto": paged_c where the kernel plan has it and the cache format is one it reads, else sdpa.
@@ -20,6 +21,7 @@ from ridgeline.kernels import cpu_attention
 from ridgeline.layers.forward_context import AttnGroup, get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.kv_cache import LayerKV
+from ridgeline.quant.kv import hadamard
 
 BACKENDS: dict[str, type[AttentionBackend]] = {}
 SMALL_ATTENTION = 4096  # B * Q * L below which plain matmul-softmax-matmul beats SDPA on a CPU
@@ -50,23 +52,27 @@ class AttentionBackend:
 class PagedSDPA(AttentionBackend):
     def __call__(self, q, kv, g, scale, window):
         B, Q = len(g.n), g.max_new
-        _, bs, Hkv, D = kv.k.shape
-        H = q.shape[1]
+        _, bs, Hkv, _ = kv.k.shape
+        H, D = q.shape[1:]
         G = H // Hkv
         q_index, mask, valid = sdpa_view(g, bs, G, window, q.device)
         qg = q[q_index] if valid is not None else q.view(B, Q, H, D)
+        if kv.k_fmt.rotate:  # K is stored rotated: (Hq).(Hk) = q.k
+            qg = hadamard(qg).to(q.dtype)
         qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
         L = g.block_tables.shape[1] * bs
-        flat = g.block_tables.view(-1)
-        # math in q's dtype: fp32 on a CPU even over a bf16 cache (CPU bf16 SDPA is slow)
-        k = kv.k.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
-        v = kv.v.index_select(0, flat).to(q.dtype).view(B, L, Hkv, D).transpose(1, 2)
+        # math in q's dtype: fp32 on a CPU even over a bf16 or quantized cache (CPU bf16 SDPA is slow)
+        k, v = kv.read(g.block_tables.view(-1), q.dtype)
+        k, v = k.view(B, L, Hkv, D).transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2)
         if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
             s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
             o = torch.softmax(s, dim=-1) @ v
         else:
             o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [B, Hkv, Q*G, D]
-        o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H * D)
+        o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H, D)
+        if kv.v_fmt.rotate:  # V is stored rotated: sum p H v = H o, and H undoes itself
+            o = hadamard(o).to(q.dtype)
+        o = o.reshape(B * Q, H * D)
         return o if valid is None else o[valid]
 
 
@@ -98,15 +104,16 @@ class PagedC(AttentionBackend):
         if not plan.c_attention:
             return "no C attention kernel in this kernel plan"
         if kv.c_format is None:
-            return f"the C attention kernel does not read {kv.format} caches on {kv.k.device.type}"
+            return f"the C attention kernel does not read {kv.formats} caches on {kv.k.device.type}"
         return None
 
     def __call__(self, q, kv, g, scale, window):
         if g.row_seq is None:  # one new token per sequence
             return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.key_lens, scale, window,
-                                              kv_format=kv.c_format)
+                                              kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale)
         return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
-                                          row_seq=g.row_seq, kv_format=kv.c_format)
+                                          row_seq=g.row_seq, kv_format=kv.c_format, k_scale=kv.k_scale,
+                                          v_scale=kv.v_scale)
 
 
 def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:

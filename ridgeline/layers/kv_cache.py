@@ -1,9 +1,10 @@
 """One layer's view of the paged KV cache, and the one place KV is written from Python.
 
-The cache of all layers is one tensor [layers, 2 (K, V), blocks, block_size, kv_heads, head_dim]
-laid out as the engine's KVCacheSpec says (ridgeline/kv_spec.py); each attention layer holds
-a LayerKV over its slice. Writes go through `write` (torch) or `write_rope` (rotary + write in one
-C pass, kernels/ops.c); the C decoder stack calls that same C function.
+The cache of all layers is one allocation laid out as the engine's KVCacheSpec says
+(ridgeline/kv_spec.py): per layer, K data, K scales (quantized formats), V data, V scales; each
+attention layer holds a LayerKV over its regions. Writes go through `write` (torch, quantizing with
+ridgeline/quant/kv.py) or `write_rope` (rotary + quantize + write in one C pass, kernels/ops.c); the C
+decoder stack calls that same C function.
 """
 from __future__ import annotations
 
@@ -11,44 +12,111 @@ from dataclasses import dataclass
 
 import torch
 
-from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.kernels import cpu_ops
+from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec, KVFormat
+from ridgeline.quant import kv as kvq
 
-TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-C_KV_FORMATS = {"f32": 0, "bf16": 1}  # what the C kernels read (paged_attention.c, ops.c)
+# what the C kernels read and write (paged_attention.c, ops.c: enum kv_format); a layer passes
+# k_code | v_code << 8
+C_KV_FORMATS = {"f32": 0, "bf16": 1, "f16": 2, "int8": 3, "int4": 4, "fp8_e4m3": 5, "fp8_e5m2": 6}
 
 
-def allocate_kv(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> torch.Tensor:
-    """The whole cache, zero-filled: never-written slots must hold finite values (a masked key still
-    multiplies its V by 0). On a CPU, zero pages mapped on first touch, on huge pages."""
+def allocate_kv(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> list[LayerKV]:
+    """Every layer's regions in one zero-filled allocation: never-written slots must hold finite values
+    (a masked key still multiplies its V by 0; a zero scale dequantizes to 0). On a CPU, zero pages mapped
+    on first touch, on huge pages; every region starts 64-byte aligned."""
     from ridgeline.utils import hugepages
-    shape = spec.shape(num_blocks)
-    dtype = TORCH_DTYPES[spec.format.name]
+    regions = spec.region_shapes(num_blocks)
+    sizes = {}
+    for name, (shape, fmt) in regions.items():
+        dtype = torch.float16 if fmt is None else kvq.storage_dtype(fmt)
+        sizes[name] = (shape, dtype, -(-_numel(shape) * dtype.itemsize // 64) * 64)
+    per_layer = sum(n for _, _, n in sizes.values())
+    total = per_layer * spec.num_layers
     if device.type == "cpu":
-        nbytes = spec.bytes_per_block * num_blocks
-        return torch.from_numpy(hugepages.zeroed(nbytes)).view(dtype).view(shape)
-    return torch.zeros(shape, dtype=dtype, device=device)
+        buf = torch.from_numpy(hugepages.zeroed(total))
+    else:
+        buf = torch.zeros(total, dtype=torch.uint8, device=device)
+    layers, off = [], 0
+    for _ in range(spec.num_layers):
+        views = {}
+        for name, (shape, dtype, nbytes) in sizes.items():
+            views[name] = buf[off:off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
+            off += nbytes
+        layers.append(LayerKV(views["k"], views["v"], spec.format.name, spec.v_format.name,
+                              views.get("k_scale"), views.get("v_scale")))
+    return layers
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 @dataclass
 class LayerKV:
-    k: torch.Tensor  # [NB, bs, Hkv, D]
-    v: torch.Tensor  # [NB, bs, Hkv, D]
-    format: str  # a KV_FORMATS name
+    k: torch.Tensor  # [NB, bs, Hkv, units] data (units: head_dim, or bytes for int4)
+    v: torch.Tensor  # [NB, bs, Hkv, units]
+    format: str  # K's KV_FORMATS name
+    v_format: str | None = None  # V's; None: the same as K's
+    k_scale: torch.Tensor | None = None  # [NB, bs, Hkv, scales per vector] fp16, quantized K only
+    v_scale: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.v_format is None:
+            self.v_format = self.format
+
+    @property
+    def k_fmt(self) -> KVFormat:
+        return KV_FORMATS[self.format]
+
+    @property
+    def v_fmt(self) -> KVFormat:
+        return KV_FORMATS[self.v_format]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def formats(self) -> str:
+        return self.format if self.format == self.v_format else f"K {self.format} / V {self.v_format}"
 
     @property
     def c_format(self) -> int | None:
-        """The C kernels' code for this cache, or None where they cannot read it."""
-        ok = self.k.device.type == "cpu" and self.k.is_contiguous() and self.v.is_contiguous()
-        return C_KV_FORMATS.get(self.format) if ok else None
+        """The C kernels' code for this cache (k | v << 8), or None where they cannot read it."""
+        ok = self.k.device.type == "cpu" and all(t is None or t.is_contiguous()
+                                                 for t in (self.k, self.v, self.k_scale, self.v_scale))
+        k, v = C_KV_FORMATS.get(self.format), C_KV_FORMATS.get(self.v_format)
+        return k | v << 8 if ok and k is not None and v is not None else None
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [T, Hkv, D] into flat slots [T]."""
-        Hkv, D = self.k.shape[2:]
-        self.k.view(-1, Hkv, D).index_copy_(0, slots, k.to(self.k.dtype))
-        self.v.view(-1, Hkv, D).index_copy_(0, slots, v.to(self.v.dtype))
+        """k, v [T, Hkv, D] into flat slots [T], quantized to this cache's formats."""
+        _store(self.k, self.k_scale, self.k_fmt, slots, k)
+        _store(self.v, self.v_scale, self.v_fmt, slots, v)
 
     def write_rope(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                    H: int, Hkv: int, D: int) -> None:
         """qkv [T, (H + 2 Hkv) D] fp32: q and k rotated in place, k and v written at slots (C)."""
-        cpu_ops.rope_kv(qkv, positions, cos_sin, slots, self.k, self.v, H, Hkv, D, self.c_format)
+        cpu_ops.rope_kv(qkv, positions, cos_sin, slots, self.k, self.v, H, Hkv, D, self.c_format,
+                        self.k_scale, self.v_scale)
+
+    def read(self, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the given blocks [n] dequantized: [n, bs, Hkv, D] each (rotated formats stay rotated)."""
+        return (kvq.dequantize(self.k_fmt, self.k.index_select(0, blocks), _select(self.k_scale, blocks), dtype),
+                kvq.dequantize(self.v_fmt, self.v.index_select(0, blocks), _select(self.v_scale, blocks), dtype))
+
+
+def _select(scale: torch.Tensor | None, blocks: torch.Tensor) -> torch.Tensor | None:
+    return None if scale is None else scale.index_select(0, blocks)
+
+
+def _store(data: torch.Tensor, scale: torch.Tensor | None, fmt: KVFormat, slots: torch.Tensor,
+           x: torch.Tensor) -> None:
+    T, Hkv, D = x.shape
+    q, s = kvq.quantize(fmt, x.reshape(T * Hkv, D))
+    data.view(-1, Hkv, data.shape[-1]).index_copy_(0, slots, q.view(T, Hkv, -1))
+    if scale is not None:
+        scale.view(-1, Hkv, scale.shape[-1]).index_copy_(0, slots, s.view(T, Hkv, -1))

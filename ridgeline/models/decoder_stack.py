@@ -43,7 +43,7 @@ def _why_not(layer: nn.Module) -> str | None:
     if not isinstance(attn.backend, PagedC):
         return f"attention backend {attn.backend.name} (the C stack reads the cache with the paged C kernel)"
     if not cpu_stack.runs_kv_format(attn.kv.c_format):
-        return f"the C stack cannot read {attn.kv.format} KV caches"
+        return f"the C stack cannot read {attn.kv.formats} KV caches"
     return None
 
 
@@ -76,7 +76,7 @@ class CStack:
                 continue
             attn = layer.self_attn.attn
             row = [_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight), attn.window or 0,
-                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), 0, 0]
+                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale)]
             for lin in _linears(layer):
                 fmt, data, scale = lin.format.stack_weight(lin)
                 row += [fmt, data, scale, _ptr(lin.bias)]

@@ -21,9 +21,8 @@ class ModelRunner:
         self.model, self.arch, self.device = model, arch, device
         self.block_size = kv_spec.block_size
         self.eos_ids = eos_ids
-        self.kv_cache = allocate_kv(kv_spec, num_blocks, device)  # kv_spec.shape(num_blocks)
-        kvs = [LayerKV(self.kv_cache[i, 0], self.kv_cache[i, 1], kv_spec.format.name) for i in range(arch.num_layers)]
-        self.layer_paths = model.model.bind_kv(kvs)  # per layer: None in the C stack, else why modules
+        self.kv: list[LayerKV] = allocate_kv(kv_spec, num_blocks, device)  # per layer, laid out as kv_spec says
+        self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
         self.sample = StepSampler(device, eos_ids)
 
     @torch.inference_mode()

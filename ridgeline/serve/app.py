@@ -73,7 +73,7 @@ def system_fingerprint(engine: LLMEngine) -> str:
     """Names the backend configuration a response came from (OpenAI's `system_fingerprint`): the same
     Ridgeline version, model files, architecture, dtypes and kernels give the same value."""
     i = engine.info
-    key = f"{__version__}|{i.model_folder}|{i.architecture}|{i.dtype}|{i.kv_dtype}|{i.kernels}"
+    key = f"{__version__}|{i.model_folder}|{i.architecture}|{i.dtype}|{i.kv_spec.format_names}|{i.kernels}"
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 

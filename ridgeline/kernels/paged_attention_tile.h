@@ -1,0 +1,105 @@
+/* AVX-512 helpers of the attention kernels (paged_attention.c, after att_src / att_range): the walk in
+ * chunks of <= 16 positions inside one block, block prefetch, and dequantization of one head's chunk
+ * into an fp32 tile [16, D] (D a multiple of 16; int4: of 32), read from L1 by the score and value loops. */
+#pragma once
+#include <immintrin.h>
+
+#define ATT_MAX_D 256
+
+/* positions [pos, pos + cnt) share one block: cnt = min(16, block end, hi) - pos */
+static inline int64_t chunk_len(int64_t pos, int64_t hi, int64_t bs) {
+    const int64_t end = (pos / bs + 1) * bs < hi ? (pos / bs + 1) * bs : hi;
+    return end - pos < 16 ? end - pos : 16;
+}
+
+static inline void prefetch_bytes(const char *p, int64_t bytes) {
+    for (const char *c = p; c < p + bytes; c += 64) _mm_prefetch(c, _MM_HINT_T1);
+}
+
+/* Blocks are scattered, which the hardware prefetcher cannot follow: prefetch into L2 the task's heads
+ * of one block of K (w 0) or V (w 1), and the block's scales. */
+static inline void prefetch_block(const att_src *s, int w, const att_range *r, int64_t blk) {
+    if (blk > r->end_blk) return;
+    const int64_t slot = r->table[blk] * s->bs, stride = s->Hkv * s->vb[w], bytes = (r->h1 - r->h0) * s->vb[w];
+    const char *p = s->data[w] + slot * stride + r->h0 * s->vb[w];
+    if (bytes == stride)
+        prefetch_bytes(p, s->bs * stride);
+    else
+        for (int64_t j = 0; j < s->bs; j++) prefetch_bytes(p + j * stride, bytes);
+    if (s->scale[w])
+        prefetch_bytes((const char *)(s->scale[w] + slot * s->Hkv * s->ns[w]), s->bs * s->Hkv * s->ns[w] * 2);
+}
+
+/* The passes read one stream: the split's K blocks, its V blocks, then the next split's K blocks. At
+ * each block a pass prefetches the one PF_BLOCKS ahead in that stream, so V's first blocks arrive while
+ * K's last ones are scored, and the next split's K while this V is summed. */
+#define PF_BLOCKS 4
+static inline void prefetch_stream(const att_src *s, const att_range *r, int64_t idx) {
+    const int64_t b0 = r->lo / s->bs, nb = (r->hi - 1) / s->bs + 1 - b0;
+    if (idx < nb)
+        prefetch_block(s, 0, r, b0 + idx);
+    else if (idx < 2 * nb)
+        prefetch_block(s, 1, r, b0 + idx - nb);
+    else
+        prefetch_block(s, 0, r, r->hi / s->bs + idx - 2 * nb);
+}
+
+static inline float f16_scale(const uint16_t *p) { return _cvtsh_ss(*p); }
+
+/* fp8 bytes -> 16 fp16 values, exact; e4m3 comes out 2^-8 too small (folded into its scale) */
+static inline __m512 fp8_16(const void *p, int e4m3) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i h = e4m3 ? _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                             _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7))
+                           : _mm256_slli_epi16(w, 8);
+    return _mm512_cvtph_ps(h);
+}
+
+/* rows [0, cnt) of the tile = head hk's vectors at slots [slot, slot + cnt), w: 0 K, 1 V */
+static inline const float *deq_chunk(const att_src *s, int w, int64_t slot, int64_t cnt, int64_t hk, float *tile) {
+    const int64_t D = s->D, stride = s->Hkv * s->vb[w], sstride = s->Hkv * s->ns[w];
+    const char *p = s->data[w] + (slot * s->Hkv + hk) * s->vb[w];
+    const uint16_t *sc = s->scale[w] ? s->scale[w] + (slot * s->Hkv + hk) * s->ns[w] : NULL;
+    const int f = s->fmt[w];
+    for (int64_t j = 0; j < cnt; j++, p += stride, sc += sstride) {
+        float *t = tile + j * D;
+        switch (f) {
+        case KV_F32:
+            memcpy(t, p, sizeof(float) * (size_t)D);
+            break;
+        case KV_BF16:
+            for (int64_t i = 0; i < D; i += 16)
+                _mm512_storeu_ps(t + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 2 * i))), 16)));
+            break;
+        case KV_F16:
+            for (int64_t i = 0; i < D; i += 16)
+                _mm512_storeu_ps(t + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
+            break;
+        case KV_I8: {
+            const __m512 v = _mm512_set1_ps(f16_scale(sc));
+            for (int64_t i = 0; i < D; i += 16)
+                _mm512_storeu_ps(t + i, _mm512_mul_ps(v, _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + i))))));
+            break;
+        }
+        case KV_I4:
+            for (int64_t g = 0; g < D / 32; g++) {
+                const __m512 d = _mm512_set1_ps(f16_scale(sc + g));
+                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * g)));
+                const __m512i eight = _mm512_set1_epi32(8);
+                const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight);
+                const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight);
+                _mm512_storeu_ps(t + 32 * g, _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
+                _mm512_storeu_ps(t + 32 * g + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
+            }
+            break;
+        default: { /* fp8 */
+            const int e4 = f == KV_E4M3;
+            const __m512 v = _mm512_set1_ps(f16_scale(sc) * (e4 ? 256.f : 1.f));
+            for (int64_t i = 0; i < D; i += 16) _mm512_storeu_ps(t + i, _mm512_mul_ps(v, fp8_16(p + i, e4)));
+        }
+        }
+    }
+    return tile;
+}
