@@ -1,4 +1,4 @@
-"""ridgeline serve | generate | chat | bench | advise | cache-report | pull"""
+"""ridgeline serve | generate | chat | bench | eval | advise | cache-report | pull"""
 from __future__ import annotations
 
 import argparse
@@ -170,7 +170,8 @@ def _discard_stdout() -> None:
 def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
-    for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli"):
+    for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
+                "ridgeline.eval.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:
