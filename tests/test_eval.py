@@ -130,7 +130,7 @@ def test_eval_command_prints_table_ranking_and_json(tiny_llama, tmp_path, capsys
     assert "sensitivity ranking" in text and "LM head" in text
     payload = json.loads(out.read_text())
     assert payload["windows"] == 2 and payload["tokens"] == 64
-    assert len(payload["results"]) == 6 and len(payload["ranking"]) == 6
+    assert len(payload["results"]) == 7 and len(payload["ranking"]) == 7
     kls = [r["mean_kl"] for r in payload["results"]]
     ranked = [next(r for r in payload["results"] if r["name"] == n)["mean_kl"] for n in payload["ranking"]]
     assert ranked == sorted(kls, reverse=True)

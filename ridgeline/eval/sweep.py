@@ -2,8 +2,9 @@
 has it, and rank the components by how much each alone costs (mean KL against the reference).
 
 Components: the weights of all linear layers (weight-only); the weights of one kind of linear layer
-alone (q/k/v, attention output, gate/up, down, LM head), to show where the loss comes from; and,
-where the engine has the option, the KV cache.
+alone (q/k/v, attention output, gate/up, down, LM head), to show where the loss comes from; the same
+weights with int8 activations (w8a8 / w4a8: what activations add on top of the weights); and, where
+the engine has the option, the KV cache.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ridgeline.quant import options as quant_options
 LAYER_KINDS = (("q/k/v projection", "*.qkv_proj"), ("attention output", "*.o_proj"),
                ("MLP gate/up", "*.gate_up_proj"), ("MLP down", "*.down_proj"), ("LM head", "lm_head"))
 KV_SWEEP_DTYPE = "int8"
-WEIGHTS_ONLY = {"none": "int8", "int8": "int8", "int4": "int4"}
+WEIGHTS_ONLY = {"none": "int8", "int8": "int8", "w8a8": "int8", "int4": "int4", "w4a8": "int4"}
+WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
 
 
 def sweep_settings(options: dict) -> list[Setting]:
@@ -32,6 +34,10 @@ def sweep_settings(options: dict) -> list[Setting]:
     for kind, glob in LAYER_KINDS:
         f = head if glob == "lm_head" else fmt
         out.append(Setting(f"{f}: {kind} only", {**base, "layer_formats": ((glob, f),)}, f"weights ({kind})"))
+    act = WITH_ACTIVATIONS[quant]
+    out.append(Setting(f"{quant_options.format_name(act, group, sym)}: all linear layers",
+                       {"quantization": act, "quant_group_size": group, "quant_symmetric": sym},
+                       "weights + activations"))
     if engine_has_option("kv_cache_dtype"):
         out.append(Setting(f"KV cache {KV_SWEEP_DTYPE}", {**base, "kv_cache_dtype": KV_SWEEP_DTYPE}, "KV cache"))
     return out
