@@ -1,6 +1,7 @@
 """Micro-benchmark of the weight matmuls: bf16 packed (gemm_packed.c) vs int8 and int4 (gemm_int8.c,
-gemm_int4.c) and w8a8 / w4a8 (gemm_a8.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o, gate_up, down, plus the LM head),
-random weights, cycled so they come from memory as in decode. Interleaved rounds, best of each.
+gemm_int4.c) and w8a8 / w4a8 (gemm_a8.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o,
+gate_up, down, plus the LM head), random weights, cycled so they come from memory as in decode.
+Interleaved rounds, best of each.
 
 python3 scripts/quant_kernels.py [--rows 1,8,64] [--rounds 5] [--formats bf16,int8,int4,int4-sym,w8a8,w4a8]
 Prints ms per pass over all matrices, weight GB/s (bytes of packed weights and scales per pass / time)

@@ -105,7 +105,8 @@ class Int4(QuantizedFormat):
         if K % self.group:
             fits = [g for g in INT4_GROUP_SIZES if K % g == 0]
             raise InvalidRequestError(
-                f"{self.kind} group size {self.group} does not divide the {K} input columns of {layer.prefix or 'a layer'}; "
+                f"{self.kind} group size {self.group} does not divide the {K} input columns of "
+                f"{layer.prefix or 'a layer'}; "
                 f"group sizes that do: {', '.join(map(str, fits)) or 'none (this layer cannot be int4)'}",
                 "quant_group_size")
 
@@ -145,5 +146,6 @@ class W4A8(Int4):
 for _group in INT4_GROUP_SIZES:
     for _sym in (False, True):
         for _base, _quant in ((Int4, "int4"), (W4A8, "w4a8")):
-            register_weight_format(format_name(_quant, _group, _sym))(
-                type(f"{_base.__name__}{'Sym' if _sym else ''}G{_group}", (_base,), {"group": _group, "symmetric": _sym}))
+            _cls = type(f"{_base.__name__}{'Sym' if _sym else ''}G{_group}", (_base,),
+                        {"group": _group, "symmetric": _sym})
+            register_weight_format(format_name(_quant, _group, _sym))(_cls)
