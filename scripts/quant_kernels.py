@@ -1,8 +1,9 @@
 """Micro-benchmark of the weight matmuls: bf16 packed (gemm_packed.c) vs int8 and int4 (gemm_int8.c,
-gemm_int4.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o, gate_up, down, plus the LM head),
-random weights, cycled so they come from memory as in decode. Interleaved rounds, best of each.
+gemm_int4.c) and w8a8 / w4a8 (gemm_a8.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o,
+gate_up, down, plus the LM head), random weights, cycled so they come from memory as in decode.
+Interleaved rounds, best of each.
 
-python3 scripts/quant_kernels.py [--rows 1,8,64] [--rounds 5] [--formats bf16,int8,int4,int4-sym]
+python3 scripts/quant_kernels.py [--rows 1,8,64] [--rounds 5] [--formats bf16,int8,int4,int4-sym,w8a8,w4a8]
 Prints ms per pass over all matrices, weight GB/s (bytes of packed weights and scales per pass / time)
 and GFLOP/s; per shape at one row with --shapes.
 """
@@ -27,11 +28,12 @@ LAYERS, HEAD = 30, (49152, 576)
 def make(fmt: str, w: torch.Tensor):
     if fmt == "bf16":
         return cpu_gemm.PackedWeight(w.to(torch.bfloat16))
-    if fmt == "int8":
-        return cpu_quant.PackedInt8(rtn.quantize_int8(w))
+    if fmt in ("int8", "w8a8"):
+        return (cpu_quant.PackedInt8 if fmt == "int8" else cpu_quant.PackedW8A8)(rtn.quantize_int8(w))
     sym = "sym" in fmt
     group = int(fmt.rsplit("-g", 1)[1]) if "-g" in fmt else 32
-    return cpu_quant.PackedInt4(rtn.quantize_int4(w, group, sym))
+    packed = cpu_quant.PackedW4A8 if fmt.startswith("w4a8") else cpu_quant.PackedInt4
+    return packed(rtn.quantize_int4(w, group, sym))
 
 
 CLOCK = time.perf_counter

@@ -28,6 +28,7 @@ from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.proposer import ProposalRequest, create_proposer
 from ridgeline.spec.stats import SpecStats
+from ridgeline.step_plan import ScheduledSeq
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import load_arch_config
 from ridgeline.weights.resolve import resolve_model
@@ -156,6 +157,23 @@ class LLMEngine:
         for r in members:
             self.requests[r.request_id] = r
             self.scheduler.add(r)
+
+    def prompt_logits(self, prompt: list[int]) -> torch.Tensor:
+        """Next-token logits [len(prompt), vocab] fp32 after each prompt token, in one forward outside
+        the scheduler (for evaluation: KL divergence needs whole distributions). The prompt's KV blocks
+        are taken from the free pool and given back; requests in flight are not disturbed."""
+        ids = self.encode_prompt(prompt)
+        if len(ids) > self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len)
+        rid = "\0prompt-logits"  # not an id the engine's callers use (theirs are printable)
+        if not self.kv.allocate(rid, len(ids)):
+            raise InvalidRequestError(f"prompt is {len(ids)} tokens but only {self.kv.num_free_blocks} KV blocks "
+                                      "are free; raise --kv-cache-memory", "prompt")
+        try:
+            seq = ScheduledSeq(rid, 0, ids, list(self.kv.tables[rid]), False, SamplingParams(), None, None, len(ids))
+            return self.runner.all_logits(seq)
+        finally:
+            self.kv.free(rid)
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.pop(request_id, None)

@@ -1,4 +1,5 @@
-"""Weight-only quantized matmul y = x @ W^T on AVX-512 CPUs (kernels/gemm_int8.c, kernels/gemm_int4.c).
+"""Quantized matmul y = x @ W^T on AVX-512 CPUs: weight-only (kernels/gemm_int8.c, kernels/gemm_int4.c)
+and with x quantized to int8 inside the call (kernels/gemm_a8.c: W8A8, W4A8).
 
 The quantized weight is packed once, at load time, into the 48-column groups of the packed kernels
 (k-major, one contiguous stream per group) with its scales beside it; x stays fp32 at the interface.
@@ -15,18 +16,25 @@ from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8Tensor
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
 C_INT8 = 3
 C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
+C_W8A8 = 10
+C_W4A8 = 11  # as C_INT4: codes 11..16
+KINDS = ("int8", "int4", "w8a8", "w4a8")
+NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
+         "w4a8": "AVX-512 with AVX512-VNNI"}
 
 
 def available(kind: str) -> bool:
-    """The library built and this CPU runs the `int8` or `int4` kernel."""
+    """The library built and this CPU runs the kernel of this kind (one of KINDS)."""
     lib = cpu.lib()
     if lib is None:
         return False
-    return bool(lib.ridgeline_int8_available() if kind == "int8" else lib.ridgeline_int4_available())
+    fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available}.get(
+        kind, lib.ridgeline_a8_available)
+    return bool(fn())
 
 
-def int4_code(group: int, symmetric: bool) -> int:
-    return C_INT4 + INT4_GROUP_SIZES.index(group) + 3 * int(symmetric)
+def int4_code(group: int, symmetric: bool, base: int = C_INT4) -> int:
+    return base + INT4_GROUP_SIZES.index(group) + 3 * int(symmetric)
 
 
 def _groups(n: int) -> int:
@@ -99,3 +107,38 @@ class PackedInt4(PackedQuant):
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i4p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, self.group, int(self.symmetric), threads)
+
+
+class PackedW8A8(PackedQuant):
+    """int8 weights against int8 activations: data [groups][K/4][NC][4] int8; scale [groups * NC] fp32
+    then [groups * NC] int32 (128 x each column's sum of q, for the unsigned activations)."""
+
+    code = C_W8A8
+
+    def __init__(self, t: Int8Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        G = _groups(self.N)
+        self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
+        both = torch.zeros(2 * G * NC, dtype=torch.int32)  # the scales' bits, then the sums
+        if lib.ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), both[G * NC:].data_ptr(),
+                                   self.N, self.K):
+            raise ValueError(f"w8a8 packing needs K a multiple of 4, got {self.K}")
+        both[:self.N] = t.scale.float().contiguous().view(torch.int32)
+        self.scale = both.view(torch.float32)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_w8a8(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),
+                                             y.data_ptr(), M, self.N, self.K, threads)
+
+
+class PackedW4A8(PackedInt4):
+    """Group-wise int4 weights (PackedInt4's layout) against int8 activations quantized per group of G."""
+
+    def __init__(self, t: Int4Tensor):
+        super().__init__(t)
+        self.code = int4_code(t.group, t.symmetric, C_W4A8)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_w4a8(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                             M, self.N, self.K, self.group, int(self.symmetric), threads)

@@ -30,7 +30,7 @@ class KernelPlan:
     fused_ops: bool = False  # RMSNorm + residual, SiLU * up, rotary + KV write through kernels/ops.c
     c_attention: bool = False  # paged attention in C (kernels/paged_attention.c) over fp32/bf16 CPU caches
     c_stack: bool = False  # whole layers in one C call (kernels/decoder_stack.c) where every part is in C
-    quant: frozenset = frozenset()  # quantized weight kinds ("int8", "int4") with a C kernel (kernels/cpu_quant.py)
+    quant: frozenset = frozenset()  # quantized kinds (cpu_quant.KINDS: int8, int4, w8a8, w4a8) with a C kernel
     matmul_summary: str = "torch (F.linear)"
 
     def packs(self, w: torch.Tensor) -> bool:
@@ -59,7 +59,7 @@ def choose_kernels(device: torch.device, weight_dtype: torch.dtype, act_dtype: t
         return KernelPlan(matmul_summary=f"torch (F.linear); C kernels unavailable: {cpu.unavailable_reason()}")
     fused = act_dtype == torch.float32
     common = dict(fused_ops=fused, c_attention=True, c_stack=fused,
-                  quant=frozenset(k for k in ("int8", "int4") if cpu_quant.available(k)))
+                  quant=frozenset(k for k in cpu_quant.KINDS if cpu_quant.available(k)))
     if weight_dtype in (torch.float32, torch.bfloat16) and cpu_gemm.available(weight_dtype):
         isa = "AVX512-BF16" if weight_dtype == torch.bfloat16 else "AVX-512"
         packed = frozenset(d for d in (torch.float32, torch.bfloat16) if cpu_gemm.available(d))  # any mix of layers

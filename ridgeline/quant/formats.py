@@ -3,8 +3,12 @@
     int8                      per-output-channel symmetric int8, fp32 scales
     int4, int4-g64, int4-g128 group-wise int4, asymmetric (fp16 scale and minimum per group, Q4_1's grid)
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
+    w8a8                      int8's weights; each linear's input quantized to int8 per row inside the call
+    w4a8, w4a8-sym, ...       int4's weights; the input quantized to int8 per row and group of G
 
-Weight-only: activations stay fp32 between layers. A checkpoint tensor loads into an fp32 staging
+Activations stay fp32 between layers; the a8 formats quantize a layer's input as part of its matmul
+(kernels/gemm_a8.c), whatever the number of rows, so the activation format belongs to the weight
+format and never changes with the batch. A checkpoint tensor loads into an fp32 staging
 weight (a shard of a fused projection at a time); finish() quantizes it round-to-nearest, packs it
 for the C kernel (kernels/cpu_quant.py) and drops the float copy, so the C decoder stack and the
 module path call the same kernel on the same packed data. Without the kernel (no AVX-512) apply()
@@ -26,7 +30,7 @@ from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
 class QuantizedFormat(WeightFormat):
     dtype = torch.float32  # of the staging weight checkpoint tensors load into
     shares_tied_weight = False  # a tied LM head loads the embedding's checkpoint tensor into its own staging
-    kind = "?"  # kernel family: "int8" or "int4"
+    kind = "?"  # kernel family: one of kernels/cpu_quant.KINDS
 
     def check_shape(self, layer: nn.Module) -> None:
         pass
@@ -61,12 +65,15 @@ class QuantizedFormat(WeightFormat):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:
             return layer.packed(x).to(x.dtype)
-        return F.linear(x, layer.quant.dequantize().to(x.dtype))
+        return F.linear(self.activations(x), layer.quant.dequantize().to(x.dtype))
+
+    def activations(self, x: torch.Tensor) -> torch.Tensor:
+        """x as the kernel sees it, for the torch path (weight-only: unchanged)."""
+        return x
 
     def stack_weight(self, layer: nn.Module) -> tuple[int, int, int] | str:
         if layer.packed is None:
-            needs = "AVX-512 with AVX512-BF16" if self.kind == "int4" else "AVX-512"
-            return f"{self.name} weights have no C kernel on this CPU (it needs {needs})"
+            return f"{self.name} weights have no C kernel on this CPU (it needs {cpu_quant.NEEDS[self.kind]})"
         return layer.packed.code, layer.packed.data.data_ptr(), layer.packed.scale.data_ptr()
 
     def weight_bytes(self, layer: nn.Module) -> int:
@@ -98,7 +105,8 @@ class Int4(QuantizedFormat):
         if K % self.group:
             fits = [g for g in INT4_GROUP_SIZES if K % g == 0]
             raise InvalidRequestError(
-                f"int4 group size {self.group} does not divide the {K} input columns of {layer.prefix or 'a layer'}; "
+                f"{self.kind} group size {self.group} does not divide the {K} input columns of "
+                f"{layer.prefix or 'a layer'}; "
                 f"group sizes that do: {', '.join(map(str, fits)) or 'none (this layer cannot be int4)'}",
                 "quant_group_size")
 
@@ -109,7 +117,35 @@ class Int4(QuantizedFormat):
         return cpu_quant.PackedInt4(t)
 
 
+@register_weight_format("w8a8")
+class W8A8(Int8):
+    kind = "w8a8"
+
+    def check_shape(self, layer: nn.Module) -> None:
+        if layer.in_features % 4:
+            raise InvalidRequestError(f"w8a8 needs input columns in multiples of 4; {layer.prefix or 'a layer'} "
+                                      f"has {layer.in_features}", "quantization")
+
+    def pack(self, t):
+        return cpu_quant.PackedW8A8(t)
+
+    def activations(self, x):
+        return rtn.fake_quantize_rows(x, x.shape[-1])
+
+
+class W4A8(Int4):
+    kind = "w4a8"
+
+    def pack(self, t):
+        return cpu_quant.PackedW4A8(t)
+
+    def activations(self, x):
+        return rtn.fake_quantize_rows(x, self.group)
+
+
 for _group in INT4_GROUP_SIZES:
     for _sym in (False, True):
-        register_weight_format(format_name("int4", _group, _sym))(
-            type(f"Int4{'Sym' if _sym else ''}G{_group}", (Int4,), {"group": _group, "symmetric": _sym}))
+        for _base, _quant in ((Int4, "int4"), (W4A8, "w4a8")):
+            _cls = type(f"{_base.__name__}{'Sym' if _sym else ''}G{_group}", (_base,),
+                        {"group": _group, "symmetric": _sym})
+            register_weight_format(format_name(_quant, _group, _sym))(_cls)

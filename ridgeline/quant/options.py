@@ -4,6 +4,8 @@
     int8   per-output-channel symmetric int8, weight-only (round-to-nearest)
     int4   group-wise int4, weight-only (round-to-nearest); groups of 32 (default), 64 or 128 consecutive
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
+    w8a8   int8's weights, and each linear layer's input quantized to int8 per row (integer dot products)
+    w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from ridgeline.errors import InvalidRequestError
 
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
+GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32
 
@@ -26,27 +29,30 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
         raise InvalidRequestError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}",
                                   "quantization")
     if group_size is not None:
-        if quantization != "int4":
-            raise InvalidRequestError(f"quant_group_size applies to int4 only (quantization is {quantization})",
-                                      "quant_group_size")
+        if quantization not in GROUPED:
+            raise InvalidRequestError(f"quant_group_size applies to {' and '.join(GROUPED)} only (quantization is "
+                                      f"{quantization})", "quant_group_size")
         if isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES:
             raise InvalidRequestError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
                                       f"got {group_size!r}", "quant_group_size")
     if symmetric and quantization == "none":
-        raise InvalidRequestError("quant_symmetric needs a quantization (int8 is always symmetric; int4 "
-                                  "is asymmetric unless this is set)", "quant_symmetric")
+        raise InvalidRequestError("quant_symmetric needs a quantization (int8 and w8a8 are always symmetric; int4 "
+                                  "and w4a8 are asymmetric unless this is set)", "quant_symmetric")
 
 
 def format_name(quantization: str, group_size: int | None, symmetric: bool) -> str | None:
     """The weight-format registry name every Linear takes, or None (dense in the engine dtype)."""
-    if quantization == "int8":
-        return "int8"
-    if quantization == "int4":
+    if quantization in ("int8", "w8a8"):
+        return quantization
+    if quantization in GROUPED:
         group = group_size or DEFAULT_GROUP_SIZE
-        return "int4" + ("-sym" if symmetric else "") + ("" if group == 32 else f"-g{group}")
+        return quantization + ("-sym" if symmetric else "") + ("" if group == 32 else f"-g{group}")
     return None
+
+
+HEADS = {"int4": "int8", "w4a8": "w8a8"}  # the LM head's format where it differs from the other layers'
 
 
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
     """(glob, format) rules the quantization adds after the user's layer_formats (which match first)."""
-    return (("lm_head", "int8"),) if quantization == "int4" else ()
+    return (("lm_head", HEADS[quantization]),) if quantization in HEADS else ()

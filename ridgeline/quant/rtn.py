@@ -86,6 +86,19 @@ def quantize_int4(w: torch.Tensor, group: int, symmetric: bool) -> Int4Tensor:
     return Int4Tensor(q.clamp_(0, 15).to(torch.uint8).view(N, K), d, mn, group)
 
 
+def fake_quantize_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [M, K] fp32 rounded as the a8 kernels quantize activations (kernels/gemm_a8.c): each block of
+    `block` consecutive k of a row (the whole row when block = K) to a * r, a = max|x| / 127,
+    r = round(x * 127 / max) in [-127, 127]. Returns the dequantized values a * r."""
+    M, K = x.shape
+    xb = x.float().reshape(M, K // block, block)
+    mx = xb.abs().amax(-1, keepdim=True)
+    # 127 / mx as one correctly rounded division, as the kernel computes it (torch's scalar / tensor
+    # is 127 * (1 / mx), two roundings, which moves values next to a rounding tie across it)
+    inv = torch.where(mx > 0, torch.full_like(mx, 127).div(mx), torch.zeros_like(mx))
+    return (torch.round(xb * inv) * (mx / 127)).reshape(M, K).to(x.dtype)
+
+
 def _fp16(x: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(x).all()) or float(x.abs().max()) > _FP16_MAX:
         raise InvalidRequestError("weights too large (or not finite) for fp16 int4 group scales")

@@ -45,6 +45,15 @@ class ModelRunner:
             result.sampled = self.sample(sampling, self.model.compute_logits(hidden[sample_rows]))
         return result
 
+    @torch.inference_mode()
+    def all_logits(self, seq: ScheduledSeq) -> torch.Tensor:
+        """Next-token logits [num_new, vocab] fp32 of every row of one scheduled sequence (its blocks
+        allocated by the caller): whole distributions, where prompt logprobs give the top N."""
+        ids, positions, ctx, _ = self._prepare([seq])
+        with forward_context(ctx):
+            hidden = self.model(ids, positions)
+        return self.model.compute_logits(hidden).float()
+
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device
         n = np.fromiter((s.num_new for s in seqs), np.int64, len(seqs))

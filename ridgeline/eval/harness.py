@@ -1,0 +1,151 @@
+"""Runs the quality measures (metrics.py) for engine settings against the unquantized reference.
+
+The reference is the same model with the same engine options, less every lossy one (quantization,
+and a quantized KV cache where the engine has that option). Per setting:
+  perplexity   the held-out windows scored through prompt logprobs, as a user would score a text
+               (`SamplingParams(prompt_logprobs=0, max_tokens=0)`; the scheduler batches them)
+  agreement/KL each window's whole next-token distributions from both models
+               (LLMEngine.prompt_logits); the reference's are recomputed per setting, so only two
+               engines are ever loaded at once
+  divergence   greedy generations from the opening tokens of held-out profiles, both models
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from ridgeline.eval import corpus
+from ridgeline.eval.metrics import Totals, tokens_before_divergence
+
+# option -> its value in the reference engine, for the lossy options this engine build knows
+LOSSLESS = {"quantization": "none", "quant_group_size": None, "quant_symmetric": False, "layer_formats": (),
+            "kv_cache_dtype": "auto", "kv_cache_dtype_k": None, "kv_cache_dtype_v": None}
+PROMPT_TOKENS = 32  # opening tokens of a held-out profile that a divergence prompt gives
+CHUNK = 8  # windows handed to the scheduler at once in the perplexity pass
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    options: dict = field(default_factory=dict)  # engine options over the base ones
+    component: str | None = None  # what a sweep entry quantizes
+
+
+@dataclass
+class Result:
+    name: str
+    options: dict
+    weight_formats: str
+    weight_bytes: int
+    perplexity: float
+    agreement: float | None  # None for the reference itself
+    kl: float | None
+    divergence: list[int]  # per prompt: tokens generated before the first difference from the reference
+    gen_tokens: int
+    seconds: float
+    component: str | None = None
+
+    @property
+    def mean_divergence(self) -> float:
+        return statistics.fmean(self.divergence) if self.divergence else float("nan")
+
+    @property
+    def identical(self) -> float:
+        """Fraction of prompts generated exactly as the reference did."""
+        return sum(d == self.gen_tokens for d in self.divergence) / len(self.divergence) if self.divergence else 1.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "component": self.component, "options": self.options,
+                "weight_formats": self.weight_formats, "weight_bytes": self.weight_bytes,
+                "perplexity": self.perplexity, "top1_agreement": self.agreement, "mean_kl": self.kl,
+                "tokens_before_divergence": self.divergence, "mean_tokens_before_divergence": self.mean_divergence,
+                "identical_generations": self.identical, "gen_tokens": self.gen_tokens, "seconds": self.seconds}
+
+
+def reference_options(options: dict) -> dict:
+    """The base engine options with every lossy one at its lossless value."""
+    return {**options, **{k: v for k, v in LOSSLESS.items() if k in options or k == "quantization"}}
+
+
+class Evaluator:
+    """make_llm(options) -> an LLM; window/max_tokens: how the held-out text is cut; prompts and
+    gen_tokens: the divergence test (0 prompts skips it)."""
+
+    def __init__(self, make_llm: Callable[[dict], object], options: dict, window: int = 512,
+                 max_tokens: int | None = 16384, prompts: int = 16, gen_tokens: int = 64, progress: bool = True,
+                 log: Callable[[str], None] = lambda line: None):
+        self.make_llm, self.options, self.progress, self.log = make_llm, options, progress, log
+        self.window, self.max_tokens, self.num_prompts, self.gen_tokens = window, max_tokens, prompts, gen_tokens
+        self.ref = None
+        self.windows: list[list[int]] = []
+        self.prompts: list[list[int]] = []
+        self.ref_gen: list[list[int]] = []
+
+    def start(self) -> Result:
+        """Load the reference, cut the text, and measure the reference itself."""
+        t0 = time.perf_counter()
+        self.ref = self.make_llm(reference_options(self.options))
+        tok = self.ref.tokenizer
+        self.windows = corpus.windows(tok.encode(corpus.text("heldout")), self.window, self.max_tokens)
+        docs = corpus.documents("heldout")[:self.num_prompts]
+        self.prompts = [tok.encode(d)[:PROMPT_TOKENS] for d in docs]
+        self.ref_gen = self._generate(self.ref)
+        nll = self._perplexity(self.ref, "reference")
+        info = self.ref.info
+        return Result("none (reference)", {}, info.weight_formats, info.weight_bytes, nll.perplexity, None, None,
+                      [self.gen_tokens] * len(self.prompts), self.gen_tokens, time.perf_counter() - t0)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(len, self.windows))
+
+    def measure(self, setting: Setting) -> Result:
+        t0 = time.perf_counter()
+        llm = self.make_llm({**self.options, **setting.options})
+        try:
+            info = llm.info
+            self.log(f"{setting.name}: weights {info.weight_formats}: {info.weight_bytes / 1e6:.1f} MB")
+            totals = self._perplexity(llm, setting.name)
+            self._compare(llm, totals, setting.name)
+            gen = self._generate(llm)
+            div = [tokens_before_divergence(r, g) for r, g in zip(self.ref_gen, gen)]
+            return Result(setting.name, setting.options, info.weight_formats, info.weight_bytes, totals.perplexity,
+                          totals.agreement, totals.mean_kl, div, self.gen_tokens, time.perf_counter() - t0,
+                          setting.component)
+        finally:
+            del llm
+            gc.collect()
+
+    def _bar(self, total: int, desc: str):
+        return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=not self.progress, leave=False)
+
+    def _perplexity(self, llm, name: str) -> Totals:
+        from ridgeline.sampling_params import SamplingParams
+        totals = Totals()
+        params = SamplingParams(prompt_logprobs=0, max_tokens=0)
+        with self._bar(self.num_tokens, f"{name}: perplexity") as bar:
+            for i in range(0, len(self.windows), CHUNK):
+                chunk = self.windows[i:i + CHUNK]
+                for out in llm.generate(chunk, params, use_tqdm=False):
+                    totals.add_logprobs([lp.logprob for lp in out.prompt_logprobs[1:]])
+                bar.update(sum(map(len, chunk)))
+        return totals
+
+    def _compare(self, llm, totals: Totals, name: str) -> None:
+        """Rows 0..W-2 of each window: the positions that predict a token of the window."""
+        with self._bar(self.num_tokens, f"{name}: agreement, KL") as bar:
+            for w in self.windows:
+                totals.add_comparison(self.ref.engine.prompt_logits(w)[:-1], llm.engine.prompt_logits(w)[:-1])
+                bar.update(len(w))
+
+    def _generate(self, llm) -> list[list[int]]:
+        if not self.prompts:
+            return []
+        from ridgeline.sampling_params import SamplingParams
+        params = SamplingParams(temperature=0, max_tokens=self.gen_tokens, ignore_eos=True)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(self.prompts, params, use_tqdm=False)]

@@ -1,0 +1,73 @@
+"""Quality measures of one model against a reference model on the same token windows.
+
+    perplexity   exp(mean negative log-likelihood) of each window's tokens given the tokens before
+                 them in the window (its first token is context only)
+    agreement    teacher-forced top-1 agreement: the fraction of positions where both models' most
+                 likely next token is the same, both reading the same text
+    KL           mean over positions of KL(P_ref || P) of the next-token distributions, in nats
+    divergence   greedy generation from the same prompts: tokens generated before the first token
+                 that differs from the reference's
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 64  # rows per fp64 softmax in compare()
+
+
+@dataclass
+class Totals:
+    """Sums over windows; the measures are ratios of them."""
+    nll: float = 0.0  # summed negative log-likelihood of the scored tokens
+    scored: int = 0  # tokens scored for perplexity
+    agree: int = 0  # positions whose top-1 equals the reference's
+    kl: float = 0.0  # summed KL(P_ref || P)
+    positions: int = 0  # positions compared with the reference
+
+    def add_logprobs(self, logprobs: list[float]) -> None:
+        self.nll -= math.fsum(logprobs)
+        self.scored += len(logprobs)
+
+    def add_comparison(self, ref_logits: torch.Tensor, logits: torch.Tensor) -> None:
+        agree, kl = compare(ref_logits, logits)
+        self.agree += agree
+        self.kl += kl
+        self.positions += ref_logits.shape[0]
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.scored) if self.scored else float("nan")
+
+    @property
+    def agreement(self) -> float:
+        return self.agree / self.positions if self.positions else float("nan")
+
+    @property
+    def mean_kl(self) -> float:
+        return self.kl / self.positions if self.positions else float("nan")
+
+
+def compare(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[int, float]:
+    """[T, V] logits of the reference and of the model at the same positions -> (positions whose
+    top-1 agrees, summed KL(P_ref || P) in nats), in fp64 so the sum does not depend on T."""
+    if ref_logits.shape != logits.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} vs reference {tuple(ref_logits.shape)}")
+    agree = int((ref_logits.argmax(-1) == logits.argmax(-1)).sum())
+    kl = 0.0
+    for r, q in zip(ref_logits.split(CHUNK), logits.split(CHUNK)):  # bounded fp64 temporaries
+        lr, lq = torch.log_softmax(r.double(), -1), torch.log_softmax(q.double(), -1)
+        kl += float((lr.exp() * (lr - lq)).sum())
+    return agree, max(kl, 0.0)
+
+
+def tokens_before_divergence(ref: list[int], out: list[int]) -> int:
+    """Length of the common prefix of two generations."""
+    n = 0
+    for a, b in zip(ref, out):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -1,0 +1,319 @@
+/* y[M, N] = x[M, K] @ W^T with x quantized to int8 on the fly and integer dot products (vpdpbusd,
+ * AVX512-VNNI): W8A8 against the int8 format's weights, W4A8 against the int4 formats'.
+ * Activations: every row m of x (W8A8), or every group of G consecutive k of a row (W4A8), gets its
+ * own scale a = max|x| / 127 and r = round(x / a) in [-127, 127] (llama.cpp quantizes its
+ * activations to Q8 the same way). Each row is quantized alone and its integer sums are exact, and
+ * an output's floating-point steps are the same whatever the tile or the number of rows, so a
+ * row's result never depends on how many rows share the call.
+ *
+ * W8A8: w[n][k] = s[n] q[n][k], q in [-127, 127] (gemm_int8.c's values).
+ *   P[g][k/4][NC][4] int8: four consecutive k of one column in one 32-bit lane; K a multiple of 4
+ *   S[g*NC + c] fp32 scales, then C[g*NC + c] int32 = 128 * sum_k q (zero past N)
+ *   vpdpbusd takes u8 (r + 128) against s8 q, summed in int32 over all of K:
+ *   y = a[m] * s[n] * (sum_k (r + 128) q - C[n])
+ * W4A8: gemm_int4.c's packed nibbles and fp16 scales unchanged (d, and m when asymmetric). The
+ *   nibbles are the u8 operand and r the s8 one: per group S = sum r q (int32), and
+ *   y = sum over groups, in k order, of d a S + m' X, X = a sum r, m' = m or -8 d (symmetric).
+ *   A nibble mask gives bytes k = 8o + {0, 4, 1, 5} of a word and a shift and mask k = 8o + {2, 6,
+ *   3, 7}, so r is stored in that order within each 8 k. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "omp_range.h"
+#include "quant_tile.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define A8_ISA 1
+#else
+#define A8_ISA 0
+#endif
+#define N_GROUPS(n) (((n) + QT_NC - 1) / QT_NC)
+
+int ridgeline_a8_available(void) {
+#if A8_ISA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* q [N, K] int8 -> p [groups][K/4][NC][4] and c [groups * NC] = 128 * row sums; K a multiple of 4 */
+int ridgeline_pack_w8a8(const int8_t *q, int8_t *p, int32_t *c, int64_t N, int64_t K) {
+    const int64_t G = (N + QT_NC - 1) / QT_NC;
+    if (K % 4) return -1;
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t col = 0; col < QT_NC; col++) {
+                const int64_t n = g * QT_NC + col;
+                p[((g * K / 4 + k / 4) * QT_NC + col) * 4 + k % 4] = n < N ? q[n * K + k] : 0;
+            }
+        for (int64_t col = 0; col < QT_NC; col++) {
+            const int64_t n = g * QT_NC + col;
+            int32_t sum = 0;
+            for (int64_t k = 0; n < N && k < K; k++) sum += q[n * K + k];
+            c[g * QT_NC + col] = 128 * sum;
+        }
+    }
+    return 0;
+}
+
+#if A8_ISA
+#define W8_MR 8
+#define W4_MR 4
+#define A8_OWN_ROWS 8 /* up to this many rows each thread quantizes all of x itself */
+
+static inline int omp_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static inline int32_t load4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* max |x[0..n)| */
+static inline float absmax(const float *x, int64_t n) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 msk = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1);
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(msk, x + k)));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+/* one row of K -> u8 (r + 128), a = max|x| / 127 (W8A8) */
+static void quant_row_u8(const float *x, uint8_t *r, float *a, int64_t K) {
+    const float mx = absmax(x, K);
+    const __m512 inv = _mm512_set1_ps(mx > 0 ? 127.f / mx : 0.f);
+    for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 msk = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(msk, x + k), inv));
+        _mm_mask_storeu_epi8(r + k, msk, _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128))));
+    }
+    *a = mx / 127.f;
+}
+
+/* one row of K in groups of G -> s8 r (each 8 k in nibble order), per group a and X = a * sum r (W4A8) */
+static void quant_row_groups(const float *x, int8_t *r, float *ax, int64_t K, int64_t G) {
+    const __m128i perm = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    for (int64_t k0 = 0, b = 0; k0 < K; k0 += G, b++) {
+        const float mx = absmax(x + k0, G);
+        const __m512 inv = _mm512_set1_ps(mx > 0 ? 127.f / mx : 0.f);
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t k = k0; k < k0 + G; k += 16) {
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), inv));
+            sum = _mm512_add_epi32(sum, q);
+            _mm_storeu_si128((__m128i *)(r + k), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), perm));
+        }
+        ax[2 * b] = mx / 127.f;
+        ax[2 * b + 1] = ax[2 * b] * (float)_mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* mr rows of u8 xq (stride ldx) and their scales xa against ng (1 or 2) consecutive column groups
+ * (pw [K/4][NC][4], group stride gs bytes; scales s, sums c) -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_w8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const int32_t *c,
+       const uint8_t *xq, int64_t ldx, const float *xa, float *y, int64_t n0, int64_t N, int64_t K) {
+    const int nv = ng * QT_NR;
+    __m512i S[W8_MR][2 * QT_NR];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_si512();
+    for (int64_t k4 = 0; k4 < K / 4; k4++)
+        for (int v = 0; v < nv; v++) {
+            const __m512i w = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (k4 * QT_NC + 16 * (v % QT_NR)) * 4);
+            for (int i = 0; i < mr; i++)
+                S[i][v] = _mm512_dpbusd_epi32(S[i][v], _mm512_set1_epi32(load4(xq + i * ldx + 4 * k4)), w);
+        }
+    __m512 acc[W8_MR][2 * QT_NR];
+    for (int v = 0; v < nv; v++) { /* the second group's scales and sums follow the first's */
+        const __m512 sv = _mm512_loadu_ps(s + 16 * v);
+        const __m512i cv = _mm512_loadu_si512(c + 16 * v);
+        for (int i = 0; i < mr; i++)
+            acc[i][v] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(S[i][v], cv)), sv),
+                                      _mm512_set1_ps(xa[i]));
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+/* mr rows of s8 xq (stride ldx) with per-group (a, X) pairs xs (stride ldxs) against ng column
+ * groups of nibbles (pw [K/8][NC] words, group stride gs words; fp16 scales sc [KG][sn][NC], group
+ * stride ss halves) -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_w4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss,
+       const int8_t *xq, int64_t ldx, const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, int64_t KG,
+       int64_t G) {
+    const __m512i lo4 = _mm512_set1_epi32(0x0F0F0F0F);
+    const int nv = ng * QT_NR, sn = sym ? 1 : 2;
+    __m512 acc[W4_MR][2 * QT_NR];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < KG; b++) {
+        __m512i S[W4_MR][2 * QT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_si512();
+        for (int64_t o = 0; o < G / 8; o++)
+            for (int v = 0; v < nv; v++) {
+                const __m512i w = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * (G / 8) + o) * QT_NC +
+                                                     16 * (v % QT_NR));
+                const __m512i lo = _mm512_and_si512(w, lo4), hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), lo4);
+                for (int i = 0; i < mr; i++) {
+                    const int8_t *xr = xq + i * ldx + b * G + 8 * o;
+                    S[i][v] = _mm512_dpbusd_epi32(S[i][v], lo, _mm512_set1_epi32(load4(xr)));
+                    S[i][v] = _mm512_dpbusd_epi32(S[i][v], hi, _mm512_set1_epi32(load4(xr + 4)));
+                }
+            }
+        for (int v = 0; v < nv; v++) {
+            const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+            const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-8.f))
+                                  : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
+            for (int i = 0; i < mr; i++) {
+                const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xs[i * ldxs + 2 * b]));
+                acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[i][v]), t, acc[i][v]);
+                acc[i][v] = _mm512_fmadd_ps(mo, _mm512_set1_ps(xs[i * ldxs + 2 * b + 1]), acc[i][v]);
+            }
+        }
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+typedef void (*ukr_w8_fn)(const int8_t *, int64_t, const float *, const int32_t *, const uint8_t *, int64_t,
+                          const float *, float *, int64_t, int64_t, int64_t);
+#define UKR_W8(R, NG) \
+    static void ukr_w8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const int32_t *c, const uint8_t *xq, \
+                                  int64_t ldx, const float *xa, float *y, int64_t n0, int64_t N, int64_t K) { \
+        ukr_w8(R, NG, pw, gs, s, c, xq, ldx, xa, y, n0, N, K); \
+    }
+UKR_W8(1, 2) UKR_W8(1, 1) UKR_W8(2, 1) UKR_W8(3, 1) UKR_W8(4, 1) UKR_W8(5, 1) UKR_W8(6, 1) UKR_W8(7, 1) UKR_W8(8, 1)
+static const ukr_w8_fn UKRS_W8[W8_MR + 1] = {0, ukr_w8_1_1, ukr_w8_2_1, ukr_w8_3_1, ukr_w8_4_1,
+                                             ukr_w8_5_1, ukr_w8_6_1, ukr_w8_7_1, ukr_w8_8_1};
+
+typedef void (*ukr_w4_fn)(const uint32_t *, int64_t, const uint16_t *, int64_t, const int8_t *, int64_t,
+                          const float *, int64_t, float *, int64_t, int64_t, int64_t, int64_t);
+#define UKR_W4(R, NG, SYM) \
+    static void ukr_w4_##R##_##NG##_##SYM(const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, \
+                                          const int8_t *xq, int64_t ldx, const float *xs, int64_t ldxs, float *y, \
+                                          int64_t n0, int64_t N, int64_t KG, int64_t G) { \
+        ukr_w4(R, NG, SYM, pw, gs, sc, ss, xq, ldx, xs, ldxs, y, n0, N, KG, G); \
+    }
+UKR_W4(1, 2, 0) UKR_W4(1, 1, 0) UKR_W4(2, 1, 0) UKR_W4(3, 1, 0) UKR_W4(4, 1, 0)
+UKR_W4(1, 2, 1) UKR_W4(1, 1, 1) UKR_W4(2, 1, 1) UKR_W4(3, 1, 1) UKR_W4(4, 1, 1)
+static const ukr_w4_fn UKRS_W4[2][W4_MR + 1] = {{0, ukr_w4_1_1_0, ukr_w4_2_1_0, ukr_w4_3_1_0, ukr_w4_4_1_0},
+                                                {0, ukr_w4_1_1_1, ukr_w4_2_1_1, ukr_w4_3_1_1, ukr_w4_4_1_1}};
+static const ukr_w4_fn UKRS_W4_WIDE[2] = {ukr_w4_1_2_0, ukr_w4_1_2_1};
+
+typedef struct {
+    const void *p, *s, *c; /* packed weights, scales, W8A8 column sums */
+    const void *xq;        /* quantized x [M][K] */
+    const float *xs;       /* W8A8: a [M]; W4A8: (a, X) [M][K/G][2] */
+    float *y;
+    int64_t N, K, G; /* G: 0 for W8A8 */
+    int sym;
+} a8_args;
+
+/* rows [m, m + mr), column groups [g, g + ng) */
+static void tile_a8(const a8_args *a, int mr, int ng, int64_t g, int64_t m) {
+    const int64_t N = a->N, K = a->K;
+    if (!a->G) {
+        const int8_t *pw = (const int8_t *)a->p + g * K * QT_NC;
+        const uint8_t *xq = (const uint8_t *)a->xq + m * K;
+        const ukr_w8_fn f = ng == 2 ? ukr_w8_1_2 : UKRS_W8[mr];
+        f(pw, K * QT_NC, (const float *)a->s + g * QT_NC, (const int32_t *)a->c + g * QT_NC, xq, K, a->xs + m,
+          a->y + m * N, g * QT_NC, N, K);
+        return;
+    }
+    const int64_t KG = K / a->G, gs = K / 8 * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
+    const ukr_w4_fn f = ng == 2 ? UKRS_W4_WIDE[a->sym] : UKRS_W4[a->sym][mr];
+    f((const uint32_t *)a->p + g * gs, gs, (const uint16_t *)a->s + g * ss, ss, (const int8_t *)a->xq + m * K, K,
+      a->xs + m * 2 * KG, 2 * KG, a->y + m * N, g * QT_NC, N, KG, a->G);
+}
+
+static void quant_rows(const a8_args *a, const float *x, void *xq, float *xs, int64_t r0, int64_t r1) {
+    const int64_t K = a->K;
+    for (int64_t m = r0; m < r1; m++) {
+        if (a->G)
+            quant_row_groups(x + m * K, (int8_t *)xq + m * K, xs + m * 2 * (K / a->G), K, a->G);
+        else
+            quant_row_u8(x + m * K, (uint8_t *)xq + m * K, xs + m, K);
+    }
+}
+
+static int gemm_a8(a8_args a, const float *x, int64_t M, int nthreads) {
+    const int64_t NG = N_GROUPS(a.N), mr = a.G ? W4_MR : W8_MR, rows = qt_chunk_rows(a.K, 1, mr);
+    const int64_t xs_row = a.G ? 2 * (a.K / a.G) : 1;
+    /* a few rows (decode): every thread quantizes all of x into its own copy, with no barrier
+     * between quantizing and multiplying; more rows: each thread quantizes its share of one copy */
+    const int own = M <= A8_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
+    uint8_t *xq = aligned_alloc(64, (size_t)(copies * M * a.K + 63) & ~(size_t)63);
+    float *xs = malloc(sizeof(float) * (size_t)(copies * M * xs_row));
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return -3;
+    }
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int64_t r0 = 0, r1 = M, g0, g1;
+        const int64_t c = own ? omp_thread() : 0;
+        a8_args t = a;
+        t.xq = xq + c * M * a.K;
+        t.xs = xs + c * M * xs_row;
+        if (!own) omp_range(M, &r0, &r1);
+        quant_rows(&t, x, (void *)t.xq, (float *)t.xs, r0, r1);
+        if (!own) {
+            #pragma omp barrier
+        }
+        omp_range(NG, &g0, &g1);
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
+            for (int64_t g = g0; g < g1;) {
+                if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
+                    tile_a8(&t, 1, 2, g, m0);
+                    g += 2;
+                    continue;
+                }
+                for (int64_t m = m0; m < m1; m += mr)
+                    tile_a8(&t, m1 - m < mr ? (int)(m1 - m) : (int)mr, 1, g, m);
+                g++;
+            }
+        }
+    }
+    free(xq);
+    free(xs);
+    return 0;
+}
+#endif
+
+/* p, s (scales then column sums) from ridgeline_pack_w8a8 and the int8 format's scales */
+int ridgeline_gemm_w8a8(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                        int nthreads) {
+#if A8_ISA
+    if (M < 1 || N < 1 || K < 1 || K % 4) return -1;
+    const a8_args a = {p, s, s + N_GROUPS(N) * QT_NC, NULL, NULL, y, N, K, 0, 0};
+    return gemm_a8(a, x, M, nthreads);
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -2;
+#endif
+}
+
+/* p, s: ridgeline_pack_i4's packed nibbles and the int4 format's scale layout (gemm_int4.c) */
+int ridgeline_gemm_w4a8(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
+                        int64_t K, int64_t G, int sym, int nthreads) {
+#if A8_ISA
+    if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
+    const a8_args a = {p, s, NULL, NULL, NULL, y, N, K, G, sym != 0};
+    return gemm_a8(a, x, M, nthreads);
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
+    return -2;
+#endif
+}
