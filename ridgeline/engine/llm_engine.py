@@ -26,7 +26,7 @@ from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.spec.proposer import ProposalRequest, create_proposer
+from ridgeline.spec.proposer import Draft, ProposalRequest, create_proposer
 from ridgeline.spec.stats import SpecStats
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import load_arch_config
@@ -81,6 +81,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         self.proposer = create_proposer(config.speculative, arch.vocab_size)
         self.spec_stats = SpecStats()
+        self.drafts: dict = {}  # request id -> Draft proposed for this step (with its distribution)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -174,7 +175,8 @@ class LLMEngine:
         if self.proposer is not None:
             self._propose()
         plan = self.scheduler.schedule()
-        result = self.runner.execute(plan)
+        result = self.runner.execute(plan, self.drafts)
+        self.drafts = {}
         sampled = result.sampled
         if self.proposer is not None and plan.finished_ids:
             self.proposer.forget(plan.finished_ids)
@@ -213,7 +215,9 @@ class LLMEngine:
         return outputs
 
     def _propose(self) -> None:
-        """Ask the proposer for tokens for every decoding request, at most what it may still emit."""
+        """Ask the proposer for tokens for every decoding request, at most what it may still emit.
+        Drafts that come with their distribution are kept for this step's verification."""
+        self.drafts = {}
         want = []
         for req in self.scheduler.running:
             req.spec_token_ids = []
@@ -222,15 +226,19 @@ class LLMEngine:
             k = min(self.config.speculative.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens)
             if k > 0:
-                want.append((req, ProposalRequest(req.request_id, req.token_ids, k)))
+                want.append((req, ProposalRequest(req.request_id, req.token_ids, k, req.params, req.seed,
+                                                  req.num_prompt_tokens)))
         if not want:
             return
         vocab = self.arch.vocab_size
-        for (req, pr), tokens in zip(want, self.proposer.propose([pr for _, pr in want])):
-            tokens = [int(t) for t in tokens[:pr.k]]
+        for (req, pr), got in zip(want, self.proposer.propose([pr for _, pr in want])):
+            draft = got if isinstance(got, Draft) else None
+            tokens = [int(t) for t in (draft.token_ids if draft else got)[:pr.k]]
             if any(not 0 <= t < vocab for t in tokens):
                 raise RuntimeError(f"proposer {self.proposer.name} proposed a token outside the vocabulary")
             req.spec_token_ids = tokens
+            if draft is not None and draft.probs is not None and tokens:
+                self.drafts[req.request_id] = draft
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
