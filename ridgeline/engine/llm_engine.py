@@ -145,7 +145,8 @@ class LLMEngine:
             seed = None if params.seed is None else params.seed + i
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
-                                   share_from=members[0] if i else None, cache_salt=cache_salt))
+                                   share_from=members[0] if i else None, cache_salt=cache_salt,
+                                   spec_stats=SpecStats() if self.proposer is not None else None))
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = RequestGroup(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],
@@ -196,7 +197,9 @@ class LLMEngine:
                 req.finish_time = now
                 self.scheduler.finish(req, Status.FINISHED_LENGTH)
                 continue
-            self.spec_stats.record(s)
+            if s.proposed:
+                self.spec_stats.record(s)
+                req.spec_stats.record(s)
             for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
                 self._append(req, group, token, now)
                 if group.logprobs[req.index] is not None and s.logprobs is not None:
@@ -231,7 +234,12 @@ class LLMEngine:
         if not want:
             return
         vocab = self.arch.vocab_size
-        for (req, pr), got in zip(want, self.proposer.propose([pr for _, pr in want])):
+        t0 = time.perf_counter()
+        proposals = self.proposer.propose([pr for _, pr in want])
+        elapsed = time.perf_counter() - t0
+        self.spec_stats.draft_time += elapsed
+        for (req, pr), got in zip(want, proposals):
+            req.spec_stats.draft_time += elapsed / len(want)
             draft = got if isinstance(got, Draft) else None
             tokens = [int(t) for t in (draft.token_ids if draft else got)[:pr.k]]
             if any(not 0 <= t < vocab for t in tokens):
