@@ -43,12 +43,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(ngram: prompt lookup; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
+    g.add_argument("--speculative-controller", default="on", choices=["on", "off"],
+                   help="on: choose how many tokens to propose (0 = none) per step and request from the measured "
+                        "step cost and each request's acceptance, never slowing a batch down; off: always K")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "block_size", "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
-            "speculative_method", "num_speculative_tokens"]
+            "speculative_method", "num_speculative_tokens", "speculative_controller"]
     return {k: getattr(args, k) for k in keys}
 
 

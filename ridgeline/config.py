@@ -94,6 +94,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4  # proposals per request per step, at most
     ngram_min: int = 2  # `ngram` proposer: the shortest suffix it looks up
     ngram_max: int = 4  # ... and the longest (tried first)
+    # "on": the goodput controller picks k (0 = off) per step and request, at most num_speculative_tokens;
+    # "off": every decoding request drafts num_speculative_tokens (for benchmarks)
+    speculative_controller: str = "on"
 
     @property
     def method(self) -> str | None:
@@ -104,6 +107,9 @@ class SpeculativeConfig:
             raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
             raise InvalidRequestError("ngram sizes need 1 <= ngram_min <= ngram_max <= 64", "ngram_min")
+        if self.speculative_controller not in ("on", "off"):
+            raise InvalidRequestError("speculative_controller must be 'on' or 'off', got "
+                                      f"{self.speculative_controller!r}", "speculative_controller")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from stats_helpers import chi2_pvalue
 
 PROMPT = [40, 71, 12, 99, 5, 63]
 OUT = 4
-KW = dict(dtype="float32", kv_cache_memory="8MiB", progress=False, max_num_seqs=256, max_num_batched_tokens=2048)
+KW = dict(dtype="float32", kv_cache_memory="8MiB", progress=False, max_num_seqs=256, max_num_batched_tokens=2048,
+          speculative_controller="off")
 PARAMS = {
     "plain": dict(temperature=1.5, top_k=3),
     "penalties": dict(temperature=1.5, top_k=3, repetition_penalty=1.4, presence_penalty=0.8, frequency_penalty=0.6),

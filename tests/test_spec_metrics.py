@@ -15,7 +15,7 @@ from ridgeline.serve.state import ServerSettings
 from ridgeline.spec.stats import SpecStats
 
 OPTS = dict(dtype="float32", kv_cache_memory="2MiB", progress=False, speculative_method="ngram",
-            num_speculative_tokens=3, ngram_min=1)
+            num_speculative_tokens=3, ngram_min=1, speculative_controller="off")
 PROMPTS = ["abc abc abc abc abc abc", "one two one two one two one two", "xyz xyz"]
 
 

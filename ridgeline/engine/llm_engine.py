@@ -15,6 +15,7 @@ from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
+from ridgeline.engine.speculation import Speculation
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
@@ -26,7 +27,7 @@ from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.spec.proposer import Draft, ProposalRequest, create_proposer
+from ridgeline.spec.proposer import create_proposer
 from ridgeline.spec.stats import SpecStats
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import load_arch_config
@@ -79,9 +80,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
-        self.proposer = create_proposer(config.speculative, arch.vocab_size)
-        self.spec_stats = SpecStats()
-        self.drafts: dict = {}  # request id -> Draft proposed for this step (with its distribution)
+        proposer = create_proposer(config.speculative, arch.vocab_size)
+        self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -93,6 +93,15 @@ class LLMEngine:
     @property
     def kv_spec(self) -> KVCacheSpec:
         return self.info.kv_spec
+
+    @property
+    def proposer(self):
+        return None if self.spec is None else self.spec.proposer
+
+    @property
+    def spec_stats(self) -> SpecStats | None:
+        """Speculation counters of this engine's life (None when speculation is off)."""
+        return None if self.spec is None else self.spec.stats
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -146,7 +155,7 @@ class LLMEngine:
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
                                    share_from=members[0] if i else None, cache_salt=cache_salt,
-                                   spec_stats=SpecStats() if self.proposer is not None else None))
+                                   spec_stats=SpecStats() if self.spec is not None else None))
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = RequestGroup(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],
@@ -173,14 +182,17 @@ class LLMEngine:
         """Run one step. Returns a delta (RequestOutput) for every request that changed: new token ids,
         text and logprobs since its last output; with emit_unfinished=False only for requests that
         finished (whole, if never emitted before)."""
-        if self.proposer is not None:
-            self._propose()
+        spec = self.spec
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
-        result = self.runner.execute(plan, self.drafts)
-        self.drafts = {}
+        t0 = time.perf_counter()
+        result = self.runner.execute(plan, spec.drafts if spec is not None else None)
         sampled = result.sampled
-        if self.proposer is not None and plan.finished_ids:
-            self.proposer.forget(plan.finished_ids)
+        if spec is not None:
+            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
+            if plan.finished_ids:
+                spec.forget(plan.finished_ids)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
@@ -197,9 +209,6 @@ class LLMEngine:
                 req.finish_time = now
                 self.scheduler.finish(req, Status.FINISHED_LENGTH)
                 continue
-            if s.proposed:
-                self.spec_stats.record(s)
-                req.spec_stats.record(s)
             for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
                 self._append(req, group, token, now)
                 if group.logprobs[req.index] is not None and s.logprobs is not None:
@@ -216,37 +225,6 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
-
-    def _propose(self) -> None:
-        """Ask the proposer for tokens for every decoding request, at most what it may still emit.
-        Drafts that come with their distribution are kept for this step's verification."""
-        self.drafts = {}
-        want = []
-        for req in self.scheduler.running:
-            req.spec_token_ids = []
-            if req.num_computed_tokens != req.num_tokens - 1:
-                continue  # prefilling
-            k = min(self.config.speculative.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
-                    self.max_model_len - req.num_tokens)
-            if k > 0:
-                want.append((req, ProposalRequest(req.request_id, req.token_ids, k, req.params, req.seed,
-                                                  req.num_prompt_tokens)))
-        if not want:
-            return
-        vocab = self.arch.vocab_size
-        t0 = time.perf_counter()
-        proposals = self.proposer.propose([pr for _, pr in want])
-        elapsed = time.perf_counter() - t0
-        self.spec_stats.draft_time += elapsed
-        for (req, pr), got in zip(want, proposals):
-            req.spec_stats.draft_time += elapsed / len(want)
-            draft = got if isinstance(got, Draft) else None
-            tokens = [int(t) for t in (draft.token_ids if draft else got)[:pr.k]]
-            if any(not 0 <= t < vocab for t in tokens):
-                raise RuntimeError(f"proposer {self.proposer.name} proposed a token outside the vocabulary")
-            req.spec_token_ids = tokens
-            if draft is not None and draft.probs is not None and tokens:
-                self.drafts[req.request_id] = draft
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
@@ -287,7 +265,8 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method is None:
         return None
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
-    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step{extra}"
+    k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
+    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
 
 
 def kv_format_for(device: torch.device, dtype: torch.dtype) -> str:
