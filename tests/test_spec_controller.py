@@ -120,3 +120,17 @@ def test_controller_setting_is_checked():
     from ridgeline.errors import InvalidRequestError
     with pytest.raises(InvalidRequestError, match="speculative_controller"):
         SpeculativeConfig(speculative_method="ngram", speculative_controller="maybe")
+
+
+def test_seeded_random_requests_stay_reproducible_under_the_controller(tiny_llama):
+    """The controller's k follows measured time; a seeded random request's draws follow the rows each
+    step verifies: it drafts nothing under the controller (and its output is the plain engine's)."""
+    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.sampling_params import SamplingParams
+    kw = dict(dtype="float32", kv_cache_memory="4MiB", progress=False)
+    prompts = ["abc abc abc abc abc abc", "one two one two one two one two"]
+    seeded = SamplingParams(temperature=0.8, max_tokens=24, seed=3, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kw).generate(prompts, seeded, use_tqdm=False)]
+    llm = LLM(str(tiny_llama), speculative_method="ngram", ngram_min=1, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, seeded, use_tqdm=False)] == plain
+    assert llm.engine.spec_stats.proposed == 0

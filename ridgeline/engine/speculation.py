@@ -1,6 +1,8 @@
 """The engine's side of speculative decoding. Before each step: for every decoding request, decide
 how many tokens to draft (the controller, from measured goodput; or pinned at the configured k) and
-ask the proposer for them. After the step: count what was drafted and accepted (per request and per
+ask the proposer for them. A seeded random request draws its tokens row by row from its own
+generator, so its output depends on how many rows each step verifies: under the controller (whose
+choices follow measured time) it drafts nothing, and stays reproducible; with k pinned it drafts. After the step: count what was drafted and accepted (per request and per
 engine) and feed the controller the step's cost and each request's acceptance."""
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class Speculation:
             req.spec_token_ids = []
             if req.num_computed_tokens != req.num_tokens - 1:
                 continue  # prefilling
+            if self.controller is not None and req.seed is not None and not req.params.greedy:
+                continue  # its draws follow the rows verified per step, which the controller picks by timing
             cap = min(self.max_k, req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens)
             if cap > 0:
                 decoding.append(req)
