@@ -44,6 +44,8 @@ def build_engines(args: argparse.Namespace) -> dict:
     for method in args.methods:
         kw = {**engine_kwargs(args), "speculative_method": method, "num_speculative_tokens": max(args.k),
               "speculative_controller": "on"}
+        if method != "draft":
+            kw["draft_model"] = None
         if kw.get("kv_cache_memory") is None:
             kw["kv_cache_memory"] = "1GiB"  # several engines share the machine
         engines[method] = llm = LLM(args.model, **kw)

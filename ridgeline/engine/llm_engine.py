@@ -27,6 +27,7 @@ from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.proposer import create_proposer
 from ridgeline.spec.stats import SpecStats
 from ridgeline.utils.device import pick_device, pick_dtype
@@ -80,7 +81,10 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
-        proposer = create_proposer(config.speculative, arch.vocab_size)
+        proposer = create_proposer(config.speculative, arch.vocab_size,
+                                   DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
+                                               max_len, cc.block_size, num_blocks,
+                                               kv_format_for(device, choice.dtype), eos, config.progress))
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
@@ -265,6 +269,9 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method is None:
         return None
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
+    if sc.method == "draft":
+        extra = f", draft model {sc.draft_model}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
+                                                     else "")
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
     return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
 

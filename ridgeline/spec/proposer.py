@@ -78,12 +78,18 @@ class Proposer:
         """These requests finished or were aborted: drop any state kept for them."""
 
 
-def create_proposer(config: SpeculativeConfig, vocab_size: int) -> Proposer | None:
+def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = None) -> Proposer | None:
+    """target: what a proposer that runs a model needs of the target engine (spec.draft_load.DraftTarget);
+    handed only to classes that set `needs_target`."""
     if config.method is None:
         return None
     import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
+    if config.method == "draft":
+        import ridgeline.spec.draft  # noqa: F401  (loads torch-side modules only when asked for)
     cls = PROPOSERS.get(config.method)
     if cls is None:
         raise InvalidRequestError(f"unknown speculative method {config.method!r}; known: "
-                                  f"{', '.join(sorted(PROPOSERS)) or 'none'}", "speculative_method")
+                                  f"{', '.join(sorted({*PROPOSERS, 'draft'}))}", "speculative_method")
+    if getattr(cls, "needs_target", False):
+        return cls(config, vocab_size, target)
     return cls(config, vocab_size)
