@@ -45,7 +45,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: a model with the target's tokenizer (folder, .gguf, hub id or alias), or 'self' "
-                        "(the target's own weights, see --draft-quantization)")
+                        "(the target's own weights, see --draft-quantization); default: none")
     g.add_argument("--draft-quantization", default="none", choices=["none", "int8", "int4"],
                    help="draft: quantize the draft model's weights at load")
     g.add_argument("--speculative-controller", default="on", choices=["on", "off"],

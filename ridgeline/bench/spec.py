@@ -128,7 +128,8 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--methods", type=_names, default=["ngram"], metavar="M[,M...]",
                    help="proposers to compare (registered names)")
     p.add_argument("--k", type=_ints, default=[2, 4], metavar="K[,K...]", help="draft lengths to pin")
-    p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], metavar="B[,B...]")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], metavar="B[,B...]",
+                   help="requests decoding together")
     p.add_argument("--workloads", type=_names, default=["code-edit", "chat"], metavar="W[,W...]",
                    help="code-edit (the reply repeats the prompt), chat, or any bench workload")
     p.add_argument("--no-controller", dest="controller", action="store_false",
@@ -136,8 +137,8 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="most tokens per request")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
-    p.add_argument("--workload-seed", type=int, default=0, metavar="N")
-    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="speed-up vs batch size")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE")
+    p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
+    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of speed-up vs batch size (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE (default: none)")
     p.set_defaults(func=cmd_spec)
     return p
