@@ -35,14 +35,9 @@ class DraftProposer(Proposer):
         self.model = model
         kv_spec = KVCacheSpec(KV_FORMATS[target.kv_format], arch.num_layers, arch.num_kv_heads, arch.head_dim,
                               target.block_size)
-        self.kv_spec = kv_spec
         self.kv = KVCacheManager(target.num_blocks, target.block_size)
         self.runner = ModelRunner(model, arch, target.device, kv_spec, target.num_blocks, list(target.eos_ids))
         self.fed: dict[str, list[int]] = {}  # request id -> tokens whose KV the draft holds, in order
-
-    @property
-    def kv_bytes(self) -> int:
-        return (self.kv.num_usable_blocks) * self.kv_spec.bytes_per_block
 
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in requests]
