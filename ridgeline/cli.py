@@ -49,18 +49,27 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",
                    help="int4, w4a8: a scale per group and no minimum (default: asymmetric, scale and minimum)")
-    g.add_argument("--speculative-method", default=None, choices=["ngram"],
+    g.add_argument("--speculative-method", default=None, choices=["ngram", "draft"],
                    help="propose tokens for each decoding request and verify them in the same step "
-                        "(ngram: prompt lookup; default: off)")
+                        "(ngram: prompt lookup; draft: a draft model, --draft-model; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
+    g.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft: a model with the target's tokenizer (folder, .gguf, hub id or alias), or 'self' "
+                        "(the target's own weights, see --draft-quantization); default: none")
+    g.add_argument("--draft-quantization", default="none", choices=["none", "int8", "int4"],
+                   help="draft: quantize the draft model's weights at load")
+    g.add_argument("--speculative-controller", default="on", choices=["on", "off"],
+                   help="on: choose how many tokens to propose (0 = none) per step and request from the measured "
+                        "step cost and each request's acceptance, never slowing a batch down; off: always K")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "kv_cache_dtype", "kv_cache_dtype_k",
             "kv_cache_dtype_v", "block_size", "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
-            "speculative_method", "num_speculative_tokens"]
+            "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
+            "draft_quantization"]
     return {k: getattr(args, k) for k in keys}
 
 

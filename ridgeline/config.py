@@ -113,6 +113,13 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4  # proposals per request per step, at most
     ngram_min: int = 2  # `ngram` proposer: the shortest suffix it looks up
     ngram_max: int = 4  # ... and the longest (tried first)
+    # "on": the goodput controller picks k (0 = off) per step and request, at most num_speculative_tokens;
+    # "off": every decoding request drafts num_speculative_tokens (for benchmarks)
+    speculative_controller: str = "on"
+    # `draft` proposer: the draft model (path, hub id or alias; "self": the target's own weights) and
+    # the quantization of its weights (none, int8, int4)
+    draft_model: str | None = None
+    draft_quantization: str = "none"
 
     @property
     def method(self) -> str | None:
@@ -123,6 +130,16 @@ class SpeculativeConfig:
             raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
             raise InvalidRequestError("ngram sizes need 1 <= ngram_min <= ngram_max <= 64", "ngram_min")
+        if self.speculative_controller not in ("on", "off"):
+            raise InvalidRequestError("speculative_controller must be 'on' or 'off', got "
+                                      f"{self.speculative_controller!r}", "speculative_controller")
+        if (self.speculative_method == "draft") != (self.draft_model is not None):
+            raise InvalidRequestError("speculative_method 'draft' needs draft_model (a model with the target's "
+                                      "tokenizer, or 'self'), and draft_model needs speculative_method 'draft'",
+                                      "draft_model")
+        if self.draft_quantization not in quant_options.QUANTIZATIONS:
+            raise InvalidRequestError(f"draft_quantization must be one of {', '.join(quant_options.QUANTIZATIONS)}, "
+                                      f"got {self.draft_quantization!r}", "draft_quantization")
 
 
 @dataclass(frozen=True)

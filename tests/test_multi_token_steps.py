@@ -92,7 +92,8 @@ def test_greedy_output_is_the_plain_engines(tiny_llama, method, opts):
     tok = LLM(str(tiny_llama), **kw).tokenizer
     REFERENCE.clear()
     REFERENCE.update({tuple(tok.encode(p)): o[0] for p, o in zip(PROMPTS, plain)})
-    llm = LLM(str(tiny_llama), speculative_method=method, num_speculative_tokens=4, **kw)
+    llm = LLM(str(tiny_llama), speculative_method=method, num_speculative_tokens=4,
+              speculative_controller="off", **kw)
     assert _run(llm, params) == plain
     stats = llm.engine.spec_stats
     assert stats.proposed > 0
@@ -119,7 +120,7 @@ def test_logprobs_and_penalties_per_kept_token(tiny_llama):
     REFERENCE.clear()
     tok = LLM(str(tiny_llama), **kw).tokenizer
     REFERENCE.update({tuple(tok.encode(p)): o[0] for p, o in zip(PROMPTS, plain)})
-    assert run(LLM(str(tiny_llama), speculative_method="oracle-test", **kw)) == plain
+    assert run(LLM(str(tiny_llama), speculative_method="oracle-test", speculative_controller="off", **kw)) == plain
 
 
 def test_kv_manager_shrinks_a_table_and_keeps_the_books():

@@ -33,7 +33,8 @@ def test_ngram_decoding_is_the_plain_output_and_keeps_several_tokens_per_step(ti
     prompts = ["abc abc abc abc abc abc", "one two one two one two one two", "xyz"]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kw).generate(prompts, params, use_tqdm=False)]
-    llm = LLM(str(tiny_llama), speculative_method="ngram", num_speculative_tokens=4, **kw)
+    llm = LLM(str(tiny_llama), speculative_method="ngram", num_speculative_tokens=4, speculative_controller="off",
+              **kw)
     assert "speculate  ngram" in llm.info.summary()
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == plain

@@ -20,6 +20,7 @@ from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.errors import RidgelineError
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.spec.stats import SpecStats
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class EngineStats:
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # tokens served from it
     prefix_cache_evictions: int = 0
+    speculative: SpecStats | None = None  # a copy of the engine's counters; None when speculation is off
 
 
 class RequestStream:
@@ -296,9 +298,10 @@ class AsyncEngine:
 
     def _snapshot(self) -> EngineStats:
         kv = self.engine.kv
+        spec = self.engine.spec_stats.copy() if self.engine.proposer is not None else None
         return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
                            len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
-                           kv.stats.evictions)
+                           kv.stats.evictions, spec)
 
 
 def build_off_main_thread(factory):

@@ -60,5 +60,12 @@ class RequestGroup:
                 first.num_computed_tokens >= len(self.prompt_logprobs) or self.done):
             plp, self.prompt_logprobs_sent = self.prompt_logprobs, True
         metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time}
-        return RequestOutput(request_id, self.prompt, self.prompt_token_ids, outs, self.done,
-                             num_cached_tokens=first.num_cached_tokens, metrics=metrics, prompt_logprobs=plp)
+        done = self.done
+        spec = None
+        if done and first.spec_stats is not None:
+            spec = first.spec_stats.copy()
+            for r in self.members[1:]:
+                spec.add(r.spec_stats)
+        return RequestOutput(request_id, self.prompt, self.prompt_token_ids, outs, done,
+                             num_cached_tokens=first.num_cached_tokens, metrics=metrics, prompt_logprobs=plp,
+                             speculative=spec)

@@ -15,6 +15,7 @@ from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
+from ridgeline.engine.speculation import Speculation
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec, kv_formats
@@ -26,7 +27,8 @@ from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.spec.proposer import ProposalRequest, create_proposer
+from ridgeline.spec.draft_load import DraftTarget
+from ridgeline.spec.proposer import create_proposer
 from ridgeline.spec.stats import SpecStats
 from ridgeline.step_plan import ScheduledSeq
 from ridgeline.utils.device import pick_device, pick_dtype
@@ -83,8 +85,11 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
-        self.proposer = create_proposer(config.speculative, arch.vocab_size)
-        self.spec_stats = SpecStats()
+        proposer = create_proposer(config.speculative, arch.vocab_size,
+                                   DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
+                                               max_len, cc.block_size, num_blocks,
+                                               kv_format_for(device, choice.dtype), eos, config.progress))
+        self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -96,6 +101,15 @@ class LLMEngine:
     @property
     def kv_spec(self) -> KVCacheSpec:
         return self.info.kv_spec
+
+    @property
+    def proposer(self):
+        return None if self.spec is None else self.spec.proposer
+
+    @property
+    def spec_stats(self) -> SpecStats | None:
+        """Speculation counters of this engine's life (None when speculation is off)."""
+        return None if self.spec is None else self.spec.stats
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -148,7 +162,8 @@ class LLMEngine:
             seed = None if params.seed is None else params.seed + i
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
-                                   share_from=members[0] if i else None, cache_salt=cache_salt))
+                                   share_from=members[0] if i else None, cache_salt=cache_salt,
+                                   spec_stats=SpecStats() if self.spec is not None else None))
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = RequestGroup(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],
@@ -192,13 +207,17 @@ class LLMEngine:
         """Run one step. Returns a delta (RequestOutput) for every request that changed: new token ids,
         text and logprobs since its last output; with emit_unfinished=False only for requests that
         finished (whole, if never emitted before)."""
-        if self.proposer is not None:
-            self._propose()
+        spec = self.spec
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
-        result = self.runner.execute(plan)
+        t0 = time.perf_counter()
+        result = self.runner.execute(plan, spec.drafts if spec is not None else None)
         sampled = result.sampled
-        if self.proposer is not None and plan.finished_ids:
-            self.proposer.forget(plan.finished_ids)
+        if spec is not None:
+            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
+            if plan.finished_ids:
+                spec.forget(plan.finished_ids)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
@@ -215,7 +234,6 @@ class LLMEngine:
                 req.finish_time = now
                 self.scheduler.finish(req, Status.FINISHED_LENGTH)
                 continue
-            self.spec_stats.record(s)
             for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
                 self._append(req, group, token, now)
                 if group.logprobs[req.index] is not None and s.logprobs is not None:
@@ -232,26 +250,6 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
-
-    def _propose(self) -> None:
-        """Ask the proposer for tokens for every decoding request, at most what it may still emit."""
-        want = []
-        for req in self.scheduler.running:
-            req.spec_token_ids = []
-            if req.num_computed_tokens != req.num_tokens - 1:
-                continue  # prefilling
-            k = min(self.config.speculative.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
-                    self.max_model_len - req.num_tokens)
-            if k > 0:
-                want.append((req, ProposalRequest(req.request_id, req.token_ids, k)))
-        if not want:
-            return
-        vocab = self.arch.vocab_size
-        for (req, pr), tokens in zip(want, self.proposer.propose([pr for _, pr in want])):
-            tokens = [int(t) for t in tokens[:pr.k]]
-            if any(not 0 <= t < vocab for t in tokens):
-                raise RuntimeError(f"proposer {self.proposer.name} proposed a token outside the vocabulary")
-            req.spec_token_ids = tokens
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
@@ -292,5 +290,9 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method is None:
         return None
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
-    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step{extra}"
+    if sc.method == "draft":
+        extra = f", draft model {sc.draft_model}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
+                                                     else "")
+    k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
+    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
 

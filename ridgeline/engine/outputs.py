@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ridgeline.spec.stats import SpecStats
+
 
 @dataclass
 class TokenLogprob:
@@ -38,6 +40,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first has none)
     metrics: dict = field(default_factory=dict)  # arrival, first token and finish times (monotonic s)
+    # speculative decoding: drafted / accepted tokens (by position), verification steps, draft time,
+    # summed over the choices; on the finished output only, and only when speculation is on
+    speculative: SpecStats | None = None
 
     def merge(self, later: RequestOutput) -> RequestOutput:
         """This output followed by a later delta of the same request, as one output (new objects)."""
@@ -57,7 +62,8 @@ class RequestOutput:
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
                              [by_index[i] for i in sorted(by_index)], later.finished, later.num_cached_tokens,
                              later.prompt_logprobs if later.prompt_logprobs is not None else self.prompt_logprobs,
-                             {**self.metrics, **later.metrics})
+                             {**self.metrics, **later.metrics},
+                             later.speculative if later.speculative is not None else self.speculative)
 
 
 class Accumulator:
@@ -90,4 +96,6 @@ class Accumulator:
         whole.metrics.update(delta.metrics)
         if delta.prompt_logprobs is not None:
             whole.prompt_logprobs = delta.prompt_logprobs
+        if delta.speculative is not None:
+            whole.speculative = delta.speculative
         return whole

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.spec.stats import SpecStats
 
 
 class Status(enum.Enum):
@@ -40,6 +41,7 @@ class Request:
     first_token_time: float | None = None
     token_ids: list[int] = field(init=False)  # prompt + output, appended in place (verified tokens only)
     spec_token_ids: list[int] = field(default_factory=list)  # proposed for the next step, not yet verified
+    spec_stats: SpecStats | None = None  # speculation on: what was drafted and accepted for this request
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -12,6 +12,7 @@ from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv
 from ridgeline.runner.step_sampler import StepSampler
+from ridgeline.spec.proposer import Draft
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -26,10 +27,11 @@ class ModelRunner:
         self.sample = StepSampler(device, eos_ids)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
         """One forward over every scheduled token; logits only for the rows that need them: the last
         num_spec + 1 rows of a sampling sequence (the tokens it keeps), and the prompt rows of a
-        request that asked for prompt logprobs."""
+        request that asked for prompt logprobs. drafts: request id -> the Draft (tokens with their
+        draft distribution) its proposals came from; absent for deterministic proposals."""
         self.sample.forget(plan.finished_ids)
         result = StepResult()
         if plan.empty:
@@ -42,7 +44,7 @@ class ModelRunner:
             result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if sampling:
-            result.sampled = self.sample(sampling, self.model.compute_logits(hidden[sample_rows]))
+            result.sampled = self.sample(sampling, self.model.compute_logits(hidden[sample_rows]), drafts)
         return result
 
     @torch.inference_mode()

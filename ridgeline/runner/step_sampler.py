@@ -1,19 +1,34 @@
 """Sampling for one step: every row that needs a token, then the verification of proposals.
 
-A sequence with k proposed tokens p1..pk has k+1 logit rows: row 0 predicts the token after its
-last known one, row j the token after p_j. Each row is sampled as if every proposal before it had
-been accepted (penalties see them), then p_{j+1} is kept while it equals what row j sampled; the
-first mismatch keeps the sampled token instead and ends the sequence's tokens for this step. With a
-deterministic proposer, "sample the target, keep the proposal if they agree" is exact rejection
-sampling (P(keep p) = q(p); otherwise the target's own sample, drawn from q), so greedy output is
-token-for-token the plain engine's and sampled output has the target's distribution.
+A sequence with k proposed tokens x1..xk has k+1 logit rows: row 0 predicts the token after its
+last known one, row j the token after x_j. Each row is processed as if every proposal before it had
+been accepted (penalties and min_tokens see them). Two verifications, both exact:
+
+- deterministic proposals (plain token ids) and greedy requests: sample every row, keep x_{j+1}
+  while it equals what row j sampled; the first mismatch keeps the sampled token instead. That is
+  rejection sampling with q one-hot at x (P(keep) = p(x); otherwise a draw from p without x), and
+  for greedy the target's argmax chain, token for token the plain engine's output.
+- a `Draft` (tokens drawn from a distribution q, with q) on a random request: the target's kept
+  probabilities p per row (ridgeline/layers/sampler_probs.py), then accept with probability
+  min(1, p/q), resample from max(p - q, 0) at the first rejection, a bonus token from the last row
+  when all are accepted (ridgeline/spec/rejection.py).
+
+A seeded request draws from its own generator, always in the same order, so its output is the same
+on every run with the same speculation settings.
 """
 from __future__ import annotations
 
 import torch
 
+from ridgeline.layers.sampler import Sampler, SamplingMetadata, _uniform
+from ridgeline.layers.sampler_probs import kept_probs
+from ridgeline.spec.proposer import Draft
+from ridgeline.spec.rejection import rejection_verify
 from ridgeline.step_plan import SampledSeq, ScheduledSeq
-from ridgeline.layers.sampler import Sampler, SamplingMetadata
+
+
+def _proposals(s: ScheduledSeq) -> list[int]:
+    return s.token_ids[len(s.token_ids) - s.num_spec:] if s.num_spec else []
 
 
 class StepSampler:
@@ -35,12 +50,30 @@ class StepSampler:
             g = self.generators[s.req_id] = torch.Generator(self.device).manual_seed(s.seed)
         return g
 
-    def __call__(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
-        """seqs: the sampling ones, in order; logits [sum(num_spec + 1), V] float32, their rows in order."""
+    def __call__(self, seqs: list[ScheduledSeq], logits: torch.Tensor,
+                 drafts: dict[str, Draft] | None = None) -> list[SampledSeq]:
+        """seqs: the sampling ones, in order; logits [sum(num_spec + 1), V] float32, their rows in order
+        (scratch). drafts: request id -> the Draft its proposals were drawn from (absent: deterministic)."""
+        drafts = drafts or {}
+        by_q = [bool(s.num_spec and not s.params.greedy and s.req_id in drafts) for s in seqs]
+        if not any(by_q):
+            return self._match(seqs, logits)
+        rows: tuple[list[int], list[int]] = ([], [])
+        row = 0
+        for s, q in zip(seqs, by_q):
+            rows[q].extend(range(row, row + s.num_spec + 1))
+            row += s.num_spec + 1
+        idx = [torch.tensor(r, dtype=torch.long, device=logits.device) for r in rows]
+        matched = iter(self._match([s for s, q in zip(seqs, by_q) if not q], logits[idx[0]]) if rows[0] else [])
+        verified = iter(self._verify([s for s, q in zip(seqs, by_q) if q], logits[idx[1]], drafts))
+        return [next(verified) if q else next(matched) for q in by_q]
+
+    def _meta(self, seqs: list[ScheduledSeq], V: int) -> SamplingMetadata:
+        """Per logit row: the request's parameters, its generator, and the history penalties see."""
         params, prompts, outputs, gens = [], [], [], []
         for s in seqs:
             g = self._generator(s)
-            proposals = s.token_ids[len(s.token_ids) - s.num_spec:] if s.num_spec else []
+            proposals = _proposals(s)
             for j in range(s.num_spec + 1):
                 params.append(s.params)
                 gens.append(g)
@@ -50,8 +83,10 @@ class StepSampler:
                 else:
                     prompts.append([])
                     outputs.append([])
-        meta = SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, logits.shape[-1], self.device)
-        out = self.sampler(logits, meta)
+        return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device)
+
+    def _match(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
+        out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
         tokens = out.token_ids.tolist()
         lps = tops = None
         if out.logprobs is not None:
@@ -59,7 +94,7 @@ class StepSampler:
             tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
         results, row = [], 0
         for s in seqs:
-            proposals = s.token_ids[len(s.token_ids) - s.num_spec:] if s.num_spec else []
+            proposals = _proposals(s)
             kept = 1
             while kept <= s.num_spec and tokens[row + kept - 1] == proposals[kept - 1]:
                 kept += 1
@@ -70,3 +105,35 @@ class StepSampler:
             results.append(r)
             row += s.num_spec + 1
         return results
+
+    def _verify(self, seqs: list[ScheduledSeq], logits: torch.Tensor, drafts: dict[str, Draft]) -> list[SampledSeq]:
+        """Random requests with Drafts: rejection sampling against the target's kept probabilities."""
+        meta = self._meta(seqs, logits.shape[-1])
+        lsm = None
+        if meta.logprob_rows is not None:  # logprobs are the model's, before penalties and temperature
+            lsm = torch.log_softmax(logits[meta.logprob_rows], -1)
+        p = kept_probs(logits, meta)
+        first, row = [], 0
+        for s in seqs:
+            first.append(row)
+            row += s.num_spec + 1
+        proposals = [_proposals(s) for s in seqs]
+        gens = [self._generator(s) for s in seqs]
+        ks = [s.num_spec for s in seqs]
+        u = _uniform(len(seqs), max(ks), gens, self.device, ks)
+        accepted, final = rejection_verify(p, first, proposals, [drafts[s.req_id] for s in seqs], u, gens)
+        lsm_row = {} if lsm is None else {r: i for i, r in enumerate(meta.logprob_rows.tolist())}
+        results = []
+        for s, f, x, a, t in zip(seqs, first, proposals, accepted, final):
+            r = SampledSeq(s.req_id, x[:a] + [t], a, s.num_spec)
+            if s.params.logprobs is not None and lsm is not None:
+                r.logprobs = _logprobs(lsm, [lsm_row[f + j] for j in range(a + 1)], r.token_ids, s.params.logprobs)
+            results.append(r)
+        return results
+
+
+def _logprobs(lsm: torch.Tensor, rows: list[int], tokens: list[int], k: int) -> list[tuple[float, list]]:
+    sel = lsm[torch.tensor(rows, dtype=torch.long, device=lsm.device)]
+    chosen = sel.gather(1, torch.tensor(tokens, device=lsm.device)[:, None])[:, 0].tolist()
+    top_lp, top_ids = sel.topk(k, -1) if k else (sel[:, :0], sel[:, :0].long())
+    return [(c, list(zip(i, v))) for c, i, v in zip(chosen, top_ids.tolist(), top_lp.tolist())]

@@ -22,6 +22,7 @@ from ridgeline.serve.errors import ApiError, error_body, public, status_of
 from ridgeline.serve.logtext import clean
 from ridgeline.serve.metrics import RequestTracker
 from ridgeline.serve.state import ServerState
+from ridgeline.spec.stats import SpecStats
 
 log = logging.getLogger("ridgeline.serve")
 
@@ -156,8 +157,15 @@ class Job:
         outs = list(self.acc.outputs.values())
         prompt = sum(len(p.ids) for p in self.prompts)
         completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                 "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)}}
+        specs = [o.speculative for o in outs if o.speculative is not None]
+        if specs:  # an extension: what speculative decoding drafted and kept for this request
+            total = SpecStats()
+            for spec in specs:
+                total.add(spec)
+            usage["speculative"] = total.summary()
+        return usage
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -9,6 +9,7 @@ from prometheus_client.registry import Collector
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.spec.stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -114,3 +115,23 @@ class _EngineCollector(Collector):
                                   value=s.prefix_cache_hits)
         yield CounterMetricFamily("ridgeline_prefix_cache_evictions", "Cached KV blocks evicted to hold "
                                   "other tokens", value=s.prefix_cache_evictions)
+        if s.speculative is not None:
+            yield from _spec_metrics(s.speculative)
+
+
+def _spec_metrics(spec: SpecStats):
+    """Speculative decoding counters; the mean accepted length is 1 + accepted / verify steps, the
+    acceptance at position j is accepted_by_position{position=j} / drafted_by_position{position=j}."""
+    yield CounterMetricFamily("ridgeline_spec_decode_draft_tokens", "Drafted tokens verified by the target",
+                              value=spec.proposed)
+    yield CounterMetricFamily("ridgeline_spec_decode_accepted_tokens", "Drafted tokens the target accepted",
+                              value=spec.accepted)
+    yield CounterMetricFamily("ridgeline_spec_decode_verify_steps", "Sequence-steps that verified drafts",
+                              value=spec.steps)
+    yield CounterMetricFamily("ridgeline_spec_decode_draft_seconds", "Time spent drafting", value=spec.draft_time)
+    for name, values, doc in (("accepted_by_position", spec.accepted_at, "Drafted tokens accepted, by draft position"),
+                              ("drafted_by_position", spec.proposed_at, "Drafted tokens verified, by draft position")):
+        fam = CounterMetricFamily(f"ridgeline_spec_decode_{name}", doc, labels=["position"])
+        for j, n in enumerate(values):
+            fam.add_metric([str(j)], n)
+        yield fam

@@ -1,13 +1,20 @@
 """Proposers: guess the next k tokens of decoding requests; the target verifies them all in one
 step (ridgeline/runner/step_sampler.py), so a right guess saves a step and a wrong one costs only
-the extra rows. A registry, keyed by name (SpeculativeConfig.method), of classes with one method."""
+the extra rows. A registry, keyed by name (SpeculativeConfig.method), of classes with one method.
+
+A proposal is either plain token ids (a deterministic guess: kept while it equals what the target
+samples) or a `Draft`: tokens sampled from a draft distribution q, given with q itself, so that
+verification can accept each with probability min(1, p/q) and resample from max(p - q, 0) on the
+first rejection. Either way the output follows the target's distribution exactly."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
+from ridgeline.sampling_params import SamplingParams
 
 PROPOSERS: dict[str, type[Proposer]] = {}
 
@@ -25,6 +32,35 @@ class ProposalRequest:
     req_id: str
     token_ids: Sequence[int]  # prompt + output so far (read-only)
     k: int  # propose at most this many tokens
+    params: SamplingParams | None = None  # the request's: a sampling draft applies the same processing
+    seed: int | None = None  # the request's seed (None: unseeded); a seeded draft draws reproducibly from it
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class Draft:
+    """Proposed tokens sampled from a draft distribution q, and q: for proposed token j, probs[j]
+    over ids[j] (the tokens the draft could have drawn; q is 0 elsewhere) or, with ids None, probs[j]
+    over the whole vocabulary. Tensors: probs [n, m] float32 (rows sum to 1), ids [n, m] int64, with
+    n >= len(token_ids). Each token must have been drawn from its row (q(token) > 0). Only the rows
+    verified this step are held, so memory stays bounded by the step."""
+    token_ids: list[int]
+    probs: Any = None
+    ids: Any = None
+
+    def q_at(self, tokens) -> Any:
+        """tokens [k] int64 tensor (k <= rows) -> [k] float32: q_j(tokens[j])."""
+        k = len(tokens)
+        if self.ids is None:
+            return self.probs[:k].gather(1, tokens[:, None])[:, 0]
+        return (self.probs[:k] * (self.ids[:k] == tokens[:, None])).sum(-1)
+
+    def subtract_row(self, j: int, w) -> None:
+        """w [V] -= q_j, in place."""
+        if self.ids is None:
+            w.sub_(self.probs[j])
+        else:
+            w.index_add_(0, self.ids[j], -self.probs[j])
 
 
 class Proposer:
@@ -34,20 +70,26 @@ class Proposer:
         self.config = config
         self.vocab_size = vocab_size
 
-    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
-        """Up to r.k token ids for each request (fewer, or none, is fine)."""
+    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
+        """Up to r.k token ids for each request (fewer, or none, is fine), or a Draft with them."""
         raise NotImplementedError
 
     def forget(self, req_ids: Sequence[str]) -> None:
         """These requests finished or were aborted: drop any state kept for them."""
 
 
-def create_proposer(config: SpeculativeConfig, vocab_size: int) -> Proposer | None:
+def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = None) -> Proposer | None:
+    """target: what a proposer that runs a model needs of the target engine (spec.draft_load.DraftTarget);
+    handed only to classes that set `needs_target`."""
     if config.method is None:
         return None
     import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
+    if config.method == "draft":
+        import ridgeline.spec.draft  # noqa: F401  (loads torch-side modules only when asked for)
     cls = PROPOSERS.get(config.method)
     if cls is None:
         raise InvalidRequestError(f"unknown speculative method {config.method!r}; known: "
-                                  f"{', '.join(sorted(PROPOSERS)) or 'none'}", "speculative_method")
+                                  f"{', '.join(sorted({*PROPOSERS, 'draft'}))}", "speculative_method")
+    if getattr(cls, "needs_target", False):
+        return cls(config, vocab_size, target)
     return cls(config, vocab_size)

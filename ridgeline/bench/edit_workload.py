@@ -1,0 +1,35 @@
+"""The code-editing workload: "rewrite this text with one change". The reply repeats the prompt's
+text almost word for word, as edits of code or documents do, which is where drafting from the
+prompt (n-gram lookup) pays. Built from the shipped corpus, deterministic per (seed, request)."""
+from __future__ import annotations
+
+import random
+import re
+
+from ridgeline.bench import corpus
+from ridgeline.bench.workloads import _encoder
+
+_INSTRUCTIONS = [
+    'Rewrite the text below exactly as it is, but replace the word "{old}" with "{new}" everywhere. '
+    "Reply with the rewritten text only.\n\n{text}",
+    'Here is a paragraph from our documentation:\n\n{text}\n\nCopy it back with one change: every "{old}" '
+    'becomes "{new}". Change nothing else.',
+    'Edit this text: change "{old}" to "{new}" and keep every other word the same.\n\n{text}',
+]
+_NEW_WORDS = ["banana", "window", "engine", "planet", "marble", "violin", "lantern", "harbor", "pencil", "garden"]
+_WORD = re.compile(r"\b[a-z]{5,}\b")
+
+
+def code_edit_workload(tokenizer, num_requests: int, seed: int = 0) -> list[list[int]]:
+    """num_requests chat prompts (token ids): a corpus passage and the edit of one of its words."""
+    encode = _encoder(tokenizer)
+    prompts = []
+    for i in range(num_requests):
+        rng = random.Random(f"code-edit/{seed}/{i}")
+        _, text = corpus.PASSAGES[rng.randrange(len(corpus.PASSAGES))]
+        words = sorted(set(_WORD.findall(text)))
+        old = rng.choice(words)
+        new = rng.choice([w for w in _NEW_WORDS if w != old])
+        body = rng.choice(_INSTRUCTIONS).format(old=old, new=new, text=text)
+        prompts.append(encode([{"role": "user", "content": body}]))
+    return prompts

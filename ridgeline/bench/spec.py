@@ -1,0 +1,144 @@
+"""`ridgeline bench spec`: speculative decoding against no speculation, measured in the same run.
+
+For each workload (code-edit: the reply repeats the prompt; chat) and batch size, the same prompts
+run greedy through one engine per proposer: with speculation off (k = 0), with k pinned at each --k,
+and with the goodput controller (k up to the largest --k). Settings alternate within each repeat
+(the order rotates between repeats); medians over --repeats are reported, and the speed-up is the
+median of each repeat's ratio to that repeat's plain run. Greedy output is the same in every
+setting (checked), so every setting produces the same tokens. Beside each measured speed-up: the
+model E / (1 + c k), with E = (1 - a^(k+1)) / (1 - a) from the measured acceptance a, k the mean
+drafts per verification, and c the measured extra cost of a decode step per drafted token (step
+time with drafts / without - 1, over k).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ridgeline.bench.report import write_json
+from ridgeline.bench.spec_runs import Setting, summarize, timed_run
+from ridgeline.bench.throughput import dtype_name
+from ridgeline.bench.workloads import make_workload
+from ridgeline.cli_parser import output_file, positive_int
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_engines(args: argparse.Namespace) -> dict:
+    from ridgeline.cli import engine_kwargs
+    from ridgeline.entrypoints.llm import LLM
+    engines = {}
+    for method in args.methods:
+        kw = {**engine_kwargs(args), "speculative_method": method, "num_speculative_tokens": max(args.k),
+              "speculative_controller": "on"}
+        if method != "draft":
+            kw["draft_model"] = None
+        if kw.get("kv_cache_memory") is None:
+            kw["kv_cache_memory"] = "1GiB"  # several engines share the machine
+        engines[method] = llm = LLM(args.model, **kw)
+        print(llm.info.summary(), file=sys.stderr)
+    return engines
+
+
+def settings_for(method: str, ks: list[int], controller: bool) -> list[Setting]:
+    out = [Setting(method, 0)] + [Setting(method, k) for k in ks]
+    return out + ([Setting(method, max(ks), True)] if controller else [])
+
+
+def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
+    rows = []
+    tok = next(iter(engines.values())).tokenizer
+    for workload in args.workloads:
+        prompts = make_workload(workload, tok, max(args.batch_sizes), seed=args.workload_seed)
+        for llm in engines.values():  # warm-up: kernels, and the controller's first measurements
+            for s in settings_for(llm.engine.spec.config.method, args.k, args.controller):
+                timed_run(llm, prompts[:2], s, 16, args.ignore_eos)
+        for B in args.batch_sizes:
+            for method, llm in engines.items():
+                settings = settings_for(method, args.k, args.controller)
+                runs = {s: [] for s in settings}
+                for rep in range(args.repeats):
+                    order = settings[rep % len(settings):] + settings[:rep % len(settings)]
+                    for s in order:
+                        runs[s].append(timed_run(llm, prompts[:B], s, args.output_len, args.ignore_eos))
+                plain = runs[settings[0]]
+                for s in settings:
+                    row = {"workload": workload, "batch": B, **summarize(s, runs[s], plain)}
+                    rows.append(row)
+                    print_row(row)
+    return rows
+
+
+def print_header() -> None:
+    head = (f"{'workload':<10}{'batch':>6}  {'setting':<16}{'tok/s':>8}{'decode':>8}{'speed-up':>9}"
+            f"{'accept':>8}{'len':>6}{'drafted':>9}{'draft ms':>9}{'c':>7}{'E':>6}{'model':>7}  same")
+    print(head)
+    print("-" * len(head))
+
+
+def print_row(r: dict) -> None:
+    extra = (f"{r['acceptance']:>8.2f}{r['mean_accepted_length']:>6.2f}{r['drafted']:>9}{r['draft_ms']:>9.1f}"
+             f"{r['c']:>7.3f}{r['E']:>6.2f}{r['model_speedup']:>6.2f}x" if "c" in r else " " * 53)
+    print(f"{r['workload']:<10}{r['batch']:>6}  {r['setting']:<16}{r['tok_s']:>8.1f}{r['decode_tok_s']:>8.1f}"
+          f"{r['speedup']:>8.2f}x{extra}  {'yes' if r['same_output'] else 'NO'}", flush=True)
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    from ridgeline.bench.report import describe_machine, machine_info
+    wall0 = time.perf_counter()
+    machine = machine_info()
+    print(describe_machine(machine), file=sys.stderr)
+    engines = build_engines(args)
+    info = next(iter(engines.values())).info
+    print(f"\nSpeculative decoding: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
+          f"{machine['torch_threads']} threads; greedy, up to {args.output_len} tokens per request, "
+          f"median of {args.repeats}; speed-up in decode tok/s vs speculation off, same engine, same run")
+    print_header()
+    rows = sweep(args, engines)
+    wall = time.perf_counter() - wall0
+    print(f"bench wall time {wall:.0f}s")
+    if args.plot:
+        from ridgeline.bench.spec_plot import plot_speedup
+        plot_speedup(rows, args.plot, f"{args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        write_json(args.json, {"command": "spec", "machine": machine, "model": args.model,
+                               "dtype": dtype_name(info.dtype), "output_len": args.output_len,
+                               "repeats": args.repeats, "rows": rows, "wall_s": wall})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def add_spec_parser(bsub) -> argparse.ArgumentParser:
+    p = bsub.add_parser("spec", help="speculative decoding vs none: batch size x proposer x k, with the model",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", type=_names, default=["ngram"], metavar="M[,M...]",
+                   help="proposers to compare (registered names)")
+    p.add_argument("--k", type=_ints, default=[2, 4], metavar="K[,K...]", help="draft lengths to pin")
+    p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], metavar="B[,B...]",
+                   help="requests decoding together")
+    p.add_argument("--workloads", type=_names, default=["code-edit", "chat"], metavar="W[,W...]",
+                   help="code-edit (the reply repeats the prompt), chat, or any bench workload")
+    p.add_argument("--no-controller", dest="controller", action="store_false",
+                   help="skip the runs with the goodput controller")
+    p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="most tokens per request")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
+    p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
+    p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
+    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of speed-up vs batch size (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE (default: none)")
+    p.set_defaults(func=cmd_spec)
+    return p

@@ -1,0 +1,148 @@
+"""Goodput controller: how many tokens to draft for each decoding request this step (0 = none).
+
+A request whose drafts are accepted with probability alpha gains alpha^j expected tokens from its
+j-th drafted token (kept only if every one before it is), and each drafted token adds a row to the
+step. Whether a row pays depends on where the step sits on the roofline: at batch 1 a step reads the
+weights once whatever its rows, near the ridge each row costs its share of the compute. So the
+controller measures it: `StepCost` keeps the time of decode steps by their row count, and a step's
+drafts are the rows whose expected tokens per second beat plain decoding (B tokens in t(B)) by a
+margin, best first. Unmeasured row counts are priced pessimistically (time proportional to rows past
+the largest measured), so speculation starts only after a probe has measured a larger step. A probe
+adds a quarter more rows than the best choice, only while that reaches past what is measured, and
+only while its budget lasts: 1% of measured step time accrues to it, and each probe spends what it
+actually cost over the choice it replaced. Where extra rows are cheap (batch 1) probes run step
+after step until k is reached; where they are dear, a probe waits until 1% of the time has paid for
+it. The costs are convex in rows (flat, then linear), so once the best choice lies inside the
+measured range, probing stops.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+
+class StepCost:
+    """Seconds per step vs rows (tokens computed): an exponential moving average per bucket of row
+    counts (geometric, `ratio` apart), read through a running maximum so that more rows never look
+    cheaper, interpolated linearly between buckets."""
+
+    def __init__(self, ratio: float = 1.2, weight: float = 0.25):
+        self.log_ratio = math.log(ratio)
+        self.weight = weight
+        self.buckets: dict[int, list[float]] = {}  # bucket -> [mean rows, mean seconds]
+        self._curve: tuple[list[float], list[float]] | None = None
+
+    def observe(self, rows: int, seconds: float) -> None:
+        key = round(math.log(rows) / self.log_ratio)
+        b = self.buckets.get(key)
+        if b is None:
+            self.buckets[key] = [float(rows), seconds]
+        else:
+            b[0] += self.weight * (rows - b[0])
+            b[1] += self.weight * (seconds - b[1])
+        self._curve = None
+
+    @property
+    def max_rows(self) -> float:
+        return max((b[0] for b in self.buckets.values()), default=0.0)
+
+    def curve(self) -> tuple[list[float], list[float]]:
+        """(rows ascending, seconds): the buckets, seconds made non-decreasing in rows."""
+        if self._curve is None:
+            rows, secs, top = [], [], 0.0
+            for r, s in sorted(self.buckets.values()):
+                top = max(top, s)
+                rows.append(r)
+                secs.append(top)
+            self._curve = rows, secs
+        return self._curve
+
+    def predict(self, rows: float) -> float | None:
+        xs, ys = self.curve()
+        if not xs:
+            return None
+        i = bisect.bisect_left(xs, rows)
+        if i == 0:
+            return ys[0]
+        if i == len(xs):
+            return ys[-1] * rows / xs[-1]  # past the data: as if every row cost its share (compute-bound)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+class SpecController:
+    """Decides k per request per step from StepCost, the drafts' cost and each request's acceptance."""
+
+    def __init__(self, max_k: int, min_gain: float = 1.05, probe_budget: float = 0.01, probe_frac: float = 0.25,
+                 prior: float = 0.6, alpha_weight: float = 0.3):
+        self.max_k = max_k
+        self.min_gain = min_gain  # predicted goodput must beat plain decoding by this factor
+        self.probe_budget, self.probe_frac = probe_budget, probe_frac
+        self.alpha_weight = alpha_weight
+        self.cost = StepCost()
+        self.prior = prior  # acceptance of requests not yet measured: the running mean over all requests
+        self.alpha: dict[str, float] = {}
+        self.draft_pass = 0.0  # seconds the proposer takes per drafted position (one token for each request)
+        self.budget = 0.0  # seconds probes may still cost over the choices they replaced
+        self._probe_base: float | None = None  # predicted seconds of the choice the last probe replaced
+
+    # ---- measurements --------------------------------------------------------------------------
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A step in which every scheduled sequence was a decode (with or without drafts)."""
+        self.cost.observe(rows, seconds)
+        self.budget += self.probe_budget * seconds
+        if self._probe_base is not None:
+            self.budget -= max(0.0, seconds - self._probe_base)
+            self._probe_base = None
+        self.budget = min(self.budget, seconds)
+
+    def observe_draft(self, positions: int, seconds: float) -> None:
+        """The proposer drafted up to `positions` tokens per request in `seconds`."""
+        if positions > 0:
+            self.draft_pass += 0.25 * (seconds / positions - self.draft_pass)
+
+    def observe_acceptance(self, req_id: str, proposed: int, accepted: int) -> None:
+        if proposed:
+            rate = accepted / proposed
+            a = self.alpha.get(req_id, self.prior)
+            self.alpha[req_id] = a + self.alpha_weight * (rate - a)
+            self.prior += 0.05 * (rate - self.prior)
+
+    def forget(self, req_ids) -> None:
+        for rid in req_ids:
+            self.alpha.pop(rid, None)
+
+    # ---- the decision ----------------------------------------------------------------------------
+    def choose(self, req_ids: list[str], caps: list[int], base_rows: int) -> list[int]:
+        """k for each decoding request (at most caps[i]) in a step of base_rows rows without drafts."""
+        self._probe_base = None
+        ks = [0] * len(req_ids)
+        t0 = self.cost.predict(base_rows)
+        if t0 is None or not req_ids:
+            return ks
+        alphas = [min(self.alpha.get(r, self.prior), 0.99) for r in req_ids]
+        cands = sorted(((alphas[i] ** j, -j, i) for i, c in enumerate(caps) for j in range(1, c + 1)),
+                       reverse=True)
+        n = self._best(cands, len(req_ids), base_rows, t0)
+        step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
+        if self.budget > 0 and n < len(cands) and base_rows + n + step > self.cost.max_rows:
+            self._probe_base = self.cost.predict(base_rows + n)
+            n = min(len(cands), n + step)  # measure a step a little past the largest measured
+        for _, _, i in cands[:n]:
+            ks[i] += 1
+        return ks
+
+    def _best(self, cands: list[tuple[float, int, int]], B: int, base_rows: int, t0: float) -> int:
+        """How many of the candidates (best first) maximise expected tokens per second; 0 unless that
+        beats plain decoding by min_gain."""
+        best_n, best_rate = 0, B / t0
+        gained, kmax, counts = 0.0, 0, [0] * B
+        for n, (g, _, i) in enumerate(cands, 1):
+            gained += g
+            counts[i] += 1
+            kmax = max(kmax, counts[i])
+            rate = (B + gained) / (self.cost.predict(base_rows + n) + self.draft_pass * kmax)
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+            elif rate < 0.8 * best_rate:
+                break  # tokens grow ever slower, costs ever faster: no better choice further on
+        return best_n if best_rate >= self.min_gain * B / t0 else 0

@@ -1,0 +1,103 @@
+"""The `draft` proposer: a smaller model (or the target's own weights, quantized) drafts k tokens
+greedily for every decoding request, in k forward passes over the whole batch, with its own paged
+KV cache and runner in the target's process.
+
+Per request it remembers the tokens whose KV it holds (`fed`). Before drafting, that list is cut to
+its common prefix with the request's tokens (the target rejected what follows, or the request was
+preempted and resumed: its tokens stay the same), the tail blocks are released, and the first pass
+feeds what is missing (the prompt, or the target's last accepted and sampled tokens) and yields the
+first draft token; each further pass feeds the previous draft token. The drafts are plain token ids
+(the draft's argmax): a deterministic guess, so verification keeps them while they equal what the
+target samples and the output follows the target's distribution for greedy and random requests.
+A request whose blocks do not fit the draft's cache gets no draft this step, never an error."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ridgeline.engine.kv_manager import KVCacheManager
+from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
+from ridgeline.runner.model_runner import ModelRunner
+from ridgeline.sampling_params import SamplingParams
+from ridgeline.spec.draft_load import DraftTarget, load_draft_model
+from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.step_plan import ScheduledSeq, StepPlan
+
+_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
+
+
+@register_proposer("draft")
+class DraftProposer(Proposer):
+    needs_target = True
+
+    def __init__(self, config, vocab_size: int, target: DraftTarget):
+        super().__init__(config, vocab_size)
+        arch, model = load_draft_model(config, target, vocab_size)
+        self.model = model
+        kv_spec = KVCacheSpec(KV_FORMATS[target.kv_format], arch.num_layers, arch.num_kv_heads, arch.head_dim,
+                              target.block_size)
+        self.kv = KVCacheManager(target.num_blocks, target.block_size)
+        self.runner = ModelRunner(model, arch, target.device, kv_spec, target.num_blocks, list(target.eos_ids))
+        self.fed: dict[str, list[int]] = {}  # request id -> tokens whose KV the draft holds, in order
+
+    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in requests]
+        seqs, owners = [], []
+        for i, r in enumerate(requests):
+            seq = self._first_pass(r)
+            if seq is not None:
+                seqs.append(seq)
+                owners.append(i)
+        seqs, owners = _decodes_first(seqs, owners)
+        for _ in range(max((requests[i].k for i in owners), default=0)):
+            if not seqs:
+                break
+            sampled = self.runner.execute(StepPlan(seqs)).sampled
+            nxt, nxt_owners = [], []
+            for seq, i, s in zip(seqs, owners, sampled):
+                token = s.token_ids[0]
+                out[i].append(token)
+                fed = self.fed[seq.req_id]
+                fed.extend(seq.token_ids)
+                if len(out[i]) < requests[i].k:  # feed this draft token next (its slot is allocated)
+                    nxt.append(ScheduledSeq(seq.req_id, len(fed), [token], list(self.kv.tables[seq.req_id]), True,
+                                            _GREEDY, None, None, 0))
+                    nxt_owners.append(i)
+            seqs, owners = _decodes_first(nxt, nxt_owners)
+        return out
+
+    def _first_pass(self, r: ProposalRequest) -> ScheduledSeq | None:
+        """The request's tokens the draft has not computed, ending in its last one; None if its blocks
+        (every token, plus k - 1 draft tokens) do not fit."""
+        tokens = r.token_ids
+        fed = self.fed.setdefault(r.req_id, [])
+        # a request's tokens only grow, and fed departs from them only by the draft tokens of the last
+        # step past the first (fewer than k <= 64): only that tail needs comparing
+        keep = min(_common_prefix(fed, tokens, max(0, len(fed) - 65)), len(tokens) - 1)  # the last is fed again
+        del fed[keep:]
+        self.kv.shrink(r.req_id, keep)
+        if not self.kv.allocate(r.req_id, len(tokens) + r.k - 1):
+            self.forget([r.req_id])
+            return None
+        return ScheduledSeq(r.req_id, keep, list(tokens[keep:]), list(self.kv.tables[r.req_id]), True, _GREEDY,
+                            None, None, 0)
+
+    def forget(self, req_ids: Sequence[str]) -> None:
+        for rid in req_ids:
+            self.fed.pop(rid, None)
+            self.kv.free(rid)
+        self.runner.sample.forget(list(req_ids))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the common prefix of a and b, given that their first `start` items are equal."""
+    n = min(len(a), len(b))
+    i = min(start, n)
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _decodes_first(seqs: list[ScheduledSeq], owners: list[int]) -> tuple[list[ScheduledSeq], list[int]]:
+    """The runner takes one-token sequences before longer ones (already so after the first pass)."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new != 1)
+    return [seqs[i] for i in order], [owners[i] for i in order]

@@ -1,0 +1,67 @@
+"""`ridgeline bench spec` on a tiny random model: the code-editing workload, the sweep's rows, the
+model beside them and the plot (no timing asserts)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ridgeline.bench.spec_runs import expected_tokens
+from ridgeline.bench.workloads import make_workload
+from ridgeline.cli import main
+from ridgeline.weights.tokenizer import Tokenizer
+
+@pytest.fixture(scope="module")
+def long_llama(tmp_path_factory):
+    """The tiny llama with room for the code-editing prompts (a passage in bytes)."""
+    from conftest import make_tiny_model
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-long"), "llama", max_position_embeddings=2048)
+
+
+ENGINE = ["--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-num-batched-tokens", "512"]
+
+
+def test_code_edit_workload_is_deterministic_and_asks_to_repeat_a_passage(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    a = make_workload("code-edit", tok, 6, seed=1)
+    assert a == make_workload("code-edit", tok, 6, seed=1)
+    assert make_workload("code-edit", tok, 3, seed=1) == a[:3]  # request i does not depend on the count
+    assert make_workload("code-edit", tok, 6, seed=2) != a
+    text = tok.decode(a[0], skip_special_tokens=False)
+    assert "change" in text.lower() and len(a[0]) > 100
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1
+    assert expected_tokens(1.0, 4) == 5
+    assert math.isclose(expected_tokens(0.5, 2), 1 + 0.5 + 0.25)
+
+
+def test_bench_spec_rows_model_and_plot(long_llama, tmp_path, capsys):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    assert main(["bench", "spec", "--model", str(long_llama), *ENGINE, "--batch-sizes", "1,2", "--k", "2,3",
+                 "--output-len", "12", "--ignore-eos", "--repeats", "2", "--json", str(out),
+                 "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "speed-up" in printed and " NO" not in printed
+    r = json.loads(out.read_text())
+    rows = r["rows"]
+    settings = ["off", "ngram k=2", "ngram k=3", "ngram ctrl<=3"]
+    assert [(x["workload"], x["batch"], x["setting"]) for x in rows] == [
+        (w, b, s) for w in ("code-edit", "chat") for b in (1, 2) for s in settings]
+    for x in rows:
+        assert x["same_output"]  # greedy: every setting emits the same tokens
+        assert x["decode_tok_s"] > 0 and len(x["all_decode_tok_s"]) == 2
+        if x["k"] == 0:
+            assert x["speedup"] == pytest.approx(1.0)
+        if "c" in x:
+            assert 0 <= x["acceptance"] <= 1 and x["drafted"] >= x["accepted"]
+            assert math.isclose(x["E"], expected_tokens(x["acceptance"], x["k_mean"]))
+            assert math.isclose(x["model_speedup"], x["E"] / (1 + x["c"] * x["k_mean"]))
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_spec_rejects_bad_lists(tiny_llama):
+    with pytest.raises(SystemExit):
+        main(["bench", "spec", "--model", str(tiny_llama), "--k", "0"])

@@ -1,0 +1,75 @@
+"""The `draft` proposer: a second model (or the target's own weights, quantized) drafts with its own
+paged KV cache. Greedy output is token for token the plain engine's through chunked prefill,
+prefix caching and forced preemption, the draft's KV books balance, and a draft that cannot stand in
+for the target is an error at start-up."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import VOCAB, make_tiny_model
+from ridgeline import LLM, SamplingParams
+from ridgeline.errors import InvalidRequestError
+from test_multi_token_steps import OPTS, _params, _run
+
+BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """Another model with the tiny llama's tokenizer: one layer, other weights."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-draft"), "llama", seed=1, num_hidden_layers=1)
+
+
+CASES = [("other", o) for o in OPTS] + [("self", "chunked"), ("self-int4", "preempt")]
+
+
+@pytest.mark.parametrize("draft,opts", CASES, ids=[f"{d}-{o}" for d, o in CASES])
+def test_greedy_output_is_the_plain_engines(tiny_llama, other_draft, draft, opts):
+    kw = {**BASE, **OPTS[opts]}
+    params = _params()
+    plain = _run(LLM(str(tiny_llama), **kw), params)
+    model = str(other_draft) if draft == "other" else "self"
+    llm = LLM(str(tiny_llama), speculative_method="draft", draft_model=model, num_speculative_tokens=3,
+              draft_quantization="int4" if draft == "self-int4" else "none", speculative_controller="off", **kw)
+    assert "draft model" in llm.info.summary()
+    assert _run(llm, params) == plain
+    stats = llm.engine.spec_stats
+    assert stats.proposed > 0
+    if draft == "self":  # the target's own weights: (nearly) every draft is the target's choice
+        assert stats.accepted >= 0.9 * stats.proposed
+    if opts == "preempt":
+        assert llm.engine.scheduler.num_preemptions > 0
+    if llm.engine.kv.caching:  # again, now from the prefix cache: the draft catches up on its own
+        assert _run(llm, params) == plain
+    llm.engine.step()  # per-request state of finished requests goes at the next step, the draft's blocks too
+    proposer = llm.engine.proposer
+    assert not proposer.fed and proposer.kv.num_free_blocks == proposer.kv.num_usable_blocks
+    proposer.kv.check_integrity()
+
+
+def test_sampled_requests_stay_seeded_and_reproducible(tiny_llama):
+    kw = dict(BASE, speculative_method="draft", draft_model="self", draft_quantization="int8",
+              speculative_controller="off")
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=24, seed=7, ignore_eos=True)
+    prompts = ["abc abc abc", "one two three"]
+    runs = []
+    for _ in range(2):
+        llm = LLM(str(tiny_llama), **kw)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+        assert llm.engine.spec_stats.accepted > 0
+    assert runs[0] == runs[1] and all(len(t) == 24 for t in runs[0])
+
+
+def test_bad_draft_configuration_is_a_start_up_error(tiny_llama, tmp_path):
+    wide = make_tiny_model(tmp_path / "wide", "llama", vocab_size=VOCAB + 16)
+    with pytest.raises(InvalidRequestError, match="vocabulary"):
+        LLM(str(tiny_llama), speculative_method="draft", draft_model=str(wide), **BASE)
+    short = make_tiny_model(tmp_path / "short", "llama", max_position_embeddings=128)
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        LLM(str(tiny_llama), speculative_method="draft", draft_model=str(short), **BASE)
+    with pytest.raises(InvalidRequestError, match="needs draft_model"):
+        LLM(str(tiny_llama), speculative_method="draft", **BASE)
+    with pytest.raises(InvalidRequestError, match="needs draft_model"):
+        LLM(str(tiny_llama), speculative_method="ngram", draft_model="self", **BASE)
+    with pytest.raises(InvalidRequestError, match="draft_quantization"):
+        LLM(str(tiny_llama), speculative_method="draft", draft_model="self", draft_quantization="int3", **BASE)

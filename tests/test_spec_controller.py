@@ -1,0 +1,136 @@
+"""The goodput controller against synthetic step costs: it drafts where extra rows are nearly free
+(bandwidth-bound), turns speculation off where each row costs its share (compute-bound) or where
+drafts are rarely accepted, and its probing stays within its budget."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ridgeline.spec.controller import SpecController, StepCost
+
+
+def test_step_cost_interpolates_never_falls_and_prices_the_unmeasured_pessimistically():
+    c = StepCost()
+    assert c.predict(4) is None
+    c.observe(1, 0.010)
+    c.observe(8, 0.012)
+    c.observe(4, 0.013)  # noise: more rows never look cheaper than fewer
+    assert c.predict(1) == pytest.approx(0.010)
+    assert c.predict(0.5) == pytest.approx(0.010)
+    assert c.predict(8) == pytest.approx(0.013)
+    assert 0.010 < c.predict(2) < 0.013
+    assert c.predict(16) == pytest.approx(0.026)  # past the data: proportional to rows
+    c.observe(8, 0.020)  # a moving average per bucket
+    assert 0.013 < c.predict(8) < 0.020
+
+
+def simulate(ctrl: SpecController, cost, batch: int, alpha: float, steps: int = 600, max_k: int = 4, seed: int = 0):
+    """Drive the controller for `steps` steps of `batch` requests whose drafts are each accepted with
+    probability alpha. Returns (tokens per second, tokens per second of plain decoding, k per step)."""
+    rng = random.Random(seed)
+    ids = [f"r{i}" for i in range(batch)]
+    tokens = elapsed = 0.0
+    ks_seen = []
+    for _ in range(steps):
+        ks = ctrl.choose(ids, [max_k] * batch, batch)
+        rows = batch + sum(ks)
+        t = cost(rows)
+        ctrl.observe_step(rows, t)
+        elapsed += t
+        for rid, k in zip(ids, ks):
+            acc = 0
+            while acc < k and rng.random() < alpha:
+                acc += 1
+            ctrl.observe_acceptance(rid, k, acc)
+            tokens += acc + 1
+        ks_seen.append(sum(ks) / batch)
+    return tokens / elapsed, batch / cost(batch), ks_seen
+
+
+def bandwidth_bound(rows):  # weights read once per step: rows nearly free until far past 64
+    return 0.010 + 0.00002 * rows
+
+
+def compute_bound(rows):  # every row costs its share
+    return 0.0004 * rows
+
+
+def roofline(rows):  # flat up to the ridge at 8 rows, then linear
+    return 0.004 * max(1.0, rows / 8)
+
+
+def test_speculates_where_rows_are_nearly_free():
+    rate, plain, ks = simulate(SpecController(4), bandwidth_bound, batch=1, alpha=0.8)
+    assert rate > 2.5 * plain
+    assert sum(k == 4 for k in ks[-100:]) > 95
+
+
+def test_turns_off_where_each_row_costs_its_share():
+    rate, plain, ks = simulate(SpecController(4), compute_bound, batch=64, alpha=0.8)
+    assert rate > 0.99 * plain  # never slower than plain decoding by more than the probes' 1%
+    assert all(k == 0 for k in ks[-100:])
+
+
+def test_turns_off_when_drafts_are_rarely_accepted():
+    rate, plain, ks = simulate(SpecController(4), bandwidth_bound, batch=1, alpha=0.02)
+    assert rate > 0.97 * plain
+    assert sum(k > 0 for k in ks[-200:]) < 10
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 64])
+def test_follows_the_roofline_by_batch_size(batch):
+    rate, plain, ks = simulate(SpecController(4), roofline, batch=batch, alpha=0.7)
+    assert rate > 0.98 * plain
+    if batch <= 4:
+        assert rate > 1.5 * plain
+    if batch == 64:
+        assert sum(ks[-100:]) == 0
+
+
+def test_draft_cost_counts():
+    """A proposer as slow as a step per drafted position: drafting never pays."""
+    ctrl = SpecController(4)
+    ctrl.observe_draft(4, 4 * bandwidth_bound(1))
+    rate, plain, ks = simulate(ctrl, bandwidth_bound, batch=1, alpha=0.6)
+    assert rate > 0.97 * plain
+
+
+def test_engine_with_the_controller_keeps_greedy_output_and_measures(tiny_llama):
+    """Controller on (the default): whatever k it picks, greedy output is the plain engine's; it has
+    measured decode steps and, where the rows are cheap enough, drafted."""
+    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.sampling_params import SamplingParams
+    kw = dict(dtype="float32", kv_cache_memory="4MiB", progress=False)
+    prompts = ["abc abc abc abc abc abc", "one two one two one two one two", "xyz"]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kw).generate(prompts, params, use_tqdm=False)]
+    llm = LLM(str(tiny_llama), speculative_method="ngram", num_speculative_tokens=4, ngram_min=1, **kw)
+    assert "goodput controller" in llm.info.summary()
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
+    ctrl = llm.engine.spec.controller
+    assert ctrl is not None and ctrl.cost.buckets
+    llm.engine.spec.configure(0, controller=False)  # k = 0: a plain engine
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == plain
+    assert llm.engine.spec.controller is None
+
+
+def test_controller_setting_is_checked():
+    from ridgeline.config import SpeculativeConfig
+    from ridgeline.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="speculative_controller"):
+        SpeculativeConfig(speculative_method="ngram", speculative_controller="maybe")
+
+
+def test_seeded_random_requests_stay_reproducible_under_the_controller(tiny_llama):
+    """The controller's k follows measured time; a seeded random request's draws follow the rows each
+    step verifies: it drafts nothing under the controller (and its output is the plain engine's)."""
+    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.sampling_params import SamplingParams
+    kw = dict(dtype="float32", kv_cache_memory="4MiB", progress=False)
+    prompts = ["abc abc abc abc abc abc", "one two one two one two one two"]
+    seeded = SamplingParams(temperature=0.8, max_tokens=24, seed=3, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kw).generate(prompts, seeded, use_tqdm=False)]
+    llm = LLM(str(tiny_llama), speculative_method="ngram", ngram_min=1, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, seeded, use_tqdm=False)] == plain
+    assert llm.engine.spec_stats.proposed == 0
