@@ -6,6 +6,7 @@ import torch
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.weight_formats import WEIGHT_FORMATS, create_weight_format
+from ridgeline.quant import formats as _quant_formats  # noqa: F401  registers the quantized formats
 from ridgeline.quant import rtn
 from ridgeline.quant.options import format_name
 

@@ -7,7 +7,7 @@ import random
 import re
 
 from ridgeline.bench import corpus
-from ridgeline.bench.workloads import _encoder
+from ridgeline.bench.chat_encode import chat_encoder
 
 _INSTRUCTIONS = [
     'Rewrite the text below exactly as it is, but replace the word "{old}" with "{new}" everywhere. '
@@ -22,7 +22,7 @@ _WORD = re.compile(r"\b[a-z]{5,}\b")
 
 def code_edit_workload(tokenizer, num_requests: int, seed: int = 0) -> list[list[int]]:
     """num_requests chat prompts (token ids): a corpus passage and the edit of one of its words."""
-    encode = _encoder(tokenizer)
+    encode = chat_encoder(tokenizer)
     prompts = []
     for i in range(num_requests):
         rng = random.Random(f"code-edit/{seed}/{i}")

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 
 from ridgeline.bench import corpus
+from ridgeline.bench.chat_encode import chat_encoder
 from ridgeline.errors import InvalidRequestError
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -29,15 +30,6 @@ _TOPIC_ASKS = ["Can you tell me about {t}?", "What should I know about {t}?", "E
                "I'm curious about {t}. Where do I start?"]
 _NAMES = ["Ana", "Ben", "Chiara", "Dmitri", "Emeka", "Fatima", "Grace", "Hiro", "Ines", "Jonas", "Kavya", "Liam",
           "Mei", "Noor", "Oskar", "Priya", "Rafael", "Sofia", "Tomasz", "Yara"]
-
-
-def _encoder(tokenizer) -> Callable[[list[dict]], list[int]]:
-    if hasattr(tokenizer, "encode_chat"):  # ridgeline.weights.tokenizer.Tokenizer
-        return tokenizer.encode_chat
-    # A transformers tokenizer: render, then encode without adding specials twice.
-    return lambda msgs: tokenizer.encode(tokenizer.apply_chat_template(msgs, tokenize=False,
-                                                                       add_generation_prompt=True),
-                                         add_special_tokens=False)
 
 
 class _Filler:
@@ -146,7 +138,7 @@ def chat_workload(tokenizer, num_requests: int, min_len: int = 50, max_len: int 
     template allows (a prompt is never shorter than its chat template around a question)."""
     if not 1 <= min_len <= max_len:
         raise InvalidRequestError(f"prompt lengths: need 1 <= shortest <= longest, got {min_len} and {max_len} tokens")
-    encode = _encoder(tokenizer)
+    encode = chat_encoder(tokenizer)
     prompts, seen = [], set()
     for i in range(num_requests):
         for attempt in range(8):  # redraw duplicates (request i depends only on requests before it)
@@ -171,7 +163,7 @@ def shared_prefix_workload(tokenizer, num_requests: int, prefix_len: int = 1024,
     """A common system prompt of at most about prefix_len tokens (the support handbook, paragraph by
     paragraph, then background passages if more is needed), followed by a short, unique customer
     question per request."""
-    encode = _encoder(tokenizer)
+    encode = chat_encoder(tokenizer)
     background = [f"Background reading:\n\n{corpus.PASSAGES[0][1]}"] + [p for _, p in corpus.PASSAGES[1:]]
     paragraphs = [corpus.HANDBOOK_TITLE, *corpus.HANDBOOK, *background * 20]
 
@@ -200,7 +192,7 @@ def multi_turn_workload(tokenizer, num_requests: int, turns: int = 8, concurrent
     if turns < 1 or concurrent < 1 or not 1 <= reply_words[0] <= reply_words[1]:
         raise InvalidRequestError(f"need turns, concurrent >= 1 and 1 <= reply_words, got {turns}, {concurrent}, "
                                   f"{reply_words}")
-    encode = _encoder(tokenizer)
+    encode = chat_encoder(tokenizer)
     prompts: list[list[int]] = []
     group = 0
     while len(prompts) < num_requests:

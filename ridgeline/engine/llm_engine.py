@@ -57,8 +57,9 @@ class LLMEngine:
             raise InvalidRequestError(f"max_model_len {max_len} exceeds the model's "
                                       f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
         self.max_model_len = max_len
+        dtype_name = str(choice.dtype).removeprefix("torch.")
         try:  # before any weight is read
-            k_fmt, v_fmt = kv_formats(cc.k_dtype, cc.v_dtype, str(choice.dtype).removeprefix("torch."), arch.head_dim)
+            k_fmt, v_fmt = kv_formats(cc.k_dtype, cc.v_dtype, dtype_name, arch.head_dim)
         except ValueError as e:
             raise InvalidRequestError(str(e), "kv_cache_dtype") from None
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
@@ -88,7 +89,8 @@ class LLMEngine:
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,
-                                               kv_format_for(device, choice.dtype), eos, config.progress))
+                                               kv_formats("auto", "auto", dtype_name, arch.head_dim)[0].name, eos,
+                                               config.progress))
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]

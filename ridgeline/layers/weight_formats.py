@@ -9,7 +9,8 @@ one class, bound per engine to its KernelPlan (vLLM calls these linear methods):
     stack_weight(layer)               (C format code, data pointer, scale pointer) for the C decoder
                                       stack, or a sentence saying why the stack cannot run it
 
-Dense fp32 and bf16 (and fp16, GPU only) are the first entries; quantized formats are more.
+Dense fp32 and bf16 (and fp16, GPU only) are the first entries; the quantized ones register from
+ridgeline/quant/formats.py, which models/options.py (where formats are chosen by name) imports.
 """
 from __future__ import annotations
 
@@ -131,5 +132,3 @@ def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: KernelPlan) -> torch.Te
         return F.linear(x, w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
 
-
-from ridgeline.quant import formats as _quant_formats  # noqa: E402,F401  registers int8 and int4 (they subclass the above)

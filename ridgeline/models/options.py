@@ -10,6 +10,7 @@ import torch
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import DENSE, WEIGHT_FORMATS, WeightFormat, create_weight_format
+from ridgeline.quant import formats as _quant_formats  # noqa: F401  registers the quantized formats
 
 
 @dataclass(frozen=True)
