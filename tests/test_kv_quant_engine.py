@@ -128,7 +128,7 @@ def test_ngram_proposals_keep_quantized_output(wide):
     plain = _ids(LLM(str(wide), dtype="float32", kv_cache_memory="4MiB", kv_cache_dtype="int8", progress=False),
                  prompts, params)
     spec = LLM(str(wide), dtype="float32", kv_cache_memory="4MiB", kv_cache_dtype="int8", progress=False,
-               speculative_method="ngram", num_speculative_tokens=3)
+               speculative_method="ngram", num_speculative_tokens=3, speculative_controller="off")
     assert _ids(spec, prompts, params) == plain
     assert spec.engine.spec_stats.proposed > 0
 
