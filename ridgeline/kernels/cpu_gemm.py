@@ -48,14 +48,21 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """x [M, K] (any float dtype; rounded to bf16 for bf16 W) -> [M, N] fp32."""
-        M, K = x.shape
-        if K != self.K:
-            raise ValueError(f"packed matmul: x has {K} columns, W has {self.K}")
-        xf = x.to(torch.float32).contiguous()
-        y = torch.empty(M, self.N, dtype=torch.float32)
-        if M:
-            rc = self._gemm(self.data.data_ptr(), xf.data_ptr(), y.data_ptr(), M, self.N, K,
-                            threads or torch.get_num_threads())
-            if rc:
-                raise RuntimeError(f"packed matmul failed ({rc}): M={M} N={self.N} K={K}")
-        return y
+        return call_matmul(x, self.N, self.K, "packed matmul", threads,
+                           lambda xf, y, M, nt: self._gemm(self.data.data_ptr(), xf.data_ptr(), y.data_ptr(), M,
+                                                           self.N, self.K, nt))
+
+
+def call_matmul(x: torch.Tensor, N: int, K: int, what: str, threads: int | None, gemm) -> torch.Tensor:
+    """What every packed-weight matmul does around its kernel: x [M, K] -> y [M, N] fp32, with
+    gemm(x fp32 contiguous, y, M, threads) -> 0 or an error code."""
+    M, k = x.shape
+    if k != K:
+        raise ValueError(f"{what}: x has {k} columns, W has {K}")
+    xf = x.to(torch.float32).contiguous()
+    y = torch.empty(M, N, dtype=torch.float32)
+    if M:
+        rc = gemm(xf, y, M, threads or torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"{what} failed ({rc}): M={M} N={N} K={K}")
+    return y

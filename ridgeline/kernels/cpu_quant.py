@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ridgeline.kernels import cpu
+from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
@@ -57,16 +58,7 @@ class PackedQuant:
 
     def __call__(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """x [M, K] (any float dtype) -> [M, N] fp32."""
-        M, K = x.shape
-        if K != self.K:
-            raise ValueError(f"quantized matmul: x has {K} columns, W has {self.K}")
-        xf = x.to(torch.float32).contiguous()
-        y = torch.empty(M, self.N, dtype=torch.float32)
-        if M:
-            rc = self._gemm(xf, y, M, threads or torch.get_num_threads())
-            if rc:
-                raise RuntimeError(f"quantized matmul failed ({rc}): M={M} N={self.N} K={K}")
-        return y
+        return call_matmul(x, self.N, self.K, "quantized matmul", threads, self._gemm)
 
 
 class PackedInt8(PackedQuant):
