@@ -8,7 +8,9 @@ where gather + SDPA costs a copy and a large fixed overhead.
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + quantizing KV write).
 gemm_int8.c, gemm_int4.c: weight-only matmul against int8 (per-channel) and group-wise int4 weights,
 packed at load time like gemm_packed.c's. gemm_a8.c: the same weights against activations quantized
-to int8 per row (W8A8, W4A8), with VNNI integer dot products.
+to int8 per row (W8A8, W4A8), with VNNI integer dot products. gemm_fp8.c: fp8 / MXFP8 weights
+converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4 weights by table lookup into int8 lanes
+against int8 activations (VNNI).
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
 """
 from __future__ import annotations
@@ -45,6 +47,10 @@ _SIGNATURES = {
     "ridgeline_pack_w8a8": [_PTR, _PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_w8a8": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_w4a8": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _INT],
+    "ridgeline_fp8_available": [],
+    "ridgeline_fp4_available": [],
+    "ridgeline_gemm_fp8": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT, _INT],
+    "ridgeline_gemm_fp4": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT],
     "ridgeline_stack_fields": [_INT],
     "ridgeline_stack_weight_format": [_I64],
     "ridgeline_stack_kv_format": [_I64],

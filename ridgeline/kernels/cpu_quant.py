@@ -19,9 +19,9 @@ C_INT8 = 3
 C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
 C_W8A8 = 10
 C_W4A8 = 11  # as C_INT4: codes 11..16
-KINDS = ("int8", "int4", "w8a8", "w4a8")
+KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
-         "w4a8": "AVX-512 with AVX512-VNNI"}
+         "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
 
 
 def available(kind: str) -> bool:
@@ -29,7 +29,8 @@ def available(kind: str) -> bool:
     lib = cpu.lib()
     if lib is None:
         return False
-    fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available}.get(
+    fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available,
+          "fp8": lib.ridgeline_fp8_available, "fp4": lib.ridgeline_fp4_available}.get(
         kind, lib.ridgeline_a8_available)
     return bool(fn())
 

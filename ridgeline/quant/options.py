@@ -6,18 +6,25 @@
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
     w8a8   int8's weights, and each linear layer's input quantized to int8 per row (integer dot products)
     w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
+    fp8    E4M3 with a scale per output channel, weight-only (fp8-e5m2, fp8-tensor, fp8-e5m2-tensor: registered
+           formats for layer_formats); an fp8 checkpoint loads into it as it is (quant/fp8_checkpoint.py)
+    mxfp8  E4M3 in blocks of 32 with a power-of-two (E8M0) scale, weight-only
+    mxfp4  E2M1 in blocks of 32, E8M0 scale; each linear's input quantized to int8 per row and block of 32
+    nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
 default model a 4-bit head alone costs ~6% perplexity and a fifth of greedy top-1 agreement, an
 8-bit one almost nothing, for 13% more bytes per token (as llama.cpp keeps its Q4 files' output
-tensor at 6-8 bits). `layer_formats` rules win over both for the layers they match.
+tensor at 6-8 bits); likewise mxfp4 keeps an mxfp8 head and nvfp4 an fp8 one. `layer_formats` rules
+win over both for the layers they match.
 """
 from __future__ import annotations
 
 from ridgeline.errors import InvalidRequestError
 
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4")
+FLOAT_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")  # each the name of its registered format
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32
@@ -42,7 +49,7 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
 
 def format_name(quantization: str, group_size: int | None, symmetric: bool) -> str | None:
     """The weight-format registry name every Linear takes, or None (dense in the engine dtype)."""
-    if quantization in ("int8", "w8a8"):
+    if quantization in ("int8", "w8a8") + FLOAT_FORMATS:
         return quantization
     if quantization in GROUPED:
         group = group_size or DEFAULT_GROUP_SIZE
@@ -50,7 +57,7 @@ def format_name(quantization: str, group_size: int | None, symmetric: bool) -> s
     return None
 
 
-HEADS = {"int4": "int8", "w4a8": "w8a8"}  # the LM head's format where it differs from the other layers'
+HEADS = {"int4": "int8", "w4a8": "w8a8", "mxfp4": "mxfp8", "nvfp4": "fp8"}  # the LM head's format where it differs from the other layers'
 
 
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
