@@ -24,6 +24,7 @@ from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
+from ridgeline.quant import fp8_checkpoint
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
@@ -65,7 +66,11 @@ class LLMEngine:
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
+        default, rules = mc.weight_format or DENSE[choice.dtype], mc.format_rules
+        ckpt = fp8_checkpoint.checkpoint_formats(folder, DENSE[choice.dtype]) if mc.quantization == "none" else None
+        if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
+            default, rules = ckpt[0], rules + ckpt[1]
+        formats = layer_format_rules(rules, default, plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)

@@ -14,6 +14,7 @@ from ridgeline.layers.rotary import Rotary
 from ridgeline.layers.weight_formats import load_rows
 from ridgeline.models.options import BuildOptions
 from ridgeline.models.registry import model_class
+from ridgeline.quant import fp8_checkpoint
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors
 
@@ -43,13 +44,16 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    for name, tensor in iter_tensors(folder):
+    stream = iter_tensors(folder)
+    if fp8_checkpoint.is_fp8_checkpoint(folder):
+        stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
+    for name, tensor in stream:
         target, shard = _map_name(model, name)
         if target is None:
             continue
         owner_name, _, param = target.rpartition(".")
         owner = modules.get(owner_name)
-        if owner is None or not _known(owner, param):
+        if owner is None or not (_known(owner, param) or _extra(owner, param)):
             continue
         tensor = model.transform_weight(name, tensor)
         try:
@@ -70,6 +74,18 @@ def load_weights(model: nn.Module, folder: Path) -> None:
 
 def _known(owner: nn.Module, param: str) -> bool:
     return isinstance(getattr(owner, param, None), nn.Parameter)
+
+
+def _extra(owner: nn.Module, param: str) -> bool:
+    """A checkpoint tensor the Linear's format takes besides its parameters (an fp8 checkpoint's scales)."""
+    return isinstance(owner, Linear) and param in getattr(owner.format, "extra_tensors", ())
+
+
+def _keeps_fp8(model: nn.Module, modules: dict, name: str, dtype: torch.dtype) -> bool:
+    """Whether the Linear that checkpoint weight `name` loads into takes its fp8 values as they are."""
+    target, _ = _map_name(model, name)
+    owner = modules.get((target or "").rpartition(".")[0])
+    return isinstance(owner, Linear) and getattr(owner.format, "keeps", lambda d: False)(dtype)
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
