@@ -1,5 +1,5 @@
 """Micro-benchmark of the weight matmuls: bf16 packed (gemm_packed.c) vs int8 and int4 (gemm_int8.c,
-gemm_int4.c) and w8a8 / w4a8 (gemm_a8.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o,
+gemm_int4.c), w8a8 / w4a8 (gemm_a8.c), fp8 / mxfp8 (gemm_fp8.c) and mxfp4 / nvfp4 (gemm_fp4.c) on SmolLM2-135M's layer matrices (30 layers x qkv, o,
 gate_up, down, plus the LM head), random weights, cycled so they come from memory as in decode.
 Interleaved rounds, best of each.
 
@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ridgeline.kernels import cpu_gemm, cpu_quant  # noqa: E402
-from ridgeline.quant import rtn  # noqa: E402
+from ridgeline.kernels import cpu_fpquant  # noqa: E402
+from ridgeline.quant import fpq, rtn  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LAYERS, HEAD = 30, (49152, 576)
@@ -28,6 +29,9 @@ LAYERS, HEAD = 30, (49152, 576)
 def make(fmt: str, w: torch.Tensor):
     if fmt == "bf16":
         return cpu_gemm.PackedWeight(w.to(torch.bfloat16))
+    if fmt.startswith(("fp8", "mx", "nv")):
+        t = fpq.quantize(w, fmt)
+        return (cpu_fpquant.PackedFp4 if fmt in ("mxfp4", "nvfp4") else cpu_fpquant.PackedFp8)(t)
     if fmt in ("int8", "w8a8"):
         return (cpu_quant.PackedInt8 if fmt == "int8" else cpu_quant.PackedW8A8)(rtn.quantize_int8(w))
     sym = "sym" in fmt

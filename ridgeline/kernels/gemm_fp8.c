@@ -5,9 +5,10 @@
  *   FP8_MX              MXFP8: E4M3 q, blocks of 32 consecutive k share 2^(e - 127), e one E8M0 byte
  *   P[g][k][NC] fp8 bytes (gemm_int8.c's layout, zero past N)
  *   S: per channel [g * NC] fp32, the E4M3 ones times 256 (see below); MX [g][K/32][NC] E8M0 bytes
- * Conversion: an fp8 byte shifted to the top of a 16-bit lane is an fp16 number: E5M2 exactly, E4M3
- * after an arithmetic shift right by one (the sign fills the exponent's top bit, then cleared), which
- * reads the E4M3 value times 2^-8, subnormals included (vcvtph2ps converts fp16 subnormals exactly).
+ * Conversion: an fp8 byte shifted to the top of a 16-bit lane is an fp16 number: E5M2 exactly; E4M3
+ * sign-extended to 16 bits and shifted left by 7 (the sign in bit 15, and in bit 14, which is then
+ * cleared) reads the E4M3 value times 2^-8, subnormals included (vcvtph2ps converts fp16 subnormals
+ * exactly).
  * Per k, each group's 48 weights are converted once and shared by the tile's rows, whose FMAs sum
  * q x over k in order (per block of 32 for MX, folded into the sums in k order); the scale
  * multiplies once. An output's arithmetic is the same whatever the tile or M, so a row's result
@@ -34,9 +35,11 @@ int ridgeline_fp8_available(void) {
 #define FP8_MX_MR 4 /* MX keeps block sums beside the totals */
 
 static inline __attribute__((always_inline)) __m512 fp8_to_ps(const uint8_t *src, const int e5m2) {
-    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src)), 8);
-    if (!e5m2) h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16((short)0xBFFF));
-    return _mm512_cvtph_ps(h);
+    const __m128i b = _mm_loadu_si128((const __m128i *)src);
+    if (e5m2) return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+    /* sign-extended and shifted by 7: the sign lands in bits 15 and 14; bit 14 cleared */
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                            _mm256_set1_epi16((short)0xBFFF)));
 }
 
 /* 16 E8M0 bytes -> 2^(e - 127) * 256 (the E4M3 conversion's 2^-8 undone) */
