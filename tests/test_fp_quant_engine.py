@@ -97,3 +97,11 @@ def test_options_and_cli():
     assert EngineConfig.from_kwargs("m", quantization="fp8").model.format_rules == ()
     with pytest.raises(InvalidRequestError, match="applies to int4 and w4a8 only"):
         EngineConfig.from_kwargs("m", quantization="mxfp4", quant_group_size=32)
+    with pytest.raises(InvalidRequestError, match="quant_symmetric applies to int4 and w4a8 only \\(nvfp4 is"):
+        EngineConfig.from_kwargs("m", quantization="nvfp4", quant_symmetric=True)
+
+
+def test_eval_sweep_names_the_quantizations_it_takes():
+    from ridgeline.eval.sweep import sweep_settings
+    with pytest.raises(InvalidRequestError, match="--sweep takes --quantization none, int8, w8a8, int4, w4a8; got mxfp4"):
+        sweep_settings({"quantization": "mxfp4"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
+from ridgeline.errors import InvalidRequestError
 from ridgeline.eval.harness import Result, Setting
 from ridgeline.quant import options as quant_options
 
@@ -24,7 +25,11 @@ WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
 
 def sweep_settings(options: dict) -> list[Setting]:
     """The sweep's settings for the weight format the options name (int8 when they name none)."""
-    quant = WEIGHTS_ONLY[options.get("quantization") or "none"]
+    asked = options.get("quantization") or "none"
+    if asked not in WEIGHTS_ONLY:
+        raise InvalidRequestError(f"--sweep takes --quantization {', '.join(WEIGHTS_ONLY)}; got {asked} (evaluate "
+                                  "it without --sweep)", "quantization")
+    quant = WEIGHTS_ONLY[asked]
     group, sym = options.get("quant_group_size"), bool(options.get("quant_symmetric"))
     fmt = quant_options.format_name(quant, group, sym)
     head = dict(quant_options.implied_rules(quant)).get("lm_head", fmt)

@@ -42,6 +42,9 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
         if isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES:
             raise InvalidRequestError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
                                       f"got {group_size!r}", "quant_group_size")
+    if symmetric and quantization in FLOAT_FORMATS:
+        raise InvalidRequestError(f"quant_symmetric applies to {' and '.join(GROUPED)} only ({quantization} "
+                                  "is a floating-point format: symmetric, no zero point)", "quant_symmetric")
     if symmetric and quantization == "none":
         raise InvalidRequestError("quant_symmetric needs a quantization (int8 and w8a8 are always symmetric; int4 "
                                   "and w4a8 are asymmetric unless this is set)", "quant_symmetric")
