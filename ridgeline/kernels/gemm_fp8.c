@@ -10,8 +10,8 @@
  * cleared) reads the E4M3 value times 2^-8, subnormals included (vcvtph2ps converts fp16 subnormals
  * exactly).
  * Per k, each group's 48 weights are converted once and shared by the tile's rows, whose FMAs sum
- * q x over k in order (per block of 32 for MX, folded into the sums in k order); the scale
- * multiplies once. An output's arithmetic is the same whatever the tile or M, so a row's result
+ * q x over k in order; the per-channel scale multiplies once, at the end, while MX multiplies each
+ * converted weight by its block's power of two first (exact: the products are the MXFP8 values). An output's arithmetic is the same whatever the tile or M, so a row's result
  * does not depend on the batch it shares. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,8 +31,7 @@ int ridgeline_fp8_available(void) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#define FP8_MR 8    /* rows per tile, per-channel modes */
-#define FP8_MX_MR 4 /* MX keeps block sums beside the totals */
+#define FP8_MR 8 /* rows per tile */
 
 static inline __attribute__((always_inline)) __m512 fp8_to_ps(const uint8_t *src, const int e5m2) {
     const __m128i b = _mm_loadu_si128((const __m128i *)src);
@@ -58,25 +57,21 @@ ukr_fp8(const int mode, const int mr, const int ng, const uint8_t *pw, int64_t g
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     const int64_t bk = mode == FP8_MX ? FP8_BLOCK : kc;
     for (int64_t k0 = 0; k0 < kc; k0 += bk) {
-        __m512 S[FP8_MR][2 * QT_NR];
-        __m512(*sum)[2 * QT_NR] = mode == FP8_MX ? S : acc;
+        __m512 d[2 * QT_NR];
         if (mode == FP8_MX)
-            for (int i = 0; i < mr; i++)
-                for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_ps();
+            for (int v = 0; v < nv; v++)
+                d[v] = e8m0_to_ps((const uint8_t *)s + (v / QT_NR) * ss + k0 / FP8_BLOCK * QT_NC + 16 * (v % QT_NR));
         for (int64_t k = k0; k < k0 + bk; k++) {
             __m512 wv[2 * QT_NR];
-            for (int v = 0; v < nv; v++) wv[v] = fp8_to_ps(pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR), e5m2);
+            for (int v = 0; v < nv; v++) {
+                wv[v] = fp8_to_ps(pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR), e5m2);
+                if (mode == FP8_MX) wv[v] = _mm512_mul_ps(wv[v], d[v]); /* exact: q 4 bits times 2^n */
+            }
             for (int i = 0; i < mr; i++) {
                 const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
-                for (int v = 0; v < nv; v++) sum[i][v] = _mm512_fmadd_ps(xb, wv[v], sum[i][v]);
+                for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
             }
         }
-        if (mode == FP8_MX)
-            for (int v = 0; v < nv; v++) {
-                const __m512 d = e8m0_to_ps((const uint8_t *)s + (v / QT_NR) * ss + k0 / FP8_BLOCK * QT_NC +
-                                            16 * (v % QT_NR));
-                for (int i = 0; i < mr; i++) acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
-            }
     }
     if (mode != FP8_MX && (flags & QT_LAST))
         for (int v = 0; v < nv; v++) {
@@ -97,14 +92,14 @@ typedef void (*ukr_fp8_fn)(const uint8_t *, int64_t, const void *, int64_t, cons
 #define UKR_FP8_CH(MODE) \
     UKR_FP8(MODE, 1, 2) UKR_FP8(MODE, 1, 1) UKR_FP8(MODE, 2, 1) UKR_FP8(MODE, 3, 1) UKR_FP8(MODE, 4, 1) \
     UKR_FP8(MODE, 5, 1) UKR_FP8(MODE, 6, 1) UKR_FP8(MODE, 7, 1) UKR_FP8(MODE, 8, 1)
-UKR_FP8_CH(0) UKR_FP8_CH(1)
-UKR_FP8(2, 1, 2) UKR_FP8(2, 1, 1) UKR_FP8(2, 2, 1) UKR_FP8(2, 3, 1) UKR_FP8(2, 4, 1)
+UKR_FP8_CH(0) UKR_FP8_CH(1) UKR_FP8_CH(2)
 static const ukr_fp8_fn UKRS_FP8[3][FP8_MR + 1] = {
     {0, ukr_fp8_0_1_1, ukr_fp8_0_2_1, ukr_fp8_0_3_1, ukr_fp8_0_4_1, ukr_fp8_0_5_1, ukr_fp8_0_6_1, ukr_fp8_0_7_1,
      ukr_fp8_0_8_1},
     {0, ukr_fp8_1_1_1, ukr_fp8_1_2_1, ukr_fp8_1_3_1, ukr_fp8_1_4_1, ukr_fp8_1_5_1, ukr_fp8_1_6_1, ukr_fp8_1_7_1,
      ukr_fp8_1_8_1},
-    {0, ukr_fp8_2_1_1, ukr_fp8_2_2_1, ukr_fp8_2_3_1, ukr_fp8_2_4_1, 0, 0, 0, 0}};
+    {0, ukr_fp8_2_1_1, ukr_fp8_2_2_1, ukr_fp8_2_3_1, ukr_fp8_2_4_1, ukr_fp8_2_5_1, ukr_fp8_2_6_1, ukr_fp8_2_7_1,
+     ukr_fp8_2_8_1}};
 static const ukr_fp8_fn UKRS_FP8_WIDE[3] = {ukr_fp8_0_1_2, ukr_fp8_1_1_2, ukr_fp8_2_1_2};
 
 typedef struct {
@@ -132,7 +127,7 @@ int ridgeline_gemm_fp8(const uint8_t *p, const void *s, const float *x, float *y
                        int mode, int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (M < 1 || N < 1 || K < 1 || mode < 0 || mode > FP8_MX || (mode == FP8_MX && K % FP8_BLOCK)) return -1;
-    const int64_t mr = mode == FP8_MX ? FP8_MX_MR : FP8_MR;
+    const int64_t mr = FP8_MR;
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 4, mode == FP8_MX ? FP8_BLOCK : 1);
     const int64_t rows = qt_chunk_rows(KC, 4, mr);
     const fp8_args a = {p, s, x, y, N, K, mode};
