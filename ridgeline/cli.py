@@ -41,10 +41,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="engine random seed, used by requests without their own")
-    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "w8a8", "w4a8"],
+    g.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4", "w8a8", "w4a8", "gguf"],
                    help="weights of every linear layer and the LM head, quantized at load (round-to-nearest): "
                         "int8 per output channel; int4 in groups of --quant-group-size; w8a8 and w4a8 the same "
-                        "weights with each layer's input quantized to int8 too (integer dot products)")
+                        "weights with each layer's input quantized to int8 too (integer dot products); gguf keeps "
+                        "a GGUF file's quantized blocks; none dequantizes them to --dtype; auto: gguf for a .gguf "
+                        "model, else none")
     g.add_argument("--quant-group-size", type=int, default=None, choices=[32, 64, 128], metavar="{32,64,128}",
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",

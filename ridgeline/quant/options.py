@@ -6,6 +6,8 @@
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
     w8a8   int8's weights, and each linear layer's input quantized to int8 per row (integer dot products)
     w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
+    gguf   a GGUF model's quantized blocks kept as the file stores them (quant/gguf_formats.py)
+    auto   gguf for a GGUF model, none for anything else (the default)
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from ridgeline.errors import InvalidRequestError
 
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8", "gguf")
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32
@@ -35,9 +37,10 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
         if isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES:
             raise InvalidRequestError(f"quant_group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
                                       f"got {group_size!r}", "quant_group_size")
-    if symmetric and quantization == "none":
+    if symmetric and quantization in ("auto", "none", "gguf"):
         raise InvalidRequestError("quant_symmetric needs a quantization (int8 and w8a8 are always symmetric; int4 "
-                                  "and w4a8 are asymmetric unless this is set)", "quant_symmetric")
+                                  "and w4a8 are asymmetric unless this is set; gguf keeps the file's grids)",
+                                  "quant_symmetric")
 
 
 def format_name(quantization: str, group_size: int | None, symmetric: bool) -> str | None:
@@ -56,3 +59,13 @@ HEADS = {"int4": "int8", "w4a8": "w8a8"}  # the LM head's format where it differ
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
     """(glob, format) rules the quantization adds after the user's layer_formats (which match first)."""
     return (("lm_head", HEADS[quantization]),) if quantization in HEADS else ()
+
+
+def resolve(quantization: str, gguf_file) -> str:
+    """The quantization a model gets: auto -> gguf for a GGUF model (gguf_file: the file, or None), else none."""
+    if quantization == "auto":
+        return "gguf" if gguf_file is not None else "none"
+    if quantization == "gguf" and gguf_file is None:
+        raise InvalidRequestError("quantization gguf keeps a GGUF file's blocks, and this model is not a .gguf file "
+                                  "(use none, int8, int4, w8a8 or w4a8)", "quantization")
+    return quantization
