@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 import time
 
@@ -83,7 +84,7 @@ def run_ladder(args: argparse.Namespace, rungs: dict[str, dict], base: dict) -> 
                    seconds=time.perf_counter() - t0)
         rows.append(row)
         gc.collect()
-        print(f"{name}: done in {row['seconds']:.0f}s", file=sys.stderr)
+        print(f"{name}: done in {row['seconds']:.0f}s: {json.dumps(row)}", file=sys.stderr)
     return rows
 
 
@@ -153,8 +154,8 @@ def add_quant_parser(bsub) -> argparse.ArgumentParser:
                    help="held-out tokens scored (0: the whole text)")
     p.add_argument("--prompts", type=int, default=8, metavar="N", help="greedy divergence prompts")
     p.add_argument("--gen-tokens", type=int, default=32, metavar="N", help="tokens per divergence prompt")
-    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write the Pareto plot here")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE")
+    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write the Pareto plot here (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE (default: none)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     p.set_defaults(func=cmd_quant)
     return p

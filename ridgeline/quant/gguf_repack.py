@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
+from ridgeline.errors import ModelLoadError
 from ridgeline.quant import rtn
 from ridgeline.weights.gguf_blocks import GGUFBlocks
 
@@ -73,6 +74,8 @@ def to_int4(t: GGUFBlocks, symmetric: bool) -> tuple[rtn.Int4Tensor, bool]:
     elif t.qtype == T.Q4_K and not symmetric:
         q, scale, mn = _q4_k_parts(b)
         d, m = scale.to(torch.float16), mn.to(torch.float16)
+        if not bool(torch.isfinite(d).all() and torch.isfinite(m).all()):
+            raise ModelLoadError(f"{t.name}: Q4_K scales past fp16's range cannot be repacked to int4")
     else:
         raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {'symmetric ' if symmetric else ''}int4 form")
     exact = (("int4-sym" if symmetric else "int4"), t.qtype) in EXACT
