@@ -163,3 +163,13 @@ def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):
     with pytest.raises(InvalidRequestError, match="applies to int4 and w4a8 only"):
         _llm(tiny_llama, quantization="gguf", quant_group_size=64)
     assert _llm(tiny_llama).info.quantization == "none"  # auto: an HF folder stays as loaded
+
+
+def test_without_the_kernels_kept_blocks_run_in_torch(tmp_path, home, monkeypatch):
+    path = tmp_path / "q41.gguf"
+    write_gguf(path, {}, tied=True)
+    with_kernels = _logits(_llm(path))
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    llm = _llm(path)
+    assert all("gguf-int4 weights have no C kernel on this CPU" in p for p in llm.info.layer_paths)
+    torch.testing.assert_close(_logits(llm), with_kernels, atol=2e-2, rtol=2e-2)  # the int4 kernel rounds x to bf16

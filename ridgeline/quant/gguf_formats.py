@@ -56,8 +56,9 @@ class KeptBlocks(QuantizedFormat):
         t = gguf_repack.concat([p for p, _ in parts])
         if self.runs_kernel(layer.weight):
             layer.packed = self.pack(t)
-        else:
-            layer.quant = t
+        else:  # the torch path dequantizes on the model's device (the blocks were read on the host)
+            dev = layer.weight.device
+            layer.quant = type(t)(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in vars(t).items()})
         layer.weight, layer.blocks = None, None
 
     def label(self, layer: nn.Module) -> str:
