@@ -9,6 +9,7 @@ from ridgeline import __version__
 from ridgeline.cli_parser import RidgelineParser
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES
+from ridgeline.quant.options import QUANTIZATIONS
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, so pipefail scripts see the same
 
@@ -41,14 +42,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="engine random seed, used by requests without their own")
-    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8",
-                                                                "mxfp4", "nvfp4"],
+    g.add_argument("--quantization", default="auto", choices=list(QUANTIZATIONS),
                    help="weights of every linear layer and the LM head, quantized at load (round-to-nearest): "
                         "int8 per output channel; int4 in groups of --quant-group-size; w8a8 and w4a8 the same "
                         "weights with each layer's input quantized to int8 too (integer dot products); fp8 "
                         "(E4M3, per-channel scales), mxfp8 (E4M3, blocks of 32, E8M0 scales), mxfp4 (E2M1, "
                         "blocks of 32) and nvfp4 (E2M1, blocks of 16, E4M3 scales): mxfp4 and nvfp4 quantize "
-                        "each layer's input to int8 per block too")
+                        "each layer's input to int8 per block too; gguf keeps a GGUF file's quantized blocks; "
+                        "none dequantizes them to --dtype; auto: gguf for a .gguf model, else none")
     g.add_argument("--quant-group-size", type=int, default=None, choices=[32, 64, 128], metavar="{32,64,128}",
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",

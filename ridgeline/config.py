@@ -37,8 +37,9 @@ class ModelConfig:
     # per-layer weight formats: (glob over layer names such as "model.layers.3.*", format name), first
     # match wins; unmatched layers keep the dense format of `dtype`
     layer_formats: tuple[tuple[str, str], ...] = ()
-    # weight quantization of every Linear, the LM head included (ridgeline/quant/options.py): none, int8, int4
-    quantization: str = "none"
+    # weight quantization of every Linear, the LM head included (ridgeline/quant/options.py): auto (gguf
+    # for a .gguf model, else none), none, int8, int4, w8a8, w4a8, gguf
+    quantization: str = "auto"
     quant_group_size: int | None = None  # int4: 32 (default), 64 or 128 input columns per scale
     quant_symmetric: bool = False  # int4: scale only, no per-group minimum
 

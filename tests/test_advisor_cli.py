@@ -209,3 +209,35 @@ def test_ratios_over_zero_have_no_multiplier():
     assert fmt_value(float("inf"), "sequences") == "unbounded" and fmt_time(float("inf")) == "never"
     assert fmt_value(1, "devices") == "1 device" and fmt_value(2, "devices") == "2 devices"
     assert finite_or_none({"a": [1.0, float("inf")], "b": float("nan")}) == {"a": [1.0, None], "b": None}
+
+
+def test_validate_quant_rows_predict_and_measure_int8_and_int4(tiny_llama):
+    """A bandwidth-bound profile predicts 2x (int8) and 4x (int4) over bf16 at batch 1; the measured
+    column is whatever the engines took (positive), with the stored bytes named."""
+    import time
+
+    from ridgeline import LLM
+    from ridgeline.advisor.hardware import HardwareSpec
+    from ridgeline.advisor.model_config import spec_from_arch
+    from ridgeline.advisor.roofline import Platform
+    from ridgeline.advisor.validate_quant import quant_rows
+    from ridgeline.sampling_params import SamplingParams
+
+    def decode(eng, batch, steps, salt, clock):  # validate._decode's contract, with the tiny vocabulary's ids
+        eng.add_request(f"d{salt}", [5, 6, 7], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+        t = clock()
+        while f"d{salt}" in eng.requests and not eng.requests[f"d{salt}"].status.finished:
+            eng.step(emit_unfinished=False)
+        eng.abort_request(f"d{salt}")
+        return (clock() - t) / steps, 0, 0
+
+    base = LLM(str(tiny_llama), kv_cache_memory="4MiB", dtype="bfloat16")
+    hw = HardwareSpec("test", "cpu", 1e10, 1e9, {"bf16": 1e15, "int8": 1e15})  # 1 GB/s: weights dominate
+    pl = Platform(spec_from_arch(base.engine.arch, "tiny"), hw, "bf16", "bf16")
+    step, _, _ = decode(base.engine, 1, 4, 1, time.perf_counter)
+    rows = quant_rows(lambda q: LLM(str(tiny_llama), kv_cache_memory="4MiB", dtype="bfloat16", quantization=q),
+                      pl, step, 0, 4, time.perf_counter, decode)
+    assert [r[0] for r in rows] == ["batch-1 decode speed-up, int8 (x)", "batch-1 decode speed-up, int4 (x)"]
+    (_, p8, m8, note8), (_, p4, m4, _) = rows
+    assert 1.8 < p8 < 2.0 < 3.0 < p4 < 4.0 and m8 > 0 and m4 > 0  # KV and host calls keep it under 2x / 4x
+    assert "MB of linear weights stored" in note8

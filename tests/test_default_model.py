@@ -17,7 +17,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM("smollm2-135m", dtype="float32", kv_cache_memory="512MiB", max_model_len=2048)
+    return LLM("smollm2-135m", dtype="float32", kv_cache_memory="512MiB", max_model_len=2048, quantization="none")
 
 
 def test_greedy_matches_transformers_on_the_same_weights(llm):

@@ -57,14 +57,33 @@ def test_int4_rejects_bad_group_sizes():
         rtn.quantize_int4(torch.zeros(4, 96), 64, False)
 
 
+def test_int8_g32_round_trip_within_half_a_step_and_keeps_a_q8_0_grid():
+    w = _w(24, 320)
+    t = rtn.quantize_int8_g32(w)
+    assert t.q.dtype == torch.int8 and t.q.abs().max() <= 127 and t.scale.shape == (24, 10)
+    d = t.scale.float().repeat_interleave(32, dim=1)
+    assert bool(((t.dequantize() - w).abs() <= d * (0.5 + 1e-3)).all())
+    gguf = pytest.importorskip("gguf")
+    from ridgeline.weights.gguf_dequant import dequantize
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    on_grid = dequantize(gguf.quants.quantize(w.numpy(), q8), q8, (24, 320))
+    assert torch.equal(rtn.quantize_int8_g32(on_grid).dequantize(), on_grid)
+    with pytest.raises(InvalidRequestError, match="multiples of 32"):
+        rtn.quantize_int8_g32(torch.zeros(2, 48))
+
+
 def _kinds():
-    return [k for k in ("int8", "int4") if cpu_quant.available(k)]
+    return [k for k in ("int8", "int4") if cpu_quant.available(k)] + (["int8-g32"] if cpu_quant.available("int8")
+                                                                       else [])
 
 
 def _packed(kind, w, group=32, sym=False):
     if kind == "int8":
         t = rtn.quantize_int8(w)
         return cpu_quant.PackedInt8(t), t.dequantize(), False
+    if kind == "int8-g32":
+        t = rtn.quantize_int8_g32(w)
+        return cpu_quant.PackedInt8G32(t), t.dequantize(), False
     t = rtn.quantize_int4(w, group, sym)
     return cpu_quant.PackedInt4(t), t.dequantize(), True
 
@@ -74,7 +93,7 @@ def _reference(x, wd, bf16_x):
     return (x.to(torch.bfloat16) if bf16_x else x).double() @ wd.double().T
 
 
-CASES = [("int8", 32, False)] + [("int4", g, s) for g, s in INT4]
+CASES = [("int8", 32, False), ("int8-g32", 32, False)] + [("int4", g, s) for g, s in INT4]
 
 
 @pytest.mark.parametrize("kind,group,sym", CASES)

@@ -1,5 +1,6 @@
 """Quantization on the default model (SmolLM2-135M-Instruct, a Q4_1 GGUF): int4 asymmetric g32 gives
-back every Q4_1 matrix exactly, and the quantized engines still answer (greedy, bf16 embeddings)."""
+back every Q4_1 matrix exactly, the file's blocks kept (its default) give the same logits as int4 on
+its dequantized weights, and the quantized engines still answer (greedy, bf16 embeddings)."""
 from __future__ import annotations
 
 import pytest
@@ -29,11 +30,25 @@ def test_int4_g32_reproduces_the_files_q4_1_matrices_exactly(folder):
     assert len(exact) == 210 and all(exact)
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_kept_blocks_give_the_logits_of_int4_on_the_dequantized_weights():
+    from test_quant_engine import _logits
+    kw = dict(dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=1024, progress=False)
+    kept = LLM("smollm2-135m", **kw)  # a .gguf model keeps its blocks unless told otherwise
+    assert kept.info.quantization == "gguf"
+    assert kept.info.weight_formats == "Q4_1 kept (int4) x 120, Q8_0 kept (int8-g32) x 1"
+    assert "layers     layers 0-29: C decoder stack" in kept.info.summary() or not kept.info.kernel_plan.c_stack
+    want = _logits(kept)
+    del kept
+    rtn = LLM("smollm2-135m", quantization="int4", layer_formats=[("lm_head", "int8-g32")], **kw)
+    assert torch.equal(_logits(rtn), want)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4", "gguf"])
 def test_quantized_default_model_answers_paris(quantization):
     llm = LLM("smollm2-135m", dtype="bfloat16", kv_cache_memory="256MiB", max_model_len=1024,
               quantization=quantization, progress=False)
-    assert llm.info.weight_formats == ("int8 x 121" if quantization == "int8" else "int4 x 120, int8 x 1")
+    assert llm.info.weight_formats == {"int8": "int8 x 121", "int4": "int4 x 120, int8 x 1",
+                                       "gguf": "Q4_1 kept (int4) x 120, Q8_0 kept (int8-g32) x 1"}[quantization]
     assert all(p is None for p in llm.info.layer_paths) or not llm.info.kernel_plan.c_stack
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0].outputs[0]

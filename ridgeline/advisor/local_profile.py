@@ -151,6 +151,16 @@ def to_spec(p: dict) -> HardwareSpec:
                         source=f"measured {p['measured_at']} ({p['clock']} clock), torch {p['torch']}")
 
 
+def cached_profile(device: str = "auto", clock: str = "wall") -> dict | None:
+    """The measured profile of this machine if one is cached (never measures)."""
+    path = _cache_path(device, clock)
+    try:
+        p = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return p if p.get("version") == PROFILE_VERSION else None
+
+
 def local_hardware(refresh: bool = False, device: str = "auto", clock: str = "wall",
                    verbose: bool = True) -> HardwareSpec:
     import sys

@@ -118,6 +118,16 @@ def _saturation_batch(batches: list[int], times: list[float]) -> float:
     return times[0] * max(b / t for b, t in zip(batches, times))
 
 
+def _quant_rows(args, llm, pl: Platform, clock) -> list[tuple]:
+    """int8 and int4 engines' batch-1 decode speed-up over `llm`'s, predicted and measured."""
+    from ridgeline import LLM
+    from ridgeline.advisor.validate_quant import quant_rows
+
+    base_step, base_calls, _ = _decode(llm.engine, 1, args.steps, 899, clock)
+    return quant_rows(lambda q: LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                                    quantization=q), pl, base_step, base_calls, args.steps, clock, _decode)
+
+
 def run_validate(args) -> int:
     from ridgeline import LLM
     from ridgeline.advisor.local_profile import local_hardware
@@ -140,7 +150,7 @@ def run_validate(args) -> int:
     clock = time.process_time if args.cpu_time else time.perf_counter
     hw = local_hardware(refresh=args.reprofile, clock="cpu" if args.cpu_time else "wall")
     llm = LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-              max_num_seqs=max(256, batches[-1]))
+              max_num_seqs=max(256, batches[-1]), quantization="none")  # the file's blocks dequantized
     eng, info = llm.engine, llm.info
     name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
     wp, kp = name[str(info.dtype)], name[str(info.kv_dtype)]
@@ -179,6 +189,7 @@ def run_validate(args) -> int:
     rows.append(("KV capacity (tokens)", kv_pred, info.kv_capacity_tokens, "kv_cache_memory / KV bytes per token"))
     rows.append(("ridge batch: t(1) x best tok/s of sweep", _saturation_batch(batches, predicted),
                  _saturation_batch(batches, measured), "same estimator on both curves"))
+    rows += _quant_rows(args, llm, pl, clock)
     analytic = ridge_batch(pl, PROMPT + 3 + args.steps // 2)
     print("\n".join(["", "decode sweep (greedy, ignore_eos):"] + ["  " + n for n in notes]))
     print(f"\n{'':<40}{'predicted':>12}{'measured':>12}{'error':>9}")

@@ -68,7 +68,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     slack = max(4, args.prompt_len // 10)
     prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
                            args.workload_seed)[0]
-    quantized = args.quantization != "none"
+    quantized = info.quantization != "none"
     # quantized: the linear weights as stored, scales included (the norms' few KB left out)
     wbytes = info.weight_bytes if quantized else weight_bytes_per_token(arch, info.dtype)
     label = dtype_name(info.dtype) + (f", {info.weight_formats}" if quantized else "")
@@ -118,7 +118,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         write_json(args.json, {
             "command": "decode", "machine": machine,
             "engine": {"model": args.model, "dtype": dtype_name(info.dtype), "num_params": arch.num_params,
-                       "quantization": args.quantization, "weight_formats": info.weight_formats,
+                       "quantization": info.quantization, "weight_formats": info.weight_formats,
                        "kernels": info.kernels, "weight_bytes_per_token": wbytes},
             "prompt_tokens": len(prompt), "output_len": args.output_len, "repeats": args.repeats,
             "ridgeline": strip(rl), "hf": strip(hf) if hf else None, "ratio": ratio,

@@ -32,6 +32,7 @@ class EngineInfo:
     weight_formats: str = ""  # each Linear weight format with its count, e.g. "int8 x 121"
     weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
+    quantization: str = "none"  # what the quantization option resolved to (auto: gguf for a GGUF model)
 
     @property
     def block_size(self) -> int:
@@ -102,7 +103,7 @@ class EngineInfo:
         ]
         if self.weight_formats:
             lines.insert(2, f"weights    {self.weight_formats}: {self.weight_bytes / 1e6:.1f} MB in linear layers "
-                            "(the LM head included)")
+                            f"(the LM head included; quantization {self.quantization})")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):

@@ -34,10 +34,23 @@ from ridgeline.spec.stats import SpecStats
 from ridgeline.step_plan import ScheduledSeq
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import load_arch_config
-from ridgeline.weights.resolve import resolve_model
+from ridgeline.quant import options as quant_options
+from ridgeline.weights.resolve import resolve_model_source
 from ridgeline.weights.tokenizer import Tokenizer
 
 DEFAULT_KV_CAP = 4 << 30
+
+
+def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
+    """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors)."""
+    if quantization == "gguf":
+        from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
+        return kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan)
+    default, rules = mc.weight_format or dense, mc.format_rules
+    ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if quantization == "none" else None
+    if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
+        default, rules = ckpt[0], rules + ckpt[1]
+    return layer_format_rules(rules, default, plan), None
 
 
 class LLMEngine:
@@ -48,7 +61,8 @@ class LLMEngine:
         device = pick_device(mc.device)
         choice = pick_dtype(mc.dtype, device)
         torch.manual_seed(mc.seed)
-        folder = resolve_model(mc.model, progress=config.progress)
+        folder, gguf_file = resolve_model_source(mc.model, progress=config.progress)
+        quantization = quant_options.resolve(mc.quantization, gguf_file)
         arch = load_arch_config(folder)
         model_class(arch.architecture)  # unknown architectures fail before any weight is read
         self.arch = arch
@@ -66,13 +80,9 @@ class LLMEngine:
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        default, rules = mc.weight_format or DENSE[choice.dtype], mc.format_rules
-        ckpt = fp8_checkpoint.checkpoint_formats(folder, DENSE[choice.dtype]) if mc.quantization == "none" else None
-        if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
-            default, rules = ckpt[0], rules + ckpt[1]
-        formats = layer_format_rules(rules, default, plan)
+        formats, tensors = _weight_formats(mc, quantization, folder, gguf_file, arch, DENSE[choice.dtype], plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
-        model = build_model(arch, folder, opts, device, max_len)
+        model = build_model(arch, folder, opts, device, max_len, tensors)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
         num_blocks = kv_spec.num_blocks(kv_bytes)
@@ -103,7 +113,7 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config))
+                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config), quantization)
 
     @property
     def kv_spec(self) -> KVCacheSpec:

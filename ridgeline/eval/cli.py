@@ -59,20 +59,30 @@ def setting_name(weight_format: str | None, options: dict) -> str | None:
     return " + ".join(parts) or None
 
 
+def _format_label(args: argparse.Namespace) -> str | None:
+    """The weight format the evaluated setting loads: gguf for a GGUF model's kept blocks (auto on a .gguf)."""
+    from ridgeline.quant.options import format_name, resolve
+    from ridgeline.weights.resolve import resolve_model_source
+    quantization = args.quantization
+    if quantization in ("auto", "gguf"):
+        quantization = resolve(quantization, resolve_model_source(args.model, progress=args.progress)[1])
+    return "gguf" if quantization == "gguf" else format_name(quantization, args.quant_group_size,
+                                                              args.quant_symmetric)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from ridgeline.bench.report import describe_machine, machine_info, write_json
     from ridgeline.entrypoints.llm import LLM
     from ridgeline.eval import report
     from ridgeline.eval.harness import Evaluator, Setting
     from ridgeline.eval.sweep import ranking, sweep_settings
-    from ridgeline.quant.options import format_name
 
     if args.model_name is not None:
         args.model = args.model_name
     if args.window < 2:
         raise InvalidRequestError("--window must be at least 2 tokens", "window")
     options = _options(args)
-    name = setting_name(format_name(args.quantization, args.quant_group_size, args.quant_symmetric), options)
+    name = setting_name(_format_label(args), options)
     settings = sweep_settings(options) if args.sweep else ([Setting(name, {})] if name else [])
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)

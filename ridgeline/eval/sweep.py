@@ -19,7 +19,8 @@ from ridgeline.quant import options as quant_options
 LAYER_KINDS = (("q/k/v projection", "*.qkv_proj"), ("attention output", "*.o_proj"),
                ("MLP gate/up", "*.gate_up_proj"), ("MLP down", "*.down_proj"), ("LM head", "lm_head"))
 KV_SWEEP_DTYPE = "int8"
-WEIGHTS_ONLY = {"none": "int8", "int8": "int8", "w8a8": "int8", "int4": "int4", "w4a8": "int4"}
+WEIGHTS_ONLY = {"none": "int8", "auto": "int8", "int8": "int8", "w8a8": "int8", "int4": "int4", "w4a8": "int4",
+                "gguf": "int4"}
 WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
 
 

@@ -6,11 +6,11 @@ gemv.c: skinny matmul for 1-8 token batches on CPUs without it. paged_attention.
 straight from the paged KV cache in any KV format (kv_quant.h), split across threads along the keys,
 where gather + SDPA costs a copy and a large fixed overhead.
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + quantizing KV write).
-gemm_int8.c, gemm_int4.c: weight-only matmul against int8 (per-channel) and group-wise int4 weights,
-packed at load time like gemm_packed.c's. gemm_a8.c: the same weights against activations quantized
-to int8 per row (W8A8, W4A8), with VNNI integer dot products. gemm_fp8.c: fp8 / MXFP8 weights
-converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4 weights by table lookup into int8 lanes
-against int8 activations (VNNI).
+gemm_int8.c, gemm_int8_g32.c, gemm_int4.c: weight-only matmul against int8 (per channel, or an fp16 scale
+per 32 k: GGUF Q8_0's grid) and group-wise int4 weights, packed at load time like gemm_packed.c's.
+gemm_a8.c: the same weights against activations quantized to int8 per row (W8A8, W4A8), with VNNI integer
+dot products. gemm_fp8.c: fp8 / MXFP8 weights converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4
+weights by table lookup into int8 lanes against int8 activations (VNNI).
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ _SIGNATURES = {
     "ridgeline_pack_i8": [_PTR, _PTR, _I64, _I64],
     "ridgeline_pack_i4": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_i8p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_i8g32": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_i4p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _INT],
     "ridgeline_a8_available": [],
     "ridgeline_pack_w8a8": [_PTR, _PTR, _PTR, _I64, _I64],

@@ -12,13 +12,14 @@ import torch
 
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
-from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8Tensor
+from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
 C_INT8 = 3
 C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
 C_W8A8 = 10
 C_W4A8 = 11  # as C_INT4: codes 11..16
+C_INT8_G32 = 45  # int8 with an fp16 scale per 32 k (GGUF Q8_0's grid); 40..44: kernels/cpu_fpquant.py
 KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
@@ -78,6 +79,26 @@ class PackedInt8(PackedQuant):
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i8p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, threads)
+
+
+class PackedInt8G32(PackedQuant):
+    """int8 with an fp16 scale per 32 k: data as PackedInt8's, scale [groups][K/32][NC] fp16 (kernels/gemm_int8_g32.c)."""
+
+    code = C_INT8_G32
+
+    def __init__(self, t: Int8GroupTensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        G = _groups(self.N)
+        self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
+        lib.ridgeline_pack_i8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        sc = torch.zeros(G * NC, self.K // t.group, dtype=torch.float16)
+        sc[:self.N] = t.scale
+        self.scale = sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)  # [G][K/32][NC]
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_i8g32(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),
+                                              y.data_ptr(), M, self.N, self.K, threads)
 
 
 class PackedInt4(PackedQuant):

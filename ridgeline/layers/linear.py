@@ -59,7 +59,7 @@ def weight_summary(model: nn.Module) -> tuple[str, int]:
     total = 0
     for m in model.modules():
         if isinstance(m, Linear):
-            counts[m.format.name] += 1
+            counts[m.format.label(m)] += 1
             total += m.format.weight_bytes(m)
     return ", ".join(f"{name} x {n}" for name, n in counts.most_common()), total
 

@@ -46,6 +46,7 @@ class WeightFormat:
     name = "?"
     dtype: torch.dtype
     shares_tied_weight = True  # an LM head tied to the embedding uses the embedding's tensor as its weight
+    accepts_blocks = False  # load() takes a GGUF file's blocks as they are (else they arrive dequantized)
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
@@ -67,6 +68,10 @@ class WeightFormat:
 
     def weight_bytes(self, layer: nn.Module) -> int:
         raise NotImplementedError
+
+    def label(self, layer: nn.Module) -> str:
+        """What the start-up summary calls this layer's weight."""
+        return self.name
 
 
 def load_rows(dst: torch.Tensor, tensor: torch.Tensor, rows: tuple[int, int] | None, what: str) -> None:

@@ -3,6 +3,7 @@ checkpoint tensor to the module that owns its parameter (a Linear passes it to i
 whole, or one shard of a fused projection), then let every Linear post-process (repack)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -15,12 +16,14 @@ from ridgeline.layers.weight_formats import load_rows
 from ridgeline.models.options import BuildOptions
 from ridgeline.models.registry import model_class
 from ridgeline.quant import fp8_checkpoint
+from ridgeline.weights.gguf_blocks import GGUFBlocks
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors
 
 
 def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch.device,
-                max_positions: int) -> nn.Module:
+                max_positions: int, tensors: Iterable | None = None) -> nn.Module:
+    """tensors: (checkpoint name, tensor or GGUFBlocks) to load instead of the folder's safetensors."""
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, opts)
@@ -30,12 +33,12 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
             module.init_tables(device)
     if model.ties_head:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, folder)
+    load_weights(model, folder, tensors)
     finish_loading(model)  # repack for the kernels of opts.plan
     return model.eval()
 
 
-def load_weights(model: nn.Module, folder: Path) -> None:
+def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None) -> None:
     modules = dict(model.named_modules())
     pending: set[tuple[str, int | None]] = set()  # (parameter, shard) still to fill; fused ones per shard
     for n, _ in model.named_parameters(remove_duplicate=False):
@@ -44,8 +47,8 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    stream = iter_tensors(folder)
-    if fp8_checkpoint.is_fp8_checkpoint(folder):
+    stream = iter_tensors(folder) if tensors is None else tensors
+    if tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
         stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
     for name, tensor in stream:
         target, shard = _map_name(model, name)
@@ -55,21 +58,35 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         owner = modules.get(owner_name)
         if owner is None or not (_known(owner, param) or _extra(owner, param)):
             continue
-        tensor = model.transform_weight(name, tensor)
+        tensor = _transform(model, name, tensor)
         try:
             if isinstance(owner, Linear):
-                owner.load(param, tensor, shard)
+                owner.load(param, _loadable(owner, tensor), shard)
             else:
-                load_rows(getattr(owner, param).data, tensor, None, target)
+                load_rows(getattr(owner, param).data, _loadable(owner, tensor), None, target)
         except ValueError as e:
             raise ModelLoadError(f"weight {name}: {e}") from None
         pending.discard((target, shard))
         if target == "model.embed_tokens.weight" and model.cfg.tie_word_embeddings and not model.ties_head:
-            model.lm_head.load("weight", tensor)  # a tied head with its own (quantized) copy: same tensor
+            # a tied head with its own (quantized) copy: the same checkpoint tensor (GGUF blocks as stored)
+            model.lm_head.load("weight", _loadable(model.lm_head, tensor))
             pending.discard(("lm_head.weight", None))
     if pending:
         names = sorted(n if i is None else f"{n}[shard {i}]" for n, i in pending)
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+
+
+def _transform(model: nn.Module, name: str, tensor):
+    if isinstance(tensor, GGUFBlocks):  # a row permutation moves whole rows of blocks
+        return tensor.permute_rows(lambda rows: model.transform_weight(name, rows))
+    return model.transform_weight(name, tensor)
+
+
+def _loadable(owner: nn.Module, tensor):
+    """GGUF blocks stay blocks for a format that keeps them; anything else gets their float32 values."""
+    if isinstance(tensor, GGUFBlocks) and not (isinstance(owner, Linear) and owner.format.accepts_blocks):
+        return tensor.dequantize()
+    return tensor
 
 
 def _known(owner: nn.Module, param: str) -> bool:

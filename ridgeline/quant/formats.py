@@ -1,6 +1,7 @@
 """Quantized weight formats as entries of the weight-format registry (layers/weight_formats.py).
 
     int8                      per-output-channel symmetric int8, fp32 scales
+    int8-g32                  int8 with an fp16 scale per 32 input columns (GGUF Q8_0's grid)
     int4, int4-g64, int4-g128 group-wise int4, asymmetric (fp16 scale and minimum per group, Q4_1's grid)
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
     w8a8                      int8's weights; each linear's input quantized to int8 per row inside the call
@@ -93,6 +94,20 @@ class Int8(QuantizedFormat):
 
     def pack(self, t):
         return cpu_quant.PackedInt8(t)
+
+
+@register_weight_format("int8-g32")
+class Int8G32(Int8):
+    def check_shape(self, layer: nn.Module) -> None:
+        if layer.in_features % 32:
+            raise InvalidRequestError(f"int8-g32 needs input columns in multiples of 32; "
+                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
+
+    def quantize(self, w):
+        return rtn.quantize_int8_g32(w)
+
+    def pack(self, t):
+        return cpu_quant.PackedInt8G32(t)
 
 
 class Int4(QuantizedFormat):

@@ -11,6 +11,8 @@
     mxfp8  E4M3 in blocks of 32 with a power-of-two (E8M0) scale, weight-only
     mxfp4  E2M1 in blocks of 32, E8M0 scale; each linear's input quantized to int8 per row and block of 32
     nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16
+    gguf   a GGUF model's quantized blocks kept as the file stores them (quant/gguf_formats.py)
+    auto   gguf for a GGUF model, none for anything else (the default)
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from ridgeline.errors import InvalidRequestError
 
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4", "gguf")
 FLOAT_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")  # each the name of its registered format
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -45,9 +47,10 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
     if symmetric and quantization in FLOAT_FORMATS:
         raise InvalidRequestError(f"quant_symmetric applies to {' and '.join(GROUPED)} only ({quantization} "
                                   "is a floating-point format: symmetric, no zero point)", "quant_symmetric")
-    if symmetric and quantization == "none":
+    if symmetric and quantization in ("auto", "none", "gguf"):
         raise InvalidRequestError("quant_symmetric needs a quantization (int8 and w8a8 are always symmetric; int4 "
-                                  "and w4a8 are asymmetric unless this is set)", "quant_symmetric")
+                                  "and w4a8 are asymmetric unless this is set; gguf keeps the file's grids)",
+                                  "quant_symmetric")
 
 
 def format_name(quantization: str, group_size: int | None, symmetric: bool) -> str | None:
@@ -66,3 +69,13 @@ HEADS = {"int4": "int8", "w4a8": "w8a8", "mxfp4": "mxfp8", "nvfp4": "fp8"}  # th
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
     """(glob, format) rules the quantization adds after the user's layer_formats (which match first)."""
     return (("lm_head", HEADS[quantization]),) if quantization in HEADS else ()
+
+
+def resolve(quantization: str, gguf_file) -> str:
+    """The quantization a model gets: auto -> gguf for a GGUF model (gguf_file: the file, or None), else none."""
+    if quantization == "auto":
+        return "gguf" if gguf_file is not None else "none"
+    if quantization == "gguf" and gguf_file is None:
+        raise InvalidRequestError("quantization gguf keeps a GGUF file's blocks, and this model is not a .gguf file "
+                                  f"(use {', '.join(q for q in QUANTIZATIONS if q != 'gguf')})", "quantization")
+    return quantization

@@ -1,6 +1,7 @@
 """Round-to-nearest weight quantizers and the exact dequantization each format defines.
 
 int8, per output channel, symmetric:  w[n, k] = s[n] * q[n, k],  q in [-127, 127], s = max|w[n]| / 127 (fp32)
+int8, groups of 32 consecutive k:     w = d * q, d = max|w| / 127 per group (fp16; GGUF Q8_0's grid)
 int4, groups of G consecutive k of one output channel, q in [0, 15], fp16 scale d (and minimum m):
     asymmetric  w = d * q + m,   m = min, d = (max - min) / 15        (GGUF Q4_1's grid)
     symmetric   w = d * (q - 8), d = -v / 8, v the group's value of largest magnitude (GGUF Q4_0's)
@@ -30,6 +31,21 @@ class Int8Tensor:
 
     def dequantize(self) -> torch.Tensor:
         return self.q.float() * self.scale[:, None]
+
+
+@dataclass
+class Int8GroupTensor:
+    q: torch.Tensor  # [N, K] int8
+    scale: torch.Tensor  # [N, K / group] fp16
+    group: int = 32
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        return (self.q.float().view(N, K // self.group, self.group) * self.scale.float()[..., None]).view(N, K)
 
 
 @dataclass
@@ -63,6 +79,17 @@ def quantize_int8(w: torch.Tensor) -> Int8Tensor:
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)
     return Int8Tensor(q, scale)
+
+
+def quantize_int8_g32(w: torch.Tensor) -> Int8GroupTensor:
+    """w [N, K] float, K a multiple of 32 -> int8 with an fp16 scale per 32 (q rounded against the stored scale)."""
+    N, K = w.shape
+    if K % 32:
+        raise InvalidRequestError(f"int8-g32 needs input columns in multiples of 32, got {K}", "quantization")
+    wg = w.detach().float().view(N, K // 32, 32)
+    d = _fp16(wg.abs().amax(dim=-1) / 127)
+    q = torch.round(wg / _nonzero(d.float())[..., None]).clamp_(-127, 127).to(torch.int8)
+    return Int8GroupTensor(q.view(N, K), d)
 
 
 def quantize_int4(w: torch.Tensor, group: int, symmetric: bool) -> Int4Tensor:

@@ -10,24 +10,34 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def resolve_model(spec: str, progress: bool = True) -> Path:
+    return resolve_model_source(spec, progress)[0]
+
+
+def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path | None]:
+    """(HF-format folder, the .gguf file it was converted from or None): a GGUF model's blocks can be
+    loaded from the file itself (`--quantization gguf`) while config and tokenizer come from the folder."""
     from ridgeline.weights.pull import ALIASES, pull
 
     path = Path(spec).expanduser()
+    gguf = None
     if path.is_dir():
         if not (path / "config.json").exists():
             ggufs = sorted(path.glob("*.gguf"))
-            if len(ggufs) == 1:
-                return ensure_converted(ggufs[0], progress=progress)
-            raise ModelLoadError(f"{path} has no config.json (a Hugging Face folder needs one)")
-        return path
-    if spec.endswith(".gguf"):
+            if len(ggufs) != 1:
+                raise ModelLoadError(f"{path} has no config.json (a Hugging Face folder needs one)")
+            gguf = ggufs[0]
+        else:
+            return path, None
+    elif spec.endswith(".gguf"):
         if not path.exists():
             raise ModelLoadError(f"GGUF file {path} does not exist")
-        return ensure_converted(path, progress=progress)
-    if spec in ALIASES:
-        return ensure_converted(pull(spec, progress=progress), progress=progress)
+        gguf = path
+    elif spec in ALIASES:
+        gguf = pull(spec, progress=progress)
+    if gguf is not None:
+        return ensure_converted(gguf, progress=progress), gguf
     if _HUB_ID.fullmatch(spec) and not path.exists():
-        return _from_hub(spec)
+        return _from_hub(spec), None
     raise ModelLoadError(
         f"cannot resolve model {spec!r}: not a folder, not a .gguf file, not a hub id, and not a "
         f"built-in alias (known aliases: {', '.join(sorted(ALIASES))})"

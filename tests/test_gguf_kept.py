@@ -1,0 +1,175 @@
+"""--quantization gguf: a GGUF file's blocks load as they are stored. Every block type converts to the
+values gguf-py dequantizes (exactly where our format holds its grid, within a measured bound where it is
+repacked); a model keeps its q/k row order right, runs in the C decoder stack equal to the module path,
+and a Q4_1 file gives the logits int4 round-to-nearest gives on its dequantized weights, bit for bit."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter, quants
+from gguf import GGMLQuantizationType as T
+
+from ridgeline import LLM
+from ridgeline.errors import InvalidRequestError
+from ridgeline.kernels import cpu_quant
+from ridgeline.quant import gguf_repack
+from ridgeline.weights.gguf_blocks import GGUFBlocks
+from test_gguf import CHAT, HEADS, HIDDEN, KV_HEADS, MERGES, _add, _finish, llama_permute, random_blocks, tiny_vocab
+from test_quant_engine import PROMPT_IDS, _generate, _logits
+
+FFN = 512
+CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0, "int8-g32"), (T.Q4_K, "int4"),
+               (T.Q6_K, "int8-g32"), (T.Q4_1, "int8-g32"), (T.Q4_0, "int8-g32"), (T.Q4_K, "int8-g32")]
+
+
+def _blocks(qtype, N, K, seed=0):
+    rng = np.random.default_rng(seed)
+    if qtype in (T.Q4_K, T.Q6_K):  # gguf-py cannot quantize these: random valid blocks
+        raw = random_blocks(qtype, N, K, rng)
+    else:
+        w = (rng.standard_normal((N, K)) * rng.uniform(0.01, 0.2, (N, 1))).astype(np.float32)
+        raw = quants.quantize(w, qtype).reshape(N, -1)
+    return GGUFBlocks(qtype, (N, K), torch.from_numpy(raw.copy()), "w"), quants.dequantize(raw, qtype).reshape(N, K)
+
+
+@pytest.mark.parametrize("qtype,target", CONVERSIONS, ids=lambda v: getattr(v, "name", v))
+def test_every_block_type_converts_to_the_values_gguf_dequantizes(qtype, target):
+    b, want = _blocks(qtype, 40, 512)
+    t, exact = gguf_repack.convert(b, target)
+    got = t.dequantize().numpy()
+    assert exact == ((target, qtype) in gguf_repack.EXACT)
+    if exact:
+        np.testing.assert_array_equal(got, want)
+        return
+    err = np.abs(got - want)
+    if target == "int4":  # Q4_K: q kept, its fp32 scale and minimum products rounded to fp16 (2^-11 relative)
+        scale = t.scale.float().abs().repeat_interleave(32, 1).numpy()
+        mn = t.min.float().abs().repeat_interleave(32, 1).numpy()
+        assert (err <= (15 * scale + mn) * 2**-11 + 1e-12).all()
+    else:  # re-rounded to int8 with an fp16 scale per 32: half a step of the new grid (a scale in fp16's
+        # subnormal range, rounded down, can clamp the largest value: 127 halves of its 2^-24 quantum more)
+        step = t.scale.float().repeat_interleave(32, 1).numpy()
+        assert (err <= step * (0.5 + 1e-3) + 127 * 2**-25).all()
+    rel = float(np.sqrt((err ** 2).mean() / (want ** 2).mean()))
+    print(f"{qtype.name} -> {target}: rms error / rms weight {rel:.2e}")
+    assert rel < (1e-3 if target == "int4" else 1e-2), rel  # int8 re-rounding: ~1/(127 * sqrt(12)) of the range
+
+
+def test_rows_of_blocks_permute_as_whole_output_channels():
+    b, want = _blocks(T.Q4_1, 64, 64)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    moved = b.permute_rows(lambda rows: rows[perm])
+    np.testing.assert_array_equal(moved.dequantize().numpy(), want[perm.numpy()])
+
+
+def write_gguf(path, types: dict, tied: bool, arch: str = "llama", layers: int = 2) -> None:
+    """A tiny GGUF model; types: GGUF tensor kind (attn_q, ..., token_embd, output) -> GGML type (default Q4_1)."""
+    rng = np.random.default_rng(7)
+    tokens, ttypes = tiny_vocab()
+    w = GGUFWriter(str(path), arch)
+    for add, value in [(w.add_block_count, layers), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
+                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
+                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
+                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "smollm"), (w.add_token_list, tokens),
+                       (w.add_token_types, ttypes), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
+                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
+        add(value)
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+
+    _add(w, "token_embd.weight", mat(len(tokens), HIDDEN), types.get("token_embd", T.Q8_0), rng)
+    if not tied:
+        _add(w, "output.weight", mat(len(tokens), HIDDEN), types.get("output", T.Q8_0), rng)
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    kv = KV_HEADS * HIDDEN // HEADS
+    shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (kv, HIDDEN), "attn_v": (kv, HIDDEN),
+              "attn_output": (HIDDEN, HIDDEN), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN),
+              "ffn_down": (HIDDEN, FFN)}
+    for i in range(layers):
+        for name, shape in shapes.items():
+            m = mat(*shape)
+            if arch == "llama" and name in ("attn_q", "attn_k"):  # llama.cpp's layout of q/k rows
+                m = llama_permute(m, HEADS if name == "attn_q" else KV_HEADS)
+            _add(w, f"blk.{i}.{name}.weight", m, types.get(name, T.Q4_1), rng)
+            if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                w.add_tensor(f"blk.{i}.{name}.bias", (0.1 * rng.standard_normal(shape[0])).astype(np.float32))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    _finish(w)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
+
+
+def _llm(path, **kw):
+    return LLM(str(path), dtype="float32", kv_cache_memory="4MiB", progress=False, **kw)
+
+
+MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_0, "attn_v": T.Q4_1, "attn_output": T.Q6_K, "ffn_gate": T.Q8_0,
+         "ffn_up": T.Q4_0, "ffn_down": T.F16, "output": T.Q4_0}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tmp_path, home, arch):
+    path = tmp_path / "mixed.gguf"
+    write_gguf(path, MIXED, tied=False, arch=arch)
+    ref, kept = _llm(path, quantization="none"), _llm(path)  # a .gguf model keeps its blocks by default
+    assert (ref.info.quantization, kept.info.quantization) == ("none", "gguf")
+    assert sorted(kept.info.weight_formats.split(", ")) == [  # down_proj is F16: dense in --dtype
+        "Q4_0 kept (int4-sym) x 1", "Q4_0+Q4_1+Q4_K repacked (int4) x 2", "Q4_0+Q8_0 repacked (int8-g32) x 2",
+        "Q6_K repacked (int8-g32) x 2", "f32 x 2"]
+    assert "quantization gguf" in kept.info.summary()
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel  # q/k rows in the wrong order would scramble attention: far larger
+    if cpu_quant.available("int4") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    out = _generate(kept)
+    inner = kept.engine.runner.model.model
+    segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
+    try:
+        assert _generate(kept) == out  # the module path, bit for bit
+    finally:
+        inner.segments = segments
+
+
+def test_a_q4_1_file_kept_equals_int4_rtn_of_its_dequantized_weights(tmp_path, home):
+    """int4 asymmetric g32 round-to-nearest rebuilds every Q4_1 block from its values, and int8-g32 the
+    Q8_0 head: the same packed bytes, the same kernels, the same logits."""
+    path = tmp_path / "q41.gguf"
+    write_gguf(path, {}, tied=True)
+    kept = _llm(path, quantization="gguf")
+    assert kept.info.weight_formats == "Q4_1 kept (int4) x 8, Q8_0 kept (int8-g32) x 1"
+    rtn = _llm(path, quantization="int4", layer_formats=[("lm_head", "int8-g32")])
+    assert torch.equal(_logits(kept), _logits(rtn))
+    assert kept.info.weight_bytes == rtn.info.weight_bytes
+
+
+def test_layer_rules_win_and_dequantize_the_blocks(tmp_path, home):
+    path = tmp_path / "q41.gguf"
+    write_gguf(path, {}, tied=True)
+    llm = _llm(path, layer_formats=[("model.layers.0.*", "f32")])
+    assert sorted(llm.info.weight_formats.split(", ")) == ["Q4_1 kept (int4) x 4", "Q8_0 kept (int8-g32) x 1",
+                                                           "f32 x 4"]
+
+
+def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):
+    with pytest.raises(InvalidRequestError, match="not a .gguf file"):
+        _llm(tiny_llama, quantization="gguf")
+    with pytest.raises(InvalidRequestError, match="quant_symmetric needs a quantization"):
+        _llm(tiny_llama, quantization="gguf", quant_symmetric=True)
+    with pytest.raises(InvalidRequestError, match="applies to int4 and w4a8 only"):
+        _llm(tiny_llama, quantization="gguf", quant_group_size=64)
+    assert _llm(tiny_llama).info.quantization == "none"  # auto: an HF folder stays as loaded
+
+
+def test_without_the_kernels_kept_blocks_run_in_torch(tmp_path, home, monkeypatch):
+    path = tmp_path / "q41.gguf"
+    write_gguf(path, {}, tied=True)
+    with_kernels = _logits(_llm(path))
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    llm = _llm(path)
+    assert all("gguf-int4 weights have no C kernel on this CPU" in p for p in llm.info.layer_paths)
+    torch.testing.assert_close(_logits(llm), with_kernels, atol=2e-2, rtol=2e-2)  # the int4 kernel rounds x to bf16
