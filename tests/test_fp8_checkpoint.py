@@ -106,6 +106,10 @@ def test_fp8_checkpoint_loads_its_own_values(tiny, tmp_path, per_tensor, method)
     q8 = _llm(folder, quantization="int8")
     assert q8.info.weight_formats == "int8 x 9"
     assert float((q8.engine.prompt_logits(ids) - got).abs().max() / got.abs().max()) < 0.05
+    # an explicit none dequantizes them to --dtype (the default, auto, keeps them)
+    dense = _llm(folder, quantization="none")
+    assert "fp8" not in dense.info.weight_formats
+    assert float((dense.engine.prompt_logits(ids) - got).abs().max() / got.abs().max()) < 1e-4
 
 
 def test_block_wise_fp8_is_a_clear_error(tiny, tmp_path):

@@ -103,5 +103,5 @@ def test_options_and_cli():
 
 def test_eval_sweep_names_the_quantizations_it_takes():
     from ridgeline.eval.sweep import sweep_settings
-    with pytest.raises(InvalidRequestError, match="--sweep takes --quantization none, int8, w8a8, int4, w4a8; got mxfp4"):
+    with pytest.raises(InvalidRequestError, match="--sweep takes --quantization none, auto, int8, w8a8, int4, w4a8, gguf; got mxfp4"):
         sweep_settings({"quantization": "mxfp4"})

@@ -47,7 +47,8 @@ def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, 
         from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
         return kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan)
     default, rules = mc.weight_format or dense, mc.format_rules
-    ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if quantization == "none" else None
+    # an explicit none dequantizes an fp8 checkpoint; the default (auto) keeps it
+    ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if mc.quantization == "auto" else None
     if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
         default, rules = ckpt[0], rules + ckpt[1]
     return layer_format_rules(rules, default, plan), None
