@@ -130,3 +130,19 @@ def test_a_row_does_not_depend_on_its_block_or_threads(kv_dtype):
     assert torch.equal(run(slice(None), 1), whole)
     for a, b in [(0, 1), (5, 6), (17, 64), (64, 130), (100, 101), (33, 130)]:
         assert torch.equal(run(slice(a, b)), whole[a:b])
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_rows_past_the_prompt_take_the_decode_kernel(kv_dtype):
+    """tile_len = prompt lengths: prompt rows are tiled; rows past the prompt (proposals verified,
+    outputs recomputed after preemption) equal what the decode step computes for them, bit for bit."""
+    runs = [(0, 40), (30, 5), (10, 50)]
+    q, kc, vc, tables, row_seq, key_lens = _case(13, 3, 64, 16, runs, kv_dtype)
+    tile_len = torch.tensor([40, 32, 35])  # all prompt; two past the prompt; a recompute across its end
+    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, None, row_seq=row_seq, tile_len=tile_len)
+    tiled = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, None, row_seq=row_seq)
+    decode = cpu_attention.paged_decode(q, kc, vc, tables[row_seq].contiguous(), key_lens, 0.125, None)
+    past = key_lens > tile_len[row_seq]
+    assert 0 < int(past.sum()) < len(q)
+    assert torch.equal(got[past], decode[past])
+    assert torch.equal(got[~past], tiled[~past])

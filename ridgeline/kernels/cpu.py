@@ -57,8 +57,8 @@ _SIGNATURES = {
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
                                _I64, _I64, _F32, _INT],
-    "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64,
-                                  _I64, _I64, _I64, _F32, _INT],
+    "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64,
+                                  _I64, _I64, _I64, _I64, _F32, _INT],
 }
 
 _RESTYPES = {"ridgeline_stack_scratch": _I64}

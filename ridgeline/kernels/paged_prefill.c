@@ -10,8 +10,8 @@
  * (dynamic, longest first). Scores and values: vdpbf16ps on a bf16 cache (q and p rounded to bf16),
  * fp32 FMA on every other format, each K/V tile dequantized once per task (paged_prefill_tile.h).
  *
- * ridgeline_paged_attention is the entry the layers call: tiled for prefill rows where it applies,
- * the per-row kernel (paged_attention.c) for decode rows and everything else. */
+ * ridgeline_paged_attention is the entry the layers call: tiled for prompt rows where it applies,
+ * the per-row kernel (paged_attention.c) for decode rows, rows past the prompt and everything else. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -148,12 +148,20 @@ static void task(const att_src *s, int bf16, const float *q, const pf_task *t, c
 #undef RUN
 }
 
-/* rows -> tasks: runs of one sequence at consecutive positions, cut every qb positions, x KV heads */
-static int64_t make_tasks(const int64_t *row_seq, const int64_t *key_lens, int64_t B, int64_t Hkv, int64_t qb,
-                          pf_task *tasks) {
+static inline int tiled_row(const int64_t *row_seq, const int64_t *key_lens, const int64_t *tile_len, int64_t r) {
+    return !tile_len || key_lens[r] <= tile_len[row_seq[r]];
+}
+
+/* tiled rows -> tasks: runs of one sequence at consecutive positions, cut every qb positions, x KV heads */
+static int64_t make_tasks(const int64_t *row_seq, const int64_t *key_lens, const int64_t *tile_len, int64_t B,
+                          int64_t Hkv, int64_t qb, pf_task *tasks) {
     int64_t n = 0;
     for (int64_t r = 0, e; r < B; r = e) {
-        for (e = r + 1; e < B && e - r < qb && row_seq[e] == row_seq[e - 1] && key_lens[e] == key_lens[e - 1] + 1;) e++;
+        e = r + 1;
+        if (!tiled_row(row_seq, key_lens, tile_len, r)) continue;
+        while (e < B && e - r < qb && row_seq[e] == row_seq[e - 1] && key_lens[e] == key_lens[e - 1] + 1 &&
+               tiled_row(row_seq, key_lens, tile_len, e))
+            e++;
         for (int64_t hk = 0; hk < Hkv; hk++) tasks[n++] = (pf_task){r, e - r, hk};
     }
     return n;
@@ -165,15 +173,15 @@ static int tiled_applies(int kf, int vf, int64_t D, int64_t G, const int64_t *ro
 }
 
 static int paged_prefill(const float *q, const att_src *src, const int64_t *tables, const int64_t *row_seq,
-                         const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t max_nb, int64_t window,
-                         int nthreads) {
+                         const int64_t *key_lens, const int64_t *tile_len, float *out, int64_t B, int64_t H,
+                         int64_t max_nb, int64_t window, int nthreads) {
     int bf16 = 0;
 #ifdef __AVX512BF16__
     bf16 = src->fmt[0] == KV_BF16 && src->fmt[1] == KV_BF16;
 #endif
     pf_task *tasks = malloc(sizeof(pf_task) * (size_t)(B * src->Hkv));
     if (!tasks) return -1;
-    const int64_t n = make_tasks(row_seq, key_lens, B, src->Hkv, RP_MAX / src->G, tasks);
+    const int64_t n = make_tasks(row_seq, key_lens, tile_len, B, src->Hkv, RP_MAX / src->G, tasks);
     int failed = 0;
     #pragma omp parallel num_threads(nthreads)
     {
@@ -195,18 +203,30 @@ static int paged_prefill(const float *q, const att_src *src, const int64_t *tabl
 }
 #endif
 
-/* Same contract as ridgeline_paged_decode (paged_attention.c); rows given with row_seq (prefill
- * chunks) go through the tiled kernel where this build has it. */
+/* Same contract as ridgeline_paged_decode (paged_attention.c), plus tile_len [S] (or NULL: every
+ * row): rows given with row_seq whose key_lens <= tile_len[row_seq] (prompt rows) go through the
+ * tiled kernel where this build has it; the other rows (outputs being verified or recomputed) through
+ * the per-row kernel, which gives them what the decode step computes, bit for bit. */
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                               int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
-                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                              int64_t window, float scale, int nthreads) {
+                              const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                              int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
 #ifdef __AVX512F__
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (tiled_applies(kf, vf, D, H / Hkv, row_seq)) {
         const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
                              {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale};
-        return paged_prefill(q, &src, tables, row_seq, key_lens, out, B, H, max_nb, window, nthreads);
+        int rc = paged_prefill(q, &src, tables, row_seq, key_lens, tile_len, out, B, H, max_nb, window, nthreads);
+        for (int64_t r = 0, e; r < B && !rc; r = e) { /* runs of untiled rows */
+            for (e = r; e < B && !tiled_row(row_seq, key_lens, tile_len, e);) e++;
+            if (e > r)
+                rc = ridgeline_paged_decode(q + r * H * D, kc, vc, ksc, vsc, kv_formats, tables, row_seq + r,
+                                            key_lens + r, out + r * H * D, e - r, H, Hkv, D, bs, max_nb, window,
+                                            scale, nthreads);
+            else
+                e++;
+        }
+        return rc;
     }
 #endif
     return ridgeline_paged_decode(q, kc, vc, ksc, vsc, kv_formats, tables, row_seq, key_lens, out, B, H, Hkv, D, bs,
