@@ -58,3 +58,13 @@ def test_bench_long_context(tiny_llama, tmp_path, capsys, monkeypatch):
     shares = [r["attention_share_flops"] for r in res["rows"]]
     assert shares == sorted(shares)
     assert png.stat().st_size > 1000
+
+
+def test_crossover_from_the_profiled_curve(monkeypatch):
+    """advise --validate reads n* off the measured attention share curve (log-interpolated at 50%)."""
+    from ridgeline.bench import long_context
+    monkeypatch.setattr(long_context, "profile_prefill",
+                        lambda shape, n, *a: SimpleNamespace(attention_share=n / (n + 1000)))
+    got = long_context.crossover_from_profile(None, [256, 512, 2048, 4096], 512, None, None)
+    assert 950 < got < 1050
+    assert long_context.crossover_from_profile(None, [64, 128], 512, None, None) is None
