@@ -66,7 +66,7 @@ def cmd_long_context(args: argparse.Namespace) -> int:
     # 'max': the longest prompt that still leaves room for the decode tokens within max_model_len
     lengths = parse_lengths(args.lengths, llm.engine.max_model_len - args.decode_tokens - 1)
     cpp = llama_bench_rates(args.llama_bench) if args.llama_bench else None
-    bandwidth = local_hardware(verbose=True).bandwidth
+    bandwidth = args.bandwidth * 1e9 if args.bandwidth else local_hardware(verbose=True).bandwidth
     rows = measure(llm, lengths, args.decode_tokens, args.repeats, args.profile_threads)
     info = llm.info
     title = (f"{args.model} ({dtype_name(info.dtype)}, KV {dtype_name(info.kv_dtype)}) on {machine['cpu']}, "
@@ -99,6 +99,8 @@ def add_long_context_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=positive_int, default=2, metavar="N", help="runs per length; the best counts")
     p.add_argument("--profile-threads", type=positive_int, default=1, metavar="N",
                    help="threads of the one-layer attention/matmul profile (CPU time; 1 is the steadiest)")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
+                   help="memory read bandwidth for the decode floor (default: the advisor's measured profile)")
     p.add_argument("--llama-bench", default=None, metavar="FILE",
                    help="llama-bench -o json output to show beside (pp at n_prompt, tg at n_depth)")
     p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of both curves")
