@@ -23,7 +23,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "--rope-scaling its original length x factor); beyond that it runs, with a warning")
     g.add_argument("--rope-scaling", default=None, metavar="JSON",
                    help='override the model\'s RoPE scaling, e.g. \'{"rope_type": "yarn", "factor": 4}\'; '
-                        "rope_type linear, dynamic (NTK), yarn or llama3")
+                        "rope_type linear, dynamic (NTK), yarn or llama3 (default: the model's own)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: cuda when available, else cpu")
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="KV cache size, e.g. 2GiB (default: 25%% of free memory, at most 4 GiB)")

@@ -102,8 +102,8 @@ def add_long_context_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
                    help="memory read bandwidth for the decode floor (default: the advisor's measured profile)")
     p.add_argument("--llama-bench", default=None, metavar="FILE",
-                   help="llama-bench -o json output to show beside (pp at n_prompt, tg at n_depth)")
-    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of both curves")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
+                   help="llama-bench -o json output to show beside (pp at n_prompt, tg at n_depth; default: none)")
+    p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of both curves (default: none)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE (default: none)")
     p.set_defaults(func=cmd_long_context)
     return p
