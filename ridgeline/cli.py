@@ -20,7 +20,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto: bfloat16 where the device multiplies it natively, else float32")
     g.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                   help="longest prompt + output in tokens (default: the model's maximum context)")
+                   help="longest prompt + output in tokens (default: the model's maximum context, or with "
+                        "--rope-scaling its original length x factor); beyond that it runs, with a warning")
+    g.add_argument("--rope-scaling", default=None, metavar="JSON",
+                   help='override the model\'s RoPE scaling, e.g. \'{"rope_type": "yarn", "factor": 4}\'; '
+                        "rope_type linear, dynamic (NTK), yarn or llama3 (default: the model's own)")
     g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N; auto: cuda when available, else cpu")
     g.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
                    help="KV cache size, e.g. 2GiB (default: 25%% of free memory, at most 4 GiB)")
@@ -74,7 +78,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "kv_cache_dtype_v", "block_size", "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
-            "draft_quantization"]
+            "draft_quantization", "rope_scaling"]
     return {k: getattr(args, k) for k in keys}
 
 

@@ -5,11 +5,13 @@ Values measured at runtime (KV block count, EOS ids, chosen dtype) live in
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kv_spec import check_kv_cache_dtype
+from ridgeline.layers.rope_scaling import parse_override
 from ridgeline.quant import options as quant_options
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -42,6 +44,8 @@ class ModelConfig:
     quantization: str = "auto"
     quant_group_size: int | None = None  # int4: 32 (default), 64 or 128 input columns per scale
     quant_symmetric: bool = False  # int4: scale only, no per-group minimum
+    # RoPE scaling override (JSON object, layers/rope_scaling.py): replaces the config's rope_scaling
+    rope_scaling: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "layer_formats", tuple((str(p), str(f)) for p, f in self.layer_formats))
@@ -52,6 +56,12 @@ class ModelConfig:
             raise InvalidRequestError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", "dtype")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError("max_model_len must be >= 2", "max_model_len")
+        if self.rope_scaling is not None:  # checked once, kept as canonical JSON (hashable)
+            object.__setattr__(self, "rope_scaling", json.dumps(parse_override(self.rope_scaling), sort_keys=True))
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return json.loads(self.rope_scaling) if self.rope_scaling else None
 
     @property
     def weight_format(self) -> str | None:

@@ -170,9 +170,8 @@ def test_paged_decode_fast_path_matches_sdpa(D, bs, window, kv_dtype):
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("window", [None, 60])
 def test_prefill_rows_through_the_decode_kernel(kv_dtype, window):
-    """row_seq maps query rows to sequences: the same as expanding each row's block table, bit for bit
-    (consecutive rows of a sequence are attended as tiles sharing each K/V read; with a window, only
-    the rows it does not cut)."""
+    """The per-row kernel (tiled=False): row_seq maps query rows to sequences, the same as expanding
+    each row's block table, bit for bit (the tiled kernel: tests/test_paged_prefill.py)."""
     from ridgeline.kernels import cpu_attention
     torch.manual_seed(3)
     NB, bs, Hkv, G, D = 30, 16, 3, 3, 64
@@ -181,11 +180,11 @@ def test_prefill_rows_through_the_decode_kernel(kv_dtype, window):
     row_seq = torch.tensor([0] * 5 + [1] * 40)
     key_lens = torch.cat([torch.arange(20, 25), torch.arange(51, 91)]) + 1  # causal: position + 1
     q = torch.randn(45, Hkv * G, D)
-    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, window, row_seq=row_seq)
+    got = cpu_attention.paged_decode(q, kc, vc, tables, key_lens, 0.125, window, row_seq=row_seq, tiled=False)
     want = cpu_attention.paged_decode(q, kc, vc, tables[row_seq].contiguous(), key_lens, 0.125, window)
     assert torch.equal(got, want)
     one_by_one = torch.cat([cpu_attention.paged_decode(q[i:i + 1], kc, vc, tables, key_lens[i:i + 1], 0.125, window,
-                                                       row_seq=row_seq[i:i + 1]) for i in range(len(q))])
+                                                       row_seq=row_seq[i:i + 1], tiled=False) for i in range(len(q))])
     assert torch.equal(got, one_by_one)
 
 

@@ -10,11 +10,12 @@ import os
 import time
 
 from ridgeline.advisor.errors import AdvisorError
-from ridgeline.advisor.roofline import Platform, decode_step, prefill, ridge_batch
+from ridgeline.advisor.roofline import Platform, crossover_len, decode_step, prefill, ridge_batch
 
 PROMPT = 32  # tokens per request in the decode sweep
 PREFILL = 256  # tokens of the single prompt timed for prefill
 PREFIX_LEN, PREFIX_SHARE = 512, 0.75  # prefix-caching check: prompt tokens, fraction already cached
+CROSSOVER_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # prompt lengths profiled for the attention crossover
 
 
 def _count_calls(fn) -> int:
@@ -128,6 +129,28 @@ def _quant_rows(args, llm, pl: Platform, clock) -> list[tuple]:
                                     quantization=q), pl, base_step, base_calls, args.steps, clock, _decode)
 
 
+def crossover_row(eng, spec, info) -> tuple:
+    """n* = 4P/a (attention FLOPs overtake the linears') against the prompt length where one layer's
+    attention time overtakes its matmuls' in the engine's kernels (bench/attn_profile.py, CPU time on
+    one thread, the engine's prefill chunks). Measured below predicted: attention runs below the
+    matmul rate (the ratio is its share of that rate)."""
+    import torch
+
+    from ridgeline.bench.attn_profile import LayerShape
+    from ridgeline.bench.long_context import crossover_from_profile
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got = crossover_from_profile(LayerShape.of(eng.arch), list(CROSSOVER_LENGTHS),
+                                     eng.config.scheduler.max_num_batched_tokens, info.dtype, info.kv_dtype)
+    finally:
+        torch.set_num_threads(prev)
+    return ("attention crossover n* = 4P/a (tokens)", crossover_len(spec), got or float("inf"),
+            "attention time = matmul time, one layer profiled" if got else
+            f"attention below the matmuls up to {CROSSOVER_LENGTHS[-1]} tokens")
+
+
 def run_validate(args) -> int:
     from ridgeline import LLM
     from ridgeline.advisor.local_profile import local_hardware
@@ -190,6 +213,7 @@ def run_validate(args) -> int:
     rows.append(("ridge batch: t(1) x best tok/s of sweep", _saturation_batch(batches, predicted),
                  _saturation_batch(batches, measured), "same estimator on both curves"))
     rows += _quant_rows(args, llm, pl, clock)
+    rows.append(crossover_row(eng, spec, info))
     analytic = ridge_batch(pl, PROMPT + 3 + args.steps // 2)
     print("\n".join(["", "decode sweep (greedy, ignore_eos):"] + ["  " + n for n in notes]))
     print(f"\n{'':<40}{'predicted':>12}{'measured':>12}{'error':>9}")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 
 from ridgeline.config import EngineConfig
+from ridgeline.engine.context_length import context_length, with_rope_override
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
 from ridgeline.engine.kv_manager import KVCacheManager
@@ -64,15 +65,11 @@ class LLMEngine:
         torch.manual_seed(mc.seed)
         folder, gguf_file = resolve_model_source(mc.model, progress=config.progress)
         quantization = quant_options.resolve(mc.quantization, gguf_file)
-        arch = load_arch_config(folder)
+        arch = with_rope_override(load_arch_config(folder), mc.rope_scaling_dict)
         model_class(arch.architecture)  # unknown architectures fail before any weight is read
         self.arch = arch
         self.tokenizer = Tokenizer(folder)
-        max_len = mc.max_model_len or arch.max_position_embeddings
-        if max_len > arch.max_position_embeddings:
-            raise InvalidRequestError(f"max_model_len {max_len} exceeds the model's "
-                                      f"max_position_embeddings {arch.max_position_embeddings}", "max_model_len")
-        self.max_model_len = max_len
+        self.max_model_len = max_len = context_length(arch, mc.max_model_len, mc.rope_scaling is not None)
         dtype_name = str(choice.dtype).removeprefix("torch.")
         try:  # before any weight is read
             k_fmt, v_fmt = kv_formats(cc.k_dtype, cc.v_dtype, dtype_name, arch.head_dim)

@@ -4,7 +4,8 @@ gemm_packed.c: matmul against weights repacked at load time (AVX-512 fp32, AVX51
 every batch size; torch's CPU GEMM reads weights slowly at small M and runs below peak at large M.
 gemv.c: skinny matmul for 1-8 token batches on CPUs without it. paged_attention.c: attention read
 straight from the paged KV cache in any KV format (kv_quant.h), split across threads along the keys,
-where gather + SDPA costs a copy and a large fixed overhead.
+where gather + SDPA costs a copy and a large fixed overhead; paged_prefill.c: the same for prefill
+rows as query x key tiles with the online softmax (the entry the layers call).
 ops.c: fused element-wise layer steps (RMSNorm + residual, SiLU-and-multiply, rotary + quantizing KV write).
 gemm_int8.c, gemm_int8_g32.c, gemm_int4.c: weight-only matmul against int8 (per channel, or an fp16 scale
 per 32 k: GGUF Q8_0's grid) and group-wise int4 weights, packed at load time like gemm_packed.c's.
@@ -63,6 +64,8 @@ _SIGNATURES = {
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
                                _I64, _I64, _F32, _INT],
+    "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64,
+                                  _I64, _I64, _I64, _I64, _F32, _INT],
 }
 
 _RESTYPES = {"ridgeline_stack_scratch": _I64}

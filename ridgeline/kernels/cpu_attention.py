@@ -13,22 +13,33 @@ def available() -> bool:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  key_lens: torch.Tensor, scale: float, window: int | None,
                  row_seq: torch.Tensor | None = None, kv_format: int | None = None,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 tiled: bool = True, tile_len: torch.Tensor | None = None) -> torch.Tensor:
     """q [R, H, D]; caches [NB, bs, Hkv, units] stored as kv_format = K code | V code << 8
     (layers/kv_cache.py C_KV_FORMATS; default: fp32 or bf16 from their dtypes), quantized ones with
     their fp16 scales [NB, bs, Hkv, n]; block_tables [S, nb] int64; key_lens [R] int64
     -> [R, H*D] fp32. Row r attends to the first key_lens[r] cached positions of sequence
-    row_seq[r] (default r): decode rows, or the rows of prefill chunks with key_lens = position + 1."""
+    row_seq[r] (default r): decode rows, or the rows of prefill chunks with key_lens = position + 1.
+    tiled: prefill rows (row_seq given) go through the tiled kernel (paged_prefill.c) where it applies;
+    False: every row through the per-row kernel (paged_attention.c). tile_len [S] int64 (prompt
+    lengths): only rows with key_lens <= tile_len[row_seq] are tiled, the others take the per-row kernel."""
     B, H, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     qf = q.to(torch.float32).contiguous()
     if kv_format is None:
         kv_format = int(k_cache.dtype == torch.bfloat16) | int(v_cache.dtype == torch.bfloat16) << 8
     out = torch.empty(B, H * D, dtype=torch.float32)
-    rc = cpu.lib().ridgeline_paged_decode(
-        qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale), _ptr(v_scale), kv_format,
-        block_tables.data_ptr(), row_seq.data_ptr() if row_seq is not None else None, key_lens.data_ptr(),
-        out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale, torch.get_num_threads())
+    lib = cpu.lib()
+    tables, rows, lens = block_tables.data_ptr(), _ptr(row_seq), key_lens.data_ptr()
+    if tiled:
+        rc = lib.ridgeline_paged_attention(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
+                                           _ptr(v_scale), kv_format, tables, rows, lens, _ptr(tile_len),
+                                           out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale,
+                                           torch.get_num_threads())
+    else:
+        rc = lib.ridgeline_paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
+                                        _ptr(v_scale), kv_format, tables, rows, lens, out.data_ptr(), B, H, Hkv, D, bs,
+                                        block_tables.shape[1], window or 0, scale, torch.get_num_threads())
     if rc == -2:
         raise ValueError(f"paged_decode: unknown KV format code {kv_format}")
     if rc:

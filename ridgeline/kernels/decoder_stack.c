@@ -25,10 +25,10 @@ int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nt
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
                       int kv_formats, int nthreads);
-int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
-                           int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
-                           float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                           int64_t window, float scale, int nthreads);
+int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
+                              int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
+                              const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
+                              int64_t window, float scale, int nthreads);
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_packed_available(int bf16);
@@ -65,7 +65,7 @@ enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
-enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_FIELDS };
+enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
 
 typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
@@ -170,10 +170,10 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
-            rc |= ridgeline_paged_decode(q + r0 * HD, kc, vc, ksc, vsc, kvf, PTR(const int64_t, gp[GP_TABLES]),
-                                         PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
-                                         att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB], lp[LP_WINDOW],
-                                         scale, nt);
+            rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, kvf, PTR(const int64_t, gp[GP_TABLES]),
+                                            PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
+                                            PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
+                                            lp[LP_WINDOW], scale, nt);
         }
         rc |= linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
         if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);

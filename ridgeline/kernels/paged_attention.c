@@ -20,27 +20,7 @@
 
 #define SPLIT 256 /* positions per split, a multiple of every block size up to it */
 
-typedef struct {
-    const char *data[2]; /* K, V */
-    const uint16_t *scale[2];
-    int fmt[2];
-    int64_t vb[2], ns[2]; /* data bytes and scales per (position, head) vector */
-    int64_t Hkv, D, G, bs;
-    float scale_qk;
-} att_src;
-
-/* one task's range: heads [h0, h1) of one row, positions [lo, hi); end_blk: the row's last block */
-typedef struct {
-    const int64_t *table;
-    int64_t lo, hi, h0, h1, end_blk;
-} att_range;
-
-static inline const char *vec_ptr(const att_src *s, int w, int64_t slot, int64_t h) {
-    return s->data[w] + (slot * s->Hkv + h) * s->vb[w];
-}
-static inline const uint16_t *scale_ptr(const att_src *s, int w, int64_t slot, int64_t h) {
-    return s->scale[w] ? s->scale[w] + (slot * s->Hkv + h) * s->ns[w] : NULL;
-}
+#include "paged_src.h"
 
 /* Portable path, any format and head_dim: each vector dequantized (kv_load) before use. q: the task's
  * (h1 - h0) * G query rows, already rotated for a rotated K. Writes m, l [rows], u [rows, D]. */
@@ -220,8 +200,6 @@ static __attribute__((noinline)) void finish(const float *L, const float *U, flo
         if (rotated) kv_fwht(out + i * D, D);
     }
 }
-
-static inline int64_t first_key(int64_t len, int64_t window) { return window > 0 && len > window ? len - window : 0; }
 
 /* split sp of a row [first, len): positions [max(first, sp * SPLIT), min(len, (sp + 1) * SPLIT)) */
 static inline void split_range(att_range *r, int64_t first, int64_t len, int64_t sp) {

@@ -3,7 +3,9 @@
 A backend is chosen per layer when its cache is bound (`Attention.bind`), never per step:
 - "paged_c": kernels/paged_attention.c reads CPU blocks of every KV format in place (dequantizing
   inside the kernel), for decode rows and for each row of a prefill chunk as a query at its own
-  position (key_lens = position + 1).
+  position (key_lens = position + 1); prompt rows go through the tiled kernel (paged_prefill.c),
+  rows past the prompt (proposals being verified, outputs recomputed) through the per-row kernel
+  the decode step uses, so they equal what plain decoding computes bit for bit.
 - "sdpa": gathers each sequence's blocks (dequantized) into a padded view and calls SDPA. Grouped-query trick:
   the G = H / Hkv query heads that share a KV head are laid out as extra query rows, so SDPA runs
   per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
@@ -113,7 +115,7 @@ class PagedC(AttentionBackend):
                                               kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale)
         return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
                                           row_seq=g.row_seq, kv_format=kv.c_format, k_scale=kv.k_scale,
-                                          v_scale=kv.v_scale)
+                                          v_scale=kv.v_scale, tile_len=g.tile_len)
 
 
 def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:

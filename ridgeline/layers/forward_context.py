@@ -22,6 +22,9 @@ class AttnGroup:
     # rows of a group with more than one new token per sequence: its sequence and its causal key count
     row_seq: torch.Tensor | None = None  # [Tg] int64
     row_key_lens: torch.Tensor | None = None  # [Tg] int64 = position + 1
+    # [B] int64 prompt length: rows at prompt positions (row_key_lens <= tile_len) may be attended in
+    # tiles; the others (outputs being verified or recomputed) as the decode step attends them
+    tile_len: torch.Tensor | None = None
     derived: dict = field(default_factory=dict)  # per-backend metadata, built on first use this step
 
     @property

@@ -1,4 +1,4 @@
-"""Rotary position embedding with llama3 / linear scaling, applied as a complex multiply.
+"""Rotary position embedding (scaled as layers/rope_scaling.py says), applied as a complex multiply.
 
 Layout: q/k heads are stored with rotary pairs interleaved (dims 2i, 2i+1), the GGUF/Meta layout;
 `interleave_rows` converts HF's rotate-half weight rows to it at load time. Attention scores are
@@ -6,30 +6,10 @@ unchanged by this (q and k are permuted alike).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from ridgeline.errors import UnsupportedArchitectureError
-
-
-def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
-    if not scaling:
-        return inv
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        return inv / scaling["factor"]
-    if kind == "llama3":
-        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv
-        smooth = ((old / wavelen) - lo) / (hi - lo)
-        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
-        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
-        return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    raise UnsupportedArchitectureError(f"rope scaling type {kind!r} is not supported (linear, llama3 are)")
+from ridgeline.layers.rope_scaling import inv_freq
 
 
 def interleave_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -52,9 +32,10 @@ class Rotary(nn.Module):
 
     def init_tables(self, device: torch.device) -> None:
         head_dim, max_positions, theta, scaling = self.args
-        inv = _inv_freq(head_dim, theta, scaling)
+        inv, att = inv_freq(head_dim, theta, scaling, max_positions)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device="cpu"), inv)
-        self.cis = torch.polar(torch.ones_like(freqs), freqs).to(torch.complex64).to(device)
+        # |cis| = the attention factor (YaRN: q and k both scaled by it, as transformers does)
+        self.cis = torch.polar(torch.full_like(freqs, att), freqs).to(torch.complex64).to(device)
         self.cos_sin = torch.view_as_real(self.cis)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):

@@ -96,7 +96,7 @@ class CStack:
         ctx = get_forward_context()
         groups = torch.tensor([[g.rows.start, g.rows.stop - g.rows.start, g.block_tables.data_ptr(),
                                 g.block_tables.shape[1], _ptr(g.row_seq),
-                                (g.key_lens if g.row_seq is None else g.row_key_lens).data_ptr()]
+                                (g.key_lens if g.row_seq is None else g.row_key_lens).data_ptr(), _ptr(g.tile_len)]
                                for g in ctx.groups], dtype=torch.int64)
         T = hidden.shape[0]
         if residual is None:

@@ -73,30 +73,34 @@ class ModelRunner:
         slots = tables[seq_of, positions // bs] * bs + positions % bs
         ids = [t for s in seqs for t in s.token_ids]
         num_decode = int(np.searchsorted(n != 1, True))  # decodes (1 new token) come first
+        prompt = np.fromiter((s.num_prompt_tokens for s in seqs), np.int64, len(seqs))
         groups = []
         if num_decode:
             groups.append(self._group(slice(0, num_decode), n[:num_decode], start[:num_decode],
-                                      tables[:num_decode]))
+                                      tables[:num_decode], prompt[:num_decode]))
         if num_decode < len(seqs):
             groups.append(self._group(slice(num_decode, T), n[num_decode:], start[num_decode:],
-                                      tables[num_decode:]))
+                                      tables[num_decode:], prompt[num_decode:]))
         ctx = ForwardContext(slot_mapping=torch.from_numpy(slots).to(dev), groups=groups)
         rows = [r for i, s in enumerate(seqs) if s.sample for r in range(int(cu[i]) - 1 - s.num_spec, int(cu[i]))]
         sample_rows = torch.tensor(rows, dtype=torch.long, device=dev)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.from_numpy(positions).to(dev),
                 ctx, sample_rows)
 
-    def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray) -> AttnGroup:
+    def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray,
+               prompt: np.ndarray) -> AttnGroup:
         """What every attention backend reads; a backend derives more (SDPA masks) itself if it needs it."""
         dev = self.device
         key_lens = start + n
         nb = int(-(-key_lens.max() // self.block_size))
-        row_seq = row_key_lens = None
+        row_seq = row_key_lens = tile_len = None
         if int(n.max()) > 1:
             offsets = np.cumsum(n) - n
             row_seq = np.repeat(np.arange(len(n)), n)
             row_key_lens = start[row_seq] + np.arange(int(n.sum())) - offsets[row_seq] + 1
             row_seq, row_key_lens = torch.from_numpy(row_seq).to(dev), torch.from_numpy(row_key_lens).to(dev)
+            tile_len = torch.from_numpy(np.ascontiguousarray(prompt)).to(dev)
         return AttnGroup(rows=rows, start=start, n=n,
                          block_tables=torch.from_numpy(np.ascontiguousarray(tables[:, :nb])).to(dev),
-                         key_lens=torch.from_numpy(key_lens).to(dev), row_seq=row_seq, row_key_lens=row_key_lens)
+                         key_lens=torch.from_numpy(key_lens).to(dev), row_seq=row_seq, row_key_lens=row_key_lens,
+                         tile_len=tile_len)

@@ -51,6 +51,11 @@ def _ids(value) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
+def freeze_rope_scaling(scaling: dict) -> tuple | None:
+    """A rope_scaling dict as ArchConfig keeps it (sorted pairs, hashable); None when empty."""
+    return tuple(sorted((k, _freeze(v)) for k, v in scaling.items())) or None
+
+
 def load_arch_config(folder: Path) -> ArchConfig:
     path = Path(folder) / "config.json"
     try:
@@ -73,6 +78,8 @@ def load_arch_config(folder: Path) -> ArchConfig:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type == "default":
             scaling = {}
+        elif rope_type in ("dynamic", "yarn"):  # their original length, as transformers defaults it
+            scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
         gen_eos = _generation_eos(Path(folder))
         return ArchConfig(
             architecture=archs[0],
@@ -90,7 +97,7 @@ def load_arch_config(folder: Path) -> ArchConfig:
             qkv_bias=archs[0].startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
             o_bias=bool(cfg.get("attention_bias", False)),
             sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
-            rope_scaling=tuple(sorted((k, _freeze(v)) for k, v in scaling.items())) or None,
+            rope_scaling=freeze_rope_scaling(scaling),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id")))),
         )
