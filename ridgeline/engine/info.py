@@ -32,6 +32,7 @@ class EngineInfo:
     weight_formats: str = ""  # each Linear weight format with its count, e.g. "int8 x 121"
     weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
+    kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)
 
     @property
     def block_size(self) -> int:
@@ -68,9 +69,17 @@ class EngineInfo:
         return (self.num_kv_blocks - 1) * self.block_size
 
     @property
+    def tokens_per_request(self) -> int:
+        """KV slots a decoding request of max_model_len holds: all its tokens, or with a window on every
+        layer the blocks its window spans (at most ceil(window / block_size) + 1)."""
+        if self.kv_window is None:
+            return self.max_model_len
+        return min(self.max_model_len, (-(-self.kv_window // self.block_size) + 1) * self.block_size)
+
+    @property
     def max_concurrency(self) -> float:
-        """Requests of max_model_len tokens that fit in the cache at once."""
-        return self.kv_capacity_tokens / self.max_model_len
+        """Requests of max_model_len tokens that fit in the cache at once (decoding)."""
+        return self.kv_capacity_tokens / self.tokens_per_request
 
     def layer_report(self) -> list[str]:
         """Which path each layer runs, runs of equal layers merged: names every module-path layer and why."""
@@ -88,6 +97,11 @@ class EngineInfo:
         r = self.kv_capacity_ratio
         return "" if abs(r - 1) < 1e-9 else f", {r:.2f}x the tokens of {str(self.dtype).removeprefix('torch.')}"
 
+    def _window_note(self) -> str:
+        if self.kv_window is None:
+            return ""
+        return f" (sliding window {self.kv_window}: at most {self.tokens_per_request} tokens held per request)"
+
     def summary(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
         lines = [
@@ -96,7 +110,7 @@ class EngineInfo:
             f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
             f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
             f"{self.kv_spec.describe()}{self._kv_ratio_note()}); max concurrency at "
-            f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
+            f"max_model_len {self.max_model_len}{self._window_note()}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
             f"kernels    {self.kernels}",
         ]

@@ -74,7 +74,8 @@ class LLMEngine:
         if num_blocks < 2:
             raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
-        if capacity < max_len:
+        window = arch.kv_window  # every layer has a window: a request holds only the blocks it reaches
+        if capacity < _peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size):
             if mc.max_model_len:
                 raise InvalidRequestError(
                     f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
@@ -83,7 +84,7 @@ class LLMEngine:
         eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
                                                         is not None else ())))
         self.eos_ids = set(eos)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching, window=window)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         proposer = create_proposer(config.speculative, arch.vocab_size,
@@ -98,7 +99,7 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config))
+                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config), window)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -153,7 +154,9 @@ class LLMEngine:
         ids = self.encode_prompt(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
-        if self.kv.blocks_for(len(ids) + 1) > self.kv.num_usable_blocks:
+        peak = _peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
+                            self.kv.block_size)
+        if self.kv.blocks_for(peak) > self.kv.num_usable_blocks:
             raise InvalidRequestError(
                 f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
                 "raise --kv-cache-memory", "prompt")
@@ -257,8 +260,10 @@ class LLMEngine:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
         tables, bs = self.kv.tables, self.kv.block_size
         running = self.scheduler.running
-        self.kv_usage[0] += sum(len(tables.get(r.request_id, ())) for r in running) * bs
-        self.kv_usage[1] += sum(r.num_computed_tokens for r in running)
+        held = {r.request_id: self.kv.held_blocks(r.request_id) for r in running}
+        self.kv_usage[0] += sum(held.values()) * bs
+        self.kv_usage[1] += sum(r.num_computed_tokens - (len(tables.get(r.request_id, ())) - held[r.request_id]) * bs
+                                for r in running)
 
     def kv_waste(self) -> float | None:
         """Fraction of allocated KV slots holding no token, averaged over steps since reset_kv_usage()."""
@@ -285,6 +290,12 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
+
+
+def _peak_tokens(num_tokens: int, window: int | None, chunk: int, block_size: int) -> int:
+    """KV slots a request of num_tokens holds at most: all of them, or with a window (every layer's) the
+    window behind a step's first token, that step's tokens (a prefill chunk) and a partial block."""
+    return num_tokens if window is None else min(num_tokens, window - 1 + chunk + block_size)
 
 
 def _spec_line(config: EngineConfig) -> str | None:

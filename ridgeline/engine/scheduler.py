@@ -6,6 +6,7 @@ Admission first looks the request up in the prefix cache: a hit starts it at num
 the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
 is scheduled with them appended (they count against the budget); advance() then moves it by the
 tokens it knows plus the proposals the runner accepted, and shrinks its table to what it holds.
+Sliding windows: after each step, blocks no layer's window reaches any more are released.
 Torch-free.
 """
 from __future__ import annotations
@@ -155,6 +156,8 @@ class Scheduler:
             if self.kv.caching:  # blocks full of computed tokens (prompt or output) become cached
                 self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens),
                                      req.cache_salt)
+            if self.kv.window:  # the next query (at num_computed_tokens) reaches back window - 1 keys
+                self.kv.release_before(req.request_id, req.num_computed_tokens - self.kv.window + 1)
             if spec:
                 self.kv.shrink(req.request_id, req.num_computed_tokens + 1)
         self._last = []
