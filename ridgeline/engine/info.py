@@ -33,6 +33,8 @@ class EngineInfo:
     weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
     kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)
+    kv_budget: int | None = None  # KV eviction: tokens of KV a request keeps at most
+    kv_eviction: str | None = None  # the eviction policy, described; None when off
 
     @property
     def block_size(self) -> int:
@@ -72,9 +74,12 @@ class EngineInfo:
     def tokens_per_request(self) -> int:
         """KV slots a decoding request of max_model_len holds: all its tokens, or with a window on every
         layer the blocks its window spans (at most ceil(window / block_size) + 1)."""
+        bs = self.block_size
+        if self.kv_budget is not None:
+            return min(self.max_model_len, -(-self.kv_budget // bs) * bs)
         if self.kv_window is None:
             return self.max_model_len
-        return min(self.max_model_len, (-(-self.kv_window // self.block_size) + 1) * self.block_size)
+        return min(self.max_model_len, (-(-self.kv_window // bs) + 1) * bs)
 
     @property
     def max_concurrency(self) -> float:
@@ -98,6 +103,8 @@ class EngineInfo:
         return "" if abs(r - 1) < 1e-9 else f", {r:.2f}x the tokens of {str(self.dtype).removeprefix('torch.')}"
 
     def _window_note(self) -> str:
+        if self.kv_budget is not None:
+            return f" (KV eviction: at most {self.tokens_per_request} tokens held per request)"
         if self.kv_window is None:
             return ""
         return f" (sliding window {self.kv_window}: at most {self.tokens_per_request} tokens held per request)"
@@ -119,6 +126,8 @@ class EngineInfo:
                             "(the LM head included)")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
+        if self.kv_eviction:
+            lines.append(f"evict      {self.kv_eviction}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
             lines += [f"layers     {line}" for line in self.layer_report()]
         return "\n".join(lines)

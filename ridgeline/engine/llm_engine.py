@@ -9,6 +9,7 @@ import torch
 from ridgeline.config import EngineConfig
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
+from ridgeline.engine.kv_eviction import Evictor, conflict
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
 from ridgeline.engine.messages import EngineRequest
@@ -64,9 +65,15 @@ class LLMEngine:
             raise InvalidRequestError(str(e), "kv_cache_dtype") from None
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        evict = cc.kv_eviction != "none"
+        why = evict and conflict(cc.kv_eviction, config.speculative.method, arch.sliding_window,
+                                 config.attention_backend)
+        if why:
+            raise InvalidRequestError(why, "kv_eviction")
+        backend = "h2o" if cc.kv_eviction == "h2o" else config.attention_backend
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
-        opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
+        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
@@ -75,7 +82,8 @@ class LLMEngine:
             raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
         window = arch.kv_window  # every layer has a window: a request holds only the blocks it reaches
-        if capacity < _peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size):
+        budget = cc.kv_eviction_budget if evict else None
+        if capacity < _peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
             if mc.max_model_len:
                 raise InvalidRequestError(
                     f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
@@ -84,8 +92,11 @@ class LLMEngine:
         eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
                                                         is not None else ())))
         self.eos_ids = set(eos)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching, window=window)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
+        caching = cc.enable_prefix_caching and not evict
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window)
+        self.scheduler = Scheduler(config.scheduler, self.kv,
+                                   Evictor(cc.kv_eviction, budget, cc.kv_sink_tokens) if evict else None)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
@@ -99,7 +110,8 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config), window)
+                               caching, *weight_summary(model), _spec_line(config), window, budget,
+                               _eviction_line(config) if evict else None)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -154,8 +166,9 @@ class LLMEngine:
         ids = self.encode_prompt(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
+        ev = self.scheduler.evictor
         peak = _peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
-                            self.kv.block_size)
+                            self.kv.block_size, ev and ev.budget)
         if self.kv.blocks_for(peak) > self.kv.num_usable_blocks:
             raise InvalidRequestError(
                 f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
@@ -223,6 +236,8 @@ class LLMEngine:
             spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
             if plan.finished_ids:
                 spec.forget(plan.finished_ids)
+        for rid, attention in result.kv_attention.items():
+            self.scheduler.evictor.observe(rid, attention)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
@@ -260,10 +275,12 @@ class LLMEngine:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
         tables, bs = self.kv.tables, self.kv.block_size
         running = self.scheduler.running
-        held = {r.request_id: self.kv.held_blocks(r.request_id) for r in running}
-        self.kv_usage[0] += sum(held.values()) * bs
-        self.kv_usage[1] += sum(r.num_computed_tokens - (len(tables.get(r.request_id, ())) - held[r.request_id]) * bs
-                                for r in running)
+        self.kv_usage[0] += sum(len(tables.get(r.request_id, ())) for r in running) * bs
+        self.kv_usage[1] += sum(r.num_computed_tokens for r in running)
+        if self.kv.holes:  # blocks a window released: neither slots nor tokens held
+            released = sum(self.kv.holes.get(r.request_id, 0) for r in running) * bs
+            self.kv_usage[0] -= released
+            self.kv_usage[1] -= released
 
     def kv_waste(self) -> float | None:
         """Fraction of allocated KV slots holding no token, averaged over steps since reset_kv_usage()."""
@@ -292,10 +309,19 @@ class LLMEngine:
             self.scheduler.finish(req, status)
 
 
-def _peak_tokens(num_tokens: int, window: int | None, chunk: int, block_size: int) -> int:
-    """KV slots a request of num_tokens holds at most: all of them, or with a window (every layer's) the
-    window behind a step's first token, that step's tokens (a prefill chunk) and a partial block."""
+def _peak_tokens(num_tokens: int, window: int | None, chunk: int, block_size: int, budget: int | None) -> int:
+    """KV slots a request of num_tokens holds at most: all of them; with a window (every layer's) the
+    window behind a step's first token, that step's tokens (a prefill chunk) and a partial block; with
+    KV eviction, its budget in whole blocks."""
+    if budget is not None:
+        return min(num_tokens, -(-budget // block_size) * block_size)
     return num_tokens if window is None else min(num_tokens, window - 1 + chunk + block_size)
+
+
+def _eviction_line(config: EngineConfig) -> str:
+    cc = config.cache
+    return (f"{cc.kv_eviction} (lossy): at most {cc.kv_eviction_budget} tokens of KV per request, the first "
+            f"{cc.kv_sink_tokens} always kept")
 
 
 def _spec_line(config: EngineConfig) -> str | None:
