@@ -127,3 +127,18 @@ def conflict(policy: str, speculative_method: str | None, sliding_window: int | 
     if policy == "h2o" and attention_backend not in ("auto", "h2o"):
         return f"KV eviction h2o runs its own attention backend (h2o), not {attention_backend}"
     return None
+
+
+def peak_tokens(num_tokens: int, window: int | None, chunk: int, block_size: int, budget: int | None) -> int:
+    """KV slots a request of num_tokens holds at most: all of them; with a window (every layer's) the
+    window behind a step's first token, that step's tokens (a prefill chunk) and a partial block; with
+    KV eviction, its budget in whole blocks."""
+    if budget is not None:
+        return min(num_tokens, -(-budget // block_size) * block_size)
+    return num_tokens if window is None else min(num_tokens, window - 1 + chunk + block_size)
+
+
+def describe_eviction(cc) -> str:
+    """The start-up line of an engine that evicts (cc: its CacheConfig)."""
+    return (f"{cc.kv_eviction} (lossy): at most {cc.kv_eviction_budget} tokens of KV per request, the first "
+            f"{cc.kv_sink_tokens} always kept")

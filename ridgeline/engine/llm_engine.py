@@ -9,7 +9,7 @@ import torch
 from ridgeline.config import EngineConfig
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
-from ridgeline.engine.kv_eviction import Evictor, conflict
+from ridgeline.engine.kv_eviction import Evictor, conflict, describe_eviction, peak_tokens
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
 from ridgeline.engine.messages import EngineRequest
@@ -83,7 +83,7 @@ class LLMEngine:
         capacity = (num_blocks - 1) * cc.block_size
         window = arch.kv_window  # every layer has a window: a request holds only the blocks it reaches
         budget = cc.kv_eviction_budget if evict else None
-        if capacity < _peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
+        if capacity < peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
             if mc.max_model_len:
                 raise InvalidRequestError(
                     f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
@@ -111,7 +111,7 @@ class LLMEngine:
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
                                caching, *weight_summary(model), _spec_line(config), window, budget,
-                               _eviction_line(config) if evict else None)
+                               describe_eviction(config.cache) if evict else None)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -167,7 +167,7 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
         ev = self.scheduler.evictor
-        peak = _peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
+        peak = peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
                             self.kv.block_size, ev and ev.budget)
         if self.kv.blocks_for(peak) > self.kv.num_usable_blocks:
             raise InvalidRequestError(
@@ -307,21 +307,6 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
-
-
-def _peak_tokens(num_tokens: int, window: int | None, chunk: int, block_size: int, budget: int | None) -> int:
-    """KV slots a request of num_tokens holds at most: all of them; with a window (every layer's) the
-    window behind a step's first token, that step's tokens (a prefill chunk) and a partial block; with
-    KV eviction, its budget in whole blocks."""
-    if budget is not None:
-        return min(num_tokens, -(-budget // block_size) * block_size)
-    return num_tokens if window is None else min(num_tokens, window - 1 + chunk + block_size)
-
-
-def _eviction_line(config: EngineConfig) -> str:
-    cc = config.cache
-    return (f"{cc.kv_eviction} (lossy): at most {cc.kv_eviction_budget} tokens of KV per request, the first "
-            f"{cc.kv_sink_tokens} always kept")
 
 
 def _spec_line(config: EngineConfig) -> str | None:
