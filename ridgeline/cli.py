@@ -37,6 +37,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="K alone (default: --kv-cache-dtype)")
     g.add_argument("--kv-cache-dtype-v", default=None, choices=kv_choices, metavar="DTYPE",
                    help="V alone (default: --kv-cache-dtype)")
+    g.add_argument("--kv-eviction", default="none", choices=["none", "streaming", "h2o"],
+                   help="lossy: keep at most --kv-eviction-budget tokens of KV per request, the first "
+                        "--kv-sink-tokens always; streaming keeps the most recent others (StreamingLLM), h2o the "
+                        "most recent half and the tokens that received the most attention (heavy hitters); "
+                        "turns prefix caching off")
+    g.add_argument("--kv-eviction-budget", type=int, default=1024, metavar="N",
+                   help="--kv-eviction: tokens of KV a request keeps at most (at least the sinks and one block)")
+    g.add_argument("--kv-sink-tokens", type=int, default=4, metavar="N",
+                   help="--kv-eviction: the first N tokens of a request are never evicted (attention sinks)")
     g.add_argument("--block-size", type=int, default=16, metavar="N",
                    help="tokens per KV cache block, a power of two")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -75,7 +84,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "kv_cache_dtype", "kv_cache_dtype_k",
-            "kv_cache_dtype_v", "block_size", "enable_prefix_caching",
+            "kv_cache_dtype_v", "kv_eviction", "kv_eviction_budget", "kv_sink_tokens", "block_size",
+            "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling"]

@@ -15,6 +15,7 @@ from ridgeline.layers.rope_scaling import parse_override
 from ridgeline.quant import options as quant_options
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_EVICTION = ("none", "streaming", "h2o")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30}
 
@@ -85,6 +86,12 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
     kv_cache_dtype_k: str | None = None
     kv_cache_dtype_v: str | None = None
+    # lossy, opt-in (ridgeline/engine/kv_eviction.py): keep at most kv_eviction_budget tokens of KV per
+    # request, the first kv_sink_tokens always; "streaming": the most recent others; "h2o": the most recent
+    # half and the others with the most accumulated attention
+    kv_eviction: str = "none"
+    kv_eviction_budget: int = 1024
+    kv_sink_tokens: int = 4
 
     @property
     def k_dtype(self) -> str:
@@ -104,6 +111,15 @@ class CacheConfig:
             raise InvalidRequestError("block_size must be a power of two", "block_size")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise InvalidRequestError("kv_cache_memory must be positive", "kv_cache_memory")
+        if self.kv_eviction not in KV_EVICTION:
+            raise InvalidRequestError(f"kv_eviction must be one of {', '.join(KV_EVICTION)}, got {self.kv_eviction!r}",
+                                      "kv_eviction")
+        if self.kv_sink_tokens < 0:
+            raise InvalidRequestError("kv_sink_tokens must be >= 0", "kv_sink_tokens")
+        if self.kv_eviction != "none" and self.kv_eviction_budget < self.kv_sink_tokens + self.block_size:
+            raise InvalidRequestError(
+                f"kv_eviction_budget {self.kv_eviction_budget} must hold the {self.kv_sink_tokens} sink tokens "
+                f"and at least one block ({self.block_size} tokens) more", "kv_eviction_budget")
         if not 0 < self.kv_cache_fraction <= 0.95:
             raise InvalidRequestError("kv_cache_fraction must be in (0, 0.95]", "kv_cache_fraction")
 

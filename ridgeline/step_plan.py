@@ -21,6 +21,10 @@ class ScheduledSeq:
     num_spec: int = 0  # proposed tokens at the end of token_ids, verified by this step
     score_prompt: bool = False  # prompt_logprobs: score the prompt tokens this chunk predicts
     next_token: int | None = None  # ... the prompt token after this chunk (its last row's target), if any
+    # KV eviction: the slots of this request's kept tokens before this step (its new tokens follow
+    # them; None: start, slots are positions), and (from, to) flat slots to move before the forward
+    cache_start: int | None = None
+    kv_moves: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_new(self) -> int:
@@ -67,3 +71,5 @@ class SampledSeq:
 class StepResult:
     sampled: list[SampledSeq] = field(default_factory=list)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # request id -> this step's
+    # KV eviction by attention (h2o): request id -> attention each of its slots received this step
+    kv_attention: dict[str, object] = field(default_factory=dict)

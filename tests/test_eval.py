@@ -160,3 +160,37 @@ def test_eval_command_errors(tiny_llama, capsys):
     assert "--window must be at least 2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", str(tiny_llama), "--quantization", "int5"])
+
+
+def test_eviction_settings_and_names():
+    from ridgeline.eval.cli import eviction_settings
+    opts = {"kv_eviction": "streaming", "kv_eviction_budget": 64, "kv_sink_tokens": 4}
+    assert setting_name(None, opts) == "streaming 64 (4 sinks)"
+    settings = eviction_settings({"kv_eviction": "none"}, (32, 48), ("streaming", "h2o"))
+    assert [s.name for s in settings] == ["streaming 32 (4 sinks)", "streaming 48 (4 sinks)", "h2o 32 (4 sinks)",
+                                          "h2o 48 (4 sinks)"]
+    assert settings[3].options == {"kv_eviction": "h2o", "kv_eviction_budget": 48}
+    assert reference_options(opts)["kv_eviction"] == "none"
+    with pytest.raises(Exception, match="needs --kv-eviction"):
+        eviction_settings({"kv_eviction": "none"}, (32,), None)
+
+
+def test_eval_measures_eviction_budgets(tiny_llama, tmp_path, capsys):
+    """Perplexity and teacher-forced top-1 agreement through the evicting steps; a budget that holds
+    the whole window equals the reference."""
+    out = tmp_path / "evict.json"
+    rc = main(["eval", str(tiny_llama), "--dtype", "float32", "--kv-cache-memory", "4MiB", "--window", "96",
+               "--max-tokens", "192", "--prompts", "1", "--gen-tokens", "4", "--block-size", "4",
+               "--kv-eviction", "streaming", "--kv-eviction-budgets", "24,96", "--kv-eviction-policies",
+               "streaming,h2o", "--no-progress", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "streaming 24 (4 sinks)" in text and "KV per request  h2o 24 (4 sinks): at most 24 of 96" in text
+    res = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    ref = json.loads(out.read_text())["reference"]
+    assert len(res) == 4 and all(r["mean_kl"] is None for r in res.values())
+    for policy in ("streaming", "h2o"):
+        full = res[f"{policy} 96 (4 sinks)"]
+        assert full["top1_agreement"] == 1.0 and full["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-5)
+        assert res[f"{policy} 24 (4 sinks)"]["top1_agreement"] < 1.0
+        assert res[f"{policy} 24 (4 sinks)"]["kv_tokens_per_request"] == 24

@@ -33,6 +33,9 @@ class EngineInfo:
     weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
     quantization: str = "none"  # what the quantization option resolved to (auto: gguf for a GGUF model)
+    kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)
+    kv_budget: int | None = None  # KV eviction: tokens of KV a request keeps at most
+    kv_eviction: str | None = None  # the eviction policy, described; None when off
 
     @property
     def block_size(self) -> int:
@@ -69,9 +72,20 @@ class EngineInfo:
         return (self.num_kv_blocks - 1) * self.block_size
 
     @property
+    def tokens_per_request(self) -> int:
+        """KV slots a decoding request of max_model_len holds: all its tokens, or with a window on every
+        layer the blocks its window spans (at most ceil(window / block_size) + 1)."""
+        bs = self.block_size
+        if self.kv_budget is not None:
+            return min(self.max_model_len, -(-self.kv_budget // bs) * bs)
+        if self.kv_window is None:
+            return self.max_model_len
+        return min(self.max_model_len, (-(-self.kv_window // bs) + 1) * bs)
+
+    @property
     def max_concurrency(self) -> float:
-        """Requests of max_model_len tokens that fit in the cache at once."""
-        return self.kv_capacity_tokens / self.max_model_len
+        """Requests of max_model_len tokens that fit in the cache at once (decoding)."""
+        return self.kv_capacity_tokens / self.tokens_per_request
 
     def layer_report(self) -> list[str]:
         """Which path each layer runs, runs of equal layers merged: names every module-path layer and why."""
@@ -89,6 +103,13 @@ class EngineInfo:
         r = self.kv_capacity_ratio
         return "" if abs(r - 1) < 1e-9 else f", {r:.2f}x the tokens of {str(self.dtype).removeprefix('torch.')}"
 
+    def _window_note(self) -> str:
+        if self.kv_budget is not None:
+            return f" (KV eviction: at most {self.tokens_per_request} tokens held per request)"
+        if self.kv_window is None:
+            return ""
+        return f" (sliding window {self.kv_window}: at most {self.tokens_per_request} tokens held per request)"
+
     def summary(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
         lines = [
@@ -97,7 +118,7 @@ class EngineInfo:
             f"kv cache   {self.num_kv_blocks - 1} blocks x {self.block_size} tokens = "
             f"{self.kv_capacity_tokens} tokens ({self.kv_bytes / 2**30:.2f} GiB, "
             f"{self.kv_spec.describe()}{self._kv_ratio_note()}); max concurrency at "
-            f"max_model_len {self.max_model_len}: {self.max_concurrency:.1f}; prefix caching "
+            f"max_model_len {self.max_model_len}{self._window_note()}: {self.max_concurrency:.1f}; prefix caching "
             f"{'on' if self.prefix_caching else 'off'}",
             f"kernels    {self.kernels}",
         ]
@@ -106,6 +127,8 @@ class EngineInfo:
                             f"(the LM head included; quantization {self.quantization})")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
+        if self.kv_eviction:
+            lines.append(f"evict      {self.kv_eviction}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
             lines += [f"layers     {line}" for line in self.layer_report()]
         return "\n".join(lines)

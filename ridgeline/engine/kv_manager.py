@@ -8,6 +8,12 @@ Every usable block is in exactly one state (check_integrity):
 - used:      ref >= 1, in the tables of that many requests.
 free + cached + used == total. Block 0 is never handed out: padded block tables point at it.
 A request's table is released tail first, so its tail blocks are the first to be reused or evicted.
+
+Sliding windows (window: the keys any layer's query reaches, when every layer has a window): blocks
+wholly before a request's first needed key are released as it moves on (`release_before`) and its
+table keeps a 0 in their place (a hole: never read, never counted), so its blocks stay bounded by the
+window. Holes are a prefix of the table. A released block that is cached stays servable: a later
+request that matches it matches every block before its own start, so it never needs a hole.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from ridgeline.engine.prefix_cache import BlockHash, PrefixCacheIndex, PrefixCac
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False, window: int | None = None):
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -30,6 +36,8 @@ class KVCacheManager:
         self.cache = PrefixCacheIndex() if enable_caching else None
         self.block_hashes: dict[str, list[BlockHash]] = {}  # request -> hashes of its first full, computed blocks
         self.stats = PrefixCacheStats()
+        self.window = window
+        self.holes: dict[str, int] = {}  # request -> blocks released at the start of its table
 
     @property
     def caching(self) -> bool:
@@ -137,13 +145,41 @@ class KVCacheManager:
         self.ref_counts[block] = 1
         return block
 
+    def release_before(self, req_id: str, first_needed: int) -> int:
+        """Release req_id's blocks wholly before token first_needed (holes stay in the table); returns how many."""
+        table = self.tables.get(req_id)
+        done = self.holes.get(req_id, 0)
+        upto = min(max(first_needed, 0) // self.block_size, len(table) if table else 0)
+        if upto <= done:
+            return 0
+        for i in range(done, upto):  # oldest first: the first to be evicted again
+            self._release(table[i])
+            table[i] = 0
+        self.holes[req_id] = upto
+        return upto - done
+
+    def held_blocks(self, req_id: str) -> int:
+        return len(self.tables.get(req_id, ())) - self.holes.get(req_id, 0)
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if self.cache is not None and block in self.cache:
+                self.evictable[block] = None  # most recently released: evicted last
+            else:
+                self.free_ids.append(block)
+
     def share(self, src_id: str, dst_id: str, num_tokens: int) -> int:
         """Give dst the full blocks of src covering its first num_tokens tokens; returns tokens shared."""
         assert not self.tables.get(dst_id), "share into an empty table only"
         blocks = self.tables[src_id][: num_tokens // self.block_size]
         for b in blocks:
-            self.ref_counts[b] += 1
+            if b:
+                self.ref_counts[b] += 1
         self.tables[dst_id] = list(blocks)
+        holes = min(self.holes.get(src_id, 0), len(blocks))
+        if holes:
+            self.holes[dst_id] = holes
         return len(blocks) * self.block_size
 
     def shrink(self, req_id: str, num_tokens: int) -> int:
@@ -157,29 +193,23 @@ class KVCacheManager:
         released = table[keep:]
         del table[keep:]
         for block in reversed(released):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.cache is not None and block in self.cache:
-                    self.evictable[block] = None
-                else:
-                    self.free_ids.append(block)
+            self._release(block)
         return len(released)
 
     def free(self, req_id: str) -> None:
         """Release a request's blocks, tail first: the tail is the first to be reused or evicted."""
         self.block_hashes.pop(req_id, None)
-        for block in reversed(self.tables.pop(req_id, [])):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                if self.cache is not None and block in self.cache:
-                    self.evictable[block] = None  # most recently released: evicted last
-                else:
-                    self.free_ids.append(block)
+        holes = self.holes.pop(req_id, 0)
+        for block in reversed(self.tables.pop(req_id, [])[holes:]):
+            self._release(block)
 
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
-        for table in self.tables.values():
-            for b in table:
+        for rid, table in self.tables.items():
+            holes = self.holes.get(rid, 0)
+            assert 0 not in table[holes:], f"{rid}: a hole after a held block"
+            assert not any(table[:holes]), f"{rid}: a released block is still in its table"
+            for b in table[holes:]:
                 refs[b] += 1
         assert refs == self.ref_counts, "ref counts disagree with block tables"
         free, cached = set(self.free_ids), set(self.evictable)

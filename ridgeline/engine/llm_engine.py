@@ -10,6 +10,7 @@ from ridgeline.config import EngineConfig
 from ridgeline.engine.context_length import context_length, with_rope_override
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
+from ridgeline.engine.kv_eviction import Evictor, conflict, describe_eviction, peak_tokens
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
 from ridgeline.engine.messages import EngineRequest
@@ -77,9 +78,15 @@ class LLMEngine:
             raise InvalidRequestError(str(e), "kv_cache_dtype") from None
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
+        evict = cc.kv_eviction != "none"
+        why = evict and conflict(cc.kv_eviction, config.speculative.method, arch.sliding_window,
+                                 config.attention_backend)
+        if why:
+            raise InvalidRequestError(why, "kv_eviction")
+        backend = "h2o" if cc.kv_eviction == "h2o" else config.attention_backend
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats, tensors = _weight_formats(mc, quantization, folder, gguf_file, arch, DENSE[choice.dtype], plan)
-        opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
+        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats)
         model = build_model(arch, folder, opts, device, max_len, tensors)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
@@ -87,7 +94,9 @@ class LLMEngine:
         if num_blocks < 2:
             raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
-        if capacity < max_len:
+        window = arch.kv_window  # every layer has a window: a request holds only the blocks it reaches
+        budget = cc.kv_eviction_budget if evict else None
+        if capacity < peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
             if mc.max_model_len:
                 raise InvalidRequestError(
                     f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
@@ -96,8 +105,11 @@ class LLMEngine:
         eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
                                                         is not None else ())))
         self.eos_ids = set(eos)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
+        caching = cc.enable_prefix_caching and not evict
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window)
+        self.scheduler = Scheduler(config.scheduler, self.kv,
+                                   Evictor(cc.kv_eviction, budget, cc.kv_sink_tokens) if evict else None)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
@@ -111,7 +123,8 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config), quantization)
+                               caching, *weight_summary(model), _spec_line(config), quantization, window, budget,
+                               describe_eviction(config.cache) if evict else None)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -166,7 +179,10 @@ class LLMEngine:
         ids = self.encode_prompt(prompt)
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
-        if self.kv.blocks_for(len(ids) + 1) > self.kv.num_usable_blocks:
+        ev = self.scheduler.evictor
+        peak = peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
+                            self.kv.block_size, ev and ev.budget)
+        if self.kv.blocks_for(peak) > self.kv.num_usable_blocks:
             raise InvalidRequestError(
                 f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
                 "raise --kv-cache-memory", "prompt")
@@ -233,6 +249,8 @@ class LLMEngine:
             spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
             if plan.finished_ids:
                 spec.forget(plan.finished_ids)
+        for rid, attention in result.kv_attention.items():
+            self.scheduler.evictor.observe(rid, attention)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
@@ -272,6 +290,10 @@ class LLMEngine:
         running = self.scheduler.running
         self.kv_usage[0] += sum(len(tables.get(r.request_id, ())) for r in running) * bs
         self.kv_usage[1] += sum(r.num_computed_tokens for r in running)
+        if self.kv.holes:  # blocks a window released: neither slots nor tokens held
+            released = sum(self.kv.holes.get(r.request_id, 0) for r in running) * bs
+            self.kv_usage[0] -= released
+            self.kv_usage[1] -= released
 
     def kv_waste(self) -> float | None:
         """Fraction of allocated KV slots holding no token, averaged over steps since reset_kv_usage()."""

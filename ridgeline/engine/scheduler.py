@@ -6,6 +6,9 @@ Admission first looks the request up in the prefix cache: a hit starts it at num
 the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
 is scheduled with them appended (they count against the budget); advance() then moves it by the
 tokens it knows plus the proposals the runner accepted, and shrinks its table to what it holds.
+Sliding windows: after each step, blocks no layer's window reaches any more are released.
+KV eviction (evictor): a request's table holds its kept tokens' slots (engine/kv_eviction.py), and a
+scheduled sequence says where its new tokens go (cache_start) and which kept tokens move first.
 Torch-free.
 """
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 from collections import deque
 
 from ridgeline.config import SchedulerConfig
+from ridgeline.engine.kv_eviction import Evictor
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.request import Request, Status
 from ridgeline.step_plan import ScheduledSeq, StepPlan
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, evictor: Evictor | None = None):
         self.config = config
         self.kv = kv
+        self.evictor = evictor  # KV eviction: a request's KV slots are its kept tokens, not its positions
+        self._slots: dict[str, tuple[int, list[tuple[int, int]]]] = {}  # this plan: (slots kept, moves)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -44,11 +50,13 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req.request_id)
+        self._forget(req)
         self._finished_ids.append(req.request_id)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv.free(req.request_id)
+        self._forget(req)
         req.status = Status.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -68,7 +76,11 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             remaining = req.num_tokens - req.num_computed_tokens
             n = min(remaining + (len(req.spec_token_ids) if remaining == 1 else 0), budget)
-            while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
+            held = req.num_computed_tokens
+            if self.evictor is not None:
+                n = self.evictor.cap(req.request_id, n)
+                held = self._evict(req, n)
+            while not self.kv.allocate(req.request_id, held + n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
@@ -99,15 +111,19 @@ class Scheduler:
             elif self.kv.caching:  # also on readmission after preemption
                 match = self.kv.match(req.token_ids, req.cache_salt)
                 reused = match.num_tokens
-            elif req.share_from is not None and req.share_from.status == Status.RUNNING:
+            elif req.share_from is not None and req.share_from.status == Status.RUNNING and self.evictor is None:
                 reused = self.kv.share(req.share_from.request_id, req.request_id, req.num_prompt_tokens - 1)
             n = min(req.num_tokens - reused, budget)
+            if self.evictor is not None:  # nothing reused: no cache, no sharing
+                n = self.evictor.cap(req.request_id, n)
             if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark, prefix=match):
                 if self.running or scheduled or not self.kv.allocate(req.request_id, reused + n, prefix=match):
                     self.kv.free(req.request_id)  # drop shared blocks: a waiting request holds none
                     self.waiting.appendleft(req)
                     break
             req.num_computed_tokens = reused
+            if self.evictor is not None:
+                self._evict(req, n)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = reused
             req.status = Status.RUNNING
@@ -116,6 +132,17 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
         return budget
+
+    def _evict(self, req: Request, n: int) -> int:
+        """Make room for n new tokens under the eviction budget; returns the slots kept before them."""
+        held, moves = self.evictor.prepare(req.request_id, req.num_computed_tokens, n)
+        self._slots[req.request_id] = (held, moves)
+        return held
+
+    def _forget(self, req: Request) -> None:
+        if self.evictor is not None:
+            self.evictor.forget(req.request_id)
+            self._slots.pop(req.request_id, None)
 
     @staticmethod
     def _waits_on_source(req: Request) -> bool:
@@ -128,6 +155,7 @@ class Scheduler:
         seqs = []
         for req, n in scheduled:
             start = req.num_computed_tokens
+            held, moves = self._slots.pop(req.request_id, (start, ()))
             known = min(n, req.num_tokens - start)
             p = req.params
             score = p.prompt_logprobs is not None and req.index == 0 and start < req.num_prompt_tokens - 1
@@ -136,12 +164,19 @@ class Scheduler:
             seqs.append(ScheduledSeq(
                 req_id=req.request_id, start=start,
                 token_ids=req.token_ids[start:start + known] + req.spec_token_ids[:n - known],
-                block_table=self.kv.tables[req.request_id][:self.kv.blocks_for(start + n)],
+                block_table=self.kv.tables[req.request_id][:self.kv.blocks_for(held + n)],
                 sample=start + known == req.num_tokens, params=p, seed=req.seed, history=history,
                 num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known, score_prompt=score,
-                next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None))
+                next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None,
+                cache_start=None if self.evictor is None else held,
+                kv_moves=self._physical(req.request_id, moves)))
         seqs.sort(key=lambda s: s.num_new != 1)  # stable: one-token decodes first, then the rest
         return seqs
+
+    def _physical(self, req_id: str, moves) -> list[tuple[int, int]]:
+        """Slot indices of a request's table -> flat cache slots."""
+        table, bs = self.kv.tables[req_id], self.kv.block_size
+        return [(table[a // bs] * bs + a % bs, table[b // bs] * bs + b % bs) for a, b in moves]
 
     def advance(self, accepted: dict[str, int] | None = None) -> None:
         """After the runner ran the last plan, before the engine appends the tokens it kept: each
@@ -155,6 +190,8 @@ class Scheduler:
             if self.kv.caching:  # blocks full of computed tokens (prompt or output) become cached
                 self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens),
                                      req.cache_salt)
+            if self.kv.window:  # the next query (at num_computed_tokens) reaches back window - 1 keys
+                self.kv.release_before(req.request_id, req.num_computed_tokens - self.kv.window + 1)
             if spec:
                 self.kv.shrink(req.request_id, req.num_computed_tokens + 1)
         self._last = []

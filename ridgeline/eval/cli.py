@@ -32,11 +32,51 @@ def register(subparsers) -> None:
     g.add_argument("--sweep", action="store_true",
                    help="quantize one component at a time (all weights, each kind of linear layer alone, ...) "
                         "in the format --quantization names (int8 when none) and rank them by mean KL")
+    g.add_argument("--kv-eviction-budgets", type=_int_list, default=None, metavar="N[,N...]",
+                   help="measure KV eviction at each budget (tokens of KV per request), with each policy of "
+                        "--kv-eviction-policies; the reference keeps every token (default: only the engine "
+                        "options' --kv-eviction setting)")
+    g.add_argument("--kv-eviction-policies", type=_policy_list, default=None, metavar="P[,P...]",
+                   help="with --kv-eviction-budgets: streaming, h2o or both (default: --kv-eviction's)")
     g.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the results as JSON (default: no file)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     add_engine_args(p)
     p.set_defaults(func=cmd_eval)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"budgets must be positive, got {text!r}")
+    return values
+
+
+def _policy_list(text: str) -> tuple[str, ...]:
+    from ridgeline.engine.kv_eviction import POLICIES
+    values = tuple(text.split(","))
+    if not values or any(v not in POLICIES for v in values):
+        raise argparse.ArgumentTypeError(f"policies are {', '.join(POLICIES)}, got {text!r}")
+    return values
+
+
+def eviction_settings(options: dict, budgets: tuple[int, ...], policies: tuple[str, ...] | None,
+                      weight_format: str | None = None) -> list:
+    """One setting per (policy, budget); the policies default to the options' kv_eviction."""
+    from ridgeline.eval.harness import Setting
+    policies = policies or ((options.get("kv_eviction"),) if options.get("kv_eviction", "none") != "none" else ())
+    if not policies:
+        raise InvalidRequestError("--kv-eviction-budgets needs --kv-eviction or --kv-eviction-policies",
+                                  "kv_eviction_budgets")
+    out = []
+    for policy in policies:
+        for b in budgets:
+            opts = {"kv_eviction": policy, "kv_eviction_budget": b}
+            out.append(Setting(setting_name(weight_format, {**options, **opts}), opts))
+    return out
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -56,6 +96,9 @@ def setting_name(weight_format: str | None, options: dict) -> str | None:
     parts = [weight_format] if weight_format else []
     if kv_name is not None:
         parts.append(f"KV {kv_name}")
+    if options.get("kv_eviction", "none") != "none":
+        parts.append(f"{options['kv_eviction']} {options.get('kv_eviction_budget', 1024)} "
+                     f"({options.get('kv_sink_tokens', 4)} sinks)")
     return " + ".join(parts) or None
 
 
@@ -82,8 +125,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.window < 2:
         raise InvalidRequestError("--window must be at least 2 tokens", "window")
     options = _options(args)
-    name = setting_name(_format_label(args), options)
+    fmt = _format_label(args)
+    name = setting_name(fmt, options)
     settings = sweep_settings(options) if args.sweep else ([Setting(name, {})] if name else [])
+    if args.kv_eviction_budgets:
+        if options.get("kv_eviction", "none") != "none":
+            settings = [s for s in settings if s.options]  # the budgets replace the options' own one
+        settings += eviction_settings(options, args.kv_eviction_budgets, args.kv_eviction_policies, fmt)
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)
 
@@ -100,6 +148,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"{args.gen_tokens} greedy tokens; reference {ref.weight_formats}", file=sys.stderr)
     results = [ev.measure(s) for s in settings]
     print(report.table(ref, results))
+    for line in report.memory_lines(results, args.window):
+        print(line)
     ranked = ranking(results) if args.sweep else []
     if ranked:
         print("\n".join(report.ranking_lines(ranked, ref)))

@@ -8,6 +8,9 @@ and a quantized KV cache where the engine has that option). Per setting:
                (LLMEngine.prompt_logits); the reference's are recomputed per setting, so only two
                engines are ever loaded at once
   divergence   greedy generations from the opening tokens of held-out profiles, both models
+KV eviction settings: prompt_logits runs one whole-prompt forward that never evicts, so their top-1
+agreement comes from the perplexity pass itself (each position's top-1 prompt logprob against the
+reference's, teacher-forced through the same chunked steps that evict) and KL is not measured.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from ridgeline.eval.metrics import Totals, tokens_before_divergence
 
 # option -> its value in the reference engine, for the lossy options this engine build knows
 LOSSLESS = {"quantization": "none", "quant_group_size": None, "quant_symmetric": False, "layer_formats": (),
-            "kv_cache_dtype": "auto", "kv_cache_dtype_k": None, "kv_cache_dtype_v": None}
+            "kv_cache_dtype": "auto", "kv_cache_dtype_k": None, "kv_cache_dtype_v": None, "kv_eviction": "none"}
 PROMPT_TOKENS = 32  # opening tokens of a held-out profile that a divergence prompt gives
 CHUNK = 8  # windows handed to the scheduler at once in the perplexity pass
 
@@ -49,6 +52,7 @@ class Result:
     gen_tokens: int
     seconds: float
     component: str | None = None
+    kv_tokens: int | None = None  # KV eviction: tokens of KV a request holds at most (None: all of them)
 
     @property
     def mean_divergence(self) -> float:
@@ -64,7 +68,8 @@ class Result:
                 "weight_formats": self.weight_formats, "weight_bytes": self.weight_bytes,
                 "perplexity": self.perplexity, "top1_agreement": self.agreement, "mean_kl": self.kl,
                 "tokens_before_divergence": self.divergence, "mean_tokens_before_divergence": self.mean_divergence,
-                "identical_generations": self.identical, "gen_tokens": self.gen_tokens, "seconds": self.seconds}
+                "identical_generations": self.identical, "gen_tokens": self.gen_tokens, "seconds": self.seconds,
+                "kv_tokens_per_request": self.kv_tokens}
 
 
 def reference_options(options: dict) -> dict:
@@ -85,6 +90,7 @@ class Evaluator:
         self.windows: list[list[int]] = []
         self.prompts: list[list[int]] = []
         self.ref_gen: list[list[int]] = []
+        self.ref_top1: list[list[int]] = []  # per window, the reference's top-1 after each position
 
     def start(self) -> Result:
         """Load the reference, cut the text, and measure the reference itself."""
@@ -95,7 +101,7 @@ class Evaluator:
         docs = corpus.documents("heldout")[:self.num_prompts]
         self.prompts = [tok.encode(d)[:PROMPT_TOKENS] for d in docs]
         self.ref_gen = self._generate(self.ref)
-        nll = self._perplexity(self.ref, "reference")
+        nll, self.ref_top1 = self._perplexity(self.ref, "reference")
         info = self.ref.info
         return Result("none (reference)", {}, info.weight_formats, info.weight_bytes, nll.perplexity, None, None,
                       [self.gen_tokens] * len(self.prompts), self.gen_tokens, time.perf_counter() - t0)
@@ -110,13 +116,19 @@ class Evaluator:
         try:
             info = llm.info
             self.log(f"{setting.name}: weights {info.weight_formats}: {info.weight_bytes / 1e6:.1f} MB")
-            totals = self._perplexity(llm, setting.name)
-            self._compare(llm, totals, setting.name)
+            totals, top1 = self._perplexity(llm, setting.name)
+            evicting = info.kv_eviction is not None
+            if evicting:
+                for ref, got in zip(self.ref_top1, top1):
+                    totals.add_agreement(ref, got)
+            else:
+                self._compare(llm, totals, setting.name)
             gen = self._generate(llm)
             div = [tokens_before_divergence(r, g) for r, g in zip(self.ref_gen, gen)]
             return Result(setting.name, setting.options, info.weight_formats, info.weight_bytes, totals.perplexity,
-                          totals.agreement, totals.mean_kl, div, self.gen_tokens, time.perf_counter() - t0,
-                          setting.component)
+                          totals.agreement, None if evicting else totals.mean_kl, div, self.gen_tokens,
+                          time.perf_counter() - t0, setting.component,
+                          info.tokens_per_request if evicting else None)
         finally:
             del llm
             gc.collect()
@@ -124,17 +136,19 @@ class Evaluator:
     def _bar(self, total: int, desc: str):
         return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=not self.progress, leave=False)
 
-    def _perplexity(self, llm, name: str) -> Totals:
+    def _perplexity(self, llm, name: str) -> tuple[Totals, list[list[int]]]:
+        """Perplexity over the windows, and each window's top-1 token after each position."""
         from ridgeline.sampling_params import SamplingParams
-        totals = Totals()
-        params = SamplingParams(prompt_logprobs=0, max_tokens=0)
+        totals, top1 = Totals(), []
+        params = SamplingParams(prompt_logprobs=1, max_tokens=0)
         with self._bar(self.num_tokens, f"{name}: perplexity") as bar:
             for i in range(0, len(self.windows), CHUNK):
                 chunk = self.windows[i:i + CHUNK]
                 for out in llm.generate(chunk, params, use_tqdm=False):
                     totals.add_logprobs([lp.logprob for lp in out.prompt_logprobs[1:]])
+                    top1.append([lp.top[0][0] for lp in out.prompt_logprobs[1:]])
                 bar.update(sum(map(len, chunk)))
-        return totals
+        return totals, top1
 
     def _compare(self, llm, totals: Totals, name: str) -> None:
         """Rows 0..W-2 of each window: the positions that predict a token of the window."""

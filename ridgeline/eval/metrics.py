@@ -37,6 +37,13 @@ class Totals:
         self.kl += kl
         self.positions += ref_logits.shape[0]
 
+    def add_agreement(self, ref_top1: list[int], top1: list[int]) -> None:
+        """Top-1 tokens of the reference and of the model at the same positions (no distributions: no KL)."""
+        if len(ref_top1) != len(top1):
+            raise ValueError(f"{len(top1)} positions vs the reference's {len(ref_top1)}")
+        self.agree += sum(a == b for a, b in zip(ref_top1, top1))
+        self.positions += len(top1)
+
     @property
     def perplexity(self) -> float:
         return math.exp(self.nll / self.scored) if self.scored else float("nan")

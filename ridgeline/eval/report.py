@@ -23,6 +23,17 @@ def table(ref: Result, results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def memory_lines(results: list[Result], window: int) -> list[str]:
+    """The KV memory a request holds under each eviction setting, against the window's whole context."""
+    lines = []
+    for r in results:
+        if r.kv_tokens is not None:
+            held = min(r.kv_tokens, window)
+            lines.append(f"KV per request  {r.name}: at most {held} of {window} tokens "
+                         f"({1 - held / window:.0%} saved)")
+    return lines
+
+
 def ranking_lines(ranked: list[Result], ref: Result) -> list[str]:
     lines = ["sensitivity ranking (each component quantized alone; most sensitive first):"]
     for i, r in enumerate(ranked, 1):

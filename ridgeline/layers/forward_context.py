@@ -36,6 +36,7 @@ class AttnGroup:
 class ForwardContext:
     slot_mapping: torch.Tensor  # [T] int64 flat cache slot of each new token
     groups: list[AttnGroup]
+    attention: torch.Tensor | None = None  # [cache slots] fp32: attention each slot receives (h2o), summed
 
 
 _CTX: ForwardContext | None = None

@@ -109,6 +109,19 @@ class LayerKV:
                 kvq.dequantize(self.v_fmt, self.v.index_select(0, blocks), _select(self.v_scale, blocks), dtype))
 
 
+def move_slots(layers: list[LayerKV], moves: list[tuple[int, int]]) -> None:
+    """Copy K, V (and scales) of flat slot `from` to slot `to`, in every layer, for each (from, to) pair;
+    no slot is both a source and a destination."""
+    device = layers[0].k.device
+    src = torch.tensor([a for a, _ in moves], dtype=torch.long, device=device)
+    dst = torch.tensor([b for _, b in moves], dtype=torch.long, device=device)
+    for kv in layers:
+        for t in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+            if t is not None:
+                flat = t.view(-1, *t.shape[2:])
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+
+
 def _select(scale: torch.Tensor | None, blocks: torch.Tensor) -> torch.Tensor | None:
     return None if scale is None else scale.index_select(0, blocks)
 

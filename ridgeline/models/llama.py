@@ -1,5 +1,6 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2): one class, differences come from
-ArchConfig (qkv bias, tied embeddings, sliding window via the attention mask, rope scaling).
+ArchConfig (qkv bias, tied embeddings, each layer's sliding window via the attention mask, rope
+scaling).
 
 Layer ranges: `run_layers(positions, hidden, residual, start, end)` runs layers [start, end) and
 returns (hidden, residual) before the final norm (a pipeline stage hands those on) or, with
@@ -32,7 +33,7 @@ ATTN_OUT, MLP_OUT = 0, 1
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, prefix: str):
+    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, prefix: str, window: int | None):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         sizes = [self.h * self.d, self.hkv * self.d, self.hkv * self.d]
@@ -41,7 +42,7 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(self.h * self.d, cfg.hidden_size, opts.format_for(f"{prefix}.o_proj"), cfg.o_bias,
                              opts.act_dtype, prefix=f"{prefix}.o_proj")
         self.rotary = rotary
-        self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, cfg.sliding_window)
+        self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, window)
         self.fused = opts.plan.fused_ops
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,7 @@ class DecoderLayer(nn.Module):
         prefix = f"model.layers.{index}"
         self.index = index
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
-        self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn")
+        self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn", cfg.window_of(index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
         self.mlp = MLP(cfg, opts, f"{prefix}.mlp")
 

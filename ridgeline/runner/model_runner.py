@@ -10,7 +10,8 @@ from ridgeline.runner.prompt_logprobs import score_prompts
 from ridgeline.step_plan import ScheduledSeq, StepPlan, StepResult
 from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
-from ridgeline.layers.kv_cache import LayerKV, allocate_kv
+from ridgeline.layers.kv_cache import LayerKV, allocate_kv, move_slots
+from ridgeline.layers.attention_h2o import slot_attention
 from ridgeline.runner.step_sampler import StepSampler
 from ridgeline.spec.proposer import Draft
 from ridgeline.weights.hf_config import ArchConfig
@@ -25,6 +26,9 @@ class ModelRunner:
         self.kv: list[LayerKV] = allocate_kv(kv_spec, num_blocks, device)  # per layer, laid out as kv_spec says
         self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
         self.sample = StepSampler(device, eos_ids)
+        # attention each cache slot received in a step, where a layer's backend accumulates it (h2o)
+        accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False) for layer in model.model.layers)
+        self.attention = torch.zeros(num_blocks * self.block_size, device=device) if accumulates else None
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -38,8 +42,16 @@ class ModelRunner:
             return result
         seqs = plan.seqs
         ids, positions, ctx, sample_rows = self._prepare(seqs)
+        moves = [m for s in seqs for m in s.kv_moves]
+        if moves:  # KV eviction: kept tokens of a tail fill the holes evicted ones left, before any write
+            move_slots(self.kv, moves)
+        if self.attention is not None:
+            self.attention.zero_()
+            ctx.attention = self.attention
         with forward_context(ctx):
             hidden = self.model(ids, positions)
+        if self.attention is not None:
+            result.kv_attention = slot_attention(self.attention, seqs, self.block_size)
         if any(s.score_prompt for s in seqs):
             result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
@@ -60,17 +72,20 @@ class ModelRunner:
         bs, dev = self.block_size, self.device
         n = np.fromiter((s.num_new for s in seqs), np.int64, len(seqs))
         start = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
-        ends = start + n
         cu = np.cumsum(n)
         T = int(cu[-1])
         seq_of = np.repeat(np.arange(len(seqs)), n)
         positions = start[seq_of] + np.arange(T) - (cu - n)[seq_of]
+        # KV slots: positions, or with eviction the slots after the request's kept tokens
+        start = np.fromiter((s.start if s.cache_start is None else s.cache_start for s in seqs), np.int64, len(seqs))
+        ends = start + n
+        slot_idx = start[seq_of] + np.arange(T) - (cu - n)[seq_of]
         nb_max = int(-(-ends.max() // bs))
         tables = np.zeros((len(seqs), nb_max), np.int64)
         for i, s in enumerate(seqs):
             nb = -(-int(ends[i]) // bs)
             tables[i, :nb] = s.block_table[:nb]
-        slots = tables[seq_of, positions // bs] * bs + positions % bs
+        slots = tables[seq_of, slot_idx // bs] * bs + slot_idx % bs
         ids = [t for s in seqs for t in s.token_ids]
         num_decode = int(np.searchsorted(n != 1, True))  # decodes (1 new token) come first
         prompt = np.fromiter((s.num_prompt_tokens for s in seqs), np.int64, len(seqs))

@@ -28,10 +28,20 @@ class ArchConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     o_bias: bool
-    sliding_window: int | None
+    sliding_window: int | None  # the window of the layers that have one (None: no layer has)
     rope_scaling: tuple | None  # sorted (key, value) pairs, hashable
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None = attends to every key
+
+    def window_of(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+
+    @property
+    def kv_window(self) -> int | None:
+        """Keys a query can reach in any layer: the largest window when every layer has one, else None."""
+        windows = [self.window_of(i) for i in range(self.num_layers)]
+        return None if not windows or None in windows else max(windows)
 
     @property
     def rope_scaling_dict(self) -> dict | None:
@@ -81,6 +91,7 @@ def load_arch_config(folder: Path) -> ArchConfig:
         elif rope_type in ("dynamic", "yarn"):  # their original length, as transformers defaults it
             scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
         gen_eos = _generation_eos(Path(folder))
+        windows = layer_windows(cfg, archs[0])
         return ArchConfig(
             architecture=archs[0],
             vocab_size=cfg["vocab_size"],
@@ -96,13 +107,39 @@ def load_arch_config(folder: Path) -> ArchConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=archs[0].startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
             o_bias=bool(cfg.get("attention_bias", False)),
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            sliding_window=max((w for w in windows if w), default=None),
             rope_scaling=freeze_rope_scaling(scaling),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id")))),
+            layer_windows=windows,
         )
     except KeyError as e:
         raise ModelLoadError(f"{path} lacks the field {e.args[0]!r}") from None
+
+
+def layer_windows(cfg: dict, architecture: str) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers applies it: `layer_types` where the config lists them
+    ("sliding_attention" layers take `sliding_window`); else Qwen2: `use_sliding_window` (off by default)
+    from layer `max_window_layers` on; a Gemma-style `sliding_window_pattern` p: every p-th layer attends
+    to all keys; otherwise (Mistral) every layer, unless `use_sliding_window` is false."""
+    n = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if not window:
+        return (None,) * n
+    if types:
+        if len(types) != n:
+            raise ModelLoadError(f"config.json lists {len(types)} layer_types for {n} layers")
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if architecture.startswith("Qwen2"):
+        first = cfg.get("max_window_layers", n) if cfg.get("use_sliding_window") else n
+        return tuple(window if i >= first else None for i in range(n))
+    if cfg.get("use_sliding_window") is False:  # Mistral's configs write null or leave it out
+        return (None,) * n
+    pattern = cfg.get("sliding_window_pattern")
+    if pattern:
+        return tuple(None if (i + 1) % pattern == 0 else window for i in range(n))
+    return (window,) * n
 
 
 def _freeze(v):
