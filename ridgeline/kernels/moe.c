@@ -11,8 +11,9 @@
  * Every output row is computed by the same kernels in the same order whatever else is in the batch.
  *
  * desc (int64): [MD_FIELDS] header, then per expert two weight descriptors (gate_up, down), each
- * [format, data, scale, bias] as in decoder_stack.c. counts (header, may be 0): int64 [E] that
- * accumulates how many (token, slot) pairs each expert received: the per-expert load. */
+ * [format, data, scale, bias] as in decoder_stack.c. counts (header, may be 0): int64 [E + 2] that
+ * accumulates how many (token, slot) pairs each expert received (the per-expert load), then the
+ * experts that ran (had a token) and the calls: experts touched per call = [E] / [E + 1]. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -86,6 +87,15 @@ static void shared_expert(const int64_t *desc, const float *x, float *out, int64
     }
 }
 
+/* expert e on its n rows starting at r0 of the grouped buffers */
+static int expert(const int64_t *desc, int64_t e, int64_t r0, int64_t n, int64_t H, int64_t I, const float *xs,
+                  float *gu, float *act, float *ys, int nt) {
+    const int64_t *we = desc + MD_EXPERT0 + e * 2 * LW_FIELDS;
+    int rc = ridgeline_stack_linear(we, xs + r0 * H, gu + r0 * 2 * I, n, 2 * I, H, nt);
+    ridgeline_silu_mul(gu + r0 * 2 * I, act + r0 * I, n, I, nt);
+    return rc | ridgeline_stack_linear(we + LW_FIELDS, act + r0 * I, ys + r0 * H, n, H, I, nt);
+}
+
 /* x [T, H] -> out [T, H]; buf: ridgeline_moe_scratch(desc, T, H) floats. Returns 0 or non-zero. */
 int ridgeline_moe(const int64_t *desc, const float *x, float *out, int64_t T, int64_t H, float *buf,
                   moe_route_fn route, int64_t layer, int nt) {
@@ -109,7 +119,8 @@ int ridgeline_moe(const int64_t *desc, const float *x, float *out, int64_t T, in
     for (int64_t e = 0; e < E; e++) off[e + 1] = off[e] + count[e];
     if (desc[MD_COUNTS]) {
         int64_t *acc = (int64_t *)(intptr_t)desc[MD_COUNTS];
-        for (int64_t e = 0; e < E; e++) acc[e] += count[e];
+        for (int64_t e = 0; e < E; e++) acc[e] += count[e], acc[E] += count[e] > 0;
+        acc[E + 1]++;
     }
     for (int64_t e = 0; e < E; e++) count[e] = off[e]; /* now the next free position per expert */
     for (int64_t r = 0; r < R; r++) {
@@ -118,17 +129,20 @@ int ridgeline_moe(const int64_t *desc, const float *x, float *out, int64_t T, in
         wt[pos] = w[r];
         memcpy(xs + pos * H, x + (r / k) * H, sizeof(float) * (size_t)H);
     }
-    /* each expert over its own rows; few rows: the matmul threads over columns, many: over experts */
-    const int by_expert = R >= 16 * nt && nt > 1;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (by_expert) reduction(| : rc)
+    /* each expert over its own rows: one with more than a thread's share of the rows runs alone with
+     * the matmul threaded over columns; the rest run side by side, one thread each (one parallel
+     * region for all of them: a region per small matmul costs more than the matmul at decode) */
+    int64_t *light = count, nlight = 0; /* reuses count: positions are in off now */
     for (int64_t e = 0; e < E; e++) {
-        const int64_t n = off[e + 1] - off[e], r0 = off[e], mt = by_expert ? 1 : nt;
+        const int64_t n = off[e + 1] - off[e];
         if (!n) continue;
-        const int64_t *we = desc + MD_EXPERT0 + e * 2 * LW_FIELDS;
-        rc |= ridgeline_stack_linear(we, xs + r0 * H, gu + r0 * 2 * I, n, 2 * I, H, (int)mt);
-        ridgeline_silu_mul(gu + r0 * 2 * I, act + r0 * I, n, I, (int)mt);
-        rc |= ridgeline_stack_linear(we + LW_FIELDS, act + r0 * I, ys + r0 * H, n, H, I, (int)mt);
+        if (n * nt > R && nt > 1) rc |= expert(desc, e, off[e], n, H, I, xs, gu, act, ys, nt);
+        else light[nlight++] = e;
     }
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nlight > 1) reduction(| : rc)
+    for (int64_t i = 0; i < nlight; i++)
+        rc |= expert(desc, light[i], off[light[i]], off[light[i] + 1] - off[light[i]], H, I, xs, gu, act, ys,
+                     nlight > 1 ? 1 : nt);
     memset(out, 0, sizeof(float) * (size_t)(T * H));
     for (int64_t r = 0; r < R; r++) { /* expert order, so each token sums its experts ascending */
         float *o = out + tok[r] * H;
