@@ -4,19 +4,22 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     from ridgeline.bench.decode import add_decode_parser
+    from ridgeline.bench.random_model import add_random_model_parser
     from ridgeline.bench.serve import add_serve_parser
     from ridgeline.bench.spec import add_spec_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.cli import add_engine_args
 
     p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online), "
-                                            "speculative decoding",
+                                            "speculative decoding, random-weight models",
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "
                                           "dtype and prompts, in one process (throughput, decode); an "
                                           "OpenAI-compatible server under load (serve); speculative "
                                           "decoding against none (spec).")
-    bsub = p.add_subparsers(dest="bench_command", required=True, metavar="{throughput,decode,serve,spec}")
+    bsub = p.add_subparsers(dest="bench_command", required=True,
+                            metavar="{throughput,decode,serve,spec,random-model}")
     for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser):
         add_engine_args(add(bsub))
+    add_random_model_parser(bsub)
     p.set_defaults(func=lambda args: p.print_help())
 

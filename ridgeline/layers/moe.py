@@ -11,7 +11,7 @@ transformers):
 - torch otherwise (bf16 activations, no AVX-512): argsort by expert, a loop over experts (never
   over tokens).
 `load_counts` [E] accumulates the (token, slot) pairs each expert received: the per-expert load
-that expert placement reads.
+that expert placement reads; `touched` the experts that ran and the calls (weight bytes read).
 """
 from __future__ import annotations
 
@@ -41,15 +41,32 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(hidden, cfg.shared_intermediate_size, opts, f"{prefix}.shared_expert")
             self.shared_expert_gate = Linear(hidden, 1, router_format, prefix=f"{prefix}.shared_expert_gate")
         self.fused = opts.plan.fused_ops
-        self._load: torch.Tensor | None = None
+        self._load: torch.Tensor | None = None  # int64 [E + 2]: per-expert pairs, experts run, calls
         self._desc: torch.Tensor | str | None = None  # built on first use, after the weights are packed
         self._scratch = torch.empty(0)
 
     @property
     def load_counts(self) -> torch.Tensor:
         """int64 [E]: (token, slot) pairs routed to each expert since construction (or the last reset)."""
+        return self._stats()[:self.num_experts]
+
+    @property
+    def touched(self) -> tuple[int, int]:
+        """(experts that ran, summed over calls; calls): their mean is the experts read per step."""
+        s = self._stats()
+        return int(s[self.num_experts]), int(s[self.num_experts + 1])
+
+    def reset_stats(self) -> None:
+        self._stats().zero_()
+
+    def expert_bytes(self) -> int:
+        """Weight bytes of one expert as stored (gate_up + down)."""
+        ex = self.experts[0]
+        return ex.gate_up_proj.format.weight_bytes(ex.gate_up_proj) + ex.down_proj.format.weight_bytes(ex.down_proj)
+
+    def _stats(self) -> torch.Tensor:
         if self._load is None:
-            self._load = torch.zeros(self.num_experts, dtype=torch.int64)
+            self._load = torch.zeros(self.num_experts + 2, dtype=torch.int64)
         return self._load
 
     def linears(self) -> list[Linear]:
@@ -81,7 +98,7 @@ class SparseMoE(nn.Module):
             weights[lin] = list(desc) + [0]
         zero = [0] * cpu_moe.WEIGHT_FIELDS
         row = [self.num_experts, self.top_k, self.inter, int(self.norm_topk), self.shared_inter,
-               self.load_counts.data_ptr()] + weights[self.gate]
+               self._stats().data_ptr()] + weights[self.gate]
         if self.shared_expert is not None:
             row += (weights[self.shared_expert.gate_up_proj] + weights[self.shared_expert.down_proj]
                     + weights[self.shared_expert_gate])
@@ -111,7 +128,10 @@ class SparseMoE(nn.Module):
         flat = idx.flatten()
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert, tokens ascending
         counts = torch.bincount(flat, minlength=self.num_experts)
-        self.load_counts.add_(counts)
+        stats = self._stats()
+        stats[:self.num_experts] += counts
+        stats[self.num_experts] += int((counts > 0).sum())
+        stats[self.num_experts + 1] += 1
         tokens, w = order // self.top_k, weights.flatten()[order].to(x.dtype)
         out = torch.zeros_like(x)
         start = 0

@@ -68,6 +68,15 @@ class ArchConfig:
         return total
 
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: a sparse layer counts its top_k experts, not all of them."""
+        if self.moe is None:
+            return self.num_params
+        m, h = self.moe, self.hidden_size
+        return self.num_params - len(m.sparse_layers) * (m.num_experts - m.top_k) * 3 * h * m.intermediate_size
+
+
 def _ids(value) -> tuple[int, ...]:
     if value is None:
         return ()
