@@ -27,11 +27,24 @@ CHATML = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{%
           "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
 
 
+# small expert counts and widths; top-k above 1 so the router's weights and sums matter
+MOE_SHAPES = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48),
+    "qwen2_moe": dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=1,
+                      mlp_only_layers=[1]),  # layer 1 keeps a dense MLP
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True),
+}
+MOE_ARCHS = tuple(MOE_SHAPES)
+
+
 def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
     import transformers
 
     cfg_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "mistral": transformers.MistralConfig}[arch]
+               "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+               "mixtral": transformers.MixtralConfig, "qwen2_moe": transformers.Qwen2MoeConfig,
+               "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
     tok = _byte_tokenizer()
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -40,6 +53,9 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
               initializer_range=0.1)
     if arch == "mistral":
         kw["sliding_window"] = 24
+    kw.update(MOE_SHAPES.get(arch, {}))
+    if arch in ("qwen3", "qwen3_moe"):
+        kw["head_dim"] = 16
     kw.update(overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg_cls(**kw), dtype=torch.float32)
@@ -54,6 +70,13 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
 
 @pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
 def tiny_model(request, tmp_path_factory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return request.param, make_tiny_model(folder, request.param)
+
+
+@pytest.fixture(scope="session", params=["qwen3", *MOE_ARCHS])
+def tiny_new_model(request, tmp_path_factory) -> tuple[str, Path]:
+    """Qwen3 (per-head q/k norm) and the sparse-MLP architectures."""
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return request.param, make_tiny_model(folder, request.param)
 

@@ -6,23 +6,27 @@ def register(subparsers) -> None:
     from ridgeline.bench.decode import add_decode_parser
     from ridgeline.bench.quant import add_quant_parser
     from ridgeline.bench.long_context_cli import add_long_context_parser
+    from ridgeline.bench.random_model import add_random_model_parser
     from ridgeline.bench.serve import add_serve_parser
     from ridgeline.bench.spec import add_spec_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.cli import add_engine_args
 
     p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online), "
-                                            "speculative decoding, the quantization ladder, long context",
+                                            "speculative decoding, the quantization ladder, long context, "
+                                            "random-weight models",
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "
                                           "dtype and prompts, in one process (throughput, decode); an "
                                           "OpenAI-compatible server under load (serve); speculative "
                                           "decoding against none (spec); every quantization's bytes, "
                                           "speeds and quality (quant); speed by context length "
-                                          "(long-context).")
+                                          "(long-context); random-weight models with a published "
+                                          "model's structure (random-model).")
     bsub = p.add_subparsers(dest="bench_command", required=True,
-                            metavar="{throughput,decode,serve,spec,quant,long-context}")
+                            metavar="{throughput,decode,serve,spec,quant,long-context,random-model}")
     for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser, add_quant_parser,
                 add_long_context_parser):
         add_engine_args(add(bsub))
+    add_random_model_parser(bsub)
     p.set_defaults(func=lambda args: p.print_help())
 

@@ -22,9 +22,10 @@ from ridgeline.cli_parser import output_file, positive_int
 
 
 def weight_bytes_per_token(arch, dtype) -> int:
-    """Weights one decode step reads: all parameters, less the input embedding table when it is not tied
-    to the output head (a lookup reads one row of it)."""
-    params = arch.num_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size)
+    """Weights one decode step reads: all parameters a token runs through (a sparse layer's top_k
+    experts), less the input embedding table when it is not tied to the output head (a lookup reads
+    one row of it)."""
+    params = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size)
     return params * dtype.itemsize
 
 

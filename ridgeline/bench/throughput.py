@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from ridgeline.bench import hf_baseline
+from ridgeline.bench import hf_baseline, moe_report
 from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
                                     write_json)
 from ridgeline.bench.workloads import make_workload
@@ -53,6 +53,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
         llm.generate(warmup_prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.engine.reset_kv_usage()
+    moe_report.reset(llm.engine.runner.model)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=progress)
     elapsed = time.perf_counter() - t0
@@ -69,6 +70,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     if short:
         notes.append(f"{short} requests stopped before {output_len} tokens (max_model_len?)")
     res.note = "; ".join(notes)
+    res.extra["moe"] = moe_report.collect(llm.engine.runner.model, elapsed)
     return res, tokens
 
 
@@ -99,15 +101,15 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if skipped:
         print(f"baseline   {skipped}", file=sys.stderr)
     arch, info = llm.engine.arch, llm.info
-    num_params = arch.num_params
+    num_params = arch.active_params  # FLOPs per token: a sparse model runs top_k of its experts
     prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
     warm = workload_from_args(args, llm.tokenizer, min(8, args.num_requests), args.workload_seed + 10_000)
     lens = [len(p) for p in prompts]
     print(f"workload   {args.workload}, seed {args.workload_seed}: {len(prompts)} requests, prompts "
           f"{min(lens)}-{max(lens)} tokens (mean {statistics.mean(lens):.0f}, total {sum(lens)}), "
           f"{args.output_len} output tokens each (ignore_eos, greedy)", file=sys.stderr)
-    print(f"dtype      {dtype_name(info.dtype)} for Ridgeline and the baselines; {num_params / 1e6:.1f} M params",
-          file=sys.stderr)
+    print(f"dtype      {dtype_name(info.dtype)} for Ridgeline and the baselines; {arch.num_params / 1e6:.1f} M params"
+          f"{f', {num_params / 1e6:.1f} M active per token' if arch.moe else ''}", file=sys.stderr)
 
     rl, rl_tokens = run_ridgeline(llm, prompts, args.output_len, warm, progress=not args.no_progress)
     results, agreement = [rl], None
@@ -136,6 +138,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     if lines:
         print()
         print("\n".join(lines))
+    if rl.extra.get("moe"):
+        print("\n".join(["", *moe_report.lines(rl.extra["moe"])]))
     if agreement:
         print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")

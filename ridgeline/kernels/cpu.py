@@ -13,6 +13,7 @@ gemm_a8.c: the same weights against activations quantized to int8 per row (W8A8,
 dot products. gemm_fp8.c: fp8 / MXFP8 weights converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4
 weights by table lookup into int8 lanes against int8 activations (VNNI).
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
+moe.c: a sparse MLP's routing and grouped per-expert matmuls (module path and decoder stack alike).
 """
 from __future__ import annotations
 
@@ -58,9 +59,13 @@ _SIGNATURES = {
     "ridgeline_stack_kv_format": [_I64],
     "ridgeline_stack_scratch": [_PTR, _I64],
     "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _INT, _I64, _PTR, _PTR,
-                                _PTR, _I64, _PTR, _PTR, _PTR, _INT],
+                                _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT],
+    "ridgeline_moe_fields": [],
+    "ridgeline_moe_scratch": [_PTR, _I64, _I64],
+    "ridgeline_moe": [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _INT],
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
                                _I64, _I64, _F32, _INT],
@@ -68,7 +73,7 @@ _SIGNATURES = {
                                   _I64, _I64, _I64, _I64, _F32, _INT],
 }
 
-_RESTYPES = {"ridgeline_stack_scratch": _I64}
+_RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64}
 
 
 def _build() -> ctypes.CDLL:

@@ -29,6 +29,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def qk_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, H: int, Hkv: int,
+            D: int) -> None:
+    """qkv [T, (H + 2 Hkv) D] fp32 contiguous: every q head normed with q_weight [D] and every k head
+    with k_weight [D] (fp32), in place."""
+    cpu.lib().ridgeline_qk_norm(qkv.data_ptr(), qkv.shape[0], H, Hkv, D, q_weight.data_ptr(), k_weight.data_ptr(),
+                                eps, torch.get_num_threads())
+
+
 def rope_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
             k_cache: torch.Tensor, v_cache: torch.Tensor, H: int, Hkv: int, D: int, kv_format: int,
             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:

@@ -15,7 +15,8 @@ from ridgeline.kernels import cpu
 HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 WEIGHT_FIELDS = ("format", "data", "scale", "bias")
 LINEARS = ("qkv", "o", "gate_up", "down")
-LAYER_FIELDS = ("in_norm", "post_norm", "window", "kv_format", "k_cache", "v_cache", "k_scale", "v_scale")
+LAYER_FIELDS = ("in_norm", "post_norm", "window", "kv_format", "k_cache", "v_cache", "k_scale", "v_scale", "q_norm",
+                "k_norm", "moe")
 GROUP_FIELDS = ("row0", "rows", "tables", "max_nb", "row_seq", "key_lens", "tile_len")
 
 
@@ -58,12 +59,15 @@ def make_hook(fn: Callable[[int, int, torch.Tensor], None]):
 def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, first: int, last: int,
         cos_sin: torch.Tensor, final_norm: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor, hidden_in: bool,
         positions: torch.Tensor, slots: torch.Tensor, groups: torch.Tensor, capture: torch.Tensor | None,
-        hook, scratch: torch.Tensor) -> None:
+        hook, scratch: torch.Tensor, moe_scratch: torch.Tensor | None = None) -> None:
+    from ridgeline.kernels.cpu_moe import ROUTE_CALLBACK
     rc = cpu.lib().ridgeline_decoder_stack(
         dims.data_ptr(), eps, scale, layers.data_ptr(), first, last, cos_sin.data_ptr(),
         None if final_norm is None else final_norm.data_ptr(), x.data_ptr(), out.data_ptr(), int(hidden_in),
         x.shape[0], positions.data_ptr(), slots.data_ptr(), groups.data_ptr(), groups.shape[0],
         None if capture is None else capture.data_ptr(),
-        None if hook is None else ctypes.cast(hook, ctypes.c_void_p), scratch.data_ptr(), torch.get_num_threads())
+        None if hook is None else ctypes.cast(hook, ctypes.c_void_p), scratch.data_ptr(),
+        None if moe_scratch is None else moe_scratch.data_ptr(), ctypes.cast(ROUTE_CALLBACK, ctypes.c_void_p),
+        torch.get_num_threads())
     if rc:
         raise RuntimeError(f"decoder stack failed ({rc}) in layers [{first}, {last})")

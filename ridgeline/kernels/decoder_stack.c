@@ -1,20 +1,23 @@
 /* Layers [first, last) of a Llama-family decoder for one step, in one call from Python: for every
- * layer RMSNorm (+ residual) -> qkv matmul (+ bias) -> rotary + KV write -> paged attention ->
- * o matmul (+ bias) -> [hook] -> RMSNorm + residual -> gate_up matmul -> SiLU * up -> down matmul
- * -> [hook] -> [capture], then optionally the final norm. It calls the same kernels, in the same
+ * layer RMSNorm (+ residual) -> qkv matmul (+ bias) -> [per-head q/k RMSNorm] -> rotary + KV write ->
+ * paged attention -> o matmul (+ bias) -> [hook] -> RMSNorm + residual -> MLP -> [hook] -> [capture],
+ * then optionally the final norm. The MLP is dense (gate_up matmul -> SiLU * up -> down matmul) or,
+ * where the layer has a MoE descriptor, the grouped sparse MLP of moe.c. It calls the same kernels, in the same
  * order and on the same data, as the Python modules do one op at a time (models/llama.py), so the
  * results are bitwise identical; what it saves is the interpreter and dispatch cost between them.
  *
  * Everything is driven by descriptors (int64 arrays, pointers as integers):
  * dims:    [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size]
  * layers:  [layers][LP_FIELDS]: norms, window, KV formats (K | V << 8, kv_quant.h) + cache and fp16
- *          scale pointers (0 for float formats), and for each of
+ *          scale pointers (0 for float formats), q/k norm weights [head_dim] (0: none), the MoE
+ *          descriptor (moe.c; 0: a dense MLP), and for each of
  *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
  *          stream + MLP output) [T, hidden] is written there
  * hook:    NULL, or called in place on the attention output (where 0) and the MLP output (where 1)
- *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts. */
+ *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts.
+ * route:   NULL, or the MoE tie-breaker (moe.c), called only when a token's k-th expert ties. */
 #include <stdint.h>
 #include <string.h>
 #include "kv_quant.h"
@@ -63,12 +66,18 @@ enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF
                      WF_I8_G32 = 45 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
-enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_LINEAR,
+enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
+       LP_K_NORM, LP_MOE, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
 
 typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
+typedef int (*moe_route_fn)(int64_t layer, const float *probs, int64_t T, int64_t E, int64_t k, int64_t *idx);
+int ridgeline_qk_norm(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *qw, const float *kw,
+                      float eps, int nthreads);
+int ridgeline_moe(const int64_t *desc, const float *x, float *out, int64_t T, int64_t H, float *buf,
+                  moe_route_fn route, int64_t layer, int nt);
 
 /* the layout, for the Python side to check against its own: 0 layer fields, 1 group fields,
  * 2 weight descriptor fields, 3 offset of the first weight descriptor in a layer */
@@ -93,7 +102,7 @@ int ridgeline_stack_kv_format(int64_t format) { return kv_known((int)(format & 0
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
-static int linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
+int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
     int rc;
     switch (w[LW_FORMAT]) {
     case WF_F32_PACKED: rc = ridgeline_gemm_f32p(PTR(const float, w[LW_DATA]), x, y, M, N, K, nt); break;
@@ -144,12 +153,13 @@ int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
  * on exit the final norm of the last hidden state (final_norm given) or the last MLP output, with x
  * the residual it has not been added to yet: (hidden, residual) for the next stage.
  * buf: ridgeline_stack_scratch(dims, T) floats, kept by the caller (large steps would otherwise map
- * and fault in fresh pages every call). Returns 0, or non-zero from a kernel or the hook. */
+ * and fault in fresh pages every call); moe_buf: ridgeline_moe_scratch floats where a layer is
+ * sparse. Returns 0, or non-zero from a kernel or the hook. */
 int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const int64_t *layers, int64_t first,
                             int64_t last, const float *cos_sin, const float *final_norm, float *x, float *out,
                             int hidden_in, int64_t T, const int64_t *positions, const int64_t *slots,
                             const int64_t *groups, int64_t ngroups, const int64_t *capture, stack_hook hook,
-                            float *buf, int nt) {
+                            float *buf, float *moe_buf, moe_route_fn route, int nt) {
     const int64_t Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5], bs = dims[6];
     const int64_t QKV = (H + 2 * Hkv) * D, HD = H * D;
     float *h = buf, *h2 = h + T * Hd, *qkv = h2 + T * Hd, *q = qkv + T * QKV, *att = q + T * HD, *gu = att + T * HD;
@@ -162,10 +172,13 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             ridgeline_rmsnorm(mlp, x, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
         else
             ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
-        rc |= linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
+        rc |= ridgeline_stack_linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
         uint16_t *ksc = PTR(uint16_t, lp[LP_K_SCALE]), *vsc = PTR(uint16_t, lp[LP_V_SCALE]);
         const int kvf = (int)lp[LP_KV_FORMAT];
+        if (lp[LP_Q_NORM])
+            ridgeline_qk_norm(qkv, T, H, Hkv, D, PTR(const float, lp[LP_Q_NORM]), PTR(const float, lp[LP_K_NORM]), eps,
+                              nt);
         rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
@@ -175,12 +188,16 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
                                             lp[LP_WINDOW], scale, nt);
         }
-        rc |= linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
+        rc |= ridgeline_stack_linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
         if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);
         ridgeline_rmsnorm(h, x, PTR(const float, lp[LP_POST_NORM]), h2, T, Hd, eps, nt);
-        rc |= linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
-        ridgeline_silu_mul(gu, act, T, I, nt);
-        rc |= linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
+        if (lp[LP_MOE]) {
+            rc |= ridgeline_moe(PTR(const int64_t, lp[LP_MOE]), h2, mlp, T, Hd, moe_buf, route, l, nt);
+        } else {
+            rc |= ridgeline_stack_linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
+            ridgeline_silu_mul(gu, act, T, I, nt);
+            rc |= ridgeline_stack_linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
+        }
         if (hook && !rc) rc = hook(l, HOOK_MLP_OUT, mlp, T, Hd);
         have_hidden = 1;
         if (capture && capture[l]) {

@@ -2,6 +2,7 @@
  * torch on a CPU spends several small ops (and their dispatch) per step:
  *   rmsnorm:  residual += x (optional), out = residual / rms(residual) * w
  *   silu_mul: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
+ *   qk_norm:  per-head RMSNorm of the q and k heads inside the fused qkv rows, in place (Qwen3)
  *   rope_kv:  rotate q and k inside the fused qkv rows (interleaved pairs), write k and v into the
  *             paged KV cache at their slots, in its formats (kv_quant.h: fp32, bf16, fp16, int8, int4,
  *             fp8), quantizing on the way. */
@@ -50,6 +51,27 @@ int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nt
         }
 #endif
         for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}
+
+/* qkv [T, (H + 2 Hkv) D]: each of the H q heads normed with qw [D], each of the Hkv k heads with kw [D],
+ * in place, the same arithmetic as ridgeline_rmsnorm on one [D] row */
+int ridgeline_qk_norm(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *qw, const float *kw,
+                      float eps, int nthreads) {
+    const int64_t width = (H + 2 * Hkv) * D;
+    #pragma omp parallel for num_threads(nthreads) if (T * width >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = 0; h < H + Hkv; h++) {
+            float *x = qkv + t * width + h * D;
+            const float *w = h < H ? qw : kw;
+            float ss = 0.f;
+            #pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < D; i++) ss += x[i] * x[i];
+            const float inv = 1.f / sqrtf(ss / (float)D + eps);
+            #pragma omp simd
+            for (int64_t i = 0; i < D; i++) x[i] = x[i] * inv * w[i];
+        }
     }
     return 0;
 }

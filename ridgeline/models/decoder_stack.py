@@ -1,4 +1,5 @@
-"""The C decoder stack (kernels/decoder_stack.c) as a declared backend for Llama-family layers.
+"""The C decoder stack (kernels/decoder_stack.c) as a declared backend for Llama-family layers
+(dense or sparse MLP: a SparseMoE layer hands the stack its moe.c descriptor).
 
 `layer_support` decides once, at start-up, which layers it runs and says why it cannot run the
 others (a weight format or KV format without a C kernel, a non-fp32 norm, another attention
@@ -16,19 +17,28 @@ from ridgeline.kernels import cpu, cpu_stack
 from ridgeline.layers.attention import PagedC
 from ridgeline.layers.forward_context import get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
+from ridgeline.layers.moe import SparseMoE
 
 
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _linears(layer: nn.Module) -> list[nn.Module]:
+def _linears(layer: nn.Module) -> list[nn.Module | None]:
+    """cpu_stack.LINEARS order; a sparse MLP's linears live in its own descriptor (None here)."""
     sa, mlp = layer.self_attn, layer.mlp
-    return [sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj]  # cpu_stack.LINEARS order
+    if isinstance(mlp, SparseMoE):
+        return [sa.qkv_proj, sa.o_proj, None, None]
+    return [sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj]
 
 
 def _why_not(layer: nn.Module) -> str | None:
-    for lin in _linears(layer):
+    if isinstance(layer.mlp, SparseMoE) and isinstance(layer.mlp.c_descriptor(), str):
+        return layer.mlp.c_descriptor()
+    sa = layer.self_attn
+    if sa.q_norm is not None and (sa.q_norm.weight.dtype != torch.float32 or sa.k_norm.weight.dtype != torch.float32):
+        return "q/k norm weights are not fp32"
+    for lin in filter(None, _linears(layer)):
         desc = lin.format.stack_weight(lin)
         if isinstance(desc, str):
             return f"{lin.prefix}: {desc}"
@@ -67,17 +77,26 @@ class CStack:
         layers = model.layers
         a0 = layers[0].self_attn
         reasons = self.layer_support(model, model.plan)
-        self.dims = torch.tensor([len(layers), model.norm.weight.shape[0], a0.h, a0.hkv, a0.d,
-                                  layers[0].mlp.down_proj.in_features, a0.attn.kv.k.shape[1]], dtype=torch.int64)
+        dense = [layer.mlp.down_proj.in_features for layer in layers if not isinstance(layer.mlp, SparseMoE)]
+        self.dims = torch.tensor([len(layers), model.norm.weight.shape[0], a0.h, a0.hkv, a0.d, max(dense, default=0),
+                                  a0.attn.kv.k.shape[1]], dtype=torch.int64)
+        self.moe = next((layer.mlp for layer, why in zip(layers, reasons)
+                         if why is None and isinstance(layer.mlp, SparseMoE)), None)  # sizes the MoE scratch
         rows = []
         for layer, why in zip(layers, reasons):
             if why is not None:  # run as modules: never read
                 rows.append([0] * (len(cpu_stack.LAYER_FIELDS) + 4 * len(cpu_stack.LINEARS)))
                 continue
-            attn = layer.self_attn.attn
+            sa, attn = layer.self_attn, layer.self_attn.attn
+            moe = layer.mlp.c_descriptor() if isinstance(layer.mlp, SparseMoE) else None
             row = [_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight), attn.window or 0,
-                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale)]
+                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale),
+                   _ptr(sa.q_norm.weight if sa.q_norm is not None else None),
+                   _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe)]
             for lin in _linears(layer):
+                if lin is None:
+                    row += [0] * len(cpu_stack.WEIGHT_FIELDS)
+                    continue
                 fmt, data, scale = lin.format.stack_weight(lin)
                 row += [fmt, data, scale, _ptr(lin.bias)]
             rows.append(row)
@@ -114,7 +133,8 @@ class CStack:
                     captured[layer] = torch.empty_like(x)
                     cap[layer] = captured[layer].data_ptr()
         c_hook = cpu_stack.make_hook(hook) if hook is not None else None
+        moe_scratch = self.moe.scratch_for(T, x.shape[1]) if self.moe is not None else None
         cpu_stack.run(self.dims, self.eps, self.scale, self.layer_ptrs, first, last, self.cos_sin,
                       self.final_norm if final_norm else None, x, out, residual is not None, positions,
-                      ctx.slot_mapping, groups, cap, c_hook, self.scratch)
+                      ctx.slot_mapping, groups, cap, c_hook, self.scratch, moe_scratch)
         return (out, None) if final_norm else (out, x)

@@ -1,6 +1,6 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2): one class, differences come from
-ArchConfig (qkv bias, tied embeddings, each layer's sliding window via the attention mask, rope
-scaling).
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3; Mixtral, Qwen2-MoE, Qwen3-MoE):
+one class, differences come from ArchConfig (qkv bias, per-head q/k norm, tied embeddings, each
+layer's sliding window via the attention mask, rope scaling, sparse MLP layers).
 
 Layer ranges: `run_layers(positions, hidden, residual, start, end)` runs layers [start, end) and
 returns (hidden, residual) before the final norm (a pipeline stage hands those on) or, with
@@ -23,6 +23,8 @@ from ridgeline.layers.forward_context import get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.kv_cache import LayerKV
 from ridgeline.layers.linear import Linear
+from ridgeline.layers.mlp import MLP
+from ridgeline.layers.moe import SparseMoE
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
 from ridgeline.models.options import BuildOptions
@@ -44,36 +46,36 @@ class SelfAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, window)
         self.fused = opts.plan.fused_ops
+        self.q_norm = self.k_norm = None  # per-head RMSNorm [D] of q and k before rotary (Qwen3)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, opts.act_dtype)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, opts.act_dtype)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         kv = self.attn.kv
         if self.fused and kv.c_format is not None and qkv.dtype == torch.float32 and qkv.is_contiguous():
+            if self.q_norm is not None:
+                self._qk_norm_fused(qkv)
             kv.write_rope(qkv, positions, self.rotary.cos_sin, get_forward_context().slot_mapping,
                           self.h, self.hkv, self.d)
             return self.o_proj(self.attn.attend(qkv[:, :self.h * self.d].view(T, self.h, self.d)))
         q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
-        q, k = self.rotary(positions, q.view(T, self.h, self.d), k.view(T, self.hkv, self.d))
+        q, k = q.view(T, self.h, self.d), k.view(T, self.hkv, self.d)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (self.d,), self.q_norm.weight, self.q_norm.eps)
+            k = F.rms_norm(k, (self.d,), self.k_norm.weight, self.k_norm.eps)
+        q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v.view(T, self.hkv, self.d)))
 
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ArchConfig, opts: BuildOptions, prefix: str):
-        super().__init__()
-        I = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * I, opts.format_for(f"{prefix}.gate_up_proj"),
-                                   act_dtype=opts.act_dtype, shard_sizes=[I, I], prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = Linear(I, cfg.hidden_size, opts.format_for(f"{prefix}.down_proj"),
-                                act_dtype=opts.act_dtype, prefix=f"{prefix}.down_proj")
-        self.fused = opts.plan.fused_ops
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.fused and gate_up.dtype == torch.float32 and gate_up.is_contiguous():
-            return self.down_proj(cpu_ops.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def _qk_norm_fused(self, qkv: torch.Tensor) -> None:
+        if self.q_norm.weight.dtype == torch.float32:
+            cpu_ops.qk_norm(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, self.h, self.hkv, self.d)
+            return
+        q, k = qkv[:, :self.h * self.d], qkv[:, self.h * self.d:(self.h + self.hkv) * self.d]
+        q.copy_(F.rms_norm(q.view(-1, self.h, self.d), (self.d,), self.q_norm.weight, self.q_norm.eps).flatten(1))
+        k.copy_(F.rms_norm(k.view(-1, self.hkv, self.d), (self.d,), self.k_norm.weight, self.k_norm.eps).flatten(1))
 
 
 class DecoderLayer(nn.Module):
@@ -84,7 +86,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
         self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn", cfg.window_of(index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
-        self.mlp = MLP(cfg, opts, f"{prefix}.mlp")
+        if cfg.moe is not None and index in cfg.moe.sparse_layers:
+            self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, opts, f"{prefix}.mlp", index)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, opts, f"{prefix}.mlp")
 
     def forward(self, positions, x, residual, hook: Hook | None = None):
         if residual is None:
@@ -164,9 +169,11 @@ class Model(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # HF checkpoint name -> (our parameter, shard index) for the fused projections
+    # HF checkpoint name -> (our parameter, shard index) for the fused projections (w1/w3/w2: Mixtral's experts)
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+              "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", None)}
+    renames = {"block_sparse_moe": "mlp"}  # Mixtral's sparse MLP is our layer's `mlp`
 
     def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
@@ -189,8 +196,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model.plan
 
     def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Checkpoint tensor -> our layout: q/k rows to interleaved rotary pairs."""
-        if ".q_proj." in name or ".k_proj." in name:
+        """Checkpoint tensor -> our layout: q/k rows (and the q/k norm weights) to interleaved rotary pairs."""
+        if any(p in name for p in (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.")):
             return interleave_rows(tensor, self.cfg.head_dim)
         return tensor
 

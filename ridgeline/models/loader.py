@@ -106,11 +106,12 @@ def _keeps_fp8(model: nn.Module, modules: dict, name: str, dtype: torch.dtype) -
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
-    parts = name.split(".")
+    renames = getattr(model, "renames", {})
+    parts = [renames.get(p, p) for p in name.split(".")]
     for i, p in enumerate(parts):
         if p in model.packed:
             fused, shard = model.packed[p]
             return ".".join(parts[:i] + [fused] + parts[i + 1:]), shard
     if name.endswith("rotary_emb.inv_freq"):
         return None, None
-    return name, None
+    return ".".join(parts), None

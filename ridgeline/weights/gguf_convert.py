@@ -27,12 +27,17 @@ from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
 
 _FORMAT_VERSION = 1  # bump when the converted folder's contents change
 
-# general.architecture -> (HF architecture, model_type, q/k stored in llama.cpp's rope permutation)
+# general.architecture -> (HF architecture, model_type, q/k stored in llama.cpp's rope permutation);
+# a "llama" file with experts (llama.expert_count) is Mixtral
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama", True),
     "mistral": ("MistralForCausalLM", "mistral", True),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
 }
+MIXTRAL = ("MixtralForCausalLM", "mixtral", True)
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -48,7 +53,17 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",  # [hidden] in GGUF, [1, hidden] in HF
 }
+# stacked experts [E, rows, cols] -> one HF tensor per expert: (Qwen name, Mixtral name)
+_EXPERT_NAMES = {"ffn_gate_exps": ("gate_proj", "w1"), "ffn_up_exps": ("up_proj", "w3"),
+                 "ffn_down_exps": ("down_proj", "w2")}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -66,15 +81,36 @@ def _int(md: dict, key: str, default=None) -> int:
     return int(value)
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """GGUF tensor name -> HF name (None for tensors the HF model has no place for)."""
+def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
+    """GGUF tensor name -> HF name (None for tensors the HF model has no place for). Stacked expert
+    tensors name the first expert's; `hf_tensors` splits them."""
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m is None:
+        return None
+    mlp = "block_sparse_moe" if mixtral else "mlp"
+    if m.group(2) in _EXPERT_NAMES:
+        return f"model.layers.{m.group(1)}.{mlp}.experts.0.{_EXPERT_NAMES[m.group(2)][mixtral]}.{m.group(3)}"
+    if m.group(2) in _LAYER_NAMES:
+        name = _LAYER_NAMES[m.group(2)]
+        if mixtral and m.group(2) == "ffn_gate_inp":
+            name = "block_sparse_moe.gate"
+        return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
     return None
+
+
+def hf_tensors(gguf_name: str, w: torch.Tensor, mixtral: bool) -> dict[str, torch.Tensor]:
+    """One GGUF tensor (dequantized, torch order) -> its HF tensors: stacked experts [E, ...] become
+    one per expert; the shared expert's gate vector becomes a [1, hidden] matrix."""
+    target = hf_name(gguf_name, mixtral)
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _EXPERT_NAMES:
+        return {target.replace(".experts.0.", f".experts.{e}."): w[e].contiguous() for e in range(w.shape[0])}
+    if m and m.group(2) == "ffn_gate_inp_shexp":
+        return {target: w.reshape(1, -1)}
+    return {target: w}
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -88,13 +124,17 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def hf_config(g: GGUFFile) -> dict:
     md = g.metadata
     arch = md.get("general.architecture")
+    experts = int(md.get(f"{arch}.expert_count", 0) or 0)
+    if arch in ("llama", "mistral") and experts and "blk.0.ffn_gate_exps.weight" not in g.tensors:
+        raise UnsupportedArchitectureError(f"{g.path} stores its experts one tensor each (an old llama.cpp "
+                                           "layout); only stacked ffn_*_exps tensors are supported")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"GGUF architecture {arch!r} in {g.path} is not supported (supported: {', '.join(ARCHITECTURES)})")
     if "rope_freqs.weight" in g.tensors:
         raise UnsupportedArchitectureError(f"{g.path} uses per-dimension rope frequency factors (Llama 3.1-style "
                                            "rope scaling), which the GGUF converter does not support yet")
-    hf_arch, model_type, _ = ARCHITECTURES[arch]
+    hf_arch, model_type, _ = MIXTRAL if arch == "llama" and experts else ARCHITECTURES[arch]
     hidden = _int(md, f"{arch}.embedding_length")
     heads = _int(md, f"{arch}.attention.head_count")
     t = g.tensors
@@ -105,7 +145,8 @@ def hf_config(g: GGUFFile) -> dict:
         "model_type": model_type,
         "vocab_size": t["token_embd.weight"].shape[0],
         "hidden_size": hidden,
-        "intermediate_size": _int(md, f"{arch}.feed_forward_length"),
+        "intermediate_size": _int(md, f"{arch}.feed_forward_length",
+                                  md.get(f"{arch}.expert_feed_forward_length")),
         "num_hidden_layers": _int(md, f"{arch}.block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": _int(md, f"{arch}.attention.head_count_kv", heads),
@@ -121,7 +162,9 @@ def hf_config(g: GGUFFile) -> dict:
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         if f"tokenizer.ggml.{name}_token_id" in md:
             cfg[key] = int(md[f"tokenizer.ggml.{name}_token_id"])
-    if model_type != "qwen2":  # Qwen2 always has q/k/v biases; Llama and Mistral have a flag
+    if experts:
+        cfg.update(_moe_config(md, arch, model_type, experts))
+    if not model_type.startswith("qwen2"):  # Qwen2 always has q/k/v biases; the others have a flag
         cfg["attention_bias"] = "blk.0.attn_q.bias" in t
         cfg["mlp_bias"] = "blk.0.ffn_up.bias" in t
     scaling = md.get(f"{arch}.rope.scaling.type")
@@ -135,22 +178,36 @@ def hf_config(g: GGUFFile) -> dict:
     return cfg
 
 
+def _moe_config(md: dict, arch: str, model_type: str, experts: int) -> dict:
+    used = _int(md, f"{arch}.expert_used_count")
+    if model_type == "mixtral":
+        return {"num_local_experts": experts, "num_experts_per_tok": used}
+    cfg = {"num_experts": experts, "num_experts_per_tok": used, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "moe_intermediate_size": _int(md, f"{arch}.expert_feed_forward_length"),
+           # llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's, unless the file says
+           "norm_topk_prob": bool(md.get(f"{arch}.expert_weights_norm", model_type == "qwen3_moe"))}
+    if model_type == "qwen2_moe":
+        cfg["shared_expert_intermediate_size"] = _int(md, f"{arch}.expert_shared_feed_forward_length")
+    return cfg
+
+
 def _state_dict(g: GGUFFile, cfg: dict, progress: bool) -> dict[str, torch.Tensor]:
-    permuted = ARCHITECTURES[g.metadata["general.architecture"]][2]
+    permuted = cfg["model_type"] in ("llama", "mistral", "mixtral")
+    mixtral = cfg["model_type"] == "mixtral"
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
     out = {}
     total = sum(int(np.prod(i.shape)) * 4 for i in g.tensors.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"dequantizing {g.path.name}",
               disable=not progress, leave=False) as bar:
         for name, info in g.tensors.items():
-            target = hf_name(name)
+            target = hf_name(name, mixtral)
             if target is None:
                 raise UnsupportedArchitectureError(f"GGUF tensor {name!r} in {g.path} has no Hugging Face counterpart")
             w = g.dequantize(name)
             m = _LAYER_RE.fullmatch(name)
             if permuted and m and m.group(2) in heads:
                 w = unpermute_rope(w, heads[m.group(2)])
-            out[target] = w
+            out.update(hf_tensors(name, w, mixtral))
             bar.update(w.numel() * 4)
     return out
 

@@ -13,6 +13,21 @@ from ridgeline.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A sparse MLP: a router picks top_k of num_experts experts per token."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's width
+    norm_topk_prob: bool  # renormalise the top-k router probabilities to sum to 1
+    shared_intermediate_size: int  # 0: none; else one shared expert that every token runs, sigmoid-gated
+    sparse_layers: tuple[int, ...]  # the layers with a sparse MLP; the others keep a dense one
+
+
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     architecture: str
     vocab_size: int
@@ -42,6 +57,8 @@ class ArchConfig:
         """Keys a query can reach in any layer: the largest window when every layer has one, else None."""
         windows = [self.window_of(i) for i in range(self.num_layers)]
         return None if not windows or None in windows else max(windows)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3)
+    moe: MoEConfig | None = None
 
     @property
     def rope_scaling_dict(self) -> dict | None:
@@ -52,7 +69,22 @@ class ArchConfig:
         h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
         per_layer = h * self.num_heads * self.head_dim * 2 + 2 * h * kv + 3 * h * i + 2 * h
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        total = self.num_layers * per_layer + emb + h
+        if self.moe is not None:
+            m, sparse = self.moe, len(self.moe.sparse_layers)
+            expert = 3 * h * m.intermediate_size
+            shared = 3 * h * m.shared_intermediate_size + h if m.shared_intermediate_size else 0
+            total += sparse * (m.num_experts * expert + shared + m.num_experts * h - 3 * h * i)
+        return total
+
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: a sparse layer counts its top_k experts, not all of them."""
+        if self.moe is None:
+            return self.num_params
+        m, h = self.moe, self.hidden_size
+        return self.num_params - len(m.sparse_layers) * (m.num_experts - m.top_k) * 3 * h * m.intermediate_size
 
 
 def _ids(value) -> tuple[int, ...]:
@@ -112,6 +144,8 @@ def load_arch_config(folder: Path) -> ArchConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id")))),
             layer_windows=windows,
+            qk_norm=archs[0] in QK_NORM_ARCHITECTURES,
+            moe=_moe(cfg, archs[0]),
         )
     except KeyError as e:
         raise ModelLoadError(f"{path} lacks the field {e.args[0]!r}") from None
@@ -140,6 +174,22 @@ def layer_windows(cfg: dict, architecture: str) -> tuple[int | None, ...]:
     if pattern:
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(n))
     return (window,) * n
+
+
+def _moe(cfg: dict, arch: str) -> MoEConfig | None:
+    if arch not in MOE_ARCHITECTURES:
+        return None
+    layers = cfg["num_hidden_layers"]
+    if arch == "MixtralForCausalLM":
+        return MoEConfig(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"], True, 0,
+                         tuple(range(layers)))
+    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # Qwen3-MoE writes either
+    step = cfg.get("decoder_sparse_step") or 1
+    dense = set(cfg.get("mlp_only_layers") or ())
+    sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+    shared = (cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
+    return MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                     bool(cfg.get("norm_topk_prob", False)), shared, sparse)
 
 
 def _freeze(v):

@@ -1,0 +1,55 @@
+"""What a sparse model's experts did during a timed run: per-expert load (the counts expert
+placement will balance), its imbalance, experts read per layer step and the bytes that means.
+
+Bytes of experts touched = sum over sparse-layer calls of (experts that had a token) x (bytes of
+one expert as stored). Over the run's elapsed time that is the bandwidth the experts alone drew;
+the dense parts (attention, router, embeddings, LM head) come on top, once per step.
+"""
+from __future__ import annotations
+
+from ridgeline.layers.moe import SparseMoE
+
+
+def sparse_layers(model) -> list[SparseMoE]:
+    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+
+
+def reset(model) -> None:
+    for m in sparse_layers(model):
+        m.reset_stats()
+
+
+def collect(model, elapsed: float) -> dict | None:
+    """Per-expert load and expert bytes of everything since `reset`; None for a dense model."""
+    layers = sparse_layers(model)
+    if not layers:
+        return None
+    loads = {m.index: m.load_counts.tolist() for m in layers}
+    touched = sum(m.touched[0] for m in layers)
+    calls = sum(m.touched[1] for m in layers)
+    per_expert = layers[0].expert_bytes()
+    total = sum(sum(c) for c in loads.values())
+    imbalance = [max(c) / (sum(c) / len(c)) for c in loads.values() if sum(c)]
+    return {"experts": layers[0].num_experts, "top_k": layers[0].top_k, "sparse_layers": len(layers),
+            "expert_bytes": per_expert, "layer_calls": calls, "routed_pairs": total,
+            "experts_touched_per_call": touched / calls if calls else 0.0,
+            "expert_bytes_touched": touched * per_expert,
+            "expert_gb_per_s": touched * per_expert / elapsed / 1e9 if elapsed > 0 else 0.0,
+            "imbalance_max_over_mean": {"min": min(imbalance, default=0.0), "mean": sum(imbalance) / len(imbalance)
+                                        if imbalance else 0.0, "max": max(imbalance, default=0.0)},
+            "load_counts": loads}
+
+
+def lines(stats: dict) -> list[str]:
+    per_call = stats["experts_touched_per_call"]
+    imb = stats["imbalance_max_over_mean"]
+    first = next(iter(stats["load_counts"].values()))
+    return [
+        f"MoE: {stats['experts']} experts, top-{stats['top_k']}, {stats['sparse_layers']} sparse layers, "
+        f"{stats['expert_bytes'] / 2**20:.2f} MiB an expert",
+        f"  experts read per layer step: {per_call:.1f} of {stats['experts']} "
+        f"({per_call * stats['expert_bytes'] / 2**20:.1f} MiB); {stats['expert_bytes_touched'] / 1e9:.2f} GB of "
+        f"experts over the run = {stats['expert_gb_per_s']:.2f} GB/s from the experts alone",
+        f"  per-expert load, max / mean per layer: min {imb['min']:.2f}, mean {imb['mean']:.2f}, max {imb['max']:.2f}",
+        f"  layer {next(iter(stats['load_counts']))} load counts: {' '.join(map(str, first))}",
+    ]
