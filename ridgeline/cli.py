@@ -1,4 +1,4 @@
-"""ridgeline serve | generate | chat | bench | eval | advise | cache-report | pull"""
+"""ridgeline serve | generate | chat | bench | eval | quantize | advise | cache-report | pull"""
 from __future__ import annotations
 
 import argparse
@@ -41,10 +41,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="engine random seed, used by requests without their own")
-    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "w8a8", "w4a8"],
+    g.add_argument("--quantization", default="none", choices=["none", "int8", "int4", "w8a8", "w4a8", "gptq", "awq"],
                    help="weights of every linear layer and the LM head, quantized at load (round-to-nearest): "
                         "int8 per output channel; int4 in groups of --quant-group-size; w8a8 and w4a8 the same "
-                        "weights with each layer's input quantized to int8 too (integer dot products)")
+                        "weights with each layer's input quantized to int8 too (integer dot products); gptq, awq: "
+                        "a folder quantized that way (read from its config.json without this option too)")
     g.add_argument("--quant-group-size", type=int, default=None, choices=[32, 64, 128], metavar="{32,64,128}",
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",
@@ -192,7 +193,7 @@ def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
     for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
-                "ridgeline.eval.cli"):
+                "ridgeline.eval.cli", "ridgeline.quant.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:

@@ -24,6 +24,8 @@ from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
+from ridgeline.quant.checkpoint import folder_quantization
+from ridgeline.quant.options import implied_rules as quant_implied_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
@@ -50,6 +52,7 @@ class LLMEngine:
         folder = resolve_model(mc.model, progress=config.progress)
         arch = load_arch_config(folder)
         model_class(arch.architecture)  # unknown architectures fail before any weight is read
+        quant, quant_format = folder_quantization(folder, mc.quantization, mc.quant_group_size, mc.quant_symmetric)
         self.arch = arch
         self.tokenizer = Tokenizer(folder)
         max_len = mc.max_model_len or arch.max_position_embeddings
@@ -65,7 +68,8 @@ class LLMEngine:
         # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
         act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats = layer_format_rules(mc.format_rules, mc.weight_format or DENSE[choice.dtype], plan)
+        formats = layer_format_rules(mc.layer_formats + quant_implied_rules(quant), quant_format or DENSE[choice.dtype],
+                                     plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, config.attention_backend, formats)
         model = build_model(arch, folder, opts, device, max_len)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)

@@ -189,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
 
     def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Checkpoint tensor -> our layout: q/k rows to interleaved rotary pairs."""
-        if ".q_proj." in name or ".k_proj." in name:
+        if (".q_proj." in name or ".k_proj." in name) and not name.endswith(".g_idx"):  # g_idx: input columns
             return interleave_rows(tensor, self.cfg.head_dim)
         return tensor
 

@@ -14,6 +14,7 @@ from ridgeline.layers.rotary import Rotary
 from ridgeline.layers.weight_formats import load_rows
 from ridgeline.models.options import BuildOptions
 from ridgeline.models.registry import model_class
+from ridgeline.quant.checkpoint import read_quant_config, unpack_checkpoint
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors
 
@@ -43,7 +44,8 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    for name, tensor in iter_tensors(folder):
+    qc = read_quant_config(folder)  # a GPTQ / AWQ folder: its packed layers unpacked for their formats
+    for name, tensor in (iter_tensors(folder) if qc is None else unpack_checkpoint(iter_tensors(folder), qc)):
         target, shard = _map_name(model, name)
         if target is None:
             continue

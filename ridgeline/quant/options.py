@@ -6,6 +6,8 @@
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
     w8a8   int8's weights, and each linear layer's input quantized to int8 per row (integer dot products)
     w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
+    gptq, awq   a folder already quantized that way (its config.json's quantization_config says so and
+           gives the group size and grid; such a folder loads so without the option too)
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
@@ -19,6 +21,8 @@ from ridgeline.errors import InvalidRequestError
 
 QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
+PREQUANTIZED = ("gptq", "awq")  # folders quantized that way: their quantization_config gives group size and grid
+QUANTIZATIONS += PREQUANTIZED
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32
 
@@ -44,13 +48,14 @@ def format_name(quantization: str, group_size: int | None, symmetric: bool) -> s
     """The weight-format registry name every Linear takes, or None (dense in the engine dtype)."""
     if quantization in ("int8", "w8a8"):
         return quantization
-    if quantization in GROUPED:
+    if quantization in GROUPED + PREQUANTIZED:
         group = group_size or DEFAULT_GROUP_SIZE
         return quantization + ("-sym" if symmetric else "") + ("" if group == 32 else f"-g{group}")
     return None
 
 
 HEADS = {"int4": "int8", "w4a8": "w8a8"}  # the LM head's format where it differs from the other layers'
+HEADS.update({q: "int8" for q in PREQUANTIZED})  # the float head of a GPTQ / AWQ folder: int8, as under int4
 
 
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:
