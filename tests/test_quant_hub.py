@@ -256,3 +256,17 @@ def test_cli_quantize(src, tmp_path, capsys):
     assert "already quantized" in capsys.readouterr().err
     assert main(["quantize", str(src), "--bits", "3", "--out", str(tmp_path / "q3")]) == 2
     assert "bits must be one of 4" in capsys.readouterr().err
+
+
+def test_a_tied_qwen2_folder_quantizes_and_loads(tmp_path):
+    """qkv bias and a tied embedding: the biases stay float beside the packed weights, the head is int8."""
+    src = make_tiny_model(tmp_path / "src", "qwen2")
+    quantize_folder(src, tmp_path / "q", QuantizeOptions("awq", 4, 32, False, calibration_tokens=512),
+                    progress=False)
+    assert "model.layers.0.self_attn.q_proj.bias" in load_file(str(tmp_path / "q" / "model.safetensors"))
+    llm = LLM(str(tmp_path / "q"), dtype="float32", kv_cache_memory="4MiB", progress=False)
+    assert llm.info.weight_formats == "awq x 8, int8 x 1"
+    ref = LLM(str(src), dtype="float32", kv_cache_memory="4MiB", progress=False)
+    ids = list(range(30, 80))
+    a, b = llm.engine.prompt_logits(ids), ref.engine.prompt_logits(ids)
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.6

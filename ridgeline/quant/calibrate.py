@@ -36,9 +36,9 @@ class InputStats:
         return self.abs_sum / max(self.rows, 1)
 
     def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1]).double()
-        self.gram += x.t() @ x
-        self.abs_sum += x.abs().sum(0)
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        self.gram += (x.t() @ x).double()  # one window's sum in fp32, the running total in fp64
+        self.abs_sum += x.abs().sum(0).double()
         self.rows += x.shape[0]
 
 

@@ -57,8 +57,11 @@ class QuantizeOptions:
                                       "out for the shipped calibration part (only rtn runs without)", "calibration")
 
 
-def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool = True) -> dict:
-    """Quantize the model folder src into out (a new or empty folder); returns the quantization_config."""
+def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool = True,
+                    stats: dict[str, calibrate.InputStats] | None = None) -> dict:
+    """Quantize the model folder src into out (a new or empty folder); returns the quantization_config.
+    stats: calibrate.capture's result for src and opts' calibration text, when already captured (one
+    capture serves every method and group size)."""
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.weights.safetensors_loader import iter_tensors
     opts.check()
@@ -74,8 +77,9 @@ def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool 
     text, source = (None, None)
     if opts.method != "rtn":
         text, source = calibrate.calibration_text(opts.calibration)
-    stats = {}
-    if opts.method != "rtn":
+    if opts.method == "rtn":
+        stats = {}
+    elif stats is None:
         stats = calibrate.capture(src, text, opts.calibration_tokens, progress=progress)
     tensors = {name: t for name, t in iter_tensors(src)}
     if opts.method == "awq":
