@@ -270,3 +270,9 @@ def test_a_tied_qwen2_folder_quantizes_and_loads(tmp_path):
     ids = list(range(30, 80))
     a, b = llm.engine.prompt_logits(ids), ref.engine.prompt_logits(ids)
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) > 0.6
+
+
+def test_eval_sweep_names_the_quantizations_it_can_sweep():
+    from ridgeline.eval.sweep import sweep_settings
+    with pytest.raises(InvalidRequestError, match="one of none, int8, w8a8, int4, w4a8; gptq is not one"):
+        sweep_settings({"quantization": "gptq"})

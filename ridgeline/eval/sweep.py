@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
+from ridgeline.errors import InvalidRequestError
 from ridgeline.eval.harness import Result, Setting
 from ridgeline.quant import options as quant_options
 
@@ -24,6 +25,9 @@ WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
 
 def sweep_settings(options: dict) -> list[Setting]:
     """The sweep's settings for the weight format the options name (int8 when they name none)."""
+    if (options.get("quantization") or "none") not in WEIGHTS_ONLY:
+        raise InvalidRequestError(f"--sweep quantizes each component at load with one of "
+                                  f"{', '.join(WEIGHTS_ONLY)}; {options['quantization']} is not one", "sweep")
     quant = WEIGHTS_ONLY[options.get("quantization") or "none"]
     group, sym = options.get("quant_group_size"), bool(options.get("quant_symmetric"))
     fmt = quant_options.format_name(quant, group, sym)
