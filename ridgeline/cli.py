@@ -1,4 +1,4 @@
-"""ridgeline serve | generate | chat | bench | eval | advise | cache-report | pull"""
+"""ridgeline serve | generate | chat | bench | eval | quantize | advise | cache-report | pull"""
 from __future__ import annotations
 
 import argparse
@@ -62,7 +62,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(E4M3, per-channel scales), mxfp8 (E4M3, blocks of 32, E8M0 scales), mxfp4 (E2M1, "
                         "blocks of 32) and nvfp4 (E2M1, blocks of 16, E4M3 scales): mxfp4 and nvfp4 quantize "
                         "each layer's input to int8 per block too; gguf keeps a GGUF file's quantized blocks; "
-                        "none dequantizes them to --dtype; auto: gguf for a .gguf model, else none")
+                        "none dequantizes them to --dtype; gptq, awq: a folder quantized that way; auto: gguf for a .gguf "
+                        "model, a folder's own quantization_config (gptq, awq, fp8), else none")
     g.add_argument("--quant-group-size", type=int, default=None, choices=[32, 64, 128], metavar="{32,64,128}",
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",
@@ -211,7 +212,7 @@ def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
     for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
-                "ridgeline.eval.cli"):
+                "ridgeline.eval.cli", "ridgeline.quant.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:

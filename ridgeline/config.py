@@ -164,8 +164,10 @@ class SpeculativeConfig:
             raise InvalidRequestError("speculative_method 'draft' needs draft_model (a model with the target's "
                                       "tokenizer, or 'self'), and draft_model needs speculative_method 'draft'",
                                       "draft_model")
-        if self.draft_quantization not in quant_options.QUANTIZATIONS:
-            raise InvalidRequestError(f"draft_quantization must be one of {', '.join(quant_options.QUANTIZATIONS)}, "
+        if self.draft_quantization not in quant_options.QUANTIZATIONS or \
+                self.draft_quantization in quant_options.PREQUANTIZED:
+            allowed = [q for q in quant_options.QUANTIZATIONS if q not in quant_options.PREQUANTIZED]
+            raise InvalidRequestError(f"draft_quantization must be one of {', '.join(allowed)}, "
                                       f"got {self.draft_quantization!r}", "draft_quantization")
 
 

@@ -16,7 +16,7 @@ from ridgeline.cli_parser import shows_default
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {("generate",), ("chat",), ("pull",), ("serve",), ("cache-report",), ("bench", "throughput"),
             ("bench", "decode"), ("bench", "serve"), ("advise",), ("advise", "kv"), ("advise", "gpus"),
-            ("advise", "spec"), ("advise", "disagg"), ("eval",)}
+            ("advise", "spec"), ("advise", "disagg"), ("eval",), ("quantize",)}
 SECRET = "sk-not-for-help-text"
 
 

@@ -27,6 +27,8 @@ from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.quant import fp8_checkpoint
+from ridgeline.quant.checkpoint import folder_quantization
+from ridgeline.quant.options import implied_rules as quant_implied_rules
 from ridgeline.models.registry import model_class
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
@@ -44,16 +46,18 @@ DEFAULT_KV_CAP = 4 << 30
 
 
 def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
-    """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors)."""
+    """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors, the
+    quantization applied: a GPTQ / AWQ folder's own method under auto or none)."""
     if quantization == "gguf":
         from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
-        return kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan)
-    default, rules = mc.weight_format or dense, mc.format_rules
+        return *kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan), quantization
+    quant, fmt = folder_quantization(folder, quantization, mc.quant_group_size, mc.quant_symmetric)
+    default, rules = fmt or dense, mc.layer_formats + quant_implied_rules(quant)
     # an explicit none dequantizes an fp8 checkpoint; the default (auto) keeps it
     ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if mc.quantization == "auto" else None
     if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
         default, rules = ckpt[0], rules + ckpt[1]
-    return layer_format_rules(rules, default, plan), None
+    return layer_format_rules(rules, default, plan), None, quant
 
 
 class LLMEngine:
@@ -85,7 +89,8 @@ class LLMEngine:
             raise InvalidRequestError(why, "kv_eviction")
         backend = "h2o" if cc.kv_eviction == "h2o" else config.attention_backend
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats, tensors = _weight_formats(mc, quantization, folder, gguf_file, arch, DENSE[choice.dtype], plan)
+        formats, tensors, quantization = _weight_formats(mc, quantization, folder, gguf_file, arch,
+                                                         DENSE[choice.dtype], plan)
         opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats)
         model = build_model(arch, folder, opts, device, max_len, tensors)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)

@@ -197,7 +197,7 @@ class LlamaForCausalLM(nn.Module):
 
     def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Checkpoint tensor -> our layout: q/k rows (and the q/k norm weights) to interleaved rotary pairs."""
-        if any(p in name for p in (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.")):
+        if any(p in name for p in (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.")) and not name.endswith(".g_idx"):
             return interleave_rows(tensor, self.cfg.head_dim)
         return tensor
 

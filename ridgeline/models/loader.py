@@ -16,6 +16,7 @@ from ridgeline.layers.weight_formats import load_rows
 from ridgeline.models.options import BuildOptions
 from ridgeline.models.registry import model_class
 from ridgeline.quant import fp8_checkpoint
+from ridgeline.quant.checkpoint import read_quant_config, unpack_checkpoint
 from ridgeline.weights.gguf_blocks import GGUFBlocks
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors
@@ -48,7 +49,10 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
     stream = iter_tensors(folder) if tensors is None else tensors
-    if tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
+    qc = read_quant_config(folder) if tensors is None else None
+    if qc is not None:  # a GPTQ / AWQ folder: its packed layers unpacked for their formats
+        stream = unpack_checkpoint(stream, qc)
+    elif tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
         stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
     for name, tensor in stream:
         target, shard = _map_name(model, name)

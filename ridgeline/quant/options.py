@@ -13,6 +13,8 @@
     nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16
     gguf   a GGUF model's quantized blocks kept as the file stores them (quant/gguf_formats.py)
     auto   gguf for a GGUF model, none for anything else (the default)
+    gptq, awq   a folder already quantized that way (its config.json's quantization_config says so and
+           gives the group size and grid; such a folder loads so under auto too)
 
 Every Linear takes the format, the LM head included (a tied embedding stays a float table for the
 lookup; the head gets its own quantized copy), except that under int4 the LM head is int8: on the
@@ -28,6 +30,8 @@ from ridgeline.errors import InvalidRequestError
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4", "gguf")
 FLOAT_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")  # each the name of its registered format
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
+PREQUANTIZED = ("gptq", "awq")  # folders quantized that way: their quantization_config gives group size and grid
+QUANTIZATIONS += PREQUANTIZED
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 32
 
@@ -57,13 +61,14 @@ def format_name(quantization: str, group_size: int | None, symmetric: bool) -> s
     """The weight-format registry name every Linear takes, or None (dense in the engine dtype)."""
     if quantization in ("int8", "w8a8") + FLOAT_FORMATS:
         return quantization
-    if quantization in GROUPED:
+    if quantization in GROUPED + PREQUANTIZED:
         group = group_size or DEFAULT_GROUP_SIZE
         return quantization + ("-sym" if symmetric else "") + ("" if group == 32 else f"-g{group}")
     return None
 
 
 HEADS = {"int4": "int8", "w4a8": "w8a8", "mxfp4": "mxfp8", "nvfp4": "fp8"}  # the LM head's format where it differs from the other layers'
+HEADS.update({q: "int8" for q in PREQUANTIZED})  # the float head of a GPTQ / AWQ folder: int8, as under int4
 
 
 def implied_rules(quantization: str) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,53 @@
+"""AWQ (Lin et al., 2023): scale each input channel of a linear layer up before quantizing, by
+s = mean|x|^alpha of the channel's calibration activations, and divide its input by s (folded into
+the op that produces the input, so the model computes the same function in full precision). Salient
+channels (large |x|) then lose less to rounding. alpha is searched over a grid per group of layers
+that share an input, minimizing the reconstruction error of their outputs on the calibration data,
+
+    err(s) = sum over the layers' rows of  dW H dW^T,   dW = W - Q(W diag(s)) diag(s)^-1,   H = X^T X
+
+which is ||X W^T - X Q^T||^2 computed from the captured H without keeping X, scored on at most
+SEARCH_ROWS rows spread over the layers (rows are independent; a subset estimates the sum at a
+fraction of the cost). alpha = 0 (s = 1) is on the grid, so the search never does worse than
+round-to-nearest on the scored rows. s is normalized to sqrt(max * min) = 1 so the folded scales
+stay near 1.
+"""
+from __future__ import annotations
+
+import torch
+
+from ridgeline.quant import grid
+
+ALPHAS = tuple(i / 20 for i in range(20))  # 0, 0.05, ..., 0.95
+SEARCH_ROWS = 256  # output rows (evenly spaced over the group's layers) the search scores; all are quantized
+
+
+def output_error(weights: list[torch.Tensor], H: torch.Tensor, s: torch.Tensor, group: int,
+                 symmetric: bool) -> float:
+    """err(s) summed over the layers (each [N_i, K]) that share the input with Gram matrix H [K, K]."""
+    total = 0.0
+    for W in weights:
+        Ws = W.float() * s[None, :]
+        g = grid.fit_groups(Ws, group, symmetric)
+        dW = W.float() - g.dequantize(g.quantize(Ws, group), group) / s[None, :]
+        total += float(((dW @ H) * dW).sum())
+    return total
+
+
+def search_scale(weights: list[torch.Tensor], H: torch.Tensor, mean_abs: torch.Tensor, group: int,
+                 symmetric: bool, alphas: tuple[float, ...] = ALPHAS) -> tuple[torch.Tensor, float]:
+    """The per-input-channel scale [K] (float32) with the least output error, and its alpha."""
+    H = H.float()
+    rows = torch.cat([W.float() for W in weights])
+    if rows.shape[0] > SEARCH_ROWS:  # the error is a sum over rows: a spread-out subset estimates it
+        rows = rows[torch.linspace(0, rows.shape[0] - 1, SEARCH_ROWS).round().long()]
+    weights = [rows]
+    x = mean_abs.float().clamp(min=1e-5)
+    best, best_s, best_alpha = float("inf"), torch.ones_like(x), 0.0
+    for alpha in alphas:
+        s = x.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        err = output_error(weights, H, s, group, symmetric)
+        if err < best:
+            best, best_s, best_alpha = err, s, alpha
+    return best_s, best_alpha

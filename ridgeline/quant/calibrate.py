@@ -1,0 +1,97 @@
+"""Calibration statistics of every linear layer's input, captured on the engine's module path.
+
+The model is loaded unquantized in float32 and each calibration window runs through
+`LLMEngine.prompt_logits` with every layer on the module path (the C decoder stack would run a
+layer in one call, out of the hooks' reach); a hook on each Linear adds its input x [T, K] to
+    gram      X^T X  [K, K] float64   (GPTQ's Hessian up to a factor; AWQ's error metric)
+    abs_sum   sum |x| per channel [K]  (AWQ's activation magnitude)
+One pass over the float model: every layer's statistics come from float inputs (no layer sees the
+quantization error of the layers before it).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.eval import corpus
+from ridgeline.layers.linear import Linear
+
+DEFAULT_TOKENS = 16384
+WINDOW = 512
+
+
+@dataclass
+class InputStats:
+    gram: torch.Tensor  # [K, K] float64
+    abs_sum: torch.Tensor  # [K] float64
+    rows: int = 0
+
+    @property
+    def mean_abs(self) -> torch.Tensor:
+        return self.abs_sum / max(self.rows, 1)
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        self.gram += (x.t() @ x).double()  # one window's sum in fp32, the running total in fp64
+        self.abs_sum += x.abs().sum(0).double()
+        self.rows += x.shape[0]
+
+
+def calibration_text(source: str | Path | None) -> tuple[str, str]:
+    """(text, name for the config) of --calibration: None -> the shipped calibration part."""
+    if source is None:
+        return corpus.text("calibration"), "ridgeline/eval/texts/calibration.txt (World Factbook, public domain)"
+    path = Path(source)
+    if path.resolve() == (corpus.TEXTS / "heldout.txt").resolve():
+        raise InvalidRequestError("the held-out text is what `ridgeline eval` scores; calibrating on it would "
+                                  "leak it: give another file or leave --calibration out", "calibration")
+    try:
+        return path.read_text(encoding="utf-8"), path.name
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidRequestError(f"cannot read calibration text {path}: {e}", "calibration") from None
+
+
+def capture(folder: Path, text: str, max_tokens: int = DEFAULT_TOKENS, window: int = WINDOW,
+            progress: bool = True) -> dict[str, InputStats]:
+    """Linear prefix (the engine's names: qkv_proj, o_proj, gate_up_proj, down_proj) -> its input stats."""
+    from ridgeline.entrypoints.llm import LLM
+    llm = LLM(str(folder), dtype="float32", quantization="none", kv_cache_memory="256MiB",
+              enable_prefix_caching=False, progress=progress)
+    ids = llm.tokenizer.encode(text)
+    window = min(window, llm.engine.max_model_len)
+    windows = corpus.windows(ids, window, max_tokens) or ([ids[:window]] if len(ids) >= 2 else [])
+    if not windows:
+        raise InvalidRequestError("the calibration text is empty (it needs at least 2 tokens)", "calibration")
+    model = llm.engine.runner.model
+    stats: dict[str, InputStats] = {}
+    handles = []
+    for m in model.modules():
+        if isinstance(m, Linear) and m.prefix != "lm_head":
+            st = stats[m.prefix] = InputStats(torch.zeros(m.in_features, m.in_features, dtype=torch.float64),
+                                              torch.zeros(m.in_features, dtype=torch.float64))
+            handles.append(m.register_forward_pre_hook(lambda _m, args, st=st: st.add(args[0])))
+    try:
+        with module_path(model), torch.inference_mode():
+            for w in tqdm(windows, desc="calibration", unit="window", disable=not progress):
+                llm.engine.prompt_logits(w)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+@contextmanager
+def module_path(model):
+    """Every layer on the module path (the Linears' forward runs, hooks included) for the duration."""
+    inner = model.model
+    saved = inner.segments
+    inner.segments = [(0, len(inner.layers), False)]
+    try:
+        yield
+    finally:
+        inner.segments = saved
