@@ -90,7 +90,7 @@ class LLMEngine:
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,
                                                kv_formats("auto", "auto", dtype_name, arch.head_dim)[0].name, eos,
-                                               config.progress))
+                                               config.progress, self.runner, self.kv, self.scheduler.watermark))
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
@@ -292,7 +292,9 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method is None:
         return None
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
-    if sc.method == "draft":
+    if sc.method == "layer-skip":
+        extra = f", the target's first {sc.speculative_layers} layers"
+    if sc.method in ("draft", "eagle"):
         extra = f", draft model {sc.draft_model}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
                                                      else "")
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
