@@ -3,6 +3,7 @@ engine state (lists are copies), so a plan can cross a process boundary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ridgeline.sampling_params import SamplingParams
 
@@ -67,3 +68,4 @@ class SampledSeq:
 class StepResult:
     sampled: list[SampledSeq] = field(default_factory=list)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # request id -> this step's
+    hidden: Any = None  # [tokens, hidden] final hidden state of every row, when the runner keeps them

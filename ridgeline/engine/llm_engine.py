@@ -92,6 +92,7 @@ class LLMEngine:
                                                kv_formats("auto", "auto", dtype_name, arch.head_dim)[0].name, eos,
                                                config.progress, self.runner, self.kv, self.scheduler.watermark))
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
+        self.runner.keep_hidden = getattr(proposer, "wants_hidden", False)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -179,6 +180,14 @@ class LLMEngine:
         """Next-token logits [len(prompt), vocab] fp32 after each prompt token, in one forward outside
         the scheduler (for evaluation: KL divergence needs whole distributions). The prompt's KV blocks
         are taken from the free pool and given back; requests in flight are not disturbed."""
+        return self._whole_prompt(prompt, self.runner.all_logits)
+
+    def prompt_hidden(self, prompt: list[int]) -> torch.Tensor:
+        """Final (normed) hidden states [len(prompt), hidden] of each prompt token, as prompt_logits
+        computes them (training data for an EAGLE head)."""
+        return self._whole_prompt(prompt, self.runner.all_hidden)
+
+    def _whole_prompt(self, prompt: list[int], forward) -> torch.Tensor:
         ids = self.encode_prompt(prompt)
         if len(ids) > self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
@@ -188,7 +197,7 @@ class LLMEngine:
                                       "are free; raise --kv-cache-memory", "prompt")
         try:
             seq = ScheduledSeq(rid, 0, ids, list(self.kv.tables[rid]), False, SamplingParams(), None, None, len(ids))
-            return self.runner.all_logits(seq)
+            return forward(seq)
         finally:
             self.kv.free(rid)
 
@@ -217,7 +226,7 @@ class LLMEngine:
         result = self.runner.execute(plan, spec.drafts if spec is not None else None)
         sampled = result.sampled
         if spec is not None:
-            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
+            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0, result.hidden)
             if plan.finished_ids:
                 spec.forget(plan.finished_ids)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})

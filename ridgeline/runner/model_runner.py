@@ -25,6 +25,7 @@ class ModelRunner:
         self.kv: list[LayerKV] = allocate_kv(kv_spec, num_blocks, device)  # per layer, laid out as kv_spec says
         self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
         self.sample = StepSampler(device, eos_ids)
+        self.keep_hidden = False  # StepResult.hidden: every row's final hidden state (an EAGLE head reads them)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -40,6 +41,8 @@ class ModelRunner:
         ids, positions, ctx, sample_rows = self._prepare(seqs)
         with forward_context(ctx):
             hidden = self.model(ids, positions)
+        if self.keep_hidden:
+            result.hidden = hidden
         if any(s.score_prompt for s in seqs):
             result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
@@ -51,10 +54,14 @@ class ModelRunner:
     def all_logits(self, seq: ScheduledSeq) -> torch.Tensor:
         """Next-token logits [num_new, vocab] fp32 of every row of one scheduled sequence (its blocks
         allocated by the caller): whole distributions, where prompt logprobs give the top N."""
+        return self.model.compute_logits(self.all_hidden(seq)).float()
+
+    @torch.inference_mode()
+    def all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
+        """Final (normed) hidden states [num_new, hidden] of every row of one scheduled sequence."""
         ids, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):
-            hidden = self.model(ids, positions)
-        return self.model.compute_logits(hidden).float()
+            return self.model(ids, positions)
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device

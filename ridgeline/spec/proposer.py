@@ -67,6 +67,10 @@ class Draft:
 
 class Proposer:
     name = "?"
+    needs_target = False  # True: built with the target's DraftTarget (spec/draft_load.py)
+    # True: the runner keeps every row's final hidden state, and observe(plan, sampled, hidden,
+    # requests) is called after each step (an EAGLE head reads them)
+    wants_hidden = False
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int):
         self.config = config
