@@ -12,20 +12,11 @@ import torch
 
 from conftest import make_tiny_model
 from ridgeline import LLM, SamplingParams
-from ridgeline.cli import main
 from ridgeline.errors import InvalidRequestError
 from ridgeline.spec.eagle_head import EagleHead, HeadConfig
 from test_multi_token_steps import OPTS, _params, _run
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
-
-
-@pytest.fixture(scope="session")
-def tiny_head(tiny_llama, tmp_path_factory):
-    out = tmp_path_factory.mktemp("eagle") / "head"
-    assert main(["train-draft", str(tiny_llama), "--out", str(out), "--tokens", "2500", "--seed", "3", "--epochs",
-                 "2", "--max-reply-tokens", "48", "--dtype", "float32", "--draft-vocab", "200", "--quiet"]) == 0
-    return out
 
 
 def test_train_draft_writes_a_head_naming_its_target(tiny_head):

@@ -75,3 +75,14 @@ def test_bad_layer_counts_are_start_up_errors(tiny_llama):
         LLM(str(tiny_llama), speculative_method="layer-skip", **BASE)
     with pytest.raises(InvalidRequestError, match="needs speculative_layers"):
         LLM(str(tiny_llama), speculative_method="ngram", speculative_layers=1, **BASE)
+
+
+def test_command_line_flags_reach_the_config():
+    from ridgeline.cli import build_parser, engine_kwargs
+    from ridgeline.config import EngineConfig
+    args = build_parser().parse_args(["generate", "hi", "--speculative-method", "layer-skip", "--speculative-layers", "9"])
+    spec = EngineConfig.from_kwargs("m", **engine_kwargs(args)).speculative
+    assert (spec.method, spec.speculative_layers) == ("layer-skip", 9)
+    args = build_parser().parse_args(["serve", "--speculative-method", "eagle", "--draft-model", "/heads/x"])
+    spec = EngineConfig.from_kwargs("m", **engine_kwargs(args)).speculative
+    assert (spec.method, spec.draft_model) == ("eagle", "/heads/x")
