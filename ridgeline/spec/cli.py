@@ -20,7 +20,8 @@ def register(subparsers) -> None:
                               "ridgeline/spec/prompts/), shuffled by --seed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="HF folder, .gguf file, hub id or built-in alias")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write the head to")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder to write the head to (required, no default)")
     p.add_argument("--tokens", type=positive_int, default=300_000, metavar="N",
                    help="tokens of self-distillation data (prompt + reply), default 300000")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="prompt order, sampling and initialisation")

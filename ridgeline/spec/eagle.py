@@ -85,12 +85,13 @@ class EagleProposer(Proposer):
         feats = torch.stack([states[i].feat for i in live])
         caches = [states[i].cache for i in live]
         positions = torch.tensor([len(requests[i].token_ids) - 1 for i in live], device=self.device)
-        for step in range(max(requests[i].k for i in live)):
+        k_max = max(requests[i].k for i in live)
+        for step in range(k_max):
             tokens = self._argmax(feats)
             for i, t in zip(live, tokens.tolist()):
                 if step < requests[i].k:
                     out[i].append(t)
-            if step + 1 == max(requests[i].k for i in live):
+            if step + 1 == k_max:
                 break
             feats, caches = self.head.step(feats, self.lm.model.embed(tokens), positions + step, caches,
                                            [1] * len(live))
