@@ -68,14 +68,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",
                    help="int4, w4a8: a scale per group and no minimum (default: asymmetric, scale and minimum)")
-    g.add_argument("--speculative-method", default=None, choices=["ngram", "draft"],
+    g.add_argument("--speculative-method", default=None, choices=["ngram", "draft", "layer-skip", "eagle"],
                    help="propose tokens for each decoding request and verify them in the same step "
-                        "(ngram: prompt lookup; draft: a draft model, --draft-model; default: off)")
+                        "(ngram: prompt lookup; draft: a draft model, --draft-model; layer-skip: the target's "
+                        "first --speculative-layers layers and its head; eagle: a head trained by "
+                        "`ridgeline train-draft`, --draft-model DIR; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: a model with the target's tokenizer (folder, .gguf, hub id or alias), or 'self' "
-                        "(the target's own weights, see --draft-quantization); default: none")
+                        "(the target's own weights, see --draft-quantization); eagle: the folder of a head "
+                        "trained for this model; default: none")
+    g.add_argument("--speculative-layers", type=int, default=None, metavar="L",
+                   help="layer-skip: the draft runs the target's first L layers (1 <= L < its layers), then "
+                        "its final norm and head; no extra weights or KV cache (default: none)")
     g.add_argument("--draft-quantization", default="none", choices=["none", "int8", "int4"],
                    help="draft: quantize the draft model's weights at load")
     g.add_argument("--speculative-controller", default="on", choices=["on", "off"],
@@ -89,7 +95,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
-            "draft_quantization", "rope_scaling"]
+            "draft_quantization", "rope_scaling", "speculative_layers"]
     return {k: getattr(args, k) for k in keys}
 
 
@@ -212,7 +218,7 @@ def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
     for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
-                "ridgeline.eval.cli", "ridgeline.quant.cli"):
+                "ridgeline.eval.cli", "ridgeline.quant.cli", "ridgeline.spec.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:

@@ -144,9 +144,12 @@ class SpeculativeConfig:
     # "off": every decoding request drafts num_speculative_tokens (for benchmarks)
     speculative_controller: str = "on"
     # `draft` proposer: the draft model (path, hub id or alias; "self": the target's own weights) and
-    # the quantization of its weights (none, int8, int4)
+    # the quantization of its weights (none, int8, int4); `eagle`: the folder of a trained head
     draft_model: str | None = None
     draft_quantization: str = "none"
+    # `layer-skip` proposer: the draft is the target's first speculative_layers layers, its final norm
+    # and its LM head (1 <= L < the target's layers, checked against the model at start-up)
+    speculative_layers: int | None = None
 
     @property
     def method(self) -> str | None:
@@ -160,10 +163,18 @@ class SpeculativeConfig:
         if self.speculative_controller not in ("on", "off"):
             raise InvalidRequestError("speculative_controller must be 'on' or 'off', got "
                                       f"{self.speculative_controller!r}", "speculative_controller")
-        if (self.speculative_method == "draft") != (self.draft_model is not None):
+        if (self.speculative_method in ("draft", "eagle")) != (self.draft_model is not None):
             raise InvalidRequestError("speculative_method 'draft' needs draft_model (a model with the target's "
-                                      "tokenizer, or 'self'), and draft_model needs speculative_method 'draft'",
+                                      "tokenizer, or 'self'), 'eagle' needs draft_model (a head trained for the "
+                                      "target by `ridgeline train-draft`), and draft_model needs one of them",
                                       "draft_model")
+        if (self.speculative_method == "layer-skip") != (self.speculative_layers is not None):
+            raise InvalidRequestError("speculative_method 'layer-skip' needs speculative_layers (the target layers "
+                                      "the draft runs), and speculative_layers needs speculative_method "
+                                      "'layer-skip'", "speculative_layers")
+        if self.speculative_layers is not None and self.speculative_layers < 1:
+            raise InvalidRequestError(f"speculative_layers must be >= 1, got {self.speculative_layers}",
+                                      "speculative_layers")
         if self.draft_quantization not in quant_options.QUANTIZATIONS or \
                 self.draft_quantization in quant_options.PREQUANTIZED:
             allowed = [q for q in quant_options.QUANTIZATIONS if q not in quant_options.PREQUANTIZED]

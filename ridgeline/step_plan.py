@@ -3,6 +3,7 @@ engine state (lists are copies), so a plan can cross a process boundary."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ridgeline.sampling_params import SamplingParams
 
@@ -73,3 +74,4 @@ class StepResult:
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # request id -> this step's
     # KV eviction by attention (h2o): request id -> attention each of its slots received this step
     kv_attention: dict[str, object] = field(default_factory=dict)
+    hidden: Any = None  # [tokens, hidden] final hidden state of every row, when the runner keeps them

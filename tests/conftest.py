@@ -84,3 +84,13 @@ def tiny_new_model(request, tmp_path_factory) -> tuple[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_head(tiny_llama, tmp_path_factory) -> Path:
+    """An EAGLE head for tiny_llama, trained for a few steps by `ridgeline train-draft`."""
+    from ridgeline.cli import main
+    out = tmp_path_factory.mktemp("eagle") / "head"
+    assert main(["train-draft", str(tiny_llama), "--out", str(out), "--tokens", "2500", "--seed", "3", "--epochs",
+                 "2", "--max-reply-tokens", "48", "--dtype", "float32", "--draft-vocab", "200", "--quiet"]) == 0
+    return out

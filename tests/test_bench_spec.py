@@ -65,3 +65,13 @@ def test_bench_spec_rows_model_and_plot(long_llama, tmp_path, capsys):
 def test_bench_spec_rejects_bad_lists(tiny_llama):
     with pytest.raises(SystemExit):
         main(["bench", "spec", "--model", str(tiny_llama), "--k", "0"])
+
+
+def test_bench_spec_compares_layer_counts(long_llama, tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["bench", "spec", "--model", str(long_llama), *ENGINE, "--methods", "layer-skip:1,ngram",
+                 "--workloads", "chat", "--batch-sizes", "1", "--k", "2", "--no-controller", "--output-len", "8",
+                 "--ignore-eos", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["setting"] for x in rows] == ["off", "layer-skip:1 k=2", "off", "ngram k=2"]
+    assert all(x["same_output"] for x in rows) and rows[1]["drafted"] > 0

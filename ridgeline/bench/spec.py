@@ -41,14 +41,19 @@ def build_engines(args: argparse.Namespace) -> dict:
     from ridgeline.cli import engine_kwargs
     from ridgeline.entrypoints.llm import LLM
     engines = {}
-    for method in args.methods:
+    for label in args.methods:
+        method, _, layers = label.partition(":")  # layer-skip:L (else --speculative-layers)
         kw = {**engine_kwargs(args), "speculative_method": method, "num_speculative_tokens": max(args.k),
               "speculative_controller": "on"}
-        if method != "draft":
+        if method not in ("draft", "eagle"):
             kw["draft_model"] = None
+        if method == "layer-skip":
+            kw["speculative_layers"] = _ints(layers)[0] if layers else kw["speculative_layers"]
+        else:
+            kw["speculative_layers"] = None
         if kw.get("kv_cache_memory") is None:
             kw["kv_cache_memory"] = "1GiB"  # several engines share the machine
-        engines[method] = llm = LLM(args.model, **kw)
+        engines[label] = llm = LLM(args.model, **kw)
         print(llm.info.summary(), file=sys.stderr)
     return engines
 
@@ -63,8 +68,9 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
     tok = next(iter(engines.values())).tokenizer
     for workload in args.workloads:
         prompts = make_workload(workload, tok, max(args.batch_sizes), seed=args.workload_seed)
-        for llm in engines.values():  # warm-up: kernels, and the controller's first measurements
-            for s in settings_for(llm.engine.spec.config.method, args.k, args.controller):
+        # warm-up: kernels, and the controller's first measurements
+        for method, llm in engines.items():
+            for s in settings_for(method, args.k, args.controller):
                 timed_run(llm, prompts[:2], s, 16, args.ignore_eos)
         for B in args.batch_sizes:
             for method, llm in engines.items():
@@ -126,7 +132,8 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
     p = bsub.add_parser("spec", help="speculative decoding vs none: batch size x proposer x k, with the model",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", type=_names, default=["ngram"], metavar="M[,M...]",
-                   help="proposers to compare (registered names)")
+                   help="proposers to compare (registered names; layer-skip:L for the first L layers, so "
+                        "several L can be compared in one run)")
     p.add_argument("--k", type=_ints, default=[2, 4], metavar="K[,K...]", help="draft lengths to pin")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], metavar="B[,B...]",
                    help="requests decoding together")

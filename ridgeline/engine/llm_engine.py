@@ -120,8 +120,9 @@ class LLMEngine:
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,
                                                kv_formats("auto", "auto", dtype_name, arch.head_dim)[0].name, eos,
-                                               config.progress))
+                                               config.progress, self.runner, self.kv, self.scheduler.watermark))
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
+        self.runner.keep_hidden = getattr(proposer, "wants_hidden", False)
         self.groups: dict[str, RequestGroup] = {}
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
@@ -213,6 +214,14 @@ class LLMEngine:
         """Next-token logits [len(prompt), vocab] fp32 after each prompt token, in one forward outside
         the scheduler (for evaluation: KL divergence needs whole distributions). The prompt's KV blocks
         are taken from the free pool and given back; requests in flight are not disturbed."""
+        return self._whole_prompt(prompt, self.runner.all_logits)
+
+    def prompt_hidden(self, prompt: list[int]) -> torch.Tensor:
+        """Final (normed) hidden states [len(prompt), hidden] of each prompt token, as prompt_logits
+        computes them (training data for an EAGLE head)."""
+        return self._whole_prompt(prompt, self.runner.all_hidden)
+
+    def _whole_prompt(self, prompt: list[int], forward) -> torch.Tensor:
         ids = self.encode_prompt(prompt)
         if len(ids) > self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
@@ -222,7 +231,7 @@ class LLMEngine:
                                       "are free; raise --kv-cache-memory", "prompt")
         try:
             seq = ScheduledSeq(rid, 0, ids, list(self.kv.tables[rid]), False, SamplingParams(), None, None, len(ids))
-            return self.runner.all_logits(seq)
+            return forward(seq)
         finally:
             self.kv.free(rid)
 
@@ -251,7 +260,7 @@ class LLMEngine:
         result = self.runner.execute(plan, spec.drafts if spec is not None else None)
         sampled = result.sampled
         if spec is not None:
-            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
+            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0, result.hidden)
             if plan.finished_ids:
                 spec.forget(plan.finished_ids)
         for rid, attention in result.kv_attention.items():
@@ -332,7 +341,9 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method is None:
         return None
     extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
-    if sc.method == "draft":
+    if sc.method == "layer-skip":
+        extra = f", the target's first {sc.speculative_layers} layers"
+    if sc.method in ("draft", "eagle"):
         extra = f", draft model {sc.draft_model}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
                                                      else "")
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")

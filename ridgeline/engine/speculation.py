@@ -78,8 +78,13 @@ class Speculation:
                 self.drafts[req.request_id] = draft
 
     def observe(self, plan: StepPlan, sampled: list[SampledSeq], requests: dict[str, Request],
-                seconds: float) -> None:
-        """After the runner ran plan in `seconds`: count drafts, feed the controller."""
+                seconds: float, hidden=None) -> None:
+        """After the runner ran plan in `seconds`: count drafts, feed the controller, and hand a
+        proposer that reads the target's hidden states (`wants_hidden`) this step's."""
+        if hidden is not None:
+            t0 = time.perf_counter()
+            self.proposer.observe(plan, sampled, hidden, requests)
+            self.stats.draft_time += time.perf_counter() - t0
         for s in sampled:
             if s.proposed:
                 self.stats.record(s)

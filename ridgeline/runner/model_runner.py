@@ -29,6 +29,7 @@ class ModelRunner:
         # attention each cache slot received in a step, where a layer's backend accumulates it (h2o)
         accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False) for layer in model.model.layers)
         self.attention = torch.zeros(num_blocks * self.block_size, device=device) if accumulates else None
+        self.keep_hidden = False  # StepResult.hidden: every row's final hidden state (an EAGLE head reads them)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -52,6 +53,8 @@ class ModelRunner:
             hidden = self.model(ids, positions)
         if self.attention is not None:
             result.kv_attention = slot_attention(self.attention, seqs, self.block_size)
+        if self.keep_hidden:
+            result.hidden = hidden
         if any(s.score_prompt for s in seqs):
             result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
@@ -63,10 +66,14 @@ class ModelRunner:
     def all_logits(self, seq: ScheduledSeq) -> torch.Tensor:
         """Next-token logits [num_new, vocab] fp32 of every row of one scheduled sequence (its blocks
         allocated by the caller): whole distributions, where prompt logprobs give the top N."""
+        return self.model.compute_logits(self.all_hidden(seq)).float()
+
+    @torch.inference_mode()
+    def all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
+        """Final (normed) hidden states [num_new, hidden] of every row of one scheduled sequence."""
         ids, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):
-            hidden = self.model(ids, positions)
-        return self.model.compute_logits(hidden).float()
+            return self.model(ids, positions)
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +31,10 @@ class DraftTarget:
     kv_format: str
     eos_ids: tuple[int, ...]
     progress: bool = False
+    # live parts of the target, for proposers that run (part of) the target itself (layer-skip, eagle):
+    runner: Any = None  # the target's ModelRunner (its model, its KV cache, its step preparation)
+    kv: Any = None  # the target's KVCacheManager
+    reserve_blocks: int = 0  # blocks a proposer must leave free when it grows a request's table
 
 
 def load_draft_model(config: SpeculativeConfig, target: DraftTarget, vocab_size: int) -> tuple[ArchConfig, nn.Module]:

@@ -8,6 +8,7 @@ verification can accept each with probability min(1, p/q) and resample from max(
 first rejection. Either way the output follows the target's distribution exactly."""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
 
 PROPOSERS: dict[str, type[Proposer]] = {}
+_LAZY = {"draft": "ridgeline.spec.draft", "layer-skip": "ridgeline.spec.layer_skip", "eagle": "ridgeline.spec.eagle"}
 
 
 def register_proposer(name: str):
@@ -65,6 +67,10 @@ class Draft:
 
 class Proposer:
     name = "?"
+    needs_target = False  # True: built with the target's DraftTarget (spec/draft_load.py)
+    # True: the runner keeps every row's final hidden state, and observe(plan, sampled, hidden,
+    # requests) is called after each step (an EAGLE head reads them)
+    wants_hidden = False
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int):
         self.config = config
@@ -84,12 +90,12 @@ def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = No
     if config.method is None:
         return None
     import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
-    if config.method == "draft":
-        import ridgeline.spec.draft  # noqa: F401  (loads torch-side modules only when asked for)
+    if config.method in _LAZY:
+        importlib.import_module(_LAZY[config.method])  # loads torch-side modules only when asked for
     cls = PROPOSERS.get(config.method)
     if cls is None:
         raise InvalidRequestError(f"unknown speculative method {config.method!r}; known: "
-                                  f"{', '.join(sorted({*PROPOSERS, 'draft'}))}", "speculative_method")
+                                  f"{', '.join(sorted({*PROPOSERS, *_LAZY}))}", "speculative_method")
     if getattr(cls, "needs_target", False):
         return cls(config, vocab_size, target)
     return cls(config, vocab_size)

@@ -1,0 +1,134 @@
+"""The `eagle` proposer: a trained head (spec/eagle_head.py, `ridgeline train-draft`) drafts a chain of
+k tokens from the target's hidden states, greedily (its argmax: a deterministic guess, so the
+existing verification keeps the output exact for greedy and random requests alike).
+
+The runner hands over the hidden state of every row it computed (`wants_hidden`). After each step,
+`observe` keeps those of verified positions only (a prefill chunk's rows; a verification step's
+rows up to the last accepted proposal), each with the token that follows it (for the last one, the
+token the step sampled). Before the next draft, the head feeds a request's pending pairs through its
+layer, appending to that request's K/V cache, and drafts from the feature of the last one: possible
+when that pair is (hidden at n - 2, token n - 1), n the request's length. Positions the target did
+not compute (a prefix-cache hit) are simply absent from the head's cache; a preempted request
+recomputes positions the head already holds, which it skips (the tokens there never change). At
+most MAX_PENDING rows wait per request (older ones are dropped: a gap, as for a cache hit), so a
+request that drafts nothing for long costs bounded memory and a bounded catch-up."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ridgeline.spec.draft_load import DraftTarget
+from ridgeline.spec.eagle_io import head_rows, load_head
+from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+
+MAX_PENDING = 512
+
+
+@dataclass
+class _State:
+    cache: tuple[torch.Tensor, torch.Tensor]  # the head's K, V of positions fed so far
+    next_pos: int = 0  # positions < next_pos are fed (or skipped)
+    feat: torch.Tensor | None = None  # [H] the head's feature at next_pos - 1
+    pending: list[tuple[int, torch.Tensor, list[int]]] = field(default_factory=list)  # (pos, hidden [n, H], next ids)
+
+    def trim(self) -> None:
+        while sum(h.shape[0] for _, h, _ in self.pending) > MAX_PENDING:
+            self.pending.pop(0)
+
+
+@register_proposer("eagle")
+class EagleProposer(Proposer):
+    needs_target = True
+    wants_hidden = True
+
+    def __init__(self, config, vocab_size: int, target: DraftTarget):
+        super().__init__(config, vocab_size)
+        self.lm, self.device = target.runner.model, target.device
+        head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
+        self.head = head.to(target.device)
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
+        self.rows = head_rows(self.lm, self.vocab_ids)
+        self.states: dict[str, _State] = {}
+
+    def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
+        """After a step: keep the hidden states of its verified positions, each with its next token."""
+        kept = {s.req_id: s for s in sampled}
+        row = 0
+        for seq in plan.seqs:
+            n, start = seq.num_new, seq.start
+            s = kept.get(seq.req_id)
+            if s is not None:
+                valid = n - seq.num_spec + s.accepted
+                nxt = seq.token_ids[1:valid] + [s.token_ids[-1]]
+            else:
+                valid = n
+                nxt = seq.token_ids[1:] + [requests[seq.req_id].token_ids[start + n]]
+            st = self.states.get(seq.req_id)
+            if st is None:
+                st = self.states[seq.req_id] = _State(self.head.empty_cache())
+            if start + valid > st.next_pos:
+                st.pending.append((start, hidden[row:row + valid].clone(), nxt))
+                st.trim()
+            row += n
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
+        states = [self.states.get(r.req_id) for r in requests]
+        self._catch_up([st for st in states if st is not None and st.pending])
+        out: list[list[int]] = [[] for _ in requests]
+        live = [i for i, (r, st) in enumerate(zip(requests, states))
+                if st is not None and st.feat is not None and st.next_pos == len(r.token_ids) - 1]
+        if not live:
+            return out
+        feats = torch.stack([states[i].feat for i in live])
+        caches = [states[i].cache for i in live]
+        positions = torch.tensor([len(requests[i].token_ids) - 1 for i in live], device=self.device)
+        k_max = max(requests[i].k for i in live)
+        for step in range(k_max):
+            tokens = self._argmax(feats)
+            for i, t in zip(live, tokens.tolist()):
+                if step < requests[i].k:
+                    out[i].append(t)
+            if step + 1 == k_max:
+                break
+            feats, caches = self.head.step(feats, self.lm.model.embed(tokens), positions + step, caches,
+                                           [1] * len(live))
+        return out
+
+    def _catch_up(self, states: list[_State]) -> None:
+        """Feed every pending (hidden, next token) pair of these requests through the head, in one call."""
+        hs, ids, pos, counts = [], [], [], []
+        for st in states:
+            n = 0
+            for start, h, nxt in st.pending:
+                skip = max(0, st.next_pos - start)
+                if skip < h.shape[0]:
+                    hs.append(h[skip:])
+                    ids += nxt[skip:]
+                    pos.extend(range(start + skip, start + h.shape[0]))
+                    n += h.shape[0] - skip
+                    st.next_pos = start + h.shape[0]
+            st.pending.clear()
+            counts.append(n)
+        if not hs:
+            return
+        feats, caches = self.head.step(torch.cat(hs), self.lm.model.embed(torch.tensor(ids, device=self.device)),
+                                       torch.tensor(pos, device=self.device),
+                                       [st.cache for st in states], counts)
+        end = 0
+        for st, cache, n in zip(states, caches, counts):
+            end += n
+            st.cache = cache
+            if n:
+                st.feat = feats[end - 1]
+
+    def _argmax(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            return self.lm.compute_logits(feats).argmax(-1)
+        return self.vocab_ids[(feats @ self.rows.T).argmax(-1)]
+
+    def forget(self, req_ids: Sequence[str]) -> None:
+        for rid in req_ids:
+            self.states.pop(rid, None)

@@ -1,0 +1,78 @@
+"""Self-distillation data for an EAGLE head: the target's own sampled replies to varied prompts, and
+its final hidden state at every position of prompt + reply.
+
+Prompts come from the shipped seeds (spec/prompts/: every template filled with every topic, written
+for this project, public domain), shuffled by the seed, each rendered as a user turn with the
+model's chat template (plain text without one). Replies are sampled from the target (temperature,
+top-p, a seed per request derived from the run's seed), so the data is reproducible."""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from ridgeline.sampling_params import SamplingParams
+
+
+@dataclass
+class Sample:
+    tokens: torch.Tensor  # [n] int64, prompt + reply
+    hidden: torch.Tensor  # [n, H] bf16, the target's final hidden state at each position
+
+
+def seed_prompts(seed: int) -> list[str]:
+    base = resources.files("ridgeline.spec") / "prompts"
+    templates = [t for t in (base / "templates.txt").read_text().splitlines() if t.strip()]
+    topics = [t for t in (base / "topics.txt").read_text().splitlines() if t.strip()]
+    prompts = [t.replace("{topic}", topic) for t in templates for topic in topics]
+    random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def _encode(tok, text: str) -> list[int]:
+    if tok.chat_template:
+        return tok.encode_chat([{"role": "user", "content": text}])
+    return tok.encode(text)
+
+
+def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
+                 top_p: float = 0.95, batch: int = 16, progress: bool = True) -> Iterator[Sample]:
+    """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time."""
+    from tqdm import tqdm
+    eng, tok = llm.engine, llm.tokenizer
+    prompts = seed_prompts(seed)
+    limit = eng.max_model_len - 1
+    bar = tqdm(total=num_tokens, unit="tok", desc="self-distillation data", disable=not progress)
+    done, i = 0, 0
+    try:
+        while done < num_tokens:
+            texts = [prompts[(i + j) % len(prompts)] for j in range(batch)]
+            ids = [_encode(tok, t)[:limit - 1] for t in texts]
+            params = [SamplingParams(temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + i + j,
+                                     max_tokens=min(max_tokens, limit - len(p))) for j, p in enumerate(ids)]
+            i += batch
+            for p, out in zip(ids, llm.generate(ids, params, use_tqdm=False)):
+                seq = p + list(out.outputs[0].token_ids)
+                hidden = eng.prompt_hidden(seq)
+                yield Sample(torch.tensor(seq), hidden.to(torch.bfloat16))
+                done += len(seq)
+                bar.update(len(seq))
+                if done >= num_tokens:
+                    return
+    finally:
+        bar.close()
+
+
+def frequent_tokens(samples: list[Sample], k: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor | None:
+    """The k most frequent token ids of the data (always-included ids first), sorted; None when k
+    covers the vocabulary (draft over all of it)."""
+    if k <= 0 or k >= vocab_size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in samples:
+        counts += torch.bincount(s.tokens, minlength=vocab_size)
+    counts[list(always)] = counts.max() + 1
+    return counts.topk(k).indices.sort().values

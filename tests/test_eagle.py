@@ -1,0 +1,96 @@
+"""The `eagle` proposer and `ridgeline train-draft` on a tiny model: a head trained for a few steps
+loads and drafts; greedy output is token for token the plain engine's through chunked prefill,
+prefix caching and forced preemption; the head is fed exactly the pairs (target hidden state at j,
+token j+1) of verified positions; its cached drafting path is its training path; a head for another
+model is an error at start-up."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from ridgeline import LLM, SamplingParams
+from ridgeline.errors import InvalidRequestError
+from ridgeline.spec.eagle_head import EagleHead, HeadConfig
+from test_multi_token_steps import OPTS, _params, _run
+
+BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
+
+
+def test_train_draft_writes_a_head_naming_its_target(tiny_head):
+    config = json.loads((tiny_head / "config.json").read_text())
+    assert config["target"]["architecture"] == "LlamaForCausalLM" and config["target"]["vocab_size"] == 384
+    assert len(config["target"]["embedding_sha256"]) == 64
+    assert "--seed 3" in config["training"]["command"] and config["training"]["tokens"] >= 2500
+    from safetensors.torch import load_file
+    tensors = load_file(str(tiny_head / "head.safetensors"))
+    assert tensors["vocab_ids"].numel() == 200 and tensors["fc.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("opts", list(OPTS), ids=list(OPTS))
+def test_greedy_output_is_the_plain_engines(tiny_llama, tiny_head, opts):
+    kw = {**BASE, **OPTS[opts]}
+    params = _params()
+    plain = _run(LLM(str(tiny_llama), **kw), params)
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+              speculative_controller="off", **kw)
+    assert _run(llm, params) == plain
+    assert llm.engine.spec_stats.proposed > 0
+    if opts == "preempt":
+        assert llm.engine.scheduler.num_preemptions > 0
+    if llm.engine.kv.caching:  # again, from the prefix cache: the head drafts without the skipped positions
+        assert _run(llm, params) == plain
+    llm.engine.step()  # per-request state of finished requests goes at the next step
+    assert not llm.engine.proposer.states
+
+
+def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+              speculative_controller="off", enable_prefix_caching=False, **BASE)
+    proposer, fed = llm.engine.proposer, []
+    catch_up = proposer._catch_up
+
+    def recording(states):
+        real = proposer.head.step
+
+        def step(hidden, emb, positions, caches, counts):
+            fed.append((hidden.clone(), emb.clone(), positions.clone()))
+            return real(hidden, emb, positions, caches, counts)
+        proposer.head.step = step
+        try:
+            catch_up(states)
+        finally:
+            del proposer.head.step
+    proposer._catch_up = recording
+    out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+                       use_tqdm=False)[0]
+    tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+    hidden, emb, pos = (torch.cat(x) for x in zip(*fed))
+    m = len(pos)
+    assert pos.tolist() == list(range(m)) and len(out.prompt_token_ids) - 1 <= m < len(tokens)
+    ref = llm.engine.prompt_hidden(tokens)
+    assert torch.allclose(hidden, ref[:m], atol=1e-4)
+    assert torch.equal(emb, llm.engine.runner.model.model.embed(torch.tensor(tokens[1:m + 1])))
+
+
+def test_drafting_path_is_the_training_path():
+    torch.manual_seed(0)
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    h, e = torch.randn(11, 32), torch.randn(11, 32)
+    with torch.no_grad():
+        whole = head(h, e, torch.arange(11))
+        a, caches = head.step(h[:4], e[:4], torch.arange(4), [head.empty_cache()], [4])
+        b, _ = head.step(h[4:], e[4:], torch.arange(4, 11), caches, [7])
+    assert torch.allclose(torch.cat([a, b]), whole, atol=1e-5)
+
+
+def test_a_head_for_another_model_is_a_start_up_error(tiny_head, tmp_path):
+    other = make_tiny_model(tmp_path / "other", "llama", seed=5)
+    with pytest.raises(InvalidRequestError, match="trained for another model.*embedding_sha256"):
+        LLM(str(other), speculative_method="eagle", draft_model=str(tiny_head), **BASE)
+    with pytest.raises(InvalidRequestError, match="not an EAGLE head folder"):
+        LLM(str(other), speculative_method="eagle", draft_model=str(tmp_path), **BASE)
+    with pytest.raises(InvalidRequestError, match="'eagle' needs draft_model"):
+        LLM(str(other), speculative_method="eagle", **BASE)
