@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.sampling_params import SamplingParams
 
 
@@ -32,6 +33,7 @@ class StepPlan:
     seqs: list[ScheduledSeq] = field(default_factory=list)  # one-token decodes first, then the rest
     finished_ids: list[str] = field(default_factory=list)  # requests that left since the last plan
     num_preempted: int = 0
+    kv_copies: TierCopies | None = None  # second KV tier: blocks to store and load before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -67,3 +69,4 @@ class SampledSeq:
 class StepResult:
     sampled: list[SampledSeq] = field(default_factory=list)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # request id -> this step's
+    kv_copy: tuple[int, float] | None = None  # second KV tier: (bytes copied, seconds) before the forward

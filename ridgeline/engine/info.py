@@ -32,6 +32,7 @@ class EngineInfo:
     weight_formats: str = ""  # each Linear weight format with its count, e.g. "int8 x 121"
     weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
     speculative: str | None = None  # "ngram, k <= 4", or None when off
+    offload: str | None = None  # the second KV tier, or None when off
 
     @property
     def block_size(self) -> int:
@@ -103,6 +104,9 @@ class EngineInfo:
         if self.weight_formats:
             lines.insert(2, f"weights    {self.weight_formats}: {self.weight_bytes / 1e6:.1f} MB in linear layers "
                             "(the LM head included)")
+        if self.offload:
+            at = next(i for i, line in enumerate(lines) if line.startswith("kv cache"))
+            lines.insert(at + 1, f"kv offload {self.offload}")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):

@@ -1,6 +1,7 @@
 """LLMEngine: owns the loop. add_request() -> step() -> RequestOutputs, until nothing is left."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.engine.speculation import Speculation
+from ridgeline.engine.tier_fallback import drop_tier
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec, kv_formats
@@ -25,6 +27,7 @@ from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
+from ridgeline.runner.kv_store import KVStoreError, build_tier
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.draft_load import DraftTarget
@@ -37,6 +40,7 @@ from ridgeline.weights.resolve import resolve_model
 from ridgeline.weights.tokenizer import Tokenizer
 
 DEFAULT_KV_CAP = 4 << 30
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -83,9 +87,11 @@ class LLMEngine:
         eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
                                                         is not None else ())))
         self.eos_ids = set(eos)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
+        self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
+                                                           available_memory())
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching, tier=tier)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,
@@ -98,7 +104,8 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config))
+                               cc.enable_prefix_caching, *weight_summary(model), _spec_line(config),
+                               offload_line)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -214,7 +221,12 @@ class LLMEngine:
             spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         t0 = time.perf_counter()
-        result = self.runner.execute(plan, spec.drafts if spec is not None else None)
+        try:
+            result = self.runner.execute(plan, spec.drafts if spec is not None else None)
+        except KVStoreError as e:
+            self._lose_tier(plan, e)
+            return []
+        self._observe_tier(plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
             spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
@@ -252,6 +264,29 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
+
+    def _observe_tier(self, plan, result, seconds: float) -> None:
+        """Feed the swap-or-recompute estimate its measured rates; warn once if the tier ran out of room."""
+        tier = self.kv.tier
+        if tier is None:
+            return
+        copied, copy_s = result.kv_copy or (0, 0.0)
+        tier.costs.observe_copy(copied, copy_s)
+        prefill = plan.num_tokens - sum(1 for s in plan.seqs if s.num_new == 1)
+        if prefill >= 32:
+            tier.costs.observe_prefill(plan.num_tokens, seconds - copy_s)
+        if not tier.full_warned and (tier.stats.dropped or tier.stats.swap_fallbacks):
+            tier.full_warned = True
+            log.warning("the %s KV tier is full (%d blocks, all held by swapped-out requests): blocks that do not "
+                        "fit are recomputed; raise --kv-offload-size to keep more", tier.name, tier.num_slots)
+
+    def _lose_tier(self, plan, error: KVStoreError) -> None:
+        """The step did not run: go on without the tier, recomputing what depended on it."""
+        n = drop_tier(self.scheduler, plan.kv_copies)
+        self.runner.store = None
+        if self.spec is not None and plan.finished_ids:
+            self.spec.forget(plan.finished_ids)
+        log.warning("%s; the KV offload tier is off from now on, %d request(s) recompute their KV", error, n)
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""

@@ -25,6 +25,7 @@ class ModelRunner:
         self.kv: list[LayerKV] = allocate_kv(kv_spec, num_blocks, device)  # per layer, laid out as kv_spec says
         self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
         self.sample = StepSampler(device, eos_ids)
+        self.store = None  # the second KV tier's KVStore (runner/kv_store.py), set by the engine; None: off
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -34,6 +35,8 @@ class ModelRunner:
         draft distribution) its proposals came from; absent for deterministic proposals."""
         self.sample.forget(plan.finished_ids)
         result = StepResult()
+        if plan.kv_copies and self.store is not None:  # before the forward: it writes the blocks stored
+            result.kv_copy = self.store.run(plan.kv_copies)
         if plan.empty:
             return result
         seqs = plan.seqs

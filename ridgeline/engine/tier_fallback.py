@@ -1,0 +1,37 @@
+"""When a copy to or from the second KV tier fails, the engine goes on without it: nothing loaded in
+that step is trusted and nothing swapped can come back, so the requests concerned recompute. Torch-free."""
+from __future__ import annotations
+
+from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.engine.request import Status
+from ridgeline.engine.scheduler import Scheduler
+
+
+def drop_tier(sched: Scheduler, copies: TierCopies | None) -> int:
+    """Detach the tier from the KV manager; the step that carried `copies` did not run. Every request
+    holding a block that step loaded (its content is unknown) and every swapped-out request restart
+    from scratch; blocks it loaded leave the prefix cache. Returns how many requests recompute."""
+    kv = sched.kv
+    tier, kv.tier = kv.tier, None
+    sched._last = []  # nothing of that plan was computed
+    loaded = {block for _, block in copies.loads} if copies else set()
+    if kv.cache is not None:
+        for block in loaded:
+            if block in kv.cache:
+                kv.cache.remove(block)
+                kv.evictable.pop(block, None)
+                if kv.ref_counts[block] == 0:
+                    kv.free_ids.append(block)
+    reset = 0
+    for req in list(sched.running):
+        if loaded.intersection(kv.tables.get(req.request_id, ())):
+            sched.running.remove(req)
+            kv.free(req.request_id)
+            req.status, req.num_computed_tokens = Status.WAITING, 0
+            sched.waiting.appendleft(req)
+            reset += 1
+    for req in sched.waiting:
+        if tier is not None and req.request_id in tier.swapped:
+            req.num_computed_tokens = 0
+            reset += 1
+    return reset
