@@ -158,3 +158,35 @@ def test_a_failed_copy_drops_the_tier_and_output_stays_identical(tiny_1k, caplog
     assert llm.engine.kv.tier is None and llm.engine.runner.store is None
     assert sum("injected I/O error" in r.getMessage() for r in caplog.records) == 1
     llm.engine.kv.check_integrity()
+
+
+def test_server_reports_the_tier_in_usage_and_metrics(tiny_llama, tmp_path):
+    import httpx
+
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+
+    engine = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", kv_cache_memory="192KiB",
+                                                kv_offload="disk", kv_offload_size="1MiB",
+                                                kv_offload_path=str(tmp_path), progress=False))
+    rng = random.Random(3)
+    a, b = ([rng.randrange(3, 250) for _ in range(n)] for n in (250, 300))
+    with ServerThread(build_app(engine, ServerSettings("tiny"))) as srv:
+        def usage(prompt):
+            r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+            assert r.status_code == 200
+            return r.json()["usage"]["prompt_tokens_details"]
+        usage(a)
+        usage(b)  # the pool holds 384 tokens: a's blocks go to the disk tier
+        again = usage(a)
+        assert again["cached_tokens"] == 240 and again["offload_cached_tokens"] > 0
+        text = httpx.get(srv.url + "/metrics").text
+    values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("ridgeline_kv_")}
+    assert values['ridgeline_kv_cache_hits_by_tier_total{tier="disk"}'] == again["offload_cached_tokens"]
+    assert values['ridgeline_kv_tier_loads_total{tier="disk"}'] > 0
+    assert values['ridgeline_kv_tier_stored_bytes_total{tier="disk"}'] == \
+        values['ridgeline_kv_tier_stores_total{tier="disk"}'] * engine.kv_spec.bytes_per_block
