@@ -131,6 +131,7 @@ def _tier_metrics(s):
     hits.add_metric([name], t.hits)
     yield hits
     for metric, value, doc in (
+            ("hits", t.hits, "Prompt tokens served from the offload tier (loaded back into the pool)"),
             ("stores", t.stores, "KV blocks written to the offload tier (evicted prefix blocks, swapped-out blocks)"),
             ("loads", t.loads, "KV blocks loaded back from the offload tier"),
             ("stored_bytes", t.stores * bb, "Bytes written to the offload tier"),
