@@ -93,6 +93,7 @@ def test_forced_swap_preemption_is_lossless(tiny_1k):
     assert eng_r.scheduler.num_preemptions > 0 and eng_s.scheduler.num_preemptions > 0
     st = eng_s.kv.tier.stats
     assert st.swaps_out == st.swaps_in == eng_s.scheduler.num_preemptions and st.swap_fallbacks == 0
+    assert eng_r.scheduler.num_recomputed_tokens > 0 and eng_s.scheduler.num_recomputed_tokens == 0
     assert not eng_s.kv.tier.swapped and len(eng_s.kv.tier.free_slots) + len(eng_s.kv.tier.lru) == \
         eng_s.kv.tier.num_slots
 

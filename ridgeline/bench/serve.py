@@ -289,7 +289,8 @@ def format_report(s: dict, meta: dict) -> str:
                                                                    f"blocks loaded, {pc['tier_stores']:.0f} stored)"))
         if pc.get("preemptions"):
             swaps = f", {pc['swaps_out']:.0f} swapped out" if pc.get("swaps_out") is not None else ""
-            out.append(line("Preemptions (server /metrics):", f"{pc['preemptions']:.0f}{swaps}"))
+            redo = f", {pc['recomputed_tokens']:.0f} tokens recomputed" if pc.get("recomputed_tokens") is not None else ""
+            out.append(line("Preemptions (server /metrics):", f"{pc['preemptions']:.0f}{swaps}{redo}"))
     if s["cached_prompt_tokens"] is not None and s["prompt_tokens"]:
         out.append(line("Cached prompt tokens (usage):", f"{s['cached_prompt_tokens']} "
                                                          f"({s['cached_prompt_tokens'] / s['prompt_tokens']:.1%})"))

@@ -57,6 +57,7 @@ class EngineStats:
     kv_tier: str | None = None  # the second KV tier (cpu, disk), None when off
     kv_tier_stats: TierStats | None = None  # a copy of its counters
     kv_tier_block_bytes: int = 0
+    num_recomputed_tokens: int = 0  # computed tokens preemption dropped and readmission computed again
 
 
 class RequestStream:
@@ -307,7 +308,7 @@ class AsyncEngine:
         return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
                            len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
                            kv.stats.evictions, spec, tier and tier.name, tier and replace(tier.stats),
-                           tier.block_bytes if tier else 0)
+                           tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens)
 
 
 def build_off_main_thread(factory):

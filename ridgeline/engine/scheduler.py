@@ -27,6 +27,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # computed tokens preemption threw away and readmission computed again
+        self._dropped: dict[str, int] = {}  # preempted to recompute: request id -> computed tokens dropped
         self._finished_ids: list[str] = []
         self._last: list[tuple[Request, int, int]] = []  # last plan: (request, tokens scheduled, of them proposals)
         # admit only while this many blocks stay free, so decodes rarely preempt fresh admissions
@@ -47,11 +49,13 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req.request_id)
         self.kv.drop_swapped(req.request_id)
+        self._dropped.pop(req.request_id, None)
         self._finished_ids.append(req.request_id)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         if not self._swap_out(req):
+            self._dropped[req.request_id] = req.num_computed_tokens
             req.num_computed_tokens = 0
         req.status = Status.WAITING
         req.num_preemptions += 1
@@ -123,6 +127,8 @@ class Scheduler:
                     self.waiting.appendleft(req)
                     break
             req.num_computed_tokens = reused
+            if self._dropped:
+                self.num_recomputed_tokens += max(0, self._dropped.pop(req.request_id, 0) - reused)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = reused
                 req.num_tier_cached_tokens = len(match.tier_slots) * self.kv.block_size if match else 0

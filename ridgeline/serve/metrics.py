@@ -109,6 +109,9 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("ridgeline_kv_cache_blocks_total", "KV cache blocks", value=s.kv_blocks_total)
         yield CounterMetricFamily("ridgeline_num_preemptions", "Requests preempted for KV blocks",
                                   value=s.num_preemptions)
+        yield CounterMetricFamily("ridgeline_recomputed_tokens", "Computed tokens that preemption dropped and "
+                                  "readmission computed again (not swapped, not found in the prefix cache)",
+                                  value=s.num_recomputed_tokens)
         yield CounterMetricFamily("ridgeline_prefix_cache_queries", "Tokens looked up in the prefix cache "
                                   "(each request's length at admission)", value=s.prefix_cache_queries)
         yield CounterMetricFamily("ridgeline_prefix_cache_hits", "Tokens served from the prefix cache",
