@@ -27,6 +27,7 @@ from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.models.registry import model_class
+from ridgeline.quant.kv_center import calibrate_k_centers
 from ridgeline.runner.kv_store import KVStoreError, build_tier
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
@@ -92,6 +93,7 @@ class LLMEngine:
                                                            available_memory())
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching, tier=tier)
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        calibrate_k_centers(self)  # centered K formats (int4): before any block is kept
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,

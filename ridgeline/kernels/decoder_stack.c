@@ -8,7 +8,7 @@
  * Everything is driven by descriptors (int64 arrays, pointers as integers):
  * dims:    [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size]
  * layers:  [layers][LP_FIELDS]: norms, window, KV formats (K | V << 8, kv_quant.h) + cache and fp16
- *          scale pointers (0 for float formats), and for each of
+ *          scale pointers (0 for float formats), the K shift [Hkv, D] (0: none; see rope_kv), and for each of
  *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
@@ -24,7 +24,7 @@ int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *ou
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
-                      int kv_formats, int nthreads);
+                      int kv_formats, const float *kshift, int nthreads);
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                            int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
                            float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
@@ -51,7 +51,8 @@ enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF
                      WF_I4_LAST = 9, WF_W8A8 = 10, WF_W4A8_G32 = 11, WF_W4A8_SYM_G32 = 14, WF_W4A8_LAST = 16 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
-enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_LINEAR,
+enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_K_SHIFT,
+       LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
@@ -141,7 +142,8 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
         uint16_t *ksc = PTR(uint16_t, lp[LP_K_SCALE]), *vsc = PTR(uint16_t, lp[LP_V_SCALE]);
         const int kvf = (int)lp[LP_KV_FORMAT];
-        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, nt);
+        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf,
+                                PTR(const float, lp[LP_K_SHIFT]), nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];

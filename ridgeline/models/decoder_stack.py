@@ -76,7 +76,8 @@ class CStack:
                 continue
             attn = layer.self_attn.attn
             row = [_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight), attn.window or 0,
-                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale)]
+                   attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale),
+                   _ptr(attn.kv.k_shift)]
             for lin in _linears(layer):
                 fmt, data, scale = lin.format.stack_weight(lin)
                 row += [fmt, data, scale, _ptr(lin.bias)]

@@ -59,6 +59,14 @@ class ModelRunner:
             hidden = self.model(ids, positions)
         return self.model.compute_logits(hidden).float()
 
+    @torch.inference_mode()
+    def prefill_only(self, req_id: str, ids: list[int], table: list[int]) -> None:
+        """Compute ids' KV into the blocks of table (allocated by the caller), no logits."""
+        seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids))
+        ids_t, positions, ctx, _ = self._prepare([seq])
+        with forward_context(ctx):
+            self.model(ids_t, positions)
+
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device
         n = np.fromiter((s.num_new for s in seqs), np.int64, len(seqs))
