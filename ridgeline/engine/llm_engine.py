@@ -17,7 +17,7 @@ from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.engine.speculation import Speculation
-from ridgeline.engine.tier_fallback import drop_tier
+from ridgeline.engine.tier_steps import drop_tier, observe_step
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec, kv_formats
@@ -228,7 +228,7 @@ class LLMEngine:
         except KVStoreError as e:
             self._lose_tier(plan, e)
             return []
-        self._observe_tier(plan, result, time.perf_counter() - t0)
+        observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
             spec.observe(plan, sampled, self.requests, time.perf_counter() - t0)
@@ -266,21 +266,6 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
-
-    def _observe_tier(self, plan, result, seconds: float) -> None:
-        """Feed the swap-or-recompute estimate its measured rates; warn once if the tier ran out of room."""
-        tier = self.kv.tier
-        if tier is None:
-            return
-        copied, copy_s = result.kv_copy or (0, 0.0)
-        tier.costs.observe_copy(copied, copy_s)
-        prefill = plan.num_tokens - sum(1 for s in plan.seqs if s.num_new == 1)
-        if prefill >= 32:
-            tier.costs.observe_prefill(plan.num_tokens, seconds - copy_s)
-        if not tier.full_warned and (tier.stats.dropped or tier.stats.swap_fallbacks):
-            tier.full_warned = True
-            log.warning("the %s KV tier is full (%d blocks, all held by swapped-out requests): blocks that do not "
-                        "fit are recomputed; raise --kv-offload-size to keep more", tier.name, tier.num_slots)
 
     def _lose_tier(self, plan, error: KVStoreError) -> None:
         """The step did not run: go on without the tier, recomputing what depended on it."""

@@ -1,10 +1,32 @@
-"""When a copy to or from the second KV tier fails, the engine goes on without it: nothing loaded in
-that step is trusted and nothing swapped can come back, so the requests concerned recompute. Torch-free."""
+"""What the engine does around a step with a second KV tier: feed the swap-or-recompute estimate the
+step's measured rates, and, when a copy to or from the tier fails, go on without it (nothing loaded
+in that step is trusted and nothing swapped can come back, so the requests concerned recompute).
+Torch-free."""
 from __future__ import annotations
+
+import logging
 
 from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.engine.request import Status
 from ridgeline.engine.scheduler import Scheduler
+from ridgeline.step_plan import StepPlan, StepResult
+
+log = logging.getLogger(__name__)
+
+
+def observe_step(sched: Scheduler, plan: StepPlan, result: StepResult, seconds: float) -> None:
+    """The copy rate and prefill rate of a step that ran; one warning the first time the tier was full."""
+    tier = sched.kv.tier
+    if tier is None:
+        return
+    copied, copy_s = result.kv_copy or (0, 0.0)
+    tier.costs.observe_copy(copied, copy_s)
+    if plan.num_tokens - sum(1 for s in plan.seqs if s.num_new == 1) >= 32:  # a step with prefill chunks
+        tier.costs.observe_prefill(plan.num_tokens, seconds - copy_s)
+    if not tier.full_warned and (tier.stats.dropped or tier.stats.swap_fallbacks):
+        tier.full_warned = True
+        log.warning("the %s KV tier is full (%d blocks, all held by swapped-out requests): blocks that do not "
+                    "fit are recomputed; raise --kv-offload-size to keep more", tier.name, tier.num_slots)
 
 
 def drop_tier(sched: Scheduler, copies: TierCopies | None) -> int:
