@@ -36,7 +36,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a second KV tier: prefix-cache blocks evicted from the cache and the blocks of preempted "
                         "requests are kept there (cpu: host memory; disk: one preallocated file) and loaded back "
                         "instead of recomputed; needs --kv-offload-size")
-    g.add_argument("--kv-offload-size", default=None, metavar="SIZE", help="size of the second KV tier, e.g. 2GiB")
+    g.add_argument("--kv-offload-size", default=None, metavar="SIZE", help="size of the second KV tier, e.g. 2GiB (default: none; needed with --kv-offload)")
     g.add_argument("--kv-offload-path", default=None, metavar="DIR",
                    help="disk tier: the directory of its file (default: the temp directory)")
     g.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],

@@ -25,7 +25,7 @@ def register(subparsers) -> None:
                    help="KV capacities to simulate, in tokens (e.g. 8192 65536 or 64k); default: unbounded")
     p.add_argument("--offload-tokens", default=None, metavar="N",
                    help="simulate a second KV tier (--kv-offload) of N tokens behind each capacity, e.g. 256k: "
-                        "blocks evicted from the cache go there and hits in it are reported apart")
+                        "blocks evicted from the cache go there and hits in it are reported apart (default: none)")
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests holding KV blocks at once in the simulation")
     p.add_argument("--top", type=int, default=5, help="prefix groups to analyse for divergence")
