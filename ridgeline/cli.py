@@ -46,6 +46,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="--kv-eviction: tokens of KV a request keeps at most (at least the sinks and one block)")
     g.add_argument("--kv-sink-tokens", type=int, default=4, metavar="N",
                    help="--kv-eviction: the first N tokens of a request are never evicted (attention sinks)")
+    g.add_argument("--kv-offload", default="none", choices=["none", "cpu", "disk"],
+                   help="a second KV tier: prefix-cache blocks evicted from the cache and the blocks of preempted "
+                        "requests are kept there (cpu: host memory; disk: one preallocated file) and loaded back "
+                        "instead of recomputed; needs --kv-offload-size")
+    g.add_argument("--kv-offload-size", default=None, metavar="SIZE", help="size of the second KV tier, e.g. 2GiB (default: none; needed with --kv-offload)")
+    g.add_argument("--kv-offload-path", default=None, metavar="DIR",
+                   help="disk tier: the directory of its file (default: the temp directory)")
+    g.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                   help="a preempted request's KV: swap it to the --kv-offload tier or recompute it later; auto: "
+                        "whichever the measured tier copy rate and prefill rate say is faster")
     g.add_argument("--block-size", type=int, default=16, metavar="N",
                    help="tokens per KV cache block, a power of two")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
@@ -91,8 +101,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "kv_cache_dtype", "kv_cache_dtype_k",
-            "kv_cache_dtype_v", "kv_eviction", "kv_eviction_budget", "kv_sink_tokens", "block_size",
-            "enable_prefix_caching",
+            "kv_cache_dtype_v", "kv_eviction", "kv_eviction_budget", "kv_sink_tokens", "kv_offload",
+            "kv_offload_size", "kv_offload_path", "preemption_mode", "block_size", "enable_prefix_caching",
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]

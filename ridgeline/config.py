@@ -92,6 +92,13 @@ class CacheConfig:
     kv_eviction: str = "none"
     kv_eviction_budget: int = 1024
     kv_sink_tokens: int = 4
+    # second KV tier (engine/kv_tier.py, runner/kv_store.py): none, cpu (host memory) or disk (one
+    # preallocated file in kv_offload_path, default the temp directory); kv_offload_size bytes of it
+    kv_offload: str = "none"
+    kv_offload_size: int | None = None
+    kv_offload_path: str | None = None
+    # a preempted request: swap its blocks to the tier or recompute them; auto: whichever is measured cheaper
+    preemption_mode: str = "auto"
 
     @property
     def k_dtype(self) -> str:
@@ -122,6 +129,16 @@ class CacheConfig:
                 f"and at least one block ({self.block_size} tokens) more", "kv_eviction_budget")
         if not 0 < self.kv_cache_fraction <= 0.95:
             raise InvalidRequestError("kv_cache_fraction must be in (0, 0.95]", "kv_cache_fraction")
+        if self.kv_offload not in ("none", "cpu", "disk"):
+            raise InvalidRequestError(f"kv_offload must be none, cpu or disk, got {self.kv_offload!r}", "kv_offload")
+        if (self.kv_offload != "none") != (self.kv_offload_size is not None):
+            raise InvalidRequestError("kv_offload cpu or disk needs kv_offload_size (e.g. 2GiB), and "
+                                      "kv_offload_size needs kv_offload cpu or disk", "kv_offload_size")
+        if self.kv_offload_size is not None and self.kv_offload_size <= 0:
+            raise InvalidRequestError("kv_offload_size must be positive", "kv_offload_size")
+        if self.preemption_mode not in ("auto", "swap", "recompute"):
+            raise InvalidRequestError("preemption_mode must be auto, swap or recompute, got "
+                                      f"{self.preemption_mode!r}", "preemption_mode")
 
 
 @dataclass(frozen=True)
@@ -199,8 +216,9 @@ class EngineConfig:
         parts: dict[str, dict] = {name: {} for name in groups}
         parts["model"]["model"] = model
         top = {}
-        if "kv_cache_memory" in kw and kw["kv_cache_memory"] is not None:
-            kw["kv_cache_memory"] = parse_bytes(kw["kv_cache_memory"])
+        for size in ("kv_cache_memory", "kv_offload_size"):
+            if kw.get(size) is not None:
+                kw[size] = parse_bytes(kw[size])
         for key, value in kw.items():
             owner = next((g for g, c in groups.items() if key in c.__dataclass_fields__), None)
             if owner is not None:

@@ -13,6 +13,9 @@ class KVFormat:
     scale_bytes: int = 0  # per scale, for quantized formats (fp16 scales: 2)
     group: int = 0  # elements per scale along the head dimension; 0: one scale per (token, KV head) vector
     rotate: bool = False  # stored after a normalized Hadamard transform along the head dimension
+    # as K: stored minus a per-(layer, KV head, channel) center measured at start-up (layers/kv_cache.py
+    # k_shift); every score of a query moves by the same amount, which softmax ignores
+    center: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -44,7 +47,8 @@ class KVFormat:
 KV_FORMATS = {f.name: f for f in (
     KVFormat("f32", 4), KVFormat("bf16", 2), KVFormat("f16", 2),
     KVFormat("int8", 1, 2),  # symmetric, an fp16 scale per (token, KV head): amax / 127
-    KVFormat("int4", 0.5, 2, 32, rotate=True),  # Hadamard-rotated, symmetric groups of 32, fp16 scales
+    KVFormat("int4", 0.5, 2, 32, rotate=True, center=True),  # K centered, Hadamard-rotated, symmetric groups
+    # of 32, fp16 scales
     KVFormat("fp8_e4m3", 1, 2),  # an fp16 scale per (token, KV head) from the data: amax -> 448
     KVFormat("fp8_e5m2", 1, 2),  # the same, amax -> 256 (the scale stays a normal fp16 number)
 )}

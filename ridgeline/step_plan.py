@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.sampling_params import SamplingParams
 
 
@@ -37,6 +38,7 @@ class StepPlan:
     seqs: list[ScheduledSeq] = field(default_factory=list)  # one-token decodes first, then the rest
     finished_ids: list[str] = field(default_factory=list)  # requests that left since the last plan
     num_preempted: int = 0
+    kv_copies: TierCopies | None = None  # second KV tier: blocks to store and load before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -75,3 +77,4 @@ class StepResult:
     # KV eviction by attention (h2o): request id -> attention each of its slots received this step
     kv_attention: dict[str, object] = field(default_factory=dict)
     hidden: Any = None  # [tokens, hidden] final hidden state of every row, when the runner keeps them
+    kv_copy: tuple[int, float] | None = None  # second KV tier: (bytes copied, seconds) before the forward

@@ -25,6 +25,8 @@ def test_share_fraction_and_simulation_agree_with_the_kv_manager():
     tight = simulate(prompts, 16, 48)  # 3 blocks: the third prompt's tail evicts a's second block
     assert tight.hit_tokens == 32 + 16 + 16 and tight.evictions > 0
     assert simulate(prompts, 16, 16).too_long == 4
+    tiered = simulate(prompts, 16, 48, tier_tokens=64)  # a's evicted block comes back from the tier
+    assert tiered.hit_tokens == 80 and tiered.tier_hit_tokens == 16 and tiered.tier_capacity_tokens == 64
     salted = share_fraction(prompts, 16, salts=["x", "y", "x", "x"])
     assert salted == (16 + 32) / 161
 
@@ -61,3 +63,6 @@ def test_cache_report_cli_on_a_jsonl_log(tiny_llama, tmp_path, capsys):
     assert "10:3" in group["context"] and group["reference_text"] == "2:07" and group["other_text"] == "5:41"
     assert group["agree_after"] > 100
     assert "prefix-share fraction f" in text and "'2:07'" in text and "agree again" in text
+    assert main(["cache-report", str(log), "--model", str(tiny_llama), "--kv-tokens", "32",
+                 "--offload-tokens", "1k"]) == 0
+    assert "from the offload tier" in capsys.readouterr().out

@@ -92,6 +92,10 @@ def test_c_write_stores_what_the_torch_write_stores(k_name, v_name):
     x = _vectors(T * (H + 2 * Hkv), D, seed=1).view(T, (H + 2 * Hkv) * D)
     slots = torch.randperm(NB * bs)[:T]
     positions = torch.arange(T)
+    if c_kv.k_shift is not None:  # centered K: a per (head, channel) constant subtracted before storing
+        shift = torch.randn(Hkv, D, generator=torch.Generator().manual_seed(2))
+        c_kv.k_shift.copy_(shift)
+        t_kv.k_shift.copy_(shift)
     c_kv.write_rope(x.clone(), positions, _identity_rope(T, D), slots, H, Hkv, D)
     k, v = x[:, H * D:].view(T, 2, Hkv, D).unbind(1)
     t_kv.write(slots, k, v)
@@ -227,3 +231,24 @@ def test_sdpa_path_reads_quantized_layer_kv():
     assert (out["int8"] - out["f32"]).abs().max() < 0.03 * out["f32"].abs().max()
     assert (out["int4"] - out["f32"]).abs().max() < 0.3 * out["f32"].abs().max()
     assert LayerKV(torch.zeros(1, 4, 2, 32), torch.zeros(1, 4, 2, 32), "f32").formats == "f32"
+
+
+def test_centered_int4_keys_leave_softmax_alone_and_cut_its_error():
+    """Keys with a large offset per channel (as real keys have): storing k - c moves every score of a
+    query by q.c, so the attention weights are those of k up to rounding, and the rounding is smaller."""
+    g = torch.Generator().manual_seed(3)
+    T, Hkv, D = 256, 1, 64
+    offset = torch.randn(Hkv, D, generator=g) * 6
+    k = offset + torch.randn(T, Hkv, D, generator=g)
+    q = torch.randn(8, D, generator=g)
+    spec = KVCacheSpec(KV_FORMATS["int4"], 1, Hkv, D, 16)
+    exact = torch.softmax(q @ k[:, 0].T / 8, -1)
+    errors = []
+    for shift in (torch.zeros(Hkv, D), k.mean(0)):
+        kv = allocate_kv(spec, T // 16 + 1, torch.device("cpu"))[0]
+        kv.k_shift.copy_(shift)
+        kv.write(torch.arange(16, 16 + T), k, k)
+        stored, _ = kv.read(torch.arange(1, T // 16 + 1), torch.float32)
+        stored = kvq.hadamard(stored.reshape(T, Hkv, D))[:, 0]  # un-rotated: k - shift, rounded
+        errors.append((torch.softmax(q @ stored.T / 8, -1) - exact).abs().max().item())
+    assert errors[1] < errors[0] / 3, errors

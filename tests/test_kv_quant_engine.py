@@ -152,3 +152,13 @@ def test_command_line_flags_reach_the_config():
     assert (cache.k_dtype, cache.v_dtype) == ("int4", "int8")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "q4_0"])
+
+
+def test_int4_keys_are_centered_from_the_calibration_text(wide):
+    llm = LLM(str(wide), dtype="float32", kv_cache_dtype="int4", kv_cache_memory="2MiB", progress=False)
+    shifts = [kv.k_shift for kv in llm.engine.runner.kv]
+    assert all(s is not None and s.abs().sum() > 0 for s in shifts)
+    assert llm.engine.kv.num_used_blocks == 0 and llm.engine.kv.num_cached_blocks == 0
+    llm.engine.kv.check_integrity()
+    v_only = LLM(str(wide), dtype="float32", kv_cache_dtype_v="int4", kv_cache_memory="2MiB", progress=False)
+    assert all(kv.k_shift is None for kv in v_only.engine.runner.kv)  # centering is for K

@@ -349,4 +349,10 @@ def prefix_cache_delta(before: dict[str, float] | None, after: dict[str, float] 
     p0, p1 = _find(before, "num_preemptions"), _find(after, "num_preemptions")
     if p0 is not None and p1 is not None:
         d["preemptions"] = p1 - p0
+    for key, name in (("tier_hits", "kv_tier_hits"), ("tier_loads", "kv_tier_loads"),
+                      ("tier_stores", "kv_tier_stores"), ("swaps_out", "kv_tier_swaps_out"),
+                      ("recomputed_tokens", "recomputed_tokens")):
+        a, b = _find(before, name), _find(after, name)
+        if a is not None and b is not None:  # a second KV tier (ridgeline --kv-offload)
+            d[key] = b - a
     return d

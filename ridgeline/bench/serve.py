@@ -86,7 +86,7 @@ def build_requests(args: argparse.Namespace, tok, num_requests: int, seed: int) 
     try:
         prompts = make_workload(args.workload, rec if args.prompt_format == "chat" else tok, num_requests,
                                 min_len=args.min_prompt, max_len=args.max_prompt, prefix_len=args.prefix_len,
-                                seed=seed)
+                                seed=seed, conversations=args.conversations, turns=args.turns)
     except ValueError as e:
         raise InvalidRequestError(f"workload {args.workload!r}: {e}") from None
     specs = []
@@ -284,6 +284,13 @@ def format_report(s: dict, meta: dict) -> str:
         rate = "-" if pc["hit_rate"] is None else f"{pc['hit_rate']:.1%}"
         out.append(line("Prefix cache hit rate (server /metrics):",
                         f"{rate} ({pc['hits']:.0f} of {pc['queries']:.0f} prompt tokens)"))
+        if pc.get("tier_hits") is not None:
+            out.append(line("  of them from the offload tier:", f"{pc['tier_hits']:.0f} tokens ({pc['tier_loads']:.0f} "
+                                                                   f"blocks loaded, {pc['tier_stores']:.0f} stored)"))
+        if pc.get("preemptions"):
+            swaps = f", {pc['swaps_out']:.0f} swapped out" if pc.get("swaps_out") is not None else ""
+            redo = f", {pc['recomputed_tokens']:.0f} tokens recomputed" if pc.get("recomputed_tokens") is not None else ""
+            out.append(line("Preemptions (server /metrics):", f"{pc['preemptions']:.0f}{swaps}{redo}"))
     if s["cached_prompt_tokens"] is not None and s["prompt_tokens"]:
         out.append(line("Cached prompt tokens (usage):", f"{s['cached_prompt_tokens']} "
                                                          f"({s['cached_prompt_tokens'] / s['prompt_tokens']:.1%})"))
@@ -339,6 +346,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     workload_desc = (f"{args.workload} (seed {seed}), {len(specs)} requests, prompts {min(lens)}-{max(lens)} "
                      f"tokens (mean {statistics.mean(lens):.0f}) as {args.prompt_format}, "
                      f"{args.output_len} output tokens each")
+    if args.workload == "multi-turn":
+        workload_desc += f"; {args.conversations} conversations of {args.turns} turns interleaved"
     print(f"workload   {workload_desc}", file=sys.stderr)
 
     server = None
@@ -415,6 +424,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
             "model": model, "tokenizer": tok_spec,
             "workload": {"name": args.workload, "seed": seed, "num_requests": len(specs),
                          "min_prompt": args.min_prompt, "max_prompt": args.max_prompt, "prefix_len": args.prefix_len,
+                         "conversations": args.conversations, "turns": args.turns,
                          "prompt_tokens": sum(lens), "prompt_format": args.prompt_format,
                          "output_len": args.output_len, "num_warmup": len(warm)},
             "load": {"concurrency": args.concurrency,

@@ -43,7 +43,8 @@ def start(args: argparse.Namespace) -> tuple[float, dict, object]:
 
 def workload_from_args(args: argparse.Namespace, tokenizer, num_requests: int, seed: int) -> list[list[int]]:
     return make_workload(args.workload, tokenizer, num_requests, min_len=args.min_prompt,
-                         max_len=args.max_prompt, prefix_len=args.prefix_len, seed=seed)
+                         max_len=args.max_prompt, prefix_len=args.prefix_len, seed=seed,
+                         conversations=args.conversations, turns=args.turns)
 
 
 def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts: list[list[int]] | None = None,
@@ -173,6 +174,9 @@ def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0) 
     g.add_argument("--max-prompt", type=positive_int, default=200, metavar="N", help="longest prompt in tokens")
     g.add_argument("--prefix-len", type=positive_int, default=1024, metavar="N",
                    help="shared-prefix workload: common prefix tokens")
+    g.add_argument("--conversations", type=positive_int, default=8, metavar="N",
+                   help="multi-turn workload: conversations interleaved turn by turn")
+    g.add_argument("--turns", type=positive_int, default=8, metavar="N", help="multi-turn workload: turns per conversation")
     g.add_argument("--output-len", type=positive_int, default=128, metavar="N",
                    help="output tokens per request (ignore_eos)")
     g.add_argument("--workload-seed", type=int, default=seed_default, metavar="N",

@@ -224,7 +224,7 @@ WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit")
 
 
 def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50, max_len: int = 200,
-                  prefix_len: int = 1024, seed: int = 0) -> list[list[int]]:
+                  prefix_len: int = 1024, seed: int = 0, conversations: int = 8, turns: int = 8) -> list[list[int]]:
     if name == "chat":
         return chat_workload(tokenizer, num_requests, min_len, max_len, seed)
     if name == "long-prompt":
@@ -232,7 +232,7 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
     if name == "shared-prefix":
         return shared_prefix_workload(tokenizer, num_requests, prefix_len, seed)
     if name == "multi-turn":
-        return multi_turn_workload(tokenizer, num_requests, seed=seed)
+        return multi_turn_workload(tokenizer, num_requests, turns=turns, concurrent=conversations, seed=seed)
     if name == "code-edit":
         from ridgeline.bench.edit_workload import code_edit_workload
         return code_edit_workload(tokenizer, num_requests, seed=seed)

@@ -2,7 +2,8 @@
 
 - share_fraction: f, the fraction of prompt tokens an unbounded prefix cache would serve (full
   blocks already seen, chained and salted like the engine, capped at prompt - 1).
-- simulate: the hit rate with a given KV capacity, by running the engine's own KVCacheManager.
+- simulate: the hit rate with a given KV capacity, by running the engine's own KVCacheManager (and,
+  with tier_tokens, its second tier: hits found there are reported apart).
 - divergences: for the most common first blocks, where prompts that start alike stop agreeing,
   what differs there, and how much agrees again after it (what a varying field costs the cache).
 """
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ridgeline.engine.kv_manager import KVCacheManager
+from ridgeline.engine.kv_tier import TierIndex
 from ridgeline.engine.prefix_cache import chain_keys
 
 _SPAN = 256  # longest differing span searched for re-alignment
@@ -46,6 +48,8 @@ class SimResult:
     hit_tokens: int = 0  # prefill tokens saved
     evictions: int = 0
     too_long: int = 0  # prompts larger than the whole capacity (not simulated)
+    tier_capacity_tokens: int = 0  # the second KV tier's capacity (0: none)
+    tier_hit_tokens: int = 0  # of hit_tokens, those the second tier held
 
     @property
     def hit_rate(self) -> float:
@@ -53,12 +57,14 @@ class SimResult:
 
 
 def simulate(prompts: Sequence[Sequence[int]], block_size: int, capacity_tokens: int, concurrency: int = 1,
-             salts: Sequence[str | None] | None = None) -> SimResult:
-    """Serve prompts in order through a KVCacheManager of capacity_tokens (whole blocks); at most
-    `concurrency` requests hold their blocks at once (the oldest is released first). Outputs are
-    not in the log, so only prompt blocks are cached: a lower bound where replies are resent."""
-    kv = KVCacheManager(capacity_tokens // block_size + 1, block_size, enable_caching=True)
-    res = SimResult(kv.num_usable_blocks * block_size)
+             salts: Sequence[str | None] | None = None, tier_tokens: int = 0) -> SimResult:
+    """Serve prompts in order through a KVCacheManager of capacity_tokens (whole blocks) and a second
+    tier of tier_tokens (0: none); at most `concurrency` requests hold their blocks at once (the
+    oldest is released first). Outputs are not in the log, so only prompt blocks are cached: a lower
+    bound where replies are resent."""
+    tier = TierIndex("offload", tier_tokens // block_size, 0) if tier_tokens >= block_size else None
+    kv = KVCacheManager(capacity_tokens // block_size + 1, block_size, enable_caching=True, tier=tier)
+    res = SimResult(kv.num_usable_blocks * block_size, tier_capacity_tokens=tier.num_slots * block_size if tier else 0)
     held: deque[str] = deque()
     for i, ids in enumerate(prompts):
         if kv.blocks_for(len(ids)) > kv.num_usable_blocks:
@@ -72,10 +78,13 @@ def simulate(prompts: Sequence[Sequence[int]], block_size: int, capacity_tokens:
         while not kv.allocate(rid, len(ids), prefix=match):
             kv.free(held.popleft())  # cannot run dry: the prompt fits an empty cache
         kv.cache_blocks(rid, ids, len(ids), salt)
+        if tier is not None:
+            tier.drain()  # no runner: the copies are only counted
         held.append(rid)
         res.requests += 1
         res.prompt_tokens += len(ids)
     res.hit_tokens, res.evictions = kv.stats.hits, kv.stats.evictions
+    res.tier_hit_tokens = tier.stats.hits if tier else 0
     return res
 
 

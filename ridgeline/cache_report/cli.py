@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=CacheConfig.block_size, help="the engine's KV block size")
     p.add_argument("--kv-tokens", nargs="+", default=None, metavar="N",
                    help="KV capacities to simulate, in tokens (e.g. 8192 65536 or 64k); default: unbounded")
+    p.add_argument("--offload-tokens", default=None, metavar="N",
+                   help="simulate a second KV tier (--kv-offload) of N tokens behind each capacity, e.g. 256k: "
+                        "blocks evicted from the cache go there and hits in it are reported apart (default: none)")
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests holding KV blocks at once in the simulation")
     p.add_argument("--top", type=int, default=5, help="prefix groups to analyse for divergence")
@@ -50,10 +53,13 @@ def cmd_cache_report(args: argparse.Namespace) -> int:
     capacities = [_tokens(t) for t in args.kv_tokens] if args.kv_tokens else [max(total, bs)]
     if min(capacities) < bs:
         raise InvalidRequestError(f"--kv-tokens must hold at least one block of {bs} tokens")
+    offload = _tokens(args.offload_tokens) if args.offload_tokens else 0
+    if offload and offload < bs:
+        raise InvalidRequestError(f"--offload-tokens must hold at least one block of {bs} tokens")
     report = {
         "file": args.file, "requests": len(prompts), "prompt_tokens": total, "block_size": bs,
         "skipped_lines": problems, "share_fraction": share_fraction(prompts, bs, salts),
-        "simulations": [vars(simulate(prompts, bs, c, args.concurrency, salts)) for c in capacities],
+        "simulations": [vars(simulate(prompts, bs, c, args.concurrency, salts, offload)) for c in capacities],
         "concurrency": args.concurrency,
         "groups": [_group_dict(g, tok) for g in divergences(prompts, bs, args.top)],
     }
@@ -101,13 +107,19 @@ def format_report(r: dict, bounded: bool) -> str:
         lines.append(f"  skipped {p}")
     if len(r["skipped_lines"]) > 10:
         lines.append(f"  ... and {len(r['skipped_lines']) - 10} more skipped lines")
+    tier = any(s.get("tier_capacity_tokens") for s in r["simulations"])
     lines += [f"prefix-share fraction f = {r['share_fraction']:.1%}  (prompt tokens in full blocks an earlier "
               "request already had: an unbounded cache's hit rate)", "",
-              f"{'KV capacity':>14}  {'hit rate':>8}  {'prefill tokens saved':>20}  {'evictions':>9}  too long"]
+              f"{'KV capacity':>14}  {'hit rate':>8}  {'prefill tokens saved':>20}  {'evictions':>9}  too long"
+              + (f"  {'from the offload tier':>21}" if tier else "")]
     for s in r["simulations"]:
         cap = f"{s['capacity_tokens']:,} tok" if bounded else "unbounded"
         rate = s["hit_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
-        lines.append(f"{cap:>14}  {rate:>8.1%}  {s['hit_tokens']:>20,}  {s['evictions']:>9,}  {s['too_long']}")
+        lines.append(f"{cap:>14}  {rate:>8.1%}  {s['hit_tokens']:>20,}  {s['evictions']:>9,}  {s['too_long']:>8}"
+                     + (f"  {s['tier_hit_tokens']:>21,}" if tier else ""))
+    if tier:
+        lines.append(f"(the offload tier holds {r['simulations'][0]['tier_capacity_tokens']:,} tokens behind each "
+                     "capacity; its hits are in the hit rate too)")
     lines.append(f"(arrival order, {r['concurrency']} request(s) holding blocks at once; prompts only: "
                  "replies resent in later turns would add hits)")
     if r["groups"]:

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ridgeline.engine.kv_tier import TierStats
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
@@ -53,6 +54,10 @@ class EngineStats:
     prefix_cache_hits: int = 0  # tokens served from it
     prefix_cache_evictions: int = 0
     speculative: SpecStats | None = None  # a copy of the engine's counters; None when speculation is off
+    kv_tier: str | None = None  # the second KV tier (cpu, disk), None when off
+    kv_tier_stats: TierStats | None = None  # a copy of its counters
+    kv_tier_block_bytes: int = 0
+    num_recomputed_tokens: int = 0  # computed tokens preemption dropped and readmission computed again
 
 
 class RequestStream:
@@ -299,9 +304,11 @@ class AsyncEngine:
     def _snapshot(self) -> EngineStats:
         kv = self.engine.kv
         spec = self.engine.spec_stats.copy() if self.engine.proposer is not None else None
+        tier = kv.tier
         return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
                            len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
-                           kv.stats.evictions, spec)
+                           kv.stats.evictions, spec, tier and tier.name, tier and replace(tier.stats),
+                           tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens)
 
 
 def build_off_main_thread(factory):

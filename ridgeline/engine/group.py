@@ -68,4 +68,4 @@ class RequestGroup:
                 spec.add(r.spec_stats)
         return RequestOutput(request_id, self.prompt, self.prompt_token_ids, outs, done,
                              num_cached_tokens=first.num_cached_tokens, metrics=metrics, prompt_logprobs=plp,
-                             speculative=spec)
+                             speculative=spec, num_tier_cached_tokens=first.num_tier_cached_tokens)

@@ -36,6 +36,7 @@ class EngineInfo:
     kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)
     kv_budget: int | None = None  # KV eviction: tokens of KV a request keeps at most
     kv_eviction: str | None = None  # the eviction policy, described; None when off
+    offload: str | None = None  # the second KV tier, or None when off
 
     @property
     def block_size(self) -> int:
@@ -125,6 +126,9 @@ class EngineInfo:
         if self.weight_formats:
             lines.insert(2, f"weights    {self.weight_formats}: {self.weight_bytes / 1e6:.1f} MB in linear layers "
                             f"(the LM head included; quantization {self.quantization})")
+        if self.offload:
+            at = next(i for i, line in enumerate(lines) if line.startswith("kv cache"))
+            lines.insert(at + 1, f"kv offload {self.offload}")
         if self.speculative:
             lines.append(f"speculate  {self.speculative}")
         if self.kv_eviction:

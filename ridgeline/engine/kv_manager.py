@@ -14,17 +14,23 @@ wholly before a request's first needed key are released as it moves on (`release
 table keeps a 0 in their place (a hole: never read, never counted), so its blocks stay bounded by the
 window. Holes are a prefix of the table. A released block that is cached stays servable: a later
 request that matches it matches every block before its own start, so it never needs a hole.
+
+With a second tier (`tier`, engine/kv_tier.py) an evicted cached block is offered to it, a lookup
+continues there after the pool, and a preempted request may swap its blocks out; the tier records
+the copies, the runner makes them.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+from ridgeline.engine.kv_tier import TierIndex
 from ridgeline.engine.prefix_cache import BlockHash, PrefixCacheIndex, PrefixCacheStats, PrefixMatch, chain_keys
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False, window: int | None = None):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False, window: int | None = None,
+                 tier: TierIndex | None = None):
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -38,6 +44,7 @@ class KVCacheManager:
         self.stats = PrefixCacheStats()
         self.window = window
         self.holes: dict[str, int] = {}  # request -> blocks released at the start of its table
+        self.tier = tier
 
     @property
     def caching(self) -> bool:
@@ -77,15 +84,21 @@ class KVCacheManager:
         token to compute (its logits are needed). Changes nothing; `allocate(prefix=...)` takes it."""
         blocks: list[int] = []
         hashes: list[BlockHash] = []
+        slots, keys = [], []
         if self.cache is not None:
             for h, key in chain_keys(token_ids, self.block_size, 0, (len(token_ids) - 1) // self.block_size,
                                      None, salt):
-                block = self.cache.get(h, key)
-                if block is None:
+                block = None if slots else self.cache.get(h, key)  # the pool's run, then the tier's
+                slot = None if block is not None or self.tier is None else self.tier.lookup(h, key)
+                if block is None and slot is None:
                     break
-                blocks.append(block)
+                if block is not None:
+                    blocks.append(block)
+                else:
+                    slots.append(slot)
+                    keys.append(key)
                 hashes.append(h)
-        return PrefixMatch(blocks, hashes, len(blocks) * self.block_size, len(token_ids))
+        return PrefixMatch(blocks, hashes, len(hashes) * self.block_size, len(token_ids), slots, keys)
 
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int,
                      salt: str | None = None) -> None:
@@ -104,7 +117,7 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody uses; returns how many."""
-        n = len(self.evictable)
+        n = len(self.evictable) + (self.tier.clear() if self.tier is not None else 0)
         while self.evictable:
             block, _ = self.evictable.popitem(last=False)
             self.cache.remove(block)
@@ -116,7 +129,10 @@ class KVCacheManager:
         """Grow req_id's table to hold num_tokens, starting with prefix's cached blocks (into an empty
         table only); False (and no change) if fewer than needed + reserve blocks are free."""
         hit = prefix.blocks if prefix is not None else []
-        assert not (hit and self.tables.get(req_id)), "a prefix goes into an empty table only"
+        loads = prefix.tier_slots if prefix is not None else []
+        assert not ((hit or loads) and self.tables.get(req_id)), "a prefix goes into an empty table only"
+        if loads:
+            self.tier.pin(loads)  # before any eviction below can reuse them
         revived = sum(1 for b in hit if self.ref_counts[b] == 0)  # cached blocks leaving `evictable`
         need = max(0, self.num_new_blocks(req_id, num_tokens) - len(hit))
         if need + revived + reserve > self.num_free_blocks:
@@ -127,19 +143,51 @@ class KVCacheManager:
                 del self.evictable[block]
             self.ref_counts[block] += 1
             table.append(block)
-        if prefix is not None:
+        if prefix is not None and not prefix.swapped:
             self.block_hashes[req_id] = list(prefix.hashes)
             self.stats.queries += prefix.num_queried
             self.stats.hits += prefix.num_tokens
-        for _ in range(need):
-            table.append(self._take())
+        new = [self._take() for _ in range(need)]
+        table.extend(new)
+        if loads:
+            self._load_from_tier(req_id, prefix, new[:len(loads)])
         return True
+
+    def _load_from_tier(self, req_id: str, prefix: PrefixMatch, blocks: list[int]) -> None:
+        if prefix.swapped:
+            self.tier.swap_in(req_id, blocks)
+            return
+        self.tier.load_hits(prefix.tier_slots, blocks)
+        self.tier.stats.hits += len(blocks) * self.block_size
+        for block, h, key in zip(blocks, prefix.hashes[len(prefix.blocks):], prefix.tier_keys):
+            self.cache.add(block, h, key)  # cached as soon as the step's copies have run
+
+    # ---- swap (second tier) --------------------------------------------------------------------
+    def swap_out(self, req_id: str, num_tokens: int) -> bool:
+        """Release req_id's blocks, their first num_tokens computed tokens stored in the tier first;
+        False if there is no tier or it lacks room (the blocks are released all the same)."""
+        blocks = list(self.tables.get(req_id, ())[:self.blocks_for(num_tokens)])
+        self.free(req_id)
+        return self.tier is not None and bool(blocks) and self.tier.swap_out(req_id, blocks, num_tokens)
+
+    def swapped_match(self, req_id: str) -> PrefixMatch | None:
+        """What a swapped-out request resumes from (allocate(prefix=...) loads it), or None."""
+        entry = self.tier.swapped.get(req_id) if self.tier is not None else None
+        if entry is None:
+            return None
+        return PrefixMatch([], [], entry.num_tokens, 0, list(entry.slots), swapped=True)
+
+    def drop_swapped(self, req_id: str) -> None:
+        if self.tier is not None:
+            self.tier.forget(req_id)
 
     def _take(self) -> int:
         if self.free_ids:
             block = self.free_ids.popleft()
         else:
             block, _ = self.evictable.popitem(last=False)
+            if self.tier is not None:
+                self.tier.offer(block, *self.cache.entries[block])
             self.cache.remove(block)
             self.stats.evictions += 1
         self.ref_counts[block] = 1
@@ -220,6 +268,8 @@ class KVCacheManager:
             "a block is in two states"
         assert len(free) + len(cached) + len(used) == self.num_usable_blocks, \
             f"free {len(free)} + cached {len(cached)} + used {len(used)} != total {self.num_usable_blocks}"
+        if self.tier is not None:
+            self.tier.check()
         if self.cache is None:
             assert not cached, "cached blocks without a prefix cache"
             return

@@ -1,6 +1,7 @@
 """LLMEngine: owns the loop. add_request() -> step() -> RequestOutputs, until nothing is left."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.engine.speculation import Speculation
+from ridgeline.engine.tier_steps import drop_tier, observe_step
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec, kv_formats
@@ -30,6 +32,8 @@ from ridgeline.quant import fp8_checkpoint
 from ridgeline.quant.checkpoint import folder_quantization
 from ridgeline.quant.options import implied_rules as quant_implied_rules
 from ridgeline.models.registry import model_class
+from ridgeline.quant.kv_center import calibrate_k_centers
+from ridgeline.runner.kv_store import KVStoreError, build_tier
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.draft_load import DraftTarget
@@ -43,6 +47,7 @@ from ridgeline.weights.resolve import resolve_model_source
 from ridgeline.weights.tokenizer import Tokenizer
 
 DEFAULT_KV_CAP = 4 << 30
+log = logging.getLogger(__name__)
 
 
 def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
@@ -112,10 +117,13 @@ class LLMEngine:
         self.eos_ids = set(eos)
         # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
         caching = cc.enable_prefix_caching and not evict
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window)
+        self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
+        self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
+                                                           available_memory())
+        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window, tier=tier)
         self.scheduler = Scheduler(config.scheduler, self.kv,
                                    Evictor(cc.kv_eviction, budget, cc.kv_sink_tokens) if evict else None)
-        self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
+        calibrate_k_centers(self)  # centered K formats (int4): before any block is kept
         proposer = create_proposer(config.speculative, arch.vocab_size,
                                    DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
                                                max_len, cc.block_size, num_blocks,
@@ -130,7 +138,7 @@ class LLMEngine:
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
                                caching, *weight_summary(model), _spec_line(config), quantization, window, budget,
-                               describe_eviction(config.cache) if evict else None)
+                               describe_eviction(config.cache) if evict else None, offload_line)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -257,7 +265,12 @@ class LLMEngine:
             spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         t0 = time.perf_counter()
-        result = self.runner.execute(plan, spec.drafts if spec is not None else None)
+        try:
+            result = self.runner.execute(plan, spec.drafts if spec is not None else None)
+        except KVStoreError as e:
+            self._lose_tier(plan, e)
+            return []
+        observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
             spec.observe(plan, sampled, self.requests, time.perf_counter() - t0, result.hidden)
@@ -297,6 +310,14 @@ class LLMEngine:
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
         return outputs
+
+    def _lose_tier(self, plan, error: KVStoreError) -> None:
+        """The step did not run: go on without the tier, recomputing what depended on it."""
+        n = drop_tier(self.scheduler, plan.kv_copies)
+        self.runner.store = None
+        if self.spec is not None and plan.finished_ids:
+            self.spec.forget(plan.finished_ids)
+        log.warning("%s; the KV offload tier is off from now on, %d request(s) recompute their KV", error, n)
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""

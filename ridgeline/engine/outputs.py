@@ -43,6 +43,7 @@ class RequestOutput:
     # speculative decoding: drafted / accepted tokens (by position), verification steps, draft time,
     # summed over the choices; on the finished output only, and only when speculation is on
     speculative: SpecStats | None = None
+    num_tier_cached_tokens: int = 0  # of num_cached_tokens, loaded back from the second KV tier
 
     def merge(self, later: RequestOutput) -> RequestOutput:
         """This output followed by a later delta of the same request, as one output (new objects)."""
@@ -63,7 +64,8 @@ class RequestOutput:
                              [by_index[i] for i in sorted(by_index)], later.finished, later.num_cached_tokens,
                              later.prompt_logprobs if later.prompt_logprobs is not None else self.prompt_logprobs,
                              {**self.metrics, **later.metrics},
-                             later.speculative if later.speculative is not None else self.speculative)
+                             later.speculative if later.speculative is not None else self.speculative,
+                             later.num_tier_cached_tokens)
 
 
 class Accumulator:
@@ -93,6 +95,7 @@ class Accumulator:
             old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
         whole.finished = delta.finished
         whole.num_cached_tokens = delta.num_cached_tokens
+        whole.num_tier_cached_tokens = delta.num_tier_cached_tokens
         whole.metrics.update(delta.metrics)
         if delta.prompt_logprobs is not None:
             whole.prompt_logprobs = delta.prompt_logprobs

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BlockHash = bytes  # 32-byte SHA-256 digest
 BlockKey = tuple  # (parent hash | None, tuple of block_size token ids, extra keys | None)
@@ -29,8 +29,14 @@ class PrefixMatch:
     """What a lookup found: cached blocks holding the first num_tokens tokens, in table order."""
     blocks: list[int]
     hashes: list[BlockHash]  # chained hash of each block in `blocks`
-    num_tokens: int  # len(blocks) * block_size
+    num_tokens: int  # len(blocks) * block_size (+ the tier's blocks)
     num_queried: int  # the request's tokens at lookup: the hit-rate denominator
+    # second KV tier (engine/kv_tier.py): blocks after `blocks`, loaded back from these slots into new
+    # pool blocks; their hashes follow in `hashes`, their keys in tier_keys. swapped: a preempted
+    # request's own blocks (no hashes), num_tokens its computed tokens
+    tier_slots: list[int] = field(default_factory=list)
+    tier_keys: list[BlockKey] = field(default_factory=list)
+    swapped: bool = False
 
 
 @dataclass

@@ -36,6 +36,7 @@ class Request:
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache / a shared prompt, at first admission
+    num_tier_cached_tokens: int = 0  # of those, loaded back from the second KV tier
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_token_time: float | None = None

@@ -1,7 +1,9 @@
 """Token-budget scheduler: each step hands out up to max_num_batched_tokens over running requests
 (decodes and unfinished prefill chunks) first, then admits waiting ones FCFS. Chunked prefill and
 mixed prefill/decode batches fall out of that rule. Out of blocks: preempt the newest running
-request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived).
+request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived;
+with a second KV tier, its blocks are swapped out instead where that is measured to be cheaper,
+and loaded back when it is readmitted).
 Admission first looks the request up in the prefix cache: a hit starts it at num_computed_tokens =
 the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
 is scheduled with them appended (they count against the budget); advance() then moves it by the
@@ -31,6 +33,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_recomputed_tokens = 0  # computed tokens preemption threw away and readmission computed again
+        self._dropped: dict[str, int] = {}  # preempted to recompute: request id -> computed tokens dropped
         self._finished_ids: list[str] = []
         self._last: list[tuple[Request, int, int]] = []  # last plan: (request, tokens scheduled, of them proposals)
         # admit only while this many blocks stay free, so decodes rarely preempt fresh admissions
@@ -50,18 +54,31 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.free(req.request_id)
+        self.kv.drop_swapped(req.request_id)
+        self._dropped.pop(req.request_id, None)
         self._forget(req)
         self._finished_ids.append(req.request_id)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.kv.free(req.request_id)
+        if not self._swap_out(req):
+            self._dropped[req.request_id] = req.num_computed_tokens
+            req.num_computed_tokens = 0
         self._forget(req)
         req.status = Status.WAITING
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    def _swap_out(self, req: Request) -> bool:
+        """Release req's blocks; True if they went to the second tier (it then resumes where it was)."""
+        tier, n = self.kv.tier, req.num_computed_tokens
+        # under KV eviction or with window holes in its table a request recomputes (its table is not a plain prefix)
+        if tier is None or not n or self.evictor is not None or self.kv.holes.get(req.request_id) or \
+                not tier.costs.prefer_swap(n, self.kv.blocks_for(n) * tier.block_bytes):
+            self.kv.free(req.request_id)
+            return False
+        return self.kv.swap_out(req.request_id, n)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan(finished_ids=self._finished_ids)
@@ -93,20 +110,24 @@ class Scheduler:
         if not preempted:
             budget = self._admit(scheduled, budget)
         plan.seqs = self._build(scheduled)
+        if self.kv.tier is not None:
+            plan.kv_copies = self.kv.tier.drain()
         self._last = [(r, n, n - min(n, r.num_tokens - r.num_computed_tokens)) for r, n in scheduled]
         return plan
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: int) -> int:
-        """Waiting requests hold no blocks and have num_computed_tokens == 0; admission starts each
-        after its reusable prefix (prefix-cache hit, or n > 1 sharing with the cache off)."""
+        """Waiting requests hold no blocks; admission starts each after its reusable prefix (its own
+        swapped-out blocks, a prefix-cache hit, or n > 1 sharing with the cache off)."""
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.popleft()
             if self._waits_on_source(req):
                 skipped.append(req)  # its prompt's blocks are not computed yet
                 continue
-            match, reused = None, 0
-            if req.params.prompt_logprobs is not None and req.index == 0:
+            match, reused = self.kv.swapped_match(req.request_id), 0
+            if match is not None:
+                reused = match.num_tokens
+            elif req.params.prompt_logprobs is not None and req.index == 0:
                 pass  # its prompt's logits are needed: compute all of it (choices 1.. then reuse it)
             elif self.kv.caching:  # also on readmission after preemption
                 match = self.kv.match(req.token_ids, req.cache_salt)
@@ -122,10 +143,13 @@ class Scheduler:
                     self.waiting.appendleft(req)
                     break
             req.num_computed_tokens = reused
+            if self._dropped:
+                self.num_recomputed_tokens += max(0, self._dropped.pop(req.request_id, 0) - reused)
             if self.evictor is not None:
                 self._evict(req, n)
             if req.num_preemptions == 0:
                 req.num_cached_tokens = reused
+                req.num_tier_cached_tokens = len(match.tier_slots) * self.kv.block_size if match else 0
             req.status = Status.RUNNING
             self.running.append(req)
             scheduled.append((req, n))

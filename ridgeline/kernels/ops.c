@@ -95,10 +95,13 @@ static inline void store_rows(int f, void *cache, uint16_t *scales, int64_t slot
 
 /* qkv [T, (H + 2 Hkv) D] fp32 (q rotated in place); cs [P, D/2, 2] (cos, sin); slots [T] into the
  * caches viewed as [NB * bs, Hkv, vector]; kv_formats = K format | V format << 8 (kv_quant.h), with
- * fp16 scale arrays [NB * bs, Hkv, scales per vector] for quantized ones. Returns -1 for an unknown format. */
+ * fp16 scale arrays [NB * bs, Hkv, scales per vector] for quantized ones. kshift: NULL, or [Hkv, D]
+ * subtracted from each rotary-rotated k before it is stored (a constant per head and channel: every
+ * score of a query moves by the same q.kshift, which softmax ignores; the k rows in qkv keep it
+ * subtracted). Returns -1 for an unknown format. */
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
-                      int kv_formats, int nthreads) {
+                      int kv_formats, const float *kshift, int nthreads) {
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (!kv_known(kf) || !kv_known(vf)) return -1;
     const int64_t width = (H + 2 * Hkv) * D, half = D / 2;
@@ -115,7 +118,10 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
                 x[2 * i + 1] = a * si + b * co;
             }
         }
-        const float *k = row + H * D, *v = k + Hkv * D;
+        float *k = row + H * D;
+        const float *v = k + Hkv * D;
+        if (kshift)
+            for (int64_t i = 0; i < Hkv * D; i++) k[i] -= kshift[i];
         store_rows(kf, kc, ksc, slots[t], k, Hkv, D);
         store_rows(vf, vc, vsc, slots[t], v, Hkv, D);
     }

@@ -43,8 +43,9 @@ def allocate_kv(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> lis
         for name, (shape, dtype, nbytes) in sizes.items():
             views[name] = buf[off:off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
             off += nbytes
+        shift = torch.zeros(spec.num_kv_heads, spec.head_dim, device=device) if spec.format.center else None
         layers.append(LayerKV(views["k"], views["v"], spec.format.name, spec.v_format.name,
-                              views.get("k_scale"), views.get("v_scale")))
+                              views.get("k_scale"), views.get("v_scale"), shift))
     return layers
 
 
@@ -63,6 +64,9 @@ class LayerKV:
     v_format: str | None = None  # V's; None: the same as K's
     k_scale: torch.Tensor | None = None  # [NB, bs, Hkv, scales per vector] fp16, quantized K only
     v_scale: torch.Tensor | None = None
+    # [Hkv, D] fp32, K formats with `center`: subtracted from every k before it is stored (set once at
+    # start-up by quant/kv_center.py, before any block is kept; softmax ignores it, so reads need nothing)
+    k_shift: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.v_format is None:
@@ -94,14 +98,14 @@ class LayerKV:
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, Hkv, D] into flat slots [T], quantized to this cache's formats."""
-        _store(self.k, self.k_scale, self.k_fmt, slots, k)
+        _store(self.k, self.k_scale, self.k_fmt, slots, k if self.k_shift is None else k - self.k_shift)
         _store(self.v, self.v_scale, self.v_fmt, slots, v)
 
     def write_rope(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                    H: int, Hkv: int, D: int) -> None:
         """qkv [T, (H + 2 Hkv) D] fp32: q and k rotated in place, k and v written at slots (C)."""
         cpu_ops.rope_kv(qkv, positions, cos_sin, slots, self.k, self.v, H, Hkv, D, self.c_format,
-                        self.k_scale, self.v_scale)
+                        self.k_scale, self.v_scale, self.k_shift)
 
     def read(self, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given blocks [n] dequantized: [n, bs, Hkv, D] each (rotated formats stay rotated)."""

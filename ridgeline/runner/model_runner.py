@@ -30,6 +30,7 @@ class ModelRunner:
         accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False) for layer in model.model.layers)
         self.attention = torch.zeros(num_blocks * self.block_size, device=device) if accumulates else None
         self.keep_hidden = False  # StepResult.hidden: every row's final hidden state (an EAGLE head reads them)
+        self.store = None  # the second KV tier's KVStore (runner/kv_store.py), set by the engine; None: off
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -39,6 +40,8 @@ class ModelRunner:
         draft distribution) its proposals came from; absent for deterministic proposals."""
         self.sample.forget(plan.finished_ids)
         result = StepResult()
+        if plan.kv_copies and self.store is not None:  # before the forward: it writes the blocks stored
+            result.kv_copy = self.store.run(plan.kv_copies)
         if plan.empty:
             return result
         seqs = plan.seqs
@@ -74,6 +77,14 @@ class ModelRunner:
         ids, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):
             return self.model(ids, positions)
+
+    @torch.inference_mode()
+    def prefill_only(self, req_id: str, ids: list[int], table: list[int]) -> None:
+        """Compute ids' KV into the blocks of table (allocated by the caller), no logits."""
+        seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids))
+        ids_t, positions, ctx, _ = self._prepare([seq])
+        with forward_context(ctx):
+            self.model(ids_t, positions)
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device

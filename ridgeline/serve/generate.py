@@ -159,6 +159,9 @@ class Job:
         completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                  "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outs)}}
+        tier = sum(o.num_tier_cached_tokens for o in outs)
+        if tier:  # an extension: of cached_tokens, those loaded back from the --kv-offload tier
+            usage["prompt_tokens_details"]["offload_cached_tokens"] = tier
         specs = [o.speculative for o in outs if o.speculative is not None]
         if specs:  # an extension: what speculative decoding drafted and kept for this request
             total = SpecStats()

@@ -109,14 +109,44 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("ridgeline_kv_cache_blocks_total", "KV cache blocks", value=s.kv_blocks_total)
         yield CounterMetricFamily("ridgeline_num_preemptions", "Requests preempted for KV blocks",
                                   value=s.num_preemptions)
+        yield CounterMetricFamily("ridgeline_recomputed_tokens", "Computed tokens that preemption dropped and "
+                                  "readmission computed again (not swapped, not found in the prefix cache)",
+                                  value=s.num_recomputed_tokens)
         yield CounterMetricFamily("ridgeline_prefix_cache_queries", "Tokens looked up in the prefix cache "
                                   "(each request's length at admission)", value=s.prefix_cache_queries)
         yield CounterMetricFamily("ridgeline_prefix_cache_hits", "Tokens served from the prefix cache",
                                   value=s.prefix_cache_hits)
         yield CounterMetricFamily("ridgeline_prefix_cache_evictions", "Cached KV blocks evicted to hold "
                                   "other tokens", value=s.prefix_cache_evictions)
+        if s.kv_tier_stats is not None:
+            yield from _tier_metrics(s)
         if s.speculative is not None:
             yield from _spec_metrics(s.speculative)
+
+
+def _tier_metrics(s):
+    """The second KV tier's counters, labelled by tier; hits also for the pool, so hits by tier sum to
+    ridgeline_prefix_cache_hits."""
+    t, name, bb = s.kv_tier_stats, s.kv_tier, s.kv_tier_block_bytes
+    hits = CounterMetricFamily("ridgeline_kv_cache_hits_by_tier", "Prompt tokens served from cached KV, by the "
+                               "tier that held them (pool or the offload tier)", labels=["tier"])
+    hits.add_metric(["pool"], s.prefix_cache_hits - t.hits)
+    hits.add_metric([name], t.hits)
+    yield hits
+    for metric, value, doc in (
+            ("hits", t.hits, "Prompt tokens served from the offload tier (loaded back into the pool)"),
+            ("stores", t.stores, "KV blocks written to the offload tier (evicted prefix blocks, swapped-out blocks)"),
+            ("loads", t.loads, "KV blocks loaded back from the offload tier"),
+            ("stored_bytes", t.stores * bb, "Bytes written to the offload tier"),
+            ("loaded_bytes", t.loads * bb, "Bytes loaded back from the offload tier"),
+            ("evictions", t.evictions, "Cached blocks dropped from the offload tier to make room"),
+            ("dropped", t.dropped, "KV blocks the offload tier had no room for"),
+            ("swaps_out", t.swaps_out, "Preempted requests whose KV blocks went to the offload tier"),
+            ("swaps_in", t.swaps_in, "Swapped-out requests whose KV blocks came back"),
+            ("swap_fallbacks", t.swap_fallbacks, "Preemptions that recomputed because the offload tier was full")):
+        fam = CounterMetricFamily(f"ridgeline_kv_tier_{metric}", doc, labels=["tier"])
+        fam.add_metric([name], value)
+        yield fam
 
 
 def _spec_metrics(spec: SpecStats):
