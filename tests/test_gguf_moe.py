@@ -9,6 +9,7 @@ import torch
 from gguf import GGUFWriter
 
 from ridgeline import LLM
+from ridgeline.errors import InvalidRequestError
 from ridgeline.weights.gguf_convert import ensure_converted
 from conftest import make_tiny_model
 from test_gguf import CHAT, MERGES, llama_permute, tiny_vocab
@@ -108,3 +109,7 @@ def test_gguf_moe_converts_and_matches_transformers(arch, tmp_path, monkeypatch)
     for prompt_ids, logits in zip(ids, engine_logits(llm, ids, 1000)):
         with torch.no_grad():
             torch.testing.assert_close(logits, ref(torch.tensor([prompt_ids])).logits[0], atol=2e-4, rtol=1e-4)
+    if arch != "qwen3":  # a MoE file's blocks are not kept: asking for them is a clear error
+        with pytest.raises(InvalidRequestError, match="mixture-of-experts"):
+            LLM(str(tmp_path / f"{arch}.gguf"), dtype="float32", kv_cache_memory="4MiB", progress=False,
+                quantization="gguf")

@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
     """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors, the
     quantization applied: a GPTQ / AWQ folder's own method under auto or none)."""
+    if quantization == "gguf" and arch.moe is not None:  # stacked expert tensors are not kept as blocks yet
+        if mc.quantization == "gguf":
+            raise InvalidRequestError("quantization gguf does not keep a mixture-of-experts file's blocks yet; "
+                                      "use none (the default for such a file), int8 or int4", "quantization")
+        quantization = "none"
     if quantization == "gguf":
         from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
         return *kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan), quantization
