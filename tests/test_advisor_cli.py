@@ -236,7 +236,7 @@ def test_validate_quant_rows_predict_and_measure_int8_and_int4(tiny_llama):
     pl = Platform(spec_from_arch(base.engine.arch, "tiny"), hw, "bf16", "bf16")
     step, _, _ = decode(base.engine, 1, 4, 1, time.perf_counter)
     rows = quant_rows(lambda q: LLM(str(tiny_llama), kv_cache_memory="4MiB", dtype="bfloat16", quantization=q),
-                      pl, step, 0, 4, time.perf_counter, decode)
+                      pl, step, 0, 37, 4, time.perf_counter, decode)
     assert [r[0] for r in rows] == ["batch-1 decode speed-up, int8 (x)", "batch-1 decode speed-up, int4 (x)"]
     (_, p8, m8, note8), (_, p4, m4, _) = rows
     assert 1.8 < p8 < 2.0 < 3.0 < p4 < 4.0 and m8 > 0 and m4 > 0  # KV and host calls keep it under 2x / 4x

@@ -124,9 +124,9 @@ def _quant_rows(args, llm, pl: Platform, clock) -> list[tuple]:
     from ridgeline import LLM
     from ridgeline.advisor.validate_quant import quant_rows
 
-    base_step, base_calls, _ = _decode(llm.engine, 1, args.steps, 899, clock)
+    base_step, base_calls, ctx = _decode(llm.engine, 1, args.steps, 899, clock)
     return quant_rows(lambda q: LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-                                    quantization=q), pl, base_step, base_calls, args.steps, clock, _decode)
+                                    quantization=q), pl, base_step, base_calls, ctx, args.steps, clock, _decode)
 
 
 def crossover_row(eng, spec, info) -> tuple:

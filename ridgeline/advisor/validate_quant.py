@@ -15,11 +15,11 @@ from ridgeline.advisor.roofline import Platform, decode_step
 FORMATS = ("int8", "int4")
 
 
-def quant_rows(make_llm, pl: Platform, base_step: float, base_calls: int, steps: int, clock, decode) -> list[tuple]:
+def quant_rows(make_llm, pl: Platform, base_step: float, base_calls: int, ctx: int, steps: int, clock,
+               decode) -> list[tuple]:
     """(label, predicted, measured, note) rows; make_llm(quantization) -> LLM; decode: validate._decode;
-    base_step / base_calls: the unquantized engine's measured batch-1 step and its torch calls."""
-    from ridgeline.advisor.validate import PROMPT
-    ctx = PROMPT + 3 + steps // 2
+    base_step / base_calls: the unquantized engine's measured batch-1 step and its torch calls; ctx: the
+    context length the sweep decodes at."""
     base_pred = decode_step(pl.with_(ops_per_step=base_calls), 1, ctx).total
     rows = []
     for q in FORMATS:

@@ -32,38 +32,8 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
                               int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
                               const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
                               int64_t window, float scale, int nthreads);
-int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
-int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
-int ridgeline_packed_available(int bf16);
-int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
-                       int nthreads);
-int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
-                       int64_t K, int64_t G, int sym, int nthreads);
-int ridgeline_int8_available(void);
-int ridgeline_int4_available(void);
-int ridgeline_gemm_w8a8(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
-                        int nthreads);
-int ridgeline_gemm_w4a8(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
-                        int64_t K, int64_t G, int sym, int nthreads);
-int ridgeline_a8_available(void);
-int ridgeline_gemm_fp8(const uint8_t *p, const void *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
-                       int mode, int nthreads);
-int ridgeline_gemm_fp4(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N,
-                       int64_t K, int64_t B, int nthreads);
-int ridgeline_fp8_available(void);
-int ridgeline_fp4_available(void);
-int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
-                         int64_t K, int nthreads);
+int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
 
-/* WF_I4_G32..WF_I4_LAST: group-wise int4, groups of 32 << (f - WF_I4_G32) % 3, symmetric from
- * WF_I4_SYM_G32 (kernels/cpu_quant.py int4_code); WF_W4A8_G32..WF_W4A8_LAST the same with int8
- * activations (gemm_a8.c), WF_W8A8 int8 weights with int8 activations. WF_FP8_E4M3..WF_MXFP8: fp8
- * weights (gemm_fp8.c, in its mode order); WF_MXFP4, WF_NVFP4: fp4 weights, int8 activations (gemm_fp4.c);
- * WF_I8_G32 int8 with an fp16 scale per 32 k (GGUF Q8_0's grid, gemm_int8_g32.c) */
-enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF_I4_G32 = 4, WF_I4_SYM_G32 = 7,
-                     WF_I4_LAST = 9, WF_W8A8 = 10, WF_W4A8_G32 = 11, WF_W4A8_SYM_G32 = 14, WF_W4A8_LAST = 16,
-                     WF_FP8_E4M3 = 40, WF_FP8_E5M2 = 41, WF_MXFP8 = 42, WF_MXFP4 = 43, WF_NVFP4 = 44,
-                     WF_I8_G32 = 45 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
@@ -86,61 +56,11 @@ int ridgeline_stack_fields(int which) {
     return which >= 0 && which < 4 ? fields[which] : -1;
 }
 
-/* 1 if this build runs that weight / KV format on this CPU */
-int ridgeline_stack_weight_format(int64_t format) {
-    if (format == WF_F32_PACKED) return ridgeline_packed_available(0);
-    if (format == WF_BF16_PACKED) return ridgeline_packed_available(1);
-    if (format == WF_I8_PACKED || format == WF_I8_G32) return ridgeline_int8_available();
-    if (format >= WF_I4_G32 && format <= WF_I4_LAST) return ridgeline_int4_available();
-    if (format >= WF_W8A8 && format <= WF_W4A8_LAST) return ridgeline_a8_available();
-    if (format >= WF_FP8_E4M3 && format <= WF_MXFP8) return ridgeline_fp8_available();
-    if (format == WF_MXFP4 || format == WF_NVFP4) return ridgeline_fp4_available();
-    return 0;
-}
 /* format: K format | V format << 8 (kv_quant.h) */
 int ridgeline_stack_kv_format(int64_t format) { return kv_known((int)(format & 0xff)) && kv_known((int)(format >> 8)); }
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
-int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
-    int rc;
-    switch (w[LW_FORMAT]) {
-    case WF_F32_PACKED: rc = ridgeline_gemm_f32p(PTR(const float, w[LW_DATA]), x, y, M, N, K, nt); break;
-    case WF_BF16_PACKED: rc = ridgeline_gemm_bf16p(PTR(const uint16_t, w[LW_DATA]), x, y, M, N, K, nt); break;
-    case WF_I8_PACKED:
-        rc = ridgeline_gemm_i8p(PTR(const int8_t, w[LW_DATA]), PTR(const float, w[LW_SCALE]), x, y, M, N, K, nt);
-        break;
-    case WF_I8_G32:
-        rc = ridgeline_gemm_i8g32(PTR(const int8_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N, K, nt);
-        break;
-    case WF_W8A8:
-        rc = ridgeline_gemm_w8a8(PTR(const int8_t, w[LW_DATA]), PTR(const float, w[LW_SCALE]), x, y, M, N, K, nt);
-        break;
-    case WF_FP8_E4M3: case WF_FP8_E5M2: case WF_MXFP8:
-        rc = ridgeline_gemm_fp8(PTR(const uint8_t, w[LW_DATA]), PTR(const void, w[LW_SCALE]), x, y, M, N, K,
-                                (int)(w[LW_FORMAT] - WF_FP8_E4M3), nt);
-        break;
-    case WF_MXFP4: case WF_NVFP4:
-        rc = ridgeline_gemm_fp4(PTR(const uint32_t, w[LW_DATA]), PTR(const uint8_t, w[LW_SCALE]), x, y, M, N, K,
-                                w[LW_FORMAT] == WF_MXFP4 ? 32 : 16, nt);
-        break;
-    default:
-        if (w[LW_FORMAT] >= WF_I4_G32 && w[LW_FORMAT] <= WF_I4_LAST)
-            rc = ridgeline_gemm_i4p(PTR(const uint32_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N, K,
-                                    32 << (w[LW_FORMAT] - WF_I4_G32) % 3, w[LW_FORMAT] >= WF_I4_SYM_G32, nt);
-        else if (w[LW_FORMAT] >= WF_W4A8_G32 && w[LW_FORMAT] <= WF_W4A8_LAST)
-            rc = ridgeline_gemm_w4a8(PTR(const uint32_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N,
-                                     K, 32 << (w[LW_FORMAT] - WF_W4A8_G32) % 3, w[LW_FORMAT] >= WF_W4A8_SYM_G32, nt);
-        else
-            return -2;
-    }
-    if (w[LW_BIAS]) {
-        const float *b = PTR(const float, w[LW_BIAS]);
-        for (int64_t t = 0; t < M; t++)
-            for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
-    }
-    return rc;
-}
 
 /* floats of scratch a step of T tokens needs */
 int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
