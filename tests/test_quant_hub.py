@@ -274,5 +274,5 @@ def test_a_tied_qwen2_folder_quantizes_and_loads(tmp_path):
 
 def test_eval_sweep_names_the_quantizations_it_can_sweep():
     from ridgeline.eval.sweep import sweep_settings
-    with pytest.raises(InvalidRequestError, match="one of none, int8, w8a8, int4, w4a8; gptq is not one"):
+    with pytest.raises(InvalidRequestError, match="--sweep takes --quantization none, auto, int8, w8a8, int4, w4a8, gguf; got gptq"):
         sweep_settings({"quantization": "gptq"})
