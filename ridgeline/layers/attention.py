@@ -13,6 +13,8 @@ A backend is chosen per layer when its cache is bound (`Attention.bind`), never 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -50,32 +52,56 @@ class AttentionBackend:
         raise NotImplementedError
 
 
+@dataclass
+class GatheredAttention:
+    """One attention group's queries and its blocks' K/V gathered for dense math: qg [B, Hkv, Q*G, D]
+    (rows of a GQA group together), k, v [B, Hkv, L, D] in q's dtype, mask [B, 1 or Hkv, Q*G, L]."""
+    qg: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor
+    valid: torch.Tensor | None  # real rows among the padded [B * Q], or None when none is padded
+    B: int
+    Q: int
+    G: int
+
+    def output(self, o: torch.Tensor, kv: LayerKV, dtype: torch.dtype) -> torch.Tensor:
+        """o [B, Hkv, Q*G, D] -> [rows, H * D] in the group's row order."""
+        B, Hkv, _, D = o.shape
+        o = o.view(B, Hkv, self.Q, self.G, D).transpose(1, 2).reshape(B * self.Q, Hkv * self.G, D)
+        if kv.v_fmt.rotate:  # V is stored rotated: sum p H v = H o, and H undoes itself
+            o = hadamard(o).to(dtype)
+        o = o.reshape(B * self.Q, -1)
+        return o if self.valid is None else o[self.valid]
+
+
+def gather_attention(q: torch.Tensor, kv: LayerKV, g: AttnGroup, window: int | None) -> GatheredAttention:
+    B, Q = len(g.n), g.max_new
+    _, bs, Hkv, _ = kv.k.shape
+    H, D = q.shape[1:]
+    G = H // Hkv
+    q_index, mask, valid = sdpa_view(g, bs, G, window, q.device)
+    qg = q[q_index] if valid is not None else q.view(B, Q, H, D)
+    if kv.k_fmt.rotate:  # K is stored rotated: (Hq).(Hk) = q.k
+        qg = hadamard(qg).to(q.dtype)
+    qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
+    L = g.block_tables.shape[1] * bs
+    # math in q's dtype: fp32 on a CPU even over a bf16 or quantized cache (CPU bf16 SDPA is slow)
+    k, v = kv.read(g.block_tables.view(-1), q.dtype)
+    k, v = k.view(B, L, Hkv, D).transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2)
+    return GatheredAttention(qg, k, v, mask, valid, B, Q, G)
+
+
 @register_backend("sdpa")
 class PagedSDPA(AttentionBackend):
     def __call__(self, q, kv, g, scale, window):
-        B, Q = len(g.n), g.max_new
-        _, bs, Hkv, _ = kv.k.shape
-        H, D = q.shape[1:]
-        G = H // Hkv
-        q_index, mask, valid = sdpa_view(g, bs, G, window, q.device)
-        qg = q[q_index] if valid is not None else q.view(B, Q, H, D)
-        if kv.k_fmt.rotate:  # K is stored rotated: (Hq).(Hk) = q.k
-            qg = hadamard(qg).to(q.dtype)
-        qg = qg.view(B, Q, Hkv, G, D).transpose(1, 2).reshape(B, Hkv, Q * G, D)
-        L = g.block_tables.shape[1] * bs
-        # math in q's dtype: fp32 on a CPU even over a bf16 or quantized cache (CPU bf16 SDPA is slow)
-        k, v = kv.read(g.block_tables.view(-1), q.dtype)
-        k, v = k.view(B, L, Hkv, D).transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2)
-        if B * Q * L <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
-            s = (qg @ k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
-            o = torch.softmax(s, dim=-1) @ v
+        a = gather_attention(q, kv, g, window)
+        if a.B * a.Q * a.k.shape[2] <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
+            s = (a.qg @ a.k.transpose(-1, -2)).mul_(scale).masked_fill_(~a.mask, float("-inf"))
+            o = torch.softmax(s, dim=-1) @ a.v
         else:
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [B, Hkv, Q*G, D]
-        o = o.view(B, Hkv, Q, G, D).transpose(1, 2).reshape(B * Q, H, D)
-        if kv.v_fmt.rotate:  # V is stored rotated: sum p H v = H o, and H undoes itself
-            o = hadamard(o).to(q.dtype)
-        o = o.reshape(B * Q, H * D)
-        return o if valid is None else o[valid]
+            o = F.scaled_dot_product_attention(a.qg, a.k, a.v, attn_mask=a.mask, scale=scale)  # [B, Hkv, Q*G, D]
+        return a.output(o, kv, q.dtype)
 
 
 def sdpa_view(g: AttnGroup, bs: int, G: int, window: int | None, device: torch.device):
