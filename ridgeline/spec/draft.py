@@ -17,12 +17,9 @@ from collections.abc import Sequence
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.runner.model_runner import ModelRunner
-from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.draft_load import DraftTarget, load_draft_model
-from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.spec.proposer import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
 from ridgeline.step_plan import ScheduledSeq, StepPlan
-
-_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
 
 
 @register_proposer("draft")
@@ -60,7 +57,7 @@ class DraftProposer(Proposer):
                 fed.extend(seq.token_ids)
                 if len(out[i]) < requests[i].k:  # feed this draft token next (its slot is allocated)
                     nxt.append(ScheduledSeq(seq.req_id, len(fed), [token], list(self.kv.tables[seq.req_id]), True,
-                                            _GREEDY, None, None, 0))
+                                            DRAFT_GREEDY, None, None, 0))
                     nxt_owners.append(i)
             seqs, owners = _decodes_first(nxt, nxt_owners)
         return out
@@ -78,7 +75,7 @@ class DraftProposer(Proposer):
         if not self.kv.allocate(r.req_id, len(tokens) + r.k - 1):
             self.forget([r.req_id])
             return None
-        return ScheduledSeq(r.req_id, keep, list(tokens[keep:]), list(self.kv.tables[r.req_id]), True, _GREEDY,
+        return ScheduledSeq(r.req_id, keep, list(tokens[keep:]), list(self.kv.tables[r.req_id]), True, DRAFT_GREEDY,
                             None, None, 0)
 
     def forget(self, req_ids: Sequence[str]) -> None:

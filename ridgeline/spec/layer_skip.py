@@ -23,12 +23,9 @@ import torch
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.forward_context import forward_context
-from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.draft_load import DraftTarget
-from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.spec.proposer import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
 from ridgeline.step_plan import ScheduledSeq
-
-_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
 
 
 @register_proposer("layer-skip")
@@ -69,7 +66,7 @@ class LayerSkipProposer(Proposer):
         return out
 
     def _seq(self, req_id: str, position: int, token: int) -> ScheduledSeq:
-        return ScheduledSeq(req_id, position, [token], list(self.kv.tables[req_id]), True, _GREEDY, None, None, 0)
+        return ScheduledSeq(req_id, position, [token], list(self.kv.tables[req_id]), True, DRAFT_GREEDY, None, None, 0)
 
     def _draft(self, seqs: list[ScheduledSeq]) -> list[int]:
         """One token per sequence through layers [0, L), the final norm and the head -> the argmaxes."""

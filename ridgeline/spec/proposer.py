@@ -18,6 +18,8 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
 
 PROPOSERS: dict[str, type[Proposer]] = {}
+# the sampling of a draft's own forward steps (a model-based draft drafts greedily)
+DRAFT_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
 _LAZY = {"draft": "ridgeline.spec.draft", "layer-skip": "ridgeline.spec.layer_skip", "eagle": "ridgeline.spec.eagle"}
 
 
