@@ -75,8 +75,9 @@ def measure(llm, lengths: list[int], decode_tokens: int, repeats: int, profile_t
     chunk = eng.config.scheduler.max_num_batched_tokens
     rows = []
     for L in lengths:
-        prompt = prompt_ids(L, arch.vocab_size, L)
-        runs = [ridgeline_decode_timing(llm, prompt, decode_tokens, f"long-{L}-{i}") for i in range(repeats)]
+        # a distinct prompt per run: a repeated one would be served from the prefix cache
+        runs = [ridgeline_decode_timing(llm, prompt_ids(L, arch.vocab_size, L * 64 + i), decode_tokens,
+                                        f"long-{L}-{i}") for i in range(repeats)]
         prev = torch.get_num_threads()
         torch.set_num_threads(profile_threads)
         try:

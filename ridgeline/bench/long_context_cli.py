@@ -69,7 +69,7 @@ def cmd_long_context(args: argparse.Namespace) -> int:
     bandwidth = args.bandwidth * 1e9 if args.bandwidth else local_hardware(verbose=True).bandwidth
     rows = measure(llm, lengths, args.decode_tokens, args.repeats, args.profile_threads)
     info = llm.info
-    title = (f"{args.model} ({dtype_name(info.dtype)}, KV {dtype_name(info.kv_dtype)}) on {machine['cpu']}, "
+    title = (f"{args.model} ({dtype_name(info.dtype)}, KV {info.kv_format_name}) on {machine['cpu']}, "
              f"{machine['torch_threads']} threads")
     print(f"\nLong context: {title}; prefill in chunks of {llm.engine.config.scheduler.max_num_batched_tokens}, "
           f"decode over {args.decode_tokens} tokens, best of {args.repeats}; read bandwidth {bandwidth / 1e9:.1f} GB/s")
@@ -82,7 +82,7 @@ def cmd_long_context(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         write_json(args.json, {"command": "long-context", "machine": machine, "model": args.model,
-                               "dtype": dtype_name(info.dtype), "kv_dtype": dtype_name(info.kv_dtype),
+                               "dtype": dtype_name(info.dtype), "kv_dtype": info.kv_format_name,
                                "bandwidth": bandwidth, "rows": rows, "llama_cpp": cpp,
                                "wall_s": time.perf_counter() - wall0})
         print(f"wrote {args.json}", file=sys.stderr)

@@ -49,6 +49,12 @@ class EngineInfo:
         return _TORCH.get(k) if k == v else None
 
     @property
+    def kv_format_name(self) -> str:
+        """The KV cache format as users name it: "bf16", "int8", or "int4/int8" when K and V differ."""
+        k, v = self.kv_spec.format.name, self.kv_spec.v_format.name
+        return k if k == v else f"{k}/{v}"
+
+    @property
     def kv_capacity_ratio(self) -> float:
         """Tokens this cache holds over what the same memory holds in the model's dtype."""
         name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(self.dtype, "f32")
