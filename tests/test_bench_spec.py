@@ -41,7 +41,7 @@ def test_expected_tokens():
 def test_bench_spec_rows_model_and_plot(long_llama, tmp_path, capsys):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     assert main(["bench", "spec", "--model", str(long_llama), *ENGINE, "--batch-sizes", "1,2", "--k", "2,3",
-                 "--output-len", "12", "--ignore-eos", "--repeats", "2", "--json", str(out),
+                 "--output-len", "12", "--ignore-eos", "--repeats", "2", "--requests", "2", "--json", str(out),
                  "--plot", str(png)]) == 0
     printed = capsys.readouterr().out
     assert "speed-up" in printed and " NO" not in printed
@@ -70,7 +70,8 @@ def test_bench_spec_rejects_bad_lists(tiny_llama):
 def test_bench_spec_compares_layer_counts(long_llama, tmp_path):
     out = tmp_path / "s.json"
     assert main(["bench", "spec", "--model", str(long_llama), *ENGINE, "--methods", "layer-skip:1,ngram",
-                 "--workloads", "chat", "--batch-sizes", "1", "--k", "2", "--no-controller", "--output-len", "8",
+                 "--workloads", "chat", "--batch-sizes", "1", "--requests", "2", "--k", "2", "--no-controller",
+                 "--output-len", "8",
                  "--ignore-eos", "--repeats", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [x["setting"] for x in rows] == ["off", "layer-skip:1 k=2", "off", "ngram k=2"]

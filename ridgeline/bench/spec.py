@@ -17,7 +17,7 @@ import sys
 import time
 
 from ridgeline.bench.report import write_json
-from ridgeline.bench.spec_runs import Setting, summarize, timed_run
+from ridgeline.bench.spec_runs import Setting, summarize, timed_run, timed_runs
 from ridgeline.bench.throughput import dtype_name
 from ridgeline.bench.workloads import make_workload
 from ridgeline.cli_parser import output_file, positive_int
@@ -67,7 +67,7 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
     rows = []
     tok = next(iter(engines.values())).tokenizer
     for workload in args.workloads:
-        prompts = make_workload(workload, tok, max(args.batch_sizes), seed=args.workload_seed)
+        prompts = make_workload(workload, tok, max(args.batch_sizes + [args.requests]), seed=args.workload_seed)
         # warm-up: kernels, and the controller's first measurements
         for method, llm in engines.items():
             for s in settings_for(method, args.k, args.controller):
@@ -79,7 +79,8 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
                 for rep in range(args.repeats):
                     order = settings[rep % len(settings):] + settings[:rep % len(settings)]
                     for s in order:
-                        runs[s].append(timed_run(llm, prompts[:B], s, args.output_len, args.ignore_eos))
+                        runs[s].append(timed_runs(llm, prompts[:max(B, args.requests)], B, s, args.output_len,
+                                                  args.ignore_eos))
                 plain = runs[settings[0]]
                 for s in settings:
                     row = {"workload": workload, "batch": B, **summarize(s, runs[s], plain)}
@@ -142,6 +143,9 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--no-controller", dest="controller", action="store_false",
                    help="skip the runs with the goodput controller")
     p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="most tokens per request")
+    p.add_argument("--requests", type=positive_int, default=8, metavar="N",
+                   help="requests per run at least: a batch size B below N runs them B at a time, one batch "
+                        "after another, so batch 1 is not one prompt's luck")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")

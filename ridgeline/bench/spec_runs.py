@@ -80,6 +80,19 @@ def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, 
     return Run(sum(map(len, outs)), elapsed, dec_tokens, dec_time, dec_steps, eng.spec.stats, outs)
 
 
+def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,
+               ignore_eos: bool) -> Run:
+    """The prompts `batch` at a time, one batch after another, summed into one Run."""
+    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos)
+             for i in range(0, len(prompts), batch)]
+    spec = SpecStats()
+    for r in parts:
+        spec.add(r.spec)
+    return Run(sum(r.tokens for r in parts), sum(r.elapsed for r in parts), sum(r.decode_tokens for r in parts),
+               sum(r.decode_time for r in parts), sum(r.decode_steps for r in parts), spec,
+               [o for r in parts for o in r.outputs])
+
+
 def expected_tokens(alpha: float, k: float) -> float:
     """E = (1 - a^(k+1)) / (1 - a): tokens per verification with k drafts each accepted with probability a."""
     return k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
