@@ -40,9 +40,3 @@ def fit_clipped(W: torch.Tensor, H: torch.Tensor, group: int, symmetric: bool,
         scale, zero = torch.where(better, s, scale), torch.where(better, z, zero)
     return grid.GroupGrid(scale, zero, symmetric)
 
-
-def fit_group(w: torch.Tensor, H: torch.Tensor, symmetric: bool,
-              ratios: tuple[float, ...] = RATIOS) -> tuple[torch.Tensor, torch.Tensor]:
-    """One group of columns w [N, G] and its Hessian block H [G, G] -> (scale [N] fp16, zero [N] int32)."""
-    g = fit_clipped(w, H, w.shape[1], symmetric, ratios)
-    return g.scale[:, 0], g.zero[:, 0]
