@@ -109,6 +109,24 @@ static inline float kv_clampf(float v, float lo, float hi) { return v < lo ? lo 
 
 #define KV_MAX_ROTATED_D 1024
 
+/* int4 scale candidates d = factor * m (m the group's value of largest magnitude): the plain grid (m to
+ * -8) and three that clip m to make the step finer; a group keeps the one with the least squared error.
+ * Exact binary fractions, so torch and C scale alike. */
+#define KV_I4_CANDIDATES 4
+static const float KV_I4_FACTORS[KV_I4_CANDIDATES] = {-0.125f, -0.1171875f, -0.109375f, -0.1015625f};
+
+/* squared error of one group of 32 rounded with step d: terms exact in double, summed in index order
+ * (no reassociation here, so the choice is torch's bit for bit) */
+__attribute__((optimize("no-associative-math"))) static double kv_i4_err(const float *xg, float d, float inv) {
+    double e = 0.0;
+    for (int j = 0; j < 32; j++) {
+        const float q = kv_clampf(nearbyintf(xg[j] * inv), -8.f, 7.f);
+        const double t = (double)(xg[j] - q * d);
+        e += t * t;
+    }
+    return e;
+}
+
 /* one vector x[D] fp32 into data (+ its scales) */
 static inline void kv_store(int f, void *data, uint16_t *scale, const float *x, int64_t D) {
     float inv, r[f == KV_I4 ? KV_MAX_ROTATED_D : 1];
@@ -128,7 +146,13 @@ static inline void kv_store(int f, void *data, uint16_t *scale, const float *x, 
             float m = 0.f, best = 0.f;
             for (int j = 0; j < 32; j++)
                 if (fabsf(xg[j]) > best) best = fabsf(xg[j]), m = xg[j];
-            scale[g] = kv_scale(m, -0.125f, &inv);
+            double least = 0.0;
+            for (int c = 0; c < KV_I4_CANDIDATES; c++) {
+                float ci;
+                const uint16_t sc = kv_scale(m, KV_I4_FACTORS[c], &ci);
+                const double e = kv_i4_err(xg, kv_f16_to_f32(sc), ci);
+                if (c == 0 || e < least) least = e, scale[g] = sc, inv = ci;
+            }
             uint8_t *d = (uint8_t *)data + 16 * g;
             for (int j = 0; j < 16; j++) {
                 const int lo = (int)kv_clampf(nearbyintf(xg[j] * inv), -8.f, 7.f) + 8;

@@ -10,7 +10,7 @@ which is ||X W^T - X Q^T||^2 computed from the captured H without keeping X, sco
 SEARCH_ROWS rows spread over the layers (rows are independent; a subset estimates the sum at a
 fraction of the cost). alpha = 0 (s = 1) is on the grid, so the search never does worse than
 round-to-nearest on the scored rows. s is normalized to sqrt(max * min) = 1 so the folded scales
-stay near 1.
+stay near 1. The scaled layers are then rounded on clipped grids (clip.py), AWQ's second search.
 """
 from __future__ import annotations
 

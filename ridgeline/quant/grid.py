@@ -39,14 +39,15 @@ class GroupGrid:
         return s * (q.float() - z)
 
 
-def fit(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., G] (the groups of one column block) -> (scale [...] fp16, zero [...] int32)."""
+def fit(w: torch.Tensor, symmetric: bool, ratio: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., G] (the groups of one column block) -> (scale [...] fp16, zero [...] int32); ratio < 1
+    shrinks the range the grid covers (clipping the largest weights; clip.py chooses it)."""
     w = w.detach().float()
     if symmetric:
         idx = w.abs().argmax(dim=-1, keepdim=True)
-        s = rtn._fp16(w.gather(-1, idx).squeeze(-1) / -8)
+        s = rtn._fp16(w.gather(-1, idx).squeeze(-1) * (ratio / -8))
         return s, torch.full(s.shape, 8, dtype=torch.int32)
-    lo, hi = w.amin(dim=-1).clamp(max=0), w.amax(dim=-1).clamp(min=0)
+    lo, hi = w.amin(dim=-1).clamp(max=0) * ratio, w.amax(dim=-1).clamp(min=0) * ratio
     s = rtn._fp16(round_significand((hi - lo) / 15, SCALE_BITS)).float()
     z = torch.round(-lo / torch.where(s == 0, torch.ones_like(s), s)).clamp_(1, 15)
     return s.to(torch.float16), z.to(torch.int32)

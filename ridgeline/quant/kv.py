@@ -4,8 +4,9 @@ and the write and read path wherever the C kernels do not run (the SDPA backend,
 Formats (ridgeline/kv_spec.py KV_FORMATS), per (token, KV head) vector x of head_dim D, in fp32:
   int8      s = fp16(amax * (1/127)); q = clamp(round(x / s), -127, 127)               data int8 [D]
   int4      x <- H x (normalized Hadamard, blocks of the largest power of two dividing D); per group of 32:
-            m = the element of largest magnitude, d = fp16(m * -1/8), q = clamp(round(x / d), -8, 7) + 8;
-            byte j of a group = q[j] | q[j + 16] << 4                                   data uint8 [D/2]
+            m = the element of largest magnitude, d = fp16(m * f), q = clamp(round(x / d), -8, 7) + 8, for
+            each f of INT4_FACTORS (-1/8: m to -8; the others clip m for a finer step), keeping the d
+            with the least squared error (the first on a tie); byte j = q[j] | q[j + 16] << 4  data uint8 [D/2]
   fp8_e4m3  s = fp16(amax * (1/448)); e4m3(clamp(x / s, +-448)), round to nearest even   data uint8 [D]
   fp8_e5m2  s = fp16(amax * (1/256)); e5m2(x / s)                                        data uint8 [D]
 "x / s" is x * (1 / s) (1 / s exact, 0 where s is 0): one rounding, the same in C with -ffast-math.
@@ -23,6 +24,8 @@ from ridgeline.kv_spec import KVFormat
 FLOAT_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _FP8 = {"fp8_e4m3": (torch.float8_e4m3fn, 1 / 448, 448.0), "fp8_e5m2": (torch.float8_e5m2, 1 / 256, 57344.0)}
 _F32 = torch.float32
+# int4 scales tried per group (d = factor * m): m to -8, then clipping m to -8 * 15/16, 14/16, 13/16
+INT4_FACTORS = (-0.125, -0.1171875, -0.109375, -0.1015625)
 
 
 def storage_dtype(fmt: KVFormat) -> torch.dtype:
@@ -51,6 +54,14 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
     return (y * torch.tensor(1 / math.sqrt(n), dtype=_F32)).view(*lead, D)
 
 
+def _squared_error(diff: torch.Tensor) -> torch.Tensor:
+    """[..., 32] fp32 -> [..., 1] fp64: exact squares summed in index order, as kv_i4_err does."""
+    acc = torch.zeros(*diff.shape[:-1], 1, dtype=torch.float64)
+    for j in range(diff.shape[-1]):
+        acc += diff[..., j:j + 1].double() ** 2
+    return acc
+
+
 def _scale(amax: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp16 scale, its fp32 reciprocal or 0)."""
     s = (amax * torch.tensor(factor, dtype=_F32)).to(torch.float16)
@@ -73,8 +84,15 @@ def quantize(fmt: KVFormat, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
         N, D = x.shape
         g = x.reshape(N, D // 32, 32)
         m = g.gather(-1, g.abs().argmax(-1, keepdim=True))
-        d, inv = _scale(m, -1 / 8)
-        q = (torch.round(g * inv).clamp_(-8, 7) + 8).to(torch.uint8)
+        least = d = q = None
+        for factor in INT4_FACTORS:
+            dc, inv = _scale(m, factor)
+            qc = torch.round(g * inv).clamp_(-8, 7)
+            err = _squared_error(g - qc * dc.to(_F32))
+            take = torch.ones_like(err, dtype=torch.bool) if least is None else err < least
+            least, d, q = (err, dc, qc) if least is None else (torch.where(take, err, least),
+                                                               torch.where(take, dc, d), torch.where(take, qc, q))
+        q = (q + 8).to(torch.uint8)
         return (q[..., :16] | (q[..., 16:] << 4)).reshape(N, D // 2), d.reshape(N, D // 32)
     dtype, factor, top = _FP8[name]
     s, inv = _scale(x.abs().amax(-1, keepdim=True), factor)

@@ -1,9 +1,14 @@
 """`ridgeline quantize`: a Hugging Face folder -> an int4 folder in a hub layout, with the method recorded.
 
     rtn    round-to-nearest, written in GPTQ's layout (quant_method "gptq", method "rtn")
-    gptq   gptq.py on each projection, with the Hessian of its input (calibrate.py); GPTQ's layout
-    awq    awq.py scales folded into the op before each group of projections, then round-to-nearest;
-           AutoAWQ's GEMM layout
+    gptq   gptq.py on each projection, with the Hessian of its input; GPTQ's layout
+    awq    awq.py scales folded into the op before each group of projections, then rounded on clipped
+           grids (awq.py); AutoAWQ's GEMM layout
+
+gptq and awq calibrate sequentially (sequential.py): layer i's statistics come from the calibration
+text run through layers 0..i-1 as already quantized, so each layer is fitted to the inputs the
+quantized model gives it. (Statistics passed in instead are used as they are, for every layer at
+once: the one-pass ablation.)
 
 The projections of every decoder layer (q, k, v, o, gate, up, down) are quantized; embeddings, norms
 and the LM head stay as they were (the engine gives the head int8 at load, as with --quantization
@@ -21,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant import awq, calibrate, gptq, grid, hub_layout
+from ridgeline.quant import awq, calibrate, clip, gptq, grid, hub_layout, sequential
 from ridgeline.quant.checkpoint import read_quant_config
 
 METHODS = ("rtn", "gptq", "awq")
@@ -61,8 +66,8 @@ class QuantizeOptions:
 def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool = True,
                     stats: dict[str, calibrate.InputStats] | None = None) -> dict:
     """Quantize the model folder src into out (a new or empty folder); returns the quantization_config.
-    stats: calibrate.capture's result for src and opts' calibration text, when already captured (one
-    capture serves every method and group size)."""
+    stats: calibrate.capture's one-pass statistics of the float model, to use for every layer instead
+    of sequential calibration (an ablation; one capture serves every method and group size)."""
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.weights.safetensors_loader import iter_tensors
     opts.check()
@@ -78,31 +83,69 @@ def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool 
     text, source = (None, None)
     if opts.method != "rtn":
         text, source = calibrate.calibration_text(opts.calibration)
-    if opts.method == "rtn":
-        stats = {}
-    elif stats is None:
-        stats = calibrate.capture(src, text, opts.calibration_tokens, progress=progress)
     tensors = {name: t for name, t in iter_tensors(src)}
-    with one_thread():
-        out_tensors = _quantize_tensors(tensors, stats, arch, opts, progress)
-    qc = quantization_config(opts, source, sum(s.rows for s in stats.values()) // max(len(stats), 1))
+    if opts.method == "rtn" or stats is not None:
+        stats = stats or {}
+        with one_thread():
+            out_tensors = _quantize_tensors(tensors, stats, arch, opts, progress)
+        tokens = sum(s.rows for s in stats.values()) // max(len(stats), 1)
+    else:
+        out_tensors, tokens = _quantize_sequential(src, tensors, arch, opts, text, progress)
+    qc = quantization_config(opts, source, tokens, sequential=stats is None)
     _write(src, out, out_tensors, qc)
     return qc
 
 
 def _quantize_tensors(tensors: dict, stats: dict, arch, opts: QuantizeOptions, progress: bool) -> dict:
-    """The output folder's tensors: every projection packed in the method's layout, the rest as they are."""
+    """One pass (rtn, or statistics given): every projection packed in the method's layout, the rest as it is."""
+    stats = dict(stats)  # awq replaces a folded layer's entry (its input is scaled)
     if opts.method == "awq":
-        fold_awq_scales(tensors, stats, arch, opts, progress)
+        for i in tqdm(range(arch.num_layers), desc="awq scales", unit="layer", leave=False, disable=not progress):
+            fold_awq_layer(tensors, stats, arch, opts, i)
     out_tensors = {n: t.contiguous() for n, t in tensors.items() if not _is_projection(n)}
     names = [n for n in tensors if _is_projection(n)]
     for name in tqdm(names, desc=f"{opts.method} int4", unit="layer", disable=not progress):
-        prefix = name.removesuffix(".weight")
-        q, g, g_idx = _quantize_one(tensors[name], stats.get(_engine_name(prefix)), opts)
-        packed = (hub_layout.pack_awq(q, g.scale, g.zero) if opts.method == "awq"
-                  else hub_layout.pack_gptq(q, g.scale, g.zero, g_idx, opts.group_size))
-        out_tensors.update({f"{prefix}.{k}": v for k, v in packed.items()})
+        out_tensors.update(_quantize_packed(name, tensors[name], stats, opts)[0])
     return out_tensors
+
+
+def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, text: str,
+                         progress: bool) -> tuple[dict, int]:
+    """gptq / awq layer by layer, each calibrated on the outputs of the layers already quantized
+    (sequential.py); returns the output tensors and the calibration tokens used."""
+    runner = sequential.LayerRunner(src, text, opts.calibration_tokens, progress=progress)
+    out_tensors: dict[str, torch.Tensor] = {}
+
+    def quantize_layer(i: int, stats: dict) -> dict:
+        prefix = f"model.layers.{i}."
+        before = {n: t for n, t in tensors.items() if n.startswith(prefix)}
+        with one_thread():
+            if opts.method == "awq":
+                fold_awq_layer(tensors, stats, arch, opts, i)
+            live = {}
+            for name in [n for n in tensors if n.startswith(prefix) and _is_projection(n)]:
+                packed, live[name] = _quantize_packed(name, tensors[name], stats, opts)
+                out_tensors.update(packed)
+        live.update({n: t for n, t in tensors.items() if n.startswith(prefix) and not _is_projection(n)
+                     and t is not before.get(n)})  # norms (and biases) AWQ folded a scale into
+        return live
+
+    try:
+        sequential.run_layers(runner, arch.num_layers, quantize_layer, f"{opts.method} int4 (sequential)")
+    finally:
+        runner.close()
+    out_tensors.update({n: t.contiguous() for n, t in tensors.items() if not _is_projection(n)})
+    return out_tensors, runner.tokens
+
+
+def _quantize_packed(name: str, W: torch.Tensor, stats: dict, opts: QuantizeOptions) -> tuple[dict, torch.Tensor]:
+    """(the projection's tensors in the method's hub layout, the float values they dequantize to)."""
+    prefix = name.removesuffix(".weight")
+    q, g, g_idx = _quantize_one(W, stats.get(_engine_name(prefix)), opts)
+    packed = (hub_layout.pack_awq(q, g.scale, g.zero) if opts.method == "awq"
+              else hub_layout.pack_gptq(q, g.scale, g.zero, g_idx, opts.group_size))
+    values = (gptq.Quantized(q, g, g_idx).dequantize(opts.group_size))
+    return {f"{prefix}.{k}": v for k, v in packed.items()}, values
 
 
 @contextmanager
@@ -122,39 +165,45 @@ def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: Quanti
     if opts.method == "gptq":
         r = gptq.quantize(W, st.gram, opts.group_size, opts.symmetric, opts.act_order, opts.damp)
         return r.q, r.grid, r.g_idx
-    g = grid.fit_groups(W.float(), opts.group_size, opts.symmetric)
+    if opts.method == "awq":
+        g = clip.fit_clipped(W, st.gram, opts.group_size, opts.symmetric)
+    else:
+        g = grid.fit_groups(W.float(), opts.group_size, opts.symmetric)
     return g.quantize(W.float(), opts.group_size), g, None
 
 
-def fold_awq_scales(tensors: dict, stats: dict, arch, opts: QuantizeOptions, progress: bool = True) -> None:
-    """Search each group's scale and fold it in place: the input's producer divided, the layers multiplied."""
-    for i in tqdm(range(arch.num_layers), desc="awq scales", unit="layer", leave=False,
-                  disable=not progress):
-        p = f"model.layers.{i}"
-        groups = [(f"{p}.input_layernorm.weight", [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")],
-                   f"{p}.self_attn.qkv_proj"),
-                  (f"{p}.post_attention_layernorm.weight", [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"],
-                   f"{p}.mlp.gate_up_proj"),
-                  (f"{p}.mlp.up_proj", [f"{p}.mlp.down_proj"], f"{p}.mlp.down_proj")]
-        if arch.num_kv_heads == arch.num_heads:  # v's output rows are o's input columns one to one
-            groups.append((f"{p}.self_attn.v_proj", [f"{p}.self_attn.o_proj"], f"{p}.self_attn.o_proj"))
-        for producer, layers, engine_name in groups:
-            st = stats[engine_name]
-            weights = [tensors[f"{n}.weight"].float() for n in layers]
-            s, _ = awq.search_scale(weights, st.gram, st.mean_abs, opts.group_size, opts.symmetric)
-            for n, w in zip(layers, weights):
-                tensors[f"{n}.weight"] = w * s[None, :]
-            if producer.endswith("norm.weight"):
-                tensors[producer] = tensors[producer].float() / s
-            else:  # a projection: its output rows (and bias)
-                tensors[f"{producer}.weight"] = tensors[f"{producer}.weight"].float() / s[:, None]
-                if f"{producer}.bias" in tensors:
-                    tensors[f"{producer}.bias"] = tensors[f"{producer}.bias"].float() / s
+def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: int) -> None:
+    """Search each group's scale in layer i and fold it in place: the input's producer divided, the layers
+    multiplied (stats: engine Linear prefix -> its input statistics; a folded group's entry is replaced by
+    its scaled input's, which the clipping search of the same layers then reads)."""
+    p = f"model.layers.{i}"
+    groups = [(f"{p}.input_layernorm.weight", [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")],
+               f"{p}.self_attn.qkv_proj"),
+              (f"{p}.post_attention_layernorm.weight", [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"],
+               f"{p}.mlp.gate_up_proj"),
+              (f"{p}.mlp.up_proj", [f"{p}.mlp.down_proj"], f"{p}.mlp.down_proj")]
+    if arch.num_kv_heads == arch.num_heads:  # v's output rows are o's input columns one to one
+        groups.append((f"{p}.self_attn.v_proj", [f"{p}.self_attn.o_proj"], f"{p}.self_attn.o_proj"))
+    for producer, layers, engine_name in groups:
+        st = stats[engine_name]
+        weights = [tensors[f"{n}.weight"].float() for n in layers]
+        s, _ = awq.search_scale(weights, st.gram, st.mean_abs, opts.group_size, opts.symmetric)
+        for n, w in zip(layers, weights):
+            tensors[f"{n}.weight"] = w * s[None, :]
+        sd = s.double()  # the layers' input is now x / s
+        stats[engine_name] = calibrate.InputStats(st.gram / (sd[:, None] * sd[None, :]), st.abs_sum / sd, st.rows)
+        if producer.endswith("norm.weight"):
+            tensors[producer] = tensors[producer].float() / s
+        else:  # a projection: its output rows (and bias)
+            tensors[f"{producer}.weight"] = tensors[f"{producer}.weight"].float() / s[:, None]
+            if f"{producer}.bias" in tensors:
+                tensors[f"{producer}.bias"] = tensors[f"{producer}.bias"].float() / s
 
 
-def quantization_config(opts: QuantizeOptions, source: str | None, tokens: int) -> dict:
+def quantization_config(opts: QuantizeOptions, source: str | None, tokens: int, sequential: bool = True) -> dict:
     common = {"bits": opts.bits, "group_size": opts.group_size, "method": opts.method, "symmetric": opts.symmetric,
-              "calibration": source, "calibration_tokens": tokens if source else 0}
+              "calibration": source, "calibration_tokens": tokens if source else 0,
+              "sequential": bool(source) and sequential}
     if opts.method == "awq":
         return {"quant_method": "awq", "version": "gemm", "zero_point": not opts.symmetric, **common}
     return {"quant_method": "gptq", "sym": opts.symmetric, "desc_act": opts.act_order, "static_groups": False,
