@@ -71,7 +71,7 @@ class Workers:
             done.set()
         threading.Thread(target=run_callbacks, daemon=True).start()
         done.wait(FAILURE_GRACE_S)
-        time.sleep(0.2 if done.is_set() else 0)  # let failed responses reach their sockets
+        time.sleep(0.5 if done.is_set() else 0)  # let failed responses reach their sockets
         for q in self.procs:
             if q.poll() is None:
                 q.kill()

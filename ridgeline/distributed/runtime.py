@@ -3,6 +3,7 @@
 weight is read; sizes that cannot split fail here, before a process starts."""
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -57,6 +58,7 @@ class TPRuntime:
         cores = split_cores(size) if pc.pin_cores else [None] * size
         ranks = [RankContext(r, size, addr, port, cores[r], True) for r in range(size)]
         self.workers = Workers(config, ranks[1:])
+        atexit.register(self.close)  # a script that never closes its engine still stops its ranks cleanly
         if cores[0]:
             self.unpin = pin(cores[0])
         return ranks[0]
@@ -97,6 +99,8 @@ class TPRuntime:
             self.workers.on_failure(callback)
 
     def close(self) -> None:
+        if not dist.is_initialized():
+            return
         if self.rank == 0:
             if self.workers is not None:
                 self.workers.closing = True
