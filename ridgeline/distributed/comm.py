@@ -18,6 +18,7 @@ class TPComm:
         self.seconds = 0.0
         self.calls = 0
         self.bytes = 0  # payload handed to collectives by this rank
+        self.forwards = 0  # forward passes (one vocab-parallel embedding each)
 
     @property
     def size(self) -> int:
@@ -41,6 +42,7 @@ class TPComm:
     def embed(self, table: torch.nn.Embedding, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Vocab-parallel lookup in `dtype`: rows outside this rank's chunk are zero, so the sum over
         ranks is exact."""
+        self.forwards += 1
         a, b = self.shard.vocab
         local = ids - a
         inside = (local >= 0) & (local < b - a)
@@ -58,4 +60,20 @@ class TPComm:
         return torch.cat(parts, dim=-1)[:, :self.vocab]
 
     def reset(self) -> None:
-        self.seconds, self.calls, self.bytes = 0.0, 0, 0
+        self.seconds, self.calls, self.bytes, self.forwards = 0.0, 0, 0, 0
+
+
+def probe_link(sizes: tuple[int, ...], reps: int, group=None) -> list[float]:
+    """Median seconds of an fp32 all-reduce of each size (floats), every rank calling it together: the
+    link's latency (a tiny message) and bandwidth (a large one), measured apart from any model."""
+    out = []
+    for n in sizes:
+        x = torch.ones(n)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            dist.all_reduce(x, group=group)
+            times.append(time.perf_counter() - t0)
+        times = sorted(times[1:])
+        out.append(times[len(times) // 2])
+    return out

@@ -45,6 +45,10 @@ def follow(runner, channel: PlanChannel) -> None:
         method, args = channel.recv()
         if method == "stop":
             return
+        if method == "probe":
+            from ridgeline.distributed.comm import probe_link
+            probe_link(*args)
+            continue
         if method not in CALLS:
             raise RuntimeError(f"unknown call {method!r} from rank 0 (mismatched versions across ranks?)")
         getattr(runner, method)(*args)

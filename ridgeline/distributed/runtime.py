@@ -81,6 +81,12 @@ class TPRuntime:
         """Rank 0: every call of the runner that runs the model is published first."""
         runner.leader = self.channel.send
 
+    def probe(self, sizes: tuple[int, ...] = (1, 1 << 18), reps: int = 20) -> list[float]:
+        """Rank 0: time an all-reduce of each size on every rank (the link, apart from the model)."""
+        from ridgeline.distributed.comm import probe_link
+        self.channel.send("probe", (sizes, reps))
+        return probe_link(sizes, reps)
+
     def follow(self, runner) -> None:
         follow(runner, self.channel)
 
