@@ -130,3 +130,14 @@ def test_killed_rank_ends_rank0_with_clear_error(tmp_path_factory):
     assert "generated" in r.stdout, r.stderr[-2000:]
     assert r.returncode != 0
     assert "tensor-parallel rank 1" in r.stderr and "died" in r.stderr, r.stderr[-2000:]
+
+
+def test_start_up_errors_before_any_rank_starts(tiny_llama, monkeypatch):
+    folder = tiny_llama
+    monkeypatch.setattr("ridgeline.distributed.runtime.os.sched_getaffinity", lambda pid: {0})
+    with pytest.raises(InvalidRequestError, match="larger than the 1 CPU cores"):
+        LLM(str(folder), tensor_parallel_size=2, progress=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(InvalidRequestError, match="WORLD_SIZE is 3 but tensor_parallel_size is 2"):
+        LLM(str(folder), tensor_parallel_size=2, progress=False)

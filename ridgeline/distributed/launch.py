@@ -95,6 +95,15 @@ def _why(rank: int, p: subprocess.Popen) -> str:
     return f"tensor-parallel rank {rank} (pid {p.pid}) died ({how})"
 
 
+def exit_soon(seconds: float) -> None:
+    """Exit this process (EXIT_RANK_FAILED) after `seconds`, whatever its other threads are doing."""
+    def later():
+        time.sleep(seconds)
+        print("ridgeline: the tensor-parallel group is broken; exiting", file=sys.stderr, flush=True)
+        os._exit(EXIT_RANK_FAILED)
+    threading.Thread(target=later, daemon=True, name="rank-failure-exit").start()
+
+
 def watch_parent(interval: float = 0.5) -> None:
     """A follower exits (non-zero) when the process that started it is gone."""
     parent = os.getppid()

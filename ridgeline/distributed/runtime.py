@@ -14,7 +14,7 @@ from ridgeline.distributed.comm import TPComm
 from ridgeline.distributed.follow import PlanChannel, follow
 from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave, master, pin, split_cores,
                                          torchrun_env, unpin)
-from ridgeline.distributed.launch import Workers
+from ridgeline.distributed.launch import Workers, exit_soon
 from ridgeline.distributed.layout import layout_for
 from ridgeline.distributed.shard import Slicer, local_arch
 from ridgeline.errors import InvalidRequestError, RankFailedError
@@ -29,12 +29,13 @@ class TPRuntime:
         shards = layout_for(arch, size)
         self.workers: Workers | None = None
         self.unpin = None
+        self.closed = False
         if rank is None:
             rank = self._start(config, size)
         self.ctx = rank
         join(rank, pc.dist_timeout, device)
         self.shard = shards[rank.rank]
-        self.comm = TPComm(self.shard, arch.vocab_size)
+        self.comm = TPComm(self.shard, arch.vocab_size, dist.group.WORLD)
         self.channel = PlanChannel(rank.addr, rank.port, rank.rank, size, PLAN_TIMEOUT)
         self.slicer = Slicer(self.shard, arch.head_dim)
         self.arch = local_arch(arch, self.shard)
@@ -91,7 +92,10 @@ class TPRuntime:
         follow(runner, self.channel)
 
     def failure(self, error: BaseException) -> RankFailedError:
-        """What a failed step on rank 0 is: a dead rank (named, once its exit shows) or a broken collective."""
+        """What a failed step on rank 0 is: a dead rank (named, once its exit shows) or a broken collective
+        (a rank stuck past dist_timeout). Either way the group cannot step again: the process exits
+        (status 3) shortly after its caller has failed the requests in flight."""
+        exit_soon(FAILURE_WAIT_S + 1.0)
         deadline = time.monotonic() + FAILURE_WAIT_S
         while self.workers is not None and time.monotonic() < deadline:
             why = self.workers.dead()
@@ -105,8 +109,9 @@ class TPRuntime:
             self.workers.on_failure(callback)
 
     def close(self) -> None:
-        if not dist.is_initialized():
+        if self.closed:
             return
+        self.closed = True
         if self.rank == 0:
             if self.workers is not None:
                 self.workers.closing = True
