@@ -14,6 +14,7 @@ import torch
 from conftest import make_tiny_model
 from ridgeline.distributed.layout import tp_layout
 from ridgeline.distributed.memory import resident_weight_bytes
+from ridgeline.distributed.shard import check_groups
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.moe import SparseMoE
@@ -42,6 +43,9 @@ def test_layout_rules():
         tp_layout(9, 3, 1536, 49152, 4)
     with pytest.raises(InvalidRequestError, match="does not divide the MLP width"):
         tp_layout(8, 8, 100, 64, 3)
+    check_groups([r0, r1], 64, 128)  # slices start on whole groups: 384 and 768 columns
+    with pytest.raises(InvalidRequestError, match="inside a quantization group of 256"):
+        check_groups([r0, r1], 64, 256)
 
 
 def test_bad_parallel_options():

@@ -16,7 +16,7 @@ from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave,
                                          torchrun_env, unpin)
 from ridgeline.distributed.launch import Workers, exit_soon
 from ridgeline.distributed.layout import layout_for
-from ridgeline.distributed.shard import Slicer, local_arch
+from ridgeline.distributed.shard import Slicer, check_groups, local_arch
 from ridgeline.errors import InvalidRequestError, RankFailedError
 
 FAILURE_WAIT_S = 2.0  # after a failed collective, how long to wait for the dead rank's exit to show
@@ -27,6 +27,8 @@ class TPRuntime:
         pc = config.parallel
         size = pc.tensor_parallel_size
         shards = layout_for(arch, size)
+        if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
+            check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
         self.workers: Workers | None = None
         self.unpin = None
         self.closed = False

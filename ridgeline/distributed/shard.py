@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from ridgeline.distributed.layout import RankShard
-from ridgeline.errors import ModelLoadError
+from ridgeline.errors import InvalidRequestError, ModelLoadError
 from ridgeline.weights.gguf_blocks import GGUFBlocks
 
 _COLUMN = {"qkv_proj", "gate_up_proj"}  # output rows split
@@ -32,6 +32,19 @@ def local_arch(arch, s: RankShard):
                       shared_intermediate_size=_n(s.shared_inter))
     return replace(arch, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                    intermediate_size=_n(s.inter) or arch.intermediate_size, vocab_size=s.vocab_chunk, moe=moe)
+
+
+def check_groups(shards: list[RankShard], head_dim: int, group: int) -> None:
+    """Quantized formats group the input columns of o and down: each rank's slice must start on a group
+    boundary, so a rank quantizes whole groups of the unsplit layout."""
+    for s in shards:
+        for what, start in (("o_proj", s.heads[0] * head_dim), ("down_proj", s.inter[0]),
+                            ("expert down_proj", s.expert_inter[0]), ("shared expert down_proj", s.shared_inter[0])):
+            if start % group:
+                raise InvalidRequestError(
+                    f"tensor-parallel rank {s.rank}'s {what} columns start at {start}, inside a quantization group "
+                    f"of {group}; use a smaller --quant-group-size or another tensor_parallel_size",
+                    "tensor_parallel_size")
 
 
 def _n(r: tuple[int, int]) -> int:
