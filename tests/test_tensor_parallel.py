@@ -48,6 +48,15 @@ def test_layout_rules():
         check_groups([r0, r1], 64, 256)
 
 
+def test_advisor_prices_the_engines_collectives():
+    from ridgeline.advisor.parallel_comm import Link, tp_step_comm
+    link = Link(latency=1e-4, bandwidth=1e9)
+    t, n = tp_step_comm(30, 576, 49152, 2, tokens=1, sampled=1, link=link)
+    assert n == 62  # 2 per layer + the embedding's all-reduce + the logits' all-gather
+    assert t == pytest.approx(61 * (1e-4 + 576 * 4 / 1e9) + 1e-4 + 0.5 * 49152 * 4 / 1e9)
+    assert tp_step_comm(30, 576, 49152, 1, 1, 1, link) == (0.0, 0)
+
+
 def test_bad_parallel_options():
     with pytest.raises(InvalidRequestError, match="speculative decoding"):
         LLM("unused", tensor_parallel_size=2, speculative_method="ngram")
