@@ -97,6 +97,24 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-controller", default="on", choices=["on", "off"],
                    help="on: choose how many tokens to propose (0 = none) per step and request from the measured "
                         "step cost and each request's acceptance, never slowing a batch down; off: always K")
+    add_parallel_args(p)
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split every layer over N ranks (whole GQA groups of attention heads, the MLP width, the "
+                        "vocabulary); on one machine the engine starts ranks 1..N-1 itself, each pinned to its "
+                        "share of the cores; under torchrun each process is one rank (RANK, WORLD_SIZE)")
+    g.add_argument("--master-addr", default=None, metavar="HOST",
+                   help="address of rank 0's rendezvous store (default: $MASTER_ADDR, else 127.0.0.1)")
+    g.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                   help="its port (default: $MASTER_PORT, else a free port, so two servers on a host never collide)")
+    g.add_argument("--dist-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds the ranks wait for each other (rendezvous, a collective) before giving up")
+    g.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",
+                   help="leave the ranks' CPU affinity and thread counts alone (default: each rank pinned to its "
+                        "share of the cores)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -106,7 +124,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
-    return {k: getattr(args, k) for k in keys}
+    parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores"]
+    return {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

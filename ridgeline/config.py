@@ -200,19 +200,55 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    # ranks splitting every layer (ridgeline/distributed/layout.py); > 1 starts the other ranks on this
+    # machine, or joins torchrun's group when RANK / WORLD_SIZE are set
+    tensor_parallel_size: int = 1
+    master_addr: str | None = None  # None: $MASTER_ADDR, else 127.0.0.1
+    master_port: int | None = None  # None: $MASTER_PORT, else a free port
+    dist_timeout: float = 60.0  # seconds a rendezvous or a collective may take before the ranks give up
+    pin_cores: bool = True  # one machine: each rank pinned to its share of the cores, with as many threads
+
+    def __post_init__(self):
+        if self.tensor_parallel_size < 1:
+            raise InvalidRequestError("tensor_parallel_size must be >= 1", "tensor_parallel_size")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise InvalidRequestError("master_port must be in [1, 65535]", "master_port")
+        if not self.dist_timeout > 0:
+            raise InvalidRequestError("dist_timeout must be > 0", "dist_timeout")
+
+
+def _parallel_conflicts(cfg: "EngineConfig") -> None:
+    """What tensor parallelism does not combine with yet: refused at start-up, by name."""
+    if cfg.parallel.tensor_parallel_size == 1:
+        return
+    bad = [(cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
+           (cfg.cache.kv_eviction == "h2o", "kv_eviction", "h2o eviction (its attention scores are per rank)"),
+           (cfg.cache.k_dtype == "int4", "kv_cache_dtype", "an int4 K cache (its centers are calibrated on "
+            "one rank)")]
+    for hit, param, what in bad:
+        if hit:
+            raise InvalidRequestError(f"{what} does not run with tensor_parallel_size > 1 yet", param)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention_backend: str = "auto"
     progress: bool = True
+
+    def __post_init__(self):
+        _parallel_conflicts(self)
 
     @classmethod
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":
         """Flat keyword arguments (as the CLI and `LLM(...)` take them) -> the tree."""
         groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                  "speculative": SpeculativeConfig}
+                  "speculative": SpeculativeConfig, "parallel": ParallelConfig}
         parts: dict[str, dict] = {name: {} for name in groups}
         parts["model"]["model"] = model
         top = {}

@@ -40,3 +40,10 @@ class ModelLoadError(RidgelineError):
 
 class UnsupportedArchitectureError(ModelLoadError):
     pass
+
+
+class RankFailedError(RidgelineError):
+    """A tensor-parallel rank died or a collective failed: the server fails what is in flight and exits."""
+
+    status = 503
+    type = "server_error"

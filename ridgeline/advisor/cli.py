@@ -67,6 +67,9 @@ def register(subparsers) -> None:
     v.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch threads for the profile and the engine (default: torch's own)")
     v.add_argument("--cpu-time", action="store_true", help="time with this process's CPU time (needs --threads 1)")
+    v.add_argument("--tensor-parallel-size", type=positive_int, default=1, metavar="N",
+                   help="with N > 1: predicted vs measured communication time per step of the engine split over "
+                        "N ranks (the link measured first)")
     sub = p.add_subparsers(dest="advise_command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, help_ in SUBCOMMANDS.items():
         _common(sub.add_parser(name, help=help_, description=help_), sub=True)
@@ -98,6 +101,9 @@ def scenario_from_args(args):
 
 
 def run(args) -> int:
+    if getattr(args, "validate", False) and getattr(args, "tensor_parallel_size", 1) > 1:
+        from ridgeline.advisor.validate_tp import run_tp_validate
+        return run_tp_validate(args)
     if getattr(args, "validate", False):
         from ridgeline.advisor.validate import run_validate
         return run_validate(args)

@@ -12,6 +12,9 @@ from ridgeline.advisor.roofline import Platform, decode_step
 from ridgeline.advisor.units import BYTES, fmt_bytes, fmt_time
 from ridgeline.advisor.workload import Workload
 
+from ridgeline.distributed.layout import shard_bytes_fraction, tp_layout  # the engine's own sharding rules
+from ridgeline.errors import InvalidRequestError
+
 TP_NETWORK_LIMIT = 0.25  # TP is a trap when its collectives add more than this fraction to a decode step
 
 
@@ -31,6 +34,25 @@ class Layout:
             return "1 device"
         parts = [f"{'EP' if self.ep else 'TP'}{self.tp}"] + ([f"PP{self.pp}"] if self.pp > 1 else [])
         return f"{self.devices} devices ({' x '.join(parts)})"
+
+
+def tp_splits(spec: ModelSpec, t: int) -> bool:
+    """Whether the engine can split this dense model over t ranks (whole GQA groups, replicated KV heads
+    when fewer than t, MLP width divisible): the rule ridgeline.distributed.layout applies at start-up."""
+    try:
+        tp_layout(spec.num_heads, spec.num_kv_heads, spec.intermediate_size, spec.vocab_size, t)
+    except InvalidRequestError:
+        return False
+    return True
+
+
+def uneven_note(spec: ModelSpec, t: int) -> str:
+    """What an uneven head split costs: the busiest rank's share of the attention weights and KV."""
+    q, kv = shard_bytes_fraction(spec.num_heads, spec.num_kv_heads, t)
+    if abs(q - 1 / t) < 1e-9:
+        return ""
+    return (f"; {spec.num_kv_heads} KV-head groups do not divide over {t} devices, so the busiest one holds "
+            f"{q:.0%} of the attention weights and {kv:.0%} of the KV cache (not {1 / t:.0%})")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -68,7 +90,7 @@ def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, c
             f"MoE layer (all-to-all of hidden x top-{spec.experts_per_token}) instead of TP's two all-reduces "
             f"per layer inside every expert; attention runs tensor-parallel over the same devices"
             + (f"; PP{pp} across nodes" if pp > 1 else "")))
-    tps = [t for t in (1, 2, 4, 8, 16) if t <= node and spec.num_heads % t == 0]
+    tps = [t for t in (1, 2, 4, 8, 16) if t <= node and tp_splits(spec, t)]
     tp = next((t for t in tps if t >= needed), tps[-1])
     pp = math.ceil(needed / tp)
     if pp > spec.num_layers:
@@ -85,7 +107,8 @@ def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, c
             f"throughput grows when micro-batches fill the pipeline"))
     reason = (f"tensor parallel: TP{tp} inside a node over {hw.link} ({fmt_bytes(hw.link_bw)}/s): each device "
               f"reads 1/{tp} of the weights per step, so bandwidth-bound decode gets ~{tp}x faster; its 2 "
-              f"all-reduces per layer cost {fmt_time(t.network)} per step against {fmt_time(busy)}")
+              f"all-reduces per layer cost {fmt_time(t.network)} per step against {fmt_time(busy)}"
+              + uneven_note(spec, tp))
     if pp > 1:
         reason += (f"; PP{pp} across nodes, because between nodes ({fmt_bytes(INTER_NODE_BW)}/s) only "
                    "activations should cross, once per stage")

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from ridgeline.bench import hf_baseline, moe_report
+from ridgeline.bench import hf_baseline, moe_report, tp_report
 from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
                                     write_json)
 from ridgeline.bench.workloads import make_workload
@@ -55,6 +55,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.engine.reset_kv_usage()
     moe_report.reset(llm.engine.runner.model)
+    tp_report.reset(llm)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=progress)
     elapsed = time.perf_counter() - t0
@@ -72,6 +73,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
         notes.append(f"{short} requests stopped before {output_len} tokens (max_model_len?)")
     res.note = "; ".join(notes)
     res.extra["moe"] = moe_report.collect(llm.engine.runner.model, elapsed)
+    res.extra["tensor_parallel"] = tp_report.collect(llm, elapsed, sum(map(len, prompts)), sum(map(len, tokens)))
     return res, tokens
 
 
@@ -116,7 +118,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     results, agreement = [rl], None
     if args.baseline == "hf" and (args.hf_requests or args.hf_batch) and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
-        del llm
+        llm.engine.close()  # tensor parallelism: the other ranks stop before the baseline runs
+        llm = None
         gc.collect()
         model = hf_baseline.load_model(folder, info.dtype)
         print(f"HF         transformers {machine['transformers']} loaded {folder} in {model.load_seconds:.1f}s",
@@ -141,11 +144,15 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         print("\n".join(lines))
     if rl.extra.get("moe"):
         print("\n".join(["", *moe_report.lines(rl.extra["moe"])]))
+    if rl.extra.get("tensor_parallel"):
+        print("\n".join(["", *tp_report.lines(rl.extra["tensor_parallel"])]))
     if agreement:
         print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")
     if skipped:
         print(f"\n{skipped}")
+    if llm is not None:
+        llm.engine.close()
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:

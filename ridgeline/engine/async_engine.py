@@ -19,7 +19,7 @@ from ridgeline.engine.kv_tier import TierStats
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
-from ridgeline.errors import RidgelineError
+from ridgeline.errors import RankFailedError, RidgelineError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.spec.stats import SpecStats
 
@@ -128,6 +128,7 @@ class AsyncEngine:
         # apply) until the next op or wake(). Makes "still running when X happens" certain, not raced.
         self.step_gate = None
         self.stats = self._snapshot()
+        engine.on_rank_failure(self._rank_failed)
 
     # ---- event-loop side ---------------------------------------------------------------------
     def start(self) -> None:
@@ -212,6 +213,12 @@ class AsyncEngine:
             if not done.done():
                 done.set_exception(error)
 
+    def _rank_failed(self, message: str) -> None:
+        """Another tensor-parallel rank died (called on its watchdog thread; the process exits next):
+        every request in flight ends now with that reason."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.abort_all, RankFailedError(f"{message}; the server is exiting"))
+
     def wake(self) -> None:
         """Have the step thread look at its ops and step_gate again."""
         self._wake.set()
@@ -246,6 +253,10 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except RankFailedError as e:  # another rank is gone: its watchdog ends this process next
+                log.error("%s", e)
+                self._abort_all(e)
+                continue
             except Exception:  # a bug, not bad input: end the requests in flight, keep serving
                 # never retried: a retry would advance seeded generators twice
                 log.exception("engine step failed; ending the %d request(s) in flight with a 500", len(self._live))

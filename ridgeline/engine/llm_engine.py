@@ -71,7 +71,9 @@ def _weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, 
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, rank=None):
+        """rank: a follower's distributed.group.RankContext (its process was started for it); None: rank 0,
+        which with tensor_parallel_size > 1 starts or joins the other ranks."""
         t0 = time.perf_counter()
         self.config = config
         mc, cc = config.model, config.cache
@@ -83,6 +85,10 @@ class LLMEngine:
         arch = with_rope_override(load_arch_config(folder), mc.rope_scaling_dict)
         model_class(arch.architecture)  # unknown architectures fail before any weight is read
         self.arch = arch
+        self.tp = None  # distributed.runtime.TPRuntime with tensor parallelism
+        if config.parallel.tensor_parallel_size > 1:
+            from ridgeline.distributed.runtime import TPRuntime  # sizes that cannot split fail before ranks start
+            self.tp = TPRuntime(config, arch, device, rank)
         self.tokenizer = Tokenizer(folder)
         self.max_model_len = max_len = context_length(arch, mc.max_model_len, mc.rope_scaling is not None)
         dtype_name = str(choice.dtype).removeprefix("torch.")
@@ -101,11 +107,15 @@ class LLMEngine:
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats, tensors, quantization = _weight_formats(mc, quantization, folder, gguf_file, arch,
                                                          DENSE[choice.dtype], plan)
-        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats)
-        model = build_model(arch, folder, opts, device, max_len, tensors)
-        kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
+        tp = self.tp
+        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None)
+        # with tensor parallelism each rank builds its own heads and widths and reads only its slices
+        model = build_model(tp.arch if tp else arch, folder, opts, device, max_len, tensors, tp and tp.slicer)
+        # a rank's KV holds its own KV heads: the block count is what the fullest rank's budget holds
+        kv_spec = KVCacheSpec(k_fmt, arch.num_layers, tp.arch.num_kv_heads if tp else arch.num_kv_heads,
+                              arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
-        num_blocks = kv_spec.num_blocks(kv_bytes)
+        num_blocks = kv_spec.num_blocks(kv_bytes) if tp is None else tp.agree_min(kv_spec.num_blocks(kv_bytes))
         if num_blocks < 2:
             raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
@@ -123,6 +133,8 @@ class LLMEngine:
         # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
         caching = cc.enable_prefix_caching and not evict
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
+        if tp is not None and tp.rank == 0:
+            tp.lead(self.runner)
         self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
                                                            available_memory())
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window, tier=tier)
@@ -143,7 +155,27 @@ class LLMEngine:
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
                                caching, *weight_summary(model), _spec_line(config), quantization, window, budget,
-                               describe_eviction(config.cache) if evict else None, offload_line)
+                               describe_eviction(config.cache) if evict else None, offload_line,
+                               tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block))
+
+    def follow(self) -> None:
+        """A follower rank: run rank 0's calls until it stops the group."""
+        try:
+            self.tp.follow(self.runner)
+        finally:
+            self.tp.close()
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks and leave the group (nothing to do in one process)."""
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None
+
+    def on_rank_failure(self, callback) -> None:
+        """callback(message) runs when another rank dies, before this process exits (the server fails
+        its requests in flight there)."""
+        if self.tp is not None:
+            self.tp.on_failure(callback)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -275,6 +307,10 @@ class LLMEngine:
         except KVStoreError as e:
             self._lose_tier(plan, e)
             return []
+        except Exception as e:
+            if self.tp is not None:  # another rank is gone or a collective broke: nothing can step again
+                raise self.tp.failure(e) from e
+            raise
         observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
@@ -360,6 +396,13 @@ class LLMEngine:
         if status is not None:
             req.finish_time = now
             self.scheduler.finish(req, status)
+
+
+def tp_info(tp, model, kv_bytes: int):
+    """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up)."""
+    from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
+    return TPInfo(tp.ctx.size, tuple(tp.gather((tp.shard, resident_weight_bytes(model), kv_bytes))),
+                  tuple(tp.workers.pids) if tp.workers else ())
 
 
 def _spec_line(config: EngineConfig) -> str | None:

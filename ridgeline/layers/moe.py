@@ -41,6 +41,9 @@ class SparseMoE(nn.Module):
             self.shared_expert = MLP(hidden, cfg.shared_intermediate_size, opts, f"{prefix}.shared_expert")
             self.shared_expert_gate = Linear(hidden, 1, router_format, prefix=f"{prefix}.shared_expert_gate")
         self.fused = opts.plan.fused_ops
+        # tensor parallelism: the ranks' process group; each expert here is this rank's slice of its width
+        # (its partial output summed by the layer's all-reduce). Expert placement distributes experts over it.
+        self.group = getattr(opts.tp, "group", None)
         self._load: torch.Tensor | None = None  # int64 [E + 2]: per-expert pairs, experts run, calls
         self._desc: torch.Tensor | str | None = None  # built on first use, after the weights are packed
         self._scratch = torch.empty(0)

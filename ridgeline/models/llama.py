@@ -116,6 +116,7 @@ class Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
         self.act_dtype = opts.act_dtype
         self.plan = opts.plan
+        self.tp = opts.tp  # TPComm: vocab-parallel embedding, all-reduce after each row-parallel projection
         self.stack = None  # models.decoder_stack.CStack once the KV cache is bound, where the plan has it
         self.segments: list[tuple[int, int, bool]] = [(0, cfg.num_layers, False)]  # (start, end, in C)
 
@@ -137,7 +138,21 @@ class Model(nn.Module):
         return reasons
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None:
+            return self.tp.embed(self.embed_tokens, input_ids, self.act_dtype)
         return self.embed_tokens(input_ids).to(self.act_dtype)
+
+    def _reducing(self, hook: Hook | None) -> Hook | None:
+        """With tensor parallelism the all-reduce runs first; a caller's hook then sees full outputs."""
+        if self.tp is None:
+            return hook
+        if hook is None:
+            return self.tp.hook
+
+        def both(layer: int, where: int, x: torch.Tensor) -> None:
+            self.tp.hook(layer, where, x)
+            hook(layer, where, x)
+        return both
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final normed hidden states [T, hidden]."""
@@ -149,6 +164,7 @@ class Model(nn.Module):
         """Layers [start, end) from (hidden, residual) (residual None: hidden is the embeddings).
         Returns (hidden, residual, captured) or, with final_norm, (normed hidden, None, captured)."""
         captured: dict[int, torch.Tensor] = {}
+        hook = self._reducing(hook)
         for s, e, in_c in self.segments:
             s, e = max(s, start), min(e, end)
             if s >= e:
@@ -179,6 +195,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Model(cfg, max_positions, opts)
+        self.slice_tensor = None  # tensor parallelism: distributed.shard.Slicer, set by the engine
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
         if self.ties_head:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -203,4 +220,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] (only the rows that need logits) -> logits [S, V] float32."""
+        if self.model.tp is not None:  # vocab-parallel head: each rank's chunk, gathered
+            return self.model.tp.gather_logits(self.lm_head(hidden).float())
         return self.lm_head(hidden).float()

@@ -23,12 +23,15 @@ from ridgeline.weights.safetensors_loader import iter_tensors
 
 
 def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch.device,
-                max_positions: int, tensors: Iterable | None = None) -> nn.Module:
-    """tensors: (checkpoint name, tensor or GGUFBlocks) to load instead of the folder's safetensors."""
+                max_positions: int, tensors: Iterable | None = None, slicer=None) -> nn.Module:
+    """tensors: (checkpoint name, tensor or GGUFBlocks) to load instead of the folder's safetensors.
+    slicer: tensor parallelism, cfg is the rank's (distributed.shard.local_arch) and slicer cuts each
+    checkpoint tensor to this rank's part as it is read."""
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, opts)
     model.to_empty(device=device)
+    model.slice_tensor = slicer
     for module in model.modules():
         if isinstance(module, Rotary):  # its tables were made on the meta device
             module.init_tables(device)
@@ -63,6 +66,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         if owner is None or not (_known(owner, param) or _extra(owner, param)):
             continue
         tensor = _transform(model, name, tensor)
+        if getattr(model, "slice_tensor", None) is not None:  # tensor parallelism: this rank's part only
+            tensor = model.slice_tensor(target, shard, tensor)
         try:
             if isinstance(owner, Linear):
                 owner.load(param, _loadable(owner, tensor), shard)

@@ -22,6 +22,9 @@ class BuildOptions:
     act_dtype: torch.dtype  # activations, norm weights, biases
     attention_backend: str = "auto"
     weight_format: Callable[[str], WeightFormat] | None = None  # layer prefix -> its format; default dense `dtype`
+    # tensor parallelism: this rank's distributed.comm.TPComm (its shard and process group); None: one process.
+    # The modules are built from the rank's ArchConfig (distributed.shard.local_arch)
+    tp: object | None = None
 
     def format_for(self, prefix: str) -> WeightFormat:
         if self.weight_format is not None:

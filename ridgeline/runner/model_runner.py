@@ -31,6 +31,9 @@ class ModelRunner:
         self.attention = torch.zeros(num_blocks * self.block_size, device=device) if accumulates else None
         self.keep_hidden = False  # StepResult.hidden: every row's final hidden state (an EAGLE head reads them)
         self.store = None  # the second KV tier's KVStore (runner/kv_store.py), set by the engine; None: off
+        # tensor parallelism, rank 0: leader(method, args) publishes each call that runs the model before it
+        # runs, so every rank makes it (distributed/follow.py); None: one process, or a follower
+        self.leader = None
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -38,6 +41,8 @@ class ModelRunner:
         num_spec + 1 rows of a sampling sequence (the tokens it keeps), and the prompt rows of a
         request that asked for prompt logprobs. drafts: request id -> the Draft (tokens with their
         draft distribution) its proposals came from; absent for deterministic proposals."""
+        if self.leader is not None:
+            self.leader("execute", (plan, drafts))
         self.sample.forget(plan.finished_ids)
         result = StepResult()
         if plan.kv_copies and self.store is not None:  # before the forward: it writes the blocks stored
@@ -69,11 +74,18 @@ class ModelRunner:
     def all_logits(self, seq: ScheduledSeq) -> torch.Tensor:
         """Next-token logits [num_new, vocab] fp32 of every row of one scheduled sequence (its blocks
         allocated by the caller): whole distributions, where prompt logprobs give the top N."""
-        return self.model.compute_logits(self.all_hidden(seq)).float()
+        if self.leader is not None:
+            self.leader("all_logits", (seq,))
+        return self.model.compute_logits(self._all_hidden(seq)).float()
 
     @torch.inference_mode()
     def all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
         """Final (normed) hidden states [num_new, hidden] of every row of one scheduled sequence."""
+        if self.leader is not None:
+            self.leader("all_hidden", (seq,))
+        return self._all_hidden(seq)
+
+    def _all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
         ids, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):
             return self.model(ids, positions)
@@ -81,6 +93,8 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_only(self, req_id: str, ids: list[int], table: list[int]) -> None:
         """Compute ids' KV into the blocks of table (allocated by the caller), no logits."""
+        if self.leader is not None:
+            self.leader("prefill_only", (req_id, ids, table))
         seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids))
         ids_t, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):

@@ -81,6 +81,12 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidRequestError("; ".join(bad))
 
 
+def _torchrun_follower(args: argparse.Namespace) -> bool:
+    from ridgeline.distributed.group import torchrun_env
+    env = torchrun_env() if args.tensor_parallel_size > 1 else None
+    return env is not None and env[0] > 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.config import EngineConfig
     from ridgeline.engine.async_engine import build_off_main_thread
@@ -91,6 +97,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check(args)
     model = _model(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if _torchrun_follower(args):  # a rank > 0 under torchrun: no HTTP, it follows rank 0's steps
+        config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
+        build_off_main_thread(lambda: LLMEngine(config)).follow()
+        return 0
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
@@ -106,4 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
-    return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)
+    try:
+        return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)
+    finally:
+        engine.close()  # tensor parallelism: stop the other ranks

@@ -1,0 +1,129 @@
+"""This process's place in a tensor-parallel engine: its rank and shard, the collectives (TPComm), rank
+0's plan channel, and on one machine the worker processes rank 0 started. Built by LLMEngine before any
+weight is read; sizes that cannot split fail here, before a process starts."""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from ridgeline.distributed.comm import TPComm
+from ridgeline.distributed.follow import PlanChannel, follow
+from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave, master, pin, split_cores,
+                                         torchrun_env, unpin)
+from ridgeline.distributed.launch import Workers, exit_soon
+from ridgeline.distributed.layout import layout_for
+from ridgeline.distributed.shard import Slicer, check_groups, local_arch
+from ridgeline.errors import InvalidRequestError, RankFailedError
+
+FAILURE_WAIT_S = 2.0  # after a failed collective, how long to wait for the dead rank's exit to show
+
+
+class TPRuntime:
+    def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
+        pc = config.parallel
+        size = pc.tensor_parallel_size
+        shards = layout_for(arch, size)
+        if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
+            check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
+        self.workers: Workers | None = None
+        self.unpin = None
+        self.closed = False
+        if rank is None:
+            rank = self._start(config, size)
+        self.ctx = rank
+        join(rank, pc.dist_timeout, device)
+        self.shard = shards[rank.rank]
+        self.comm = TPComm(self.shard, arch.vocab_size, dist.group.WORLD)
+        self.channel = PlanChannel(rank.addr, rank.port, rank.rank, size, PLAN_TIMEOUT)
+        self.slicer = Slicer(self.shard, arch.head_dim)
+        self.arch = local_arch(arch, self.shard)
+
+    def _start(self, config, size: int) -> RankContext:
+        """Rank 0: under torchrun, join as the environment says; on one machine, start the other ranks."""
+        pc = config.parallel
+        addr, port = master(pc)
+        env = torchrun_env()
+        if env is not None:
+            r, world = env
+            if world != size:
+                raise InvalidRequestError(f"WORLD_SIZE is {world} but tensor_parallel_size is {size}; start one "
+                                          "process per rank (torchrun --nproc-per-node x --nnodes = the size)",
+                                          "tensor_parallel_size")
+            return RankContext(r, size, addr, port)
+        if pc.pin_cores and size > len(os.sched_getaffinity(0)):
+            raise InvalidRequestError(f"tensor_parallel_size {size} is larger than the {len(os.sched_getaffinity(0))} "
+                                      "CPU cores this process may use (one rank per core at least)",
+                                      "tensor_parallel_size")
+        cores = split_cores(size) if pc.pin_cores else [None] * size
+        ranks = [RankContext(r, size, addr, port, cores[r], True) for r in range(size)]
+        self.workers = Workers(config, ranks[1:])
+        atexit.register(self.close)  # a script that never closes its engine still stops its ranks cleanly
+        if cores[0]:
+            self.unpin = pin(cores[0])
+        return ranks[0]
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    def agree_min(self, n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def gather(self, obj) -> list:
+        out = [None] * self.ctx.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def lead(self, runner) -> None:
+        """Rank 0: every call of the runner that runs the model is published first."""
+        runner.leader = self.channel.send
+
+    def probe(self, sizes: tuple[int, ...] = (1, 1 << 18), reps: int = 20) -> list[float]:
+        """Rank 0: time an all-reduce of each size on every rank (the link, apart from the model)."""
+        from ridgeline.distributed.comm import probe_link
+        self.channel.send("probe", (sizes, reps))
+        return probe_link(sizes, reps)
+
+    def follow(self, runner) -> None:
+        follow(runner, self.channel)
+
+    def failure(self, error: BaseException) -> RankFailedError:
+        """What a failed step on rank 0 is: a dead rank (named, once its exit shows) or a broken collective
+        (a rank stuck past dist_timeout). Either way the group cannot step again: the process exits
+        (status 3) shortly after its caller has failed the requests in flight."""
+        exit_soon(FAILURE_WAIT_S + 1.0)
+        deadline = time.monotonic() + FAILURE_WAIT_S
+        while self.workers is not None and time.monotonic() < deadline:
+            why = self.workers.dead()
+            if why:
+                return RankFailedError(f"{why}; this request cannot finish and the server is exiting")
+            time.sleep(0.05)
+        return RankFailedError(f"a tensor-parallel collective failed ({error}); the server is exiting")
+
+    def on_failure(self, callback) -> None:
+        if self.workers is not None:
+            self.workers.on_failure(callback)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.rank == 0:
+            if self.workers is not None:
+                self.workers.closing = True
+            try:
+                self.channel.send("stop", ())
+            except (RuntimeError, dist.DistError):
+                pass
+            if self.workers is not None:
+                self.workers.close()
+        leave()
+        if self.unpin is not None:
+            unpin(self.unpin)
+            self.unpin = None

@@ -1,0 +1,32 @@
+"""`python -m ridgeline.distributed.worker`: one follower rank started by rank 0 on this machine. Reads
+(EngineConfig, RankContext) pickled on stdin, builds its shard of the engine, then runs rank 0's calls
+until told to stop. Exits non-zero on any failure (rank 0 then fails its requests and exits too)."""
+from __future__ import annotations
+
+import logging
+import pickle
+import sys
+
+from ridgeline.distributed.launch import EXIT_RANK_FAILED, watch_parent
+
+
+def main() -> int:
+    config, ctx = pickle.load(sys.stdin.buffer)
+    watch_parent()
+    logging.basicConfig(level=logging.WARNING, format=f"rank {ctx.rank} %(levelname)s %(name)s: %(message)s")
+    from ridgeline.distributed.group import pin
+    if ctx.cores:
+        pin(ctx.cores)
+    try:
+        from ridgeline.engine.llm_engine import LLMEngine
+        engine = LLMEngine(config, rank=ctx)
+        engine.follow()
+    except Exception as e:  # noqa: BLE001  any failure ends this rank, loudly
+        print(f"ridgeline: tensor-parallel rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
+        return EXIT_RANK_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
