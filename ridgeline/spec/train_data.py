@@ -68,11 +68,14 @@ def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, tempera
 
 def frequent_tokens(samples: list[Sample], k: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor | None:
     """The k most frequent token ids of the data (always-included ids first), sorted; None when k
-    covers the vocabulary (draft over all of it)."""
+    covers the vocabulary (draft over all of it). Ties, such as the many ids a small data set never
+    shows, go to the lower id: a BPE vocabulary numbers its merges roughly from the most frequent in
+    the tokenizer's own corpus."""
     if k <= 0 or k >= vocab_size:
         return None
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for s in samples:
         counts += torch.bincount(s.tokens, minlength=vocab_size)
     counts[list(always)] = counts.max() + 1
-    return counts.topk(k).indices.sort().values
+    score = counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size))
+    return score.topk(k).indices.sort().values
