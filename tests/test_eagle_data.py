@@ -84,3 +84,22 @@ def test_bad_data_source_is_a_usage_error(tiny_llama, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train-draft", str(tiny_llama), "--out", str(tmp_path), "--data", "poems"])
     assert "expected replies, text:FILE or chat:FILE" in capsys.readouterr().err
+
+
+def test_replies_continue_where_an_earlier_run_stopped(tiny_llama):
+    """Sample n is the reply to prompt n with its own seed, whatever the batching: a cached run that
+    stopped after n samples is continued by start=n."""
+    from ridgeline.spec.train_data import self_distill
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
+    whole = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=4, progress=False), 6)
+    rest = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=3, progress=False, start=4), 2)
+    assert [s.tokens.tolist() for s in rest] == [s.tokens.tolist() for s in whole[4:6]]
+
+
+def _first(it, n):
+    out = []
+    for s in it:
+        out.append(s)
+        if len(out) == n:
+            break
+    return out

@@ -36,8 +36,8 @@ def register(subparsers) -> None:
                    help="most tokens taken from each data source (prompt + reply for replies), default 300000")
     p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
                    help="keep each source's data (tokens and the model's hidden states) in DIR, one file per source "
-                        "and settings, saved as it is gathered; a later run reuses it, and for text sources "
-                        "gathers only what more --tokens asks for (default: none)")
+                        "and settings, saved as it is gathered; a later run reuses it and gathers only what more "
+                        "--tokens asks for (default: none)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="prompt order, sampling and initialisation")
     p.add_argument("--epochs", type=float, default=2.0, metavar="E", help="passes over the data (default 2)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=8192, metavar="K",
@@ -47,6 +47,8 @@ def register(subparsers) -> None:
                    help="longest reply sampled per prompt (default 256)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="sampling temperature (default 0.8)")
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="peak learning rate (default 1e-3)")
+    p.add_argument("--batch", type=positive_int, default=8, metavar="N",
+                   help="sequences per optimizer step (default 8)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the target's dtype while generating the data (default: auto)")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -68,7 +70,7 @@ def _gather(llm, args: argparse.Namespace) -> list:
     for src in args.data:
         key = {"source": src, "seed": args.seed, "dtype": args.dtype}
         if src == "replies":
-            key.update(tokens=args.tokens, max_reply_tokens=args.max_reply_tokens, temperature=args.temperature)
+            key.update(max_reply_tokens=args.max_reply_tokens, temperature=args.temperature)
         cache = None
         if args.data_cache is not None:
             name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -79,7 +81,7 @@ def _gather(llm, args: argparse.Namespace) -> list:
 
 class _Cache:
     """One source's samples on disk, in the order the source yields them (saved every SAVE_EVERY
-    samples, so a stopped run keeps what it gathered). A text source yields the same sequences in the
+    samples, so a stopped run keeps what it gathered). Every source yields the same samples in the
     same order for a seed, so a later run asking for more tokens continues where this one stopped."""
     SAVE_EVERY = 16
 
@@ -108,15 +110,13 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
     from ridgeline.spec.train_data import self_distill
     from ridgeline.spec.train_text import source_sequences, teacher_forced
     have = _take(cache.samples, args.tokens) if cache else []
+    have_tokens = sum(len(s.tokens) for s in have)
+    if have_tokens >= args.tokens:
+        return have
     if src == "replies":
-        if have:
-            return have
-        new = self_distill(llm, args.tokens, args.seed, args.max_reply_tokens, args.temperature, batch=64,
-                           progress=not args.quiet)
+        new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
+                           batch=64, progress=not args.quiet, start=len(have))
     else:
-        have_tokens = sum(len(s.tokens) for s in have)
-        if have_tokens >= args.tokens:
-            return have
         seqs = source_sequences(llm.tokenizer, src, args.seed, min(512, llm.engine.max_model_len))
         new = teacher_forced(llm, seqs[len(have):], args.tokens - have_tokens, src, progress=not args.quiet)
     out = list(have)
@@ -146,11 +146,11 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
     rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
     head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
-                             args.seed, lr=args.lr, progress=not args.quiet)
+                             args.seed, lr=args.lr, batch=args.batch, progress=not args.quiet)
     data = "".join(f"--data {d} " for d in args.data)
     training = {"command": f"ridgeline train-draft {args.model} --out DIR {data}--tokens {args.tokens} --seed {args.seed} "
                            f"--epochs {args.epochs:g} --draft-vocab {args.draft_vocab} --max-reply-tokens "
-                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} "
+                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} --batch {args.batch} "
                            f"--dtype {args.dtype}",
                 "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
                 "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t0 - t_data),

@@ -39,14 +39,16 @@ def _encode(tok, text: str) -> list[int]:
 
 
 def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
-                 top_p: float = 0.95, batch: int = 16, progress: bool = True) -> Iterator[Sample]:
-    """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time."""
+                 top_p: float = 0.95, batch: int = 16, progress: bool = True, start: int = 0) -> Iterator[Sample]:
+    """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time.
+    Sample n is the reply to prompt n with its own seed whatever the batching, so `start` continues
+    an earlier run that stopped after `start` samples."""
     from tqdm import tqdm
     eng, tok = llm.engine, llm.tokenizer
     prompts = seed_prompts(seed)
     limit = eng.max_model_len - 1
     bar = tqdm(total=num_tokens, unit="tok", desc="self-distillation data", disable=not progress)
-    done, i = 0, 0
+    done, i = 0, start
     try:
         while done < num_tokens:
             texts = [prompts[(i + j) % len(prompts)] for j in range(batch)]
