@@ -62,7 +62,6 @@ def test_teacher_forced_hidden_states_are_the_prompts(tiny_llama):
 
 def test_train_draft_mixes_sources_and_reuses_cached_data(tiny_llama, tmp_path, monkeypatch):
     from ridgeline.cli import main
-    from ridgeline.spec import cli as spec_cli
     args = ["train-draft", str(tiny_llama), "--out", str(tmp_path / "head"), "--data", "chat:calibration",
             "--data", "replies", "--tokens", "1200", "--seed", "1", "--epochs", "1", "--max-reply-tokens", "32",
             "--dtype", "float32", "--draft-vocab", "200", "--quiet", "--data-cache", str(tmp_path / "cache")]
@@ -73,7 +72,9 @@ def test_train_draft_mixes_sources_and_reuses_cached_data(tiny_llama, tmp_path, 
 
     def no_new_data(*a, **k):
         raise AssertionError("the cached data should have been read")
-    monkeypatch.setattr(spec_cli, "_source_samples", no_new_data)
+    from ridgeline.spec import train_data
+    monkeypatch.setattr(train_data, "self_distill", no_new_data)
+    monkeypatch.setattr(train_text, "teacher_forced", no_new_data)
     assert main(args) == 0
     second = json.loads((tmp_path / "head" / "config.json").read_text())["training"]
     assert second["tokens"] == first["tokens"] and second["samples"] == first["samples"]
