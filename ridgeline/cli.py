@@ -82,13 +82,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="propose tokens for each decoding request and verify them in the same step "
                         "(ngram: prompt lookup; draft: a draft model, --draft-model; layer-skip: the target's "
                         "first --speculative-layers layers and its head; eagle: a head trained by "
-                        "`ridgeline train-draft`, --draft-model DIR; default: off)")
+                        "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft: a model with the target's tokenizer (folder, .gguf, hub id or alias), or 'self' "
                         "(the target's own weights, see --draft-quantization); eagle: the folder of a head "
-                        "trained for this model; default: none")
+                        "trained for this model (default: the one shipped for it, if any); default: none")
     g.add_argument("--speculative-layers", type=int, default=None, metavar="L",
                    help="layer-skip: the draft runs the target's first L layers (1 <= L < its layers), then "
                         "its final norm and head; no extra weights or KV cache (default: none)")

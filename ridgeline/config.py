@@ -161,7 +161,8 @@ class SpeculativeConfig:
     # "off": every decoding request drafts num_speculative_tokens (for benchmarks)
     speculative_controller: str = "on"
     # `draft` proposer: the draft model (path, hub id or alias; "self": the target's own weights) and
-    # the quantization of its weights (none, int8, int4); `eagle`: the folder of a trained head
+    # the quantization of its weights (none, int8, int4); `eagle`: the folder of a trained head (None:
+    # the one shipped for the target, ridgeline/spec/heads/)
     draft_model: str | None = None
     draft_quantization: str = "none"
     # `layer-skip` proposer: the draft is the target's first speculative_layers layers, its final norm
@@ -180,10 +181,12 @@ class SpeculativeConfig:
         if self.speculative_controller not in ("on", "off"):
             raise InvalidRequestError("speculative_controller must be 'on' or 'off', got "
                                       f"{self.speculative_controller!r}", "speculative_controller")
-        if (self.speculative_method in ("draft", "eagle")) != (self.draft_model is not None):
+        # eagle without draft_model: the head shipped for the target (an error at start-up if none is)
+        if (self.speculative_method == "draft" and self.draft_model is None) or \
+                (self.draft_model is not None and self.speculative_method not in ("draft", "eagle")):
             raise InvalidRequestError("speculative_method 'draft' needs draft_model (a model with the target's "
-                                      "tokenizer, or 'self'), 'eagle' needs draft_model (a head trained for the "
-                                      "target by `ridgeline train-draft`), and draft_model needs one of them",
+                                      "tokenizer, or 'self'), and draft_model needs speculative_method 'draft' or "
+                                      "'eagle' (a head trained for the target by `ridgeline train-draft`)",
                                       "draft_model")
         if (self.speculative_method == "layer-skip") != (self.speculative_layers is not None):
             raise InvalidRequestError("speculative_method 'layer-skip' needs speculative_layers (the target layers "

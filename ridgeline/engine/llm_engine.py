@@ -413,7 +413,7 @@ def _spec_line(config: EngineConfig) -> str | None:
     if sc.method == "layer-skip":
         extra = f", the target's first {sc.speculative_layers} layers"
     if sc.method in ("draft", "eagle"):
-        extra = f", draft model {sc.draft_model}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
+        extra = f", draft model {sc.draft_model or 'shipped for this model'}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
                                                      else "")
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
     return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"

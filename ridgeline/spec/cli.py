@@ -1,9 +1,15 @@
-"""`ridgeline train-draft MODEL --out DIR --tokens N --seed S`: train an EAGLE-style draft head for
-MODEL on its own sampled replies (spec/train_data.py), on this machine's CPU, and save it as a folder
-for `--speculative-method eagle --draft-model DIR`."""
+"""`ridgeline train-draft MODEL --out DIR --data SRC [--data SRC ...] --tokens N --seed S`: train an
+EAGLE-style draft head for MODEL on this machine's CPU and save it as a folder for
+`--speculative-method eagle --draft-model DIR`. Data sources, each up to N tokens: `replies`, the
+model's own sampled replies to the shipped prompt seeds (spec/train_data.py; closest to what it will
+draft for, but each token costs a decode step); `text:FILE` and `chat:FILE`, the model's hidden
+states teacher-forced over fixed text, plain or as chat turns (spec/train_text.py; one prefill per
+chunk). FILE `calibration` is the bundled public-domain text."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,19 +17,27 @@ from pathlib import Path
 import torch
 
 from ridgeline.cli_parser import non_negative_int, positive_int
+from ridgeline.spec.train_data import Sample
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "train-draft", help="train an EAGLE-style draft head for a model on its own sampled replies",
+        "train-draft", help="train an EAGLE-style draft head for a model on its own replies or its hidden states over text",
         description=__doc__ + "\nPrompts: the shipped public-domain seeds (every template x topic in "
                               "ridgeline/spec/prompts/), shuffled by --seed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="HF folder, .gguf file, hub id or built-in alias")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="folder to write the head to (required, no default)")
+    p.add_argument("--data", action="append", type=_source, metavar="SRC",
+                   help="a data source: replies, text:FILE or chat:FILE (FILE a path or 'calibration', the bundled "
+                        "public-domain text); repeat to mix (default: replies)")
     p.add_argument("--tokens", type=positive_int, default=300_000, metavar="N",
-                   help="tokens of self-distillation data (prompt + reply), default 300000")
+                   help="most tokens taken from each data source (prompt + reply for replies), default 300000")
+    p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
+                   help="keep each source's data (tokens and the model's hidden states) in DIR, one file per source "
+                        "and settings, saved as it is gathered; a later run reuses it and gathers only what more "
+                        "--tokens asks for (default: none)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="prompt order, sampling and initialisation")
     p.add_argument("--epochs", type=float, default=2.0, metavar="E", help="passes over the data (default 2)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=8192, metavar="K",
@@ -33,6 +47,8 @@ def register(subparsers) -> None:
                    help="longest reply sampled per prompt (default 256)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="sampling temperature (default 0.8)")
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="peak learning rate (default 1e-3)")
+    p.add_argument("--batch", type=positive_int, default=8, metavar="N",
+                   help="sequences per optimizer step (default 8)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the target's dtype while generating the data (default: auto)")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -41,25 +57,100 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_train_draft)
 
 
+def _source(text: str) -> str:
+    kind, _, name = text.partition(":")
+    if (kind == "replies" and not name) or (kind in ("text", "chat") and name):
+        return text
+    raise argparse.ArgumentTypeError(f"expected replies, text:FILE or chat:FILE, got {text!r}")
+
+
+def _gather(llm, args: argparse.Namespace) -> list:
+    """The samples of every --data source, each up to --tokens tokens."""
+    samples = []
+    for src in args.data:
+        key = {"source": src, "seed": args.seed, "dtype": args.dtype}
+        if src == "replies":
+            key.update(max_reply_tokens=args.max_reply_tokens, temperature=args.temperature)
+        cache = None
+        if args.data_cache is not None:
+            name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            cache = _Cache(args.data_cache / f"{src.partition(':')[0]}-{name}.pt", key)
+        samples += _source_samples(llm, args, src, cache)
+    return samples
+
+
+class _Cache:
+    """One source's samples on disk, in the order the source yields them (saved every SAVE_EVERY
+    samples, so a stopped run keeps what it gathered). Every source yields the same samples in the
+    same order for a seed, so a later run asking for more tokens continues where this one stopped."""
+    SAVE_EVERY = 16
+
+    def __init__(self, path: Path, key: dict):
+        self.path, self.key = path, key
+        self.samples = [Sample(t, h) for t, h in torch.load(path)["samples"]] if path.is_file() else []
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({"key": self.key, "samples": [(s.tokens, s.hidden) for s in self.samples]}, tmp)
+        tmp.replace(self.path)
+
+
+def _take(samples, num_tokens: int) -> list:
+    out, done = [], 0
+    for s in samples:
+        if done >= num_tokens:
+            break
+        out.append(s)
+        done += len(s.tokens)
+    return out
+
+
+def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | None) -> list:
+    from ridgeline.spec.train_data import self_distill
+    from ridgeline.spec.train_text import source_sequences, teacher_forced
+    have = _take(cache.samples, args.tokens) if cache else []
+    have_tokens = sum(len(s.tokens) for s in have)
+    if have_tokens >= args.tokens:
+        return have
+    if src == "replies":
+        new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
+                           batch=64, progress=not args.quiet, start=len(have))
+    else:
+        seqs = source_sequences(llm.tokenizer, src, args.seed, min(512, llm.engine.max_model_len))
+        new = teacher_forced(llm, seqs[len(have):], args.tokens - have_tokens, src, progress=not args.quiet)
+    out = list(have)
+    for i, s in enumerate(new):
+        out.append(s)
+        if cache is not None and len(out) > len(cache.samples):
+            cache.samples.append(s)
+            if i % cache.SAVE_EVERY == cache.SAVE_EVERY - 1:
+                cache.save()
+    if cache is not None:
+        cache.save()
+    return out
+
+
 def cmd_train_draft(args: argparse.Namespace) -> int:
     from ridgeline.entrypoints.llm import LLM
     from ridgeline.spec.eagle_io import head_config_for, head_rows, save_head, target_fingerprint
-    from ridgeline.spec.train_data import frequent_tokens, self_distill
+    from ridgeline.spec.train_data import frequent_tokens
     from ridgeline.spec.train_head import train_head
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="256MiB")
+    llm = LLM(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="512MiB")
     print(llm.info.summary(), file=sys.stderr)
     eng, lm = llm.engine, llm.engine.runner.model
-    samples = list(self_distill(llm, args.tokens, args.seed, args.max_reply_tokens, args.temperature,
-                                progress=not args.quiet))
+    args.data = args.data or ["replies"]
+    samples = _gather(llm, args)
     t_data = time.perf_counter() - t0
     vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
     rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
     head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
-                             args.seed, lr=args.lr, progress=not args.quiet)
-    training = {"command": f"ridgeline train-draft {args.model} --out DIR --tokens {args.tokens} --seed {args.seed} "
+                             args.seed, lr=args.lr, batch=args.batch, progress=not args.quiet)
+    data = "".join(f"--data {d} " for d in args.data)
+    training = {"command": f"ridgeline train-draft {args.model} --out DIR {data}--tokens {args.tokens} --seed {args.seed} "
                            f"--epochs {args.epochs:g} --draft-vocab {args.draft_vocab} --max-reply-tokens "
-                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} "
+                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} --batch {args.batch} "
                            f"--dtype {args.dtype}",
                 "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
                 "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t0 - t_data),

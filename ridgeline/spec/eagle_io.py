@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -58,10 +59,34 @@ def save_head(folder: Path, head: EagleHead, target: dict, vocab_ids: torch.Tens
         {"format": FORMAT, "head": head.cfg.to_dict(), "target": target, "training": training}, indent=2) + "\n")
 
 
-def load_head(folder: str | Path, lm: nn.Module) -> tuple[EagleHead, torch.Tensor | None, dict]:
-    """-> (the head in fp32, eval mode; vocab_ids or None; its config). Refuses a head trained for
-    another target."""
+def shipped_head(lm: nn.Module) -> Path | None:
+    """The folder under ridgeline/spec/heads/ of a head trained for this target, if one is shipped."""
+    heads = resources.files("ridgeline.spec") / "heads"
+    if not heads.is_dir():
+        return None
+    mine = None
+    for folder in sorted(heads.iterdir(), key=lambda f: f.name):
+        path = folder / "config.json"
+        if not path.is_file():
+            continue
+        theirs = json.loads(path.read_text()).get("target", {})
+        if all(theirs.get(k) == getattr(lm.cfg, k, None) for k in ("architecture", "hidden_size", "vocab_size",
+                                                                     "num_layers")):
+            mine = mine or target_fingerprint(lm)  # the embedding hash only for plausible heads
+            if theirs == mine:
+                return Path(str(folder))
+    return None
+
+
+def load_head(folder: str | Path | None, lm: nn.Module) -> tuple[EagleHead, torch.Tensor | None, dict]:
+    """-> (the head in fp32, eval mode; vocab_ids or None; its config). folder None: the head shipped
+    for this target. Refuses a head trained for another target."""
     from safetensors.torch import load_file
+    if folder is None:
+        folder = shipped_head(lm)
+        if folder is None:
+            raise InvalidRequestError("speculative_method 'eagle' needs draft_model (a head trained for the target "
+                                      "by `ridgeline train-draft`): no head is shipped for this model", "draft_model")
     folder = Path(folder)
     path = folder / "config.json"
     if not path.is_file() or not (folder / "head.safetensors").is_file():

@@ -39,14 +39,16 @@ def _encode(tok, text: str) -> list[int]:
 
 
 def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
-                 top_p: float = 0.95, batch: int = 16, progress: bool = True) -> Iterator[Sample]:
-    """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time."""
+                 top_p: float = 0.95, batch: int = 16, progress: bool = True, start: int = 0) -> Iterator[Sample]:
+    """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time.
+    Sample n is the reply to prompt n with its own seed whatever the batching, so `start` continues
+    an earlier run that stopped after `start` samples."""
     from tqdm import tqdm
     eng, tok = llm.engine, llm.tokenizer
     prompts = seed_prompts(seed)
     limit = eng.max_model_len - 1
     bar = tqdm(total=num_tokens, unit="tok", desc="self-distillation data", disable=not progress)
-    done, i = 0, 0
+    done, i = 0, start
     try:
         while done < num_tokens:
             texts = [prompts[(i + j) % len(prompts)] for j in range(batch)]
@@ -68,11 +70,14 @@ def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, tempera
 
 def frequent_tokens(samples: list[Sample], k: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor | None:
     """The k most frequent token ids of the data (always-included ids first), sorted; None when k
-    covers the vocabulary (draft over all of it)."""
+    covers the vocabulary (draft over all of it). Ties, such as the many ids a small data set never
+    shows, go to the lower id: a BPE vocabulary numbers its merges roughly from the most frequent in
+    the tokenizer's own corpus."""
     if k <= 0 or k >= vocab_size:
         return None
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for s in samples:
         counts += torch.bincount(s.tokens, minlength=vocab_size)
     counts[list(always)] = counts.max() + 1
-    return counts.topk(k).indices.sort().values
+    score = counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size))
+    return score.topk(k).indices.sort().values

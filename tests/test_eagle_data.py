@@ -1,0 +1,106 @@
+"""Training data for an EAGLE head from fixed text (spec/train_text.py): teacher-forced hidden states
+over plain chunks and chat turns, a text disjoint from what is scored and benchmarked, and the data
+cache of `ridgeline train-draft`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ridgeline import LLM
+from ridgeline.errors import InvalidRequestError
+from ridgeline.spec import train_text
+from ridgeline.weights.tokenizer import Tokenizer
+
+
+def test_paragraphs_take_their_title_line_as_topic(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("Iceland\n\nThe island was settled in the ninth century by people from Norway.\n\n"
+                 "Its economy rests on fishing, tourism and cheap geothermal power for smelters.\n\n\n"
+                 "A paragraph without a title line before it, longer than eight words.\n")
+    f2 = tmp_path / "u.txt"
+    f2.write_text("A paragraph without a title line before it, longer than eight words.\n")
+    paras = train_text.paragraphs(f)
+    assert [t for t, _ in paras] == ["Iceland", "Iceland", "Iceland"]
+    assert paras[1][1].startswith("Its economy")
+    assert train_text.paragraphs(f2)[0][0] is None
+
+
+def test_chunks_and_conversations(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    paras = train_text.paragraphs(train_text.resolve_text("calibration"))[:12]
+    chunks = train_text.plain_chunks(tok, paras, 200)
+    assert all(len(c) <= 200 for c in chunks) and len(chunks) > 1
+    convs = train_text.chat_conversations(tok, paras, seed=0, max_tokens=100_000)
+    assert len(convs) == len(paras)
+    text = tok.decode(convs[0], skip_special_tokens=False)
+    assert paras[0][1] in text and paras[0][0] in text.split(paras[0][1])[0]  # the topic is asked first
+
+
+def test_the_bundled_text_is_disjoint_from_what_is_scored_and_benchmarked():
+    from ridgeline.bench import corpus
+    calibration = train_text.paragraphs(train_text.resolve_text("calibration"))
+    heldout = (train_text.resolve_text("calibration").parent / "heldout.txt").read_text()
+    assert len(calibration) > 200
+    assert not any(p in heldout for _, p in calibration)
+    bench = [p for _, p in corpus.PASSAGES] + corpus.QUESTIONS + corpus.TASKS + corpus.FOLLOW_UPS
+    text = " ".join(p for _, p in calibration)
+    assert not any(b.split("{")[0].strip() in text for b in bench if len(b.split("{")[0]) > 20)
+    with pytest.raises(InvalidRequestError, match="heldout.txt is what"):
+        train_text.resolve_text(str(train_text.resolve_text("calibration").parent / "heldout.txt"))
+
+
+def test_teacher_forced_hidden_states_are_the_prompts(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
+    seqs = train_text.source_sequences(llm.tokenizer, "text:calibration", 0, 64)[:3]
+    samples = list(train_text.teacher_forced(llm, seqs, 100, "t", progress=False))
+    assert len(samples) == 2  # stops once 100 tokens are taken
+    assert samples[0].tokens.tolist() == seqs[0] and samples[0].hidden.dtype == torch.bfloat16
+    assert torch.allclose(samples[1].hidden.float(), llm.engine.prompt_hidden(seqs[1]), atol=1e-2)
+
+
+def test_train_draft_mixes_sources_and_reuses_cached_data(tiny_llama, tmp_path, monkeypatch):
+    from ridgeline.cli import main
+    args = ["train-draft", str(tiny_llama), "--out", str(tmp_path / "head"), "--data", "chat:calibration",
+            "--data", "replies", "--tokens", "1200", "--seed", "1", "--epochs", "1", "--max-reply-tokens", "32",
+            "--dtype", "float32", "--draft-vocab", "200", "--quiet", "--data-cache", str(tmp_path / "cache")]
+    assert main(args) == 0
+    first = json.loads((tmp_path / "head" / "config.json").read_text())["training"]
+    assert "--data chat:calibration --data replies" in first["command"]
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == 2
+
+    def no_new_data(*a, **k):
+        raise AssertionError("the cached data should have been read")
+    from ridgeline.spec import train_data
+    monkeypatch.setattr(train_data, "self_distill", no_new_data)
+    monkeypatch.setattr(train_text, "teacher_forced", no_new_data)
+    assert main(args) == 0
+    second = json.loads((tmp_path / "head" / "config.json").read_text())["training"]
+    assert second["tokens"] == first["tokens"] and second["samples"] == first["samples"]
+
+
+def test_bad_data_source_is_a_usage_error(tiny_llama, tmp_path, capsys):
+    from ridgeline.cli import main
+    with pytest.raises(SystemExit):
+        main(["train-draft", str(tiny_llama), "--out", str(tmp_path), "--data", "poems"])
+    assert "expected replies, text:FILE or chat:FILE" in capsys.readouterr().err
+
+
+def test_replies_continue_where_an_earlier_run_stopped(tiny_llama):
+    """Sample n is the reply to prompt n with its own seed, whatever the batching: a cached run that
+    stopped after n samples is continued by start=n."""
+    from ridgeline.spec.train_data import self_distill
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
+    whole = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=4, progress=False), 6)
+    rest = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=3, progress=False, start=4), 2)
+    assert [s.tokens.tolist() for s in rest] == [s.tokens.tolist() for s in whole[4:6]]
+
+
+def _first(it, n):
+    out = []
+    for s in it:
+        out.append(s)
+        if len(out) == n:
+            break
+    return out
