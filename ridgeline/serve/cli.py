@@ -57,6 +57,10 @@ def register(subparsers) -> None:
     g.add_argument("--access-log", action="store_true", help="uvicorn's access log, one line per HTTP request (default: off)")
     g.add_argument("--log-requests", default=None, metavar="FILE",
                    help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`; default: off)")
+    g = p.add_argument_group("replicas and routing")
+    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT",
+                   help="publish the prefix cache's block stored / removed events on this ZeroMQ PUB endpoint "
+                        "(e.g. tcp://*:5557), for `ridgeline router --policy cache-aware` (default: off)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
 
@@ -102,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
-        quiet=args.quiet)
+        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint)
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
