@@ -42,6 +42,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     from ridgeline.serve.server import bind, url_of
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     settings = RouterSettings(args.policy, args.health_interval, slack=args.slack,
                               replica_api_key=args.replica_api_key)
     router = asyncio.run(build_router(args.replica, settings, args.tokenizer))
@@ -49,6 +50,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)
     except OSError as e:
         raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    sock.listen(2048)  # connections queue from now on: the line below may be read as "ready"
     print(f"routing   {len(router.replicas)} replica(s) of `{router.replicas[0].info.get('model')}` "
           f"({args.policy}) at {url_of(sock)}/v1", flush=True)
     return serve_router(router, sock)

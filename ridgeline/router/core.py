@@ -44,6 +44,8 @@ class Router:
         self.followers: dict[str, KVFollower] = {}
         self._tasks: list[asyncio.Task] = []
         self.client: httpx.AsyncClient | None = None
+        # replicas the router launched: url -> why it is gone (its process exited), or None; polled often
+        self.exit_reason = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -55,6 +57,8 @@ class Router:
             for r in self.replicas:
                 self._follow(r)
         self._tasks.append(asyncio.ensure_future(self._health_loop()))
+        if self.exit_reason is not None:
+            self._tasks.append(asyncio.ensure_future(self._exit_loop()))
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -117,7 +121,7 @@ class Router:
             return
         if resp.status_code != 200:
             self.mark_down(r, f"health check answered HTTP {resp.status_code}")
-        elif not r.up:
+        elif not r.up and (self.exit_reason is None or self.exit_reason(r.url) is None):
             r.mark_up()
             log.warning("replica %s is back in rotation", r.url)
 
@@ -128,6 +132,14 @@ class Router:
         while True:
             await asyncio.sleep(self.settings.health_interval)
             await self.check_all()
+
+    async def _exit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            for r in self.replicas:
+                reason = self.exit_reason(r.url)
+                if reason is not None:
+                    self.mark_down(r, reason)
 
     async def replica_metrics(self) -> list[str]:
         async def one(r: Replica) -> str | None:

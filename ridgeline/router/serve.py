@@ -31,6 +31,8 @@ def _config(router: Router) -> uvicorn.Config:
 
 
 def serve_router(router: Router, sock: socket.socket) -> int:
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     uvicorn.Server(_config(router)).run(sockets=[sock])
     return 0
 
