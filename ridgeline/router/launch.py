@@ -63,7 +63,7 @@ class ProcessLauncher:
             url = url_of(sock)
             threads = len(shares[i]) or max(1, total // len(specs))
             events = f"ipc://{self.folder}/replica-{i}.kv" if kv_events else None
-            spec = {**spec, "index": i, "threads": threads, "cpus": shares[i],
+            spec = {**spec, "index": i, "threads": threads, "cpus": shares[i], "parent": os.getpid(),
                     "settings": {**spec["settings"], "kv_events_endpoint": events}}
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
             proc = subprocess.Popen([sys.executable, "-m", "ridgeline.router.replica_main", json.dumps(spec),

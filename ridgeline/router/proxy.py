@@ -26,7 +26,7 @@ from ridgeline.serve.errors import error_body
 log = logging.getLogger("ridgeline.router")
 _PASSED_HEADERS = ("authorization", "content-type", "accept", "openai-organization", "openai-project")
 _KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "cache-control", "x-accel-buffering")
-_FIRST_TOKEN = re.compile(rb'"(?:text|content)":"[^"]')  # a chunk carrying generated text
+_FIRST_TOKEN = re.compile(rb'"(?:text|content)": ?"[^"]')  # a chunk carrying generated text
 
 
 def forwarded_headers(headers) -> dict[str, str]:

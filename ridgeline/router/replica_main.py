@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 
@@ -26,13 +27,26 @@ def build_replica_app(spec: dict):
     return build_app(engine, ServerSettings(**spec["settings"]))
 
 
+def _end_with_parent() -> None:
+    """Linux: SIGTERM (a drain) when the process that started this replica dies, even by SIGKILL, so
+    no replica outlives its router."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
     import logging
 
     from ridgeline.errors import RidgelineError
     from ridgeline.serve.server import serve_forever
 
+    _end_with_parent()
     spec, fd = json.loads(argv[1]), int(argv[2])
+    if spec.get("parent") and os.getppid() != spec["parent"]:
+        return 1  # the parent died before the line above could take effect
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s replica {spec.get('index', 0)}: %(message)s")
     if spec.get("cpus") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec["cpus"])

@@ -1,6 +1,8 @@
 """Build a Router from replica URLs (start-up checks included) and serve it under uvicorn."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
@@ -24,6 +26,28 @@ async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str
     return Router(replicas, settings, hasher)
 
 
+class _RouterServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would end the process
+    before `ridgeline serve --data-parallel-size` stops its replicas; here a signal only stops the
+    server (a second one without waiting for open connections) and run() returns."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, sig: int, frame) -> None:
+        self.force_exit = self.should_exit
+        self.should_exit = True
+
+
 def _config(router: Router) -> uvicorn.Config:
     from ridgeline.router.app import build_router_app
     return uvicorn.Config(build_router_app(router), lifespan="on", access_log=False, log_level="warning",
@@ -33,7 +57,7 @@ def _config(router: Router) -> uvicorn.Config:
 def serve_router(router: Router, sock: socket.socket) -> int:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
-    uvicorn.Server(_config(router)).run(sockets=[sock])
+    _RouterServer(_config(router)).run(sockets=[sock])
     return 0
 
 
@@ -45,7 +69,7 @@ class RouterThread:
         self.router = router
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        self.server = uvicorn.Server(_config(router))
+        self.server = _RouterServer(_config(router))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="ridgeline-router", daemon=True)
 
