@@ -15,7 +15,7 @@ from ridgeline import __version__
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
-from ridgeline.serve.errors import install_error_handlers
+from ridgeline.serve.errors import ApiError, install_error_handlers
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 
@@ -60,7 +60,11 @@ def build_router_app(router: Router) -> FastAPI:
         return JSONResponse({"status": "ok" if up else "unavailable", "replicas": replicas},
                             status_code=200 if up else 503)
 
-    async def metrics(_: Request):
+    async def metrics(request: Request):
+        key = router.settings.api_key
+        if key and not router.settings.public_metrics and request.headers.get("authorization") != f"Bearer {key}":
+            raise ApiError(401, "this server needs an API key: send `Authorization: Bearer KEY`",
+                           code="invalid_api_key")
         return Response(router.metrics.render(await router.replica_metrics()), media_type=CONTENT_TYPE_LATEST)
 
     for path in GENERATE:

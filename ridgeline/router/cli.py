@@ -33,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--replica-api-key", default=os.environ.get("RIDGELINE_API_KEY"),
                    help="the key the router sends on its own calls to replicas (default: $RIDGELINE_API_KEY, "
                         "else none); clients' Authorization headers are passed through")
+    p.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+                   help="the router's /metrics needs `Authorization: Bearer KEY` (default: $RIDGELINE_API_KEY, else "
+                        "no key); generation routes are checked by the replicas, which get the client's header")
     p.set_defaults(func=cmd_router)
 
 
@@ -44,7 +47,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     settings = RouterSettings(args.policy, args.health_interval, slack=args.slack,
-                              replica_api_key=args.replica_api_key)
+                              replica_api_key=args.replica_api_key, api_key=args.api_key)
     router = asyncio.run(build_router(args.replica, settings, args.tokenizer))
     try:
         sock = bind(args.host, args.port)

@@ -31,13 +31,14 @@ def serve_data_parallel(args: argparse.Namespace, model: str, engine: dict, sett
     spec = replica_spec(model, engine, settings)
     if args.executor == "ray":
         from ridgeline.router.ray_executor import RayLauncher
-        launcher = RayLauncher(args.ray_address)
+        launcher = RayLauncher(args.ray_address, args.ray_cpus_per_replica)
     else:
         from ridgeline.router.launch import ProcessLauncher
         launcher = ProcessLauncher()
     try:
         replicas = launcher.start([spec] * n, kv_events=caching)
-        policy = RouterSettings(args.router_policy, replica_api_key=settings.api_key, quiet=settings.quiet)
+        policy = RouterSettings(args.router_policy, replica_api_key=settings.api_key, quiet=settings.quiet,
+                                api_key=settings.api_key, public_metrics=settings.public_metrics)
         router = asyncio.run(build_router([r.url for r in replicas], policy))
         router.exit_reason = launcher.exit_reason
         sock.listen(2048)  # connections queue from now on: the line below may be read as "ready"
