@@ -72,6 +72,9 @@ def register(subparsers) -> None:
                         "an existing Ray cluster (`ray start --head`; placement by CPUs)")
     g.add_argument("--ray-address", default="auto",
                    help="--executor ray: the cluster to join (ray.init's address)")
+    g.add_argument("--ray-cpus-per-replica", type=positive_int, default=None, metavar="N",
+                   help="--executor ray: CPUs each replica actor asks for, and its threads (default: the "
+                        "cluster's CPUs / --data-parallel-size)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
 
