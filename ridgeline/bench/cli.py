@@ -28,5 +28,7 @@ def register(subparsers) -> None:
                 add_long_context_parser):
         add_engine_args(add(bsub))
     add_random_model_parser(bsub)
+    from ridgeline.bench.routing import add_routing_parser
+    add_routing_parser(bsub)
     p.set_defaults(func=lambda args: p.print_help())
 
