@@ -47,7 +47,8 @@ class FakeReplica:
             head, _, rest = data.partition(b"\r\n\r\n")
             line = head.split(b"\r\n")[0].decode()
             method, path = line.split()[:2]
-            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                           if h.lower().startswith(b"content-length")), 0)
             while len(rest) < length:
                 rest += conn.recv(65536)
             if method == "GET":

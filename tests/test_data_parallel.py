@@ -68,7 +68,7 @@ def test_two_replicas_behind_one_endpoint(dp_server):
         assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and list(health["replicas"].values()) == ["up", "up"]
-    assert metric(url, "ridgeline_prefix_cache_hits_total") > 0, "cache-aware: the later requests hit the first one's blocks"
+    assert metric(url, "ridgeline_prefix_cache_hits_total") > 0, "cache-aware: later requests hit the first's blocks"
     replicas = _children(proc.pid)
     assert len(replicas) == 2
     os.kill(replicas[0], signal.SIGKILL)

@@ -36,7 +36,7 @@ def add_routing_parser(bsub) -> argparse.ArgumentParser:
                    help="each replica's KV pool holds this many tenants' prompts (plus the requests' own tokens)")
     p.add_argument("--repeats", type=positive_int, default=1, help="runs of each policy, alternating")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here (default: only the table on stdout)")
     p.set_defaults(func=cmd_routing)
     return p
 
@@ -100,7 +100,8 @@ def run_policy(policy: str, args, spec: dict, bodies: list[dict]) -> dict:
         launcher.stop()
     totals = {s.name: s.value for m in sum_metrics(texts) for s in m.samples}
     ok = [r for r in results if "error" not in r]
-    queries, hits = totals.get("ridgeline_prefix_cache_queries_total", 0), totals.get("ridgeline_prefix_cache_hits_total", 0)
+    queries = totals.get("ridgeline_prefix_cache_queries_total", 0)
+    hits = totals.get("ridgeline_prefix_cache_hits_total", 0)
     return {"policy": policy, "requests": len(results), "errors": len(results) - len(ok),
             "hit_rate": hits / queries if queries else 0.0, "mean_ttft_s": statistics.fmean(r["ttft"] for r in ok),
             "p90_ttft_s": sorted(r["ttft"] for r in ok)[int(0.9 * (len(ok) - 1))],
@@ -153,7 +154,8 @@ def _row(r: dict) -> str:
 def summarize(runs: list[dict], policies: list[str]) -> dict:
     mean = {p: {k: statistics.fmean(r[k] for r in runs if r["policy"] == p)
                 for k in ("hit_rate", "mean_ttft_s", "p90_ttft_s", "mean_e2e_s")} for p in policies}
-    lines = ["| policy | prefix hit rate | mean TTFT (s) | p90 TTFT (s) | mean e2e (s) | requests per replica | errors |",
+    lines = ["| policy | prefix hit rate | mean TTFT (s) | p90 TTFT (s) | mean e2e (s) | requests per replica "
+             "| errors |",
              "|---|---|---|---|---|---|---|"] + [_row(r) for r in runs]
     summary = {"by_policy": mean}
     if "round-robin" in mean and "cache-aware" in mean:

@@ -28,7 +28,7 @@ class RouterSettings:
     health_interval: float = 2.0  # seconds between health checks of every replica
     connect_timeout: float = 5.0
     replica_api_key: str | None = None  # sent to replicas on the router's own calls (/health, /info, ...)
-    api_key: str | None = None  # the router's own routes (/metrics) need it too; generation routes are checked by replicas
+    api_key: str | None = None  # the router's /metrics needs it; replicas check the generation routes
     public_metrics: bool = False
     slack: float = 0.5  # cache-aware: above (1 + slack) x mean load a replica loses its affinity
     quiet: bool = False

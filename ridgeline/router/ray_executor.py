@@ -62,8 +62,9 @@ class RayLauncher:
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
         except OSError as e:
-            raise RidgelineError(f"--executor ray: no Ray cluster at {self.address} ({e.strerror or e}); start one "
-                                 "with `ray start --head` (and `ray start --address HEAD:6379` on other machines)") from None
+            raise RidgelineError(f"--executor ray: no Ray cluster at {self.address} ({e.strerror or e}); start "
+                                 "one with `ray start --head` (and `ray start --address HEAD:6379` on other "
+                                 "machines)") from None
 
     def _connect(self) -> None:
         self._reachable()
