@@ -247,7 +247,8 @@ def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
     for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
-                "ridgeline.eval.cli", "ridgeline.quant.cli", "ridgeline.spec.cli"):
+                "ridgeline.eval.cli", "ridgeline.quant.cli", "ridgeline.spec.cli",
+                "ridgeline.router.cli"):
         try:
             yield importlib.import_module(mod).register
         except ModuleNotFoundError as e:

@@ -127,6 +127,7 @@ class AsyncEngine:
         # tests: called on the step thread before each step; False holds the step (adds and aborts still
         # apply) until the next op or wake(). Makes "still running when X happens" certain, not raced.
         self.step_gate = None
+        self.after_step = None  # called on the step thread after each step (KV event publishing)
         self.stats = self._snapshot()
         engine.on_rank_failure(self._rank_failed)
 
@@ -262,6 +263,9 @@ class AsyncEngine:
                 log.exception("engine step failed; ending the %d request(s) in flight with a 500", len(self._live))
                 self._abort_all(EngineStepError())
                 continue
+            finally:
+                if self.after_step is not None:
+                    self.after_step()
             for out in outputs:
                 if out.finished:
                     self._live.discard(out.request_id)

@@ -80,6 +80,7 @@ class PrefixCacheIndex:
     def __init__(self):
         self.by_hash: dict[BlockHash, int] = {}  # hash -> block id
         self.entries: dict[int, tuple[BlockHash, BlockKey]] = {}  # block id -> (hash, key)
+        self.events = None  # a KVEventRecorder (engine/kv_events.py) told of every add and remove, or None
 
     def __contains__(self, block: int) -> bool:
         return block in self.entries
@@ -99,11 +100,15 @@ class PrefixCacheIndex:
             return False
         self.by_hash[h] = block
         self.entries[block] = (h, key)
+        if self.events is not None:
+            self.events.stored(h)
         return True
 
     def remove(self, block: int) -> None:
         h, _ = self.entries.pop(block)
         del self.by_hash[h]
+        if self.events is not None:
+            self.events.removed(h)
 
     def check(self) -> None:
         assert len(self.by_hash) == len(self.entries), "hash map and entries disagree"

@@ -20,6 +20,7 @@ from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import install_error_handlers
 from ridgeline.serve.guard import Guard
 from ridgeline.serve.metrics import ServerMetrics
+from ridgeline.serve.replica_info import install_replica_routes, start_publisher
 from ridgeline.serve.request_log import RequestLog
 from ridgeline.serve.state import ServerSettings, ServerState, state_of
 from ridgeline.serve.stats_log import log_throughput
@@ -32,6 +33,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     request_log = RequestLog(settings.log_requests) if settings.log_requests else None
     state = ServerState(settings, engine, async_engine, metrics, request_log, Drain(async_engine),
                         system_fingerprint(engine))
+    state.kv_events = start_publisher(engine, async_engine, settings.kv_events_endpoint)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -48,6 +50,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
             state.executor.shutdown(wait=False, cancel_futures=True)
             if request_log is not None:
                 request_log.close()
+            if state.kv_events is not None:
+                state.kv_events.close()
 
     # FastAPI's own /docs and /redoc load their scripts from a CDN: replaced by an offline page
     app = FastAPI(title="ridgeline", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -60,6 +64,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
         app.add_api_route(path, route, methods=["GET"])
         app.add_api_route(path, route, methods=["HEAD"], include_in_schema=False)
     app.add_api_route("/metrics", prometheus, methods=["GET"])
+    install_replica_routes(app)
 
     async def docs():
         return docs_page(app.openapi())

@@ -6,6 +6,7 @@ import logging
 import os
 
 from ridgeline.cli import add_engine_args, engine_kwargs
+from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.serve.state import ServerSettings
 
@@ -57,6 +58,23 @@ def register(subparsers) -> None:
     g.add_argument("--access-log", action="store_true", help="uvicorn's access log, one line per HTTP request (default: off)")
     g.add_argument("--log-requests", default=None, metavar="FILE",
                    help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`; default: off)")
+    g = p.add_argument_group("replicas and routing")
+    g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT",
+                   help="publish the prefix cache's block stored / removed events on this ZeroMQ PUB endpoint "
+                        "(e.g. tcp://*:5557), for `ridgeline router --policy cache-aware` (default: off)")
+    g.add_argument("--data-parallel-size", type=positive_int, default=1, metavar="N",
+                   help="N replicas of the model behind this one endpoint, the CPU cores split between them, "
+                        "routed by --router-policy (replicas listen on internal loopback ports the OS picks)")
+    g.add_argument("--router-policy", default="cache-aware", choices=["round-robin", "least-load", "cache-aware"],
+                   help="--data-parallel-size > 1: how a request's replica is picked")
+    g.add_argument("--executor", default="process", choices=["process", "ray"],
+                   help="--data-parallel-size: start replicas as processes on this machine, or as Ray actors on "
+                        "an existing Ray cluster (`ray start --head`; placement by CPUs)")
+    g.add_argument("--ray-address", default="auto",
+                   help="--executor ray: the cluster to join (ray.init's address)")
+    g.add_argument("--ray-cpus-per-replica", type=positive_int, default=None, metavar="N",
+                   help="--executor ray: CPUs each replica actor asks for, and its threads (default: the "
+                        "cluster's CPUs / --data-parallel-size)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
 
@@ -105,14 +123,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
         raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
-    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
-    engine = build_off_main_thread(lambda: LLMEngine(config))
     name = args.served_model_name or model
     settings = ServerSettings(
         name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
-        quiet=args.quiet)
+        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint)
+    if args.data_parallel_size > 1 or args.executor == "ray":
+        from ridgeline.router.data_parallel import serve_data_parallel
+        return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
+    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
+    engine = build_off_main_thread(lambda: LLMEngine(config))
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)

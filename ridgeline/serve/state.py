@@ -29,6 +29,7 @@ class ServerSettings:
     max_connections: int = 1000  # open connections; a request on one over the cap gets 503
     public_metrics: bool = False  # /metrics needs no API key
     quiet: bool = False  # no per-request or throughput log lines
+    kv_events_endpoint: str | None = None  # ZeroMQ endpoint to publish KV events on (serve/kv_publisher.py)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ServerState:
     request_log: RequestLog | None = None
     drain: Drain = None
     system_fingerprint: str = ""
+    kv_events: object = None  # the KVEventPublisher with --kv-events-endpoint, else None
     # tokenizing and chat-template rendering run here, off the event loop: a huge prompt must not
     # stall every other route (the tokenizer releases the GIL while it encodes)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "ridgeline-tokenize"))

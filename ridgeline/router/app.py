@@ -1,0 +1,76 @@
+"""build_router_app(router): the router's OpenAI front (FastAPI). Generation routes are routed by
+the policy; /v1/models goes to any replica that is up; /health and /metrics are the router's."""
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ridgeline import __version__
+from ridgeline.router.core import Router
+from ridgeline.router.policy import Route
+from ridgeline.router.proxy import forward, forwarded_headers
+from ridgeline.serve.errors import ApiError, install_error_handlers
+
+GENERATE = ("/v1/completions", "/v1/chat/completions")
+
+
+def build_router_app(router: Router) -> FastAPI:
+    # tokenizing and hashing run here, off the event loop (the tokenizer releases the GIL)
+    executor = ThreadPoolExecutor(2, "ridgeline-route")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await router.start()
+        try:
+            yield
+        finally:
+            await router.stop()
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="ridgeline router", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.router = router
+    install_error_handlers(app, lambda status: router.metrics.requests.labels("router", str(status)).inc())
+
+    async def generate(request: Request):
+        body = await request.body()
+        route = Route()
+        if router.hasher is not None:
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                parsed = None
+            route = await asyncio.get_running_loop().run_in_executor(
+                executor, router.hasher.route, request.url.path, parsed)
+        return await forward(router, "POST", request.url.path, body, forwarded_headers(request.headers), route)
+
+    async def models(request: Request):
+        return await forward(router, request.method, request.url.path, b"", forwarded_headers(request.headers),
+                             Route())
+
+    async def health(_: Request):
+        up = router.up()
+        replicas = {r.url: "up" if r.up else f"down: {r.reason}" for r in router.replicas}
+        return JSONResponse({"status": "ok" if up else "unavailable", "replicas": replicas},
+                            status_code=200 if up else 503)
+
+    async def metrics(request: Request):
+        key = router.settings.api_key
+        if key and not router.settings.public_metrics and request.headers.get("authorization") != f"Bearer {key}":
+            raise ApiError(401, "this server needs an API key: send `Authorization: Bearer KEY`",
+                           code="invalid_api_key")
+        return Response(router.metrics.render(await router.replica_metrics()), media_type=CONTENT_TYPE_LATEST)
+
+    for path in GENERATE:
+        app.add_api_route(path, generate, methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    return app

@@ -1,0 +1,59 @@
+"""`ridgeline router --replica URL [--replica URL ...] --policy {round-robin,least-load,cache-aware}`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from ridgeline.cli_parser import positive_float
+from ridgeline.errors import RidgelineError
+
+
+def register(subparsers) -> None:
+    from ridgeline.router.policy import POLICIES
+    p = subparsers.add_parser(
+        "router", help="one OpenAI endpoint in front of Ridgeline replicas (round-robin, least-load, cache-aware)",
+        description="Proxy the OpenAI routes to a set of `ridgeline serve` replicas of one model, picking a "
+                    "replica per request. cache-aware follows the replicas' KV events (start them with "
+                    "--kv-events-endpoint) and sends a request where its prompt's prefix is cached, unless "
+                    "that replica is overloaded.")
+    p.add_argument("--replica", action="append", default=[], metavar="URL",
+                   help="a replica's base URL, e.g. http://10.0.0.2:8000 (repeat for each)")
+    p.add_argument("--policy", default="cache-aware", choices=list(POLICIES), help="how a replica is picked")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
+    p.add_argument("--tokenizer", default=None, metavar="FOLDER",
+                   help="cache-aware: the model's tokenizer folder (default: the replicas' model folder, "
+                        "when this machine has it)")
+    p.add_argument("--health-interval", type=positive_float, default=2.0, metavar="S",
+                   help="seconds between health checks of each replica")
+    p.add_argument("--slack", type=float, default=0.5,
+                   help="cache-aware: a replica above (1 + slack) x the mean load loses its cache affinity")
+    p.add_argument("--replica-api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+                   help="the key the router sends on its own calls to replicas (default: $RIDGELINE_API_KEY, "
+                        "else none); clients' Authorization headers are passed through")
+    p.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+                   help="the router's /metrics needs `Authorization: Bearer KEY` (default: $RIDGELINE_API_KEY, else "
+                        "no key); generation routes are checked by the replicas, which get the client's header")
+    p.set_defaults(func=cmd_router)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from ridgeline.router.core import RouterSettings
+    from ridgeline.router.serve import build_router, serve_router
+    from ridgeline.serve.server import bind, url_of
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
+    settings = RouterSettings(args.policy, args.health_interval, slack=args.slack,
+                              replica_api_key=args.replica_api_key, api_key=args.api_key)
+    router = asyncio.run(build_router(args.replica, settings, args.tokenizer))
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        raise RidgelineError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    sock.listen(2048)  # connections queue from now on: the line below may be read as "ready"
+    print(f"routing   {len(router.replicas)} replica(s) of `{router.replicas[0].info.get('model')}` "
+          f"({args.policy}) at {url_of(sock)}/v1", flush=True)
+    return serve_router(router, sock)

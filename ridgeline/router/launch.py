@@ -1,0 +1,115 @@
+"""Start N replicas of one model on this machine as processes, each on a loopback socket the parent
+binds on a port the OS picks (so two servers on one host never collide) and with its KV events on an
+ipc:// socket in a private folder, and split the CPU cores between them."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ridgeline.errors import RidgelineError
+from ridgeline.serve.server import bind, url_of
+
+START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
+
+
+def core_shares(n: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """The cores of each of n replicas: contiguous, as equal as they divide; [] each when n > cores."""
+    cpus = sorted(cpus if cpus is not None else _available_cpus())
+    if n > len(cpus):
+        return [[] for _ in range(n)]
+    base, extra = divmod(len(cpus), n)
+    shares, start = [], 0
+    for i in range(n):
+        size = base + (i < extra)
+        shares.append(cpus[start:start + size])
+        start += size
+    return shares
+
+
+def _available_cpus() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return list(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+@dataclass
+class ReplicaProcess:
+    index: int
+    url: str
+    process: subprocess.Popen
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
+
+
+class ProcessLauncher:
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="ridgeline-dp-")
+        self.replicas: list[ReplicaProcess] = []
+
+    def start(self, specs: list[dict], kv_events: bool = True) -> list[ReplicaProcess]:
+        shares = core_shares(len(specs))
+        total = len(_available_cpus())
+        for i, spec in enumerate(specs):
+            sock = bind("127.0.0.1", 0)
+            url = url_of(sock)
+            threads = len(shares[i]) or max(1, total // len(specs))
+            events = f"ipc://{self.folder}/replica-{i}.kv" if kv_events else None
+            spec = {**spec, "index": i, "threads": threads, "cpus": shares[i], "parent": os.getpid(),
+                    "settings": {**spec["settings"], "kv_events_endpoint": events}}
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+            proc = subprocess.Popen([sys.executable, "-m", "ridgeline.router.replica_main", json.dumps(spec),
+                                     str(sock.fileno())], pass_fds=[sock.fileno()], env=env)
+            sock.close()  # the child holds its own copy
+            self.replicas.append(ReplicaProcess(i, url, proc))
+        self.wait_ready()
+        return self.replicas
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(self.replicas)
+        while pending:
+            for r in list(pending):
+                code = r.exit_code()
+                if code is not None:
+                    self.stop()
+                    raise RidgelineError(f"replica {r.index} exited with code {code} while starting (its log is above)")
+                try:
+                    if httpx.get(r.url + "/health", timeout=2.0).status_code == 200:
+                        pending.remove(r)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                self.stop()
+                raise RidgelineError(f"replica(s) {[r.index for r in pending]} did not start within {timeout:g}s")
+            if pending:
+                time.sleep(0.2)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (each replica drains), then SIGKILL what is left after timeout."""
+        for r in self.replicas:
+            if r.exit_code() is None:
+                r.process.terminate()
+        deadline = time.monotonic() + timeout
+        for r in self.replicas:
+            try:
+                r.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                r.process.kill()
+                r.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def exit_reason(self, url: str) -> str | None:
+        """Why the replica at url is gone (its process exited), or None while it runs."""
+        for r in self.replicas:
+            if r.url == url and r.exit_code() is not None:
+                return f"its process exited with code {r.exit_code()}"
+        return None

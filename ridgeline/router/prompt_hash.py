@@ -1,0 +1,46 @@
+"""A request body -> its Route: token ids exactly as a replica computes them (the chat template
+rendered by the same Tokenizer code from the replicas' model folder, completions encoded as
+LLMEngine.encode_prompt does), then the replicas' block hashes (salted by `cache_salt`).
+
+A body the router cannot read is routed without hashes (load only): the replica it reaches answers
+the error, so the router never refuses a request a replica would accept."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ridgeline.engine.prefix_cache import block_hashes
+from ridgeline.router.policy import Route
+
+CHAT = "/v1/chat/completions"
+
+
+class PromptHasher:
+    def __init__(self, tokenizer_folder: str | Path, block_size: int):
+        from ridgeline.weights.tokenizer import Tokenizer
+        self.tokenizer = Tokenizer(Path(tokenizer_folder))
+        self.block_size = block_size
+
+    def token_ids(self, path: str, body: dict) -> list[int]:
+        if path == CHAT:
+            from ridgeline.serve.protocol import ChatCompletionRequest
+            messages = ChatCompletionRequest.model_validate(body).messages
+            return self.tokenizer.encode_chat([m.as_template_input() for m in messages])
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]  # several prompts: the first one decides
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt) if prompt else []
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return prompt
+        return []
+
+    def route(self, path: str, body) -> Route:
+        try:
+            ids = self.token_ids(path, body) if isinstance(body, dict) else []
+        except Exception:  # invalid body: the replica will say why
+            ids = []
+        salt = body.get("cache_salt") if isinstance(body, dict) else None
+        salt = salt if isinstance(salt, str) else None
+        # a hit never covers the last token: only blocks before it can match
+        hashes = block_hashes(ids[:-1], self.block_size, salt) if ids else []
+        return Route(len(ids), hashes, self.block_size)

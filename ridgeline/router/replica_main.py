@@ -1,0 +1,63 @@
+"""One replica of `ridgeline serve --data-parallel-size N`: `python -m ridgeline.router.replica_main
+SPEC_JSON FD` serves the OpenAI routes on the listening socket FD its parent bound, with the threads
+(and CPUs, where the parent gave some) of its share. SPEC_JSON: {"model", "engine": engine keyword
+arguments, "settings": ServerSettings fields, "threads", "cpus"}."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def build_replica_app(spec: dict):
+    """The FastAPI app of one replica (a process here, a Ray actor in router/ray_executor.py)."""
+    import torch
+
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.async_engine import build_off_main_thread
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.state import ServerSettings
+
+    torch.set_num_threads(spec["threads"])
+    config = EngineConfig.from_kwargs(spec["model"], progress=False, **spec["engine"])
+    engine = build_off_main_thread(lambda: LLMEngine(config))
+    return build_app(engine, ServerSettings(**spec["settings"]))
+
+
+def _end_with_parent() -> None:
+    """Linux: SIGTERM (a drain) when the process that started this replica dies, even by SIGKILL, so
+    no replica outlives its router."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    import logging
+
+    from ridgeline.errors import RidgelineError
+    from ridgeline.serve.server import serve_forever
+
+    _end_with_parent()
+    spec, fd = json.loads(argv[1]), int(argv[2])
+    if spec.get("parent") and os.getppid() != spec["parent"]:
+        return 1  # the parent died before the line above could take effect
+    logging.basicConfig(level=logging.INFO, format=f"%(levelname)s replica {spec.get('index', 0)}: %(message)s")
+    if spec.get("cpus") and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, spec["cpus"])
+    sock = socket.socket(fileno=fd)
+    try:
+        app = build_replica_app(spec)
+    except RidgelineError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    return serve_forever(app, sock)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

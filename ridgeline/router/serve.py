@@ -1,0 +1,94 @@
+"""Build a Router from replica URLs (start-up checks included) and serve it under uvicorn."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from ridgeline.router.core import Router, RouterSettings
+from ridgeline.router.prompt_hash import PromptHasher
+from ridgeline.router.startup import discover, tokenizer_folder
+
+
+async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str | None = None) -> Router:
+    headers = {"Authorization": f"Bearer {settings.replica_api_key}"} if settings.replica_api_key else {}
+    async with httpx.AsyncClient(timeout=settings.connect_timeout + 5, headers=headers) as client:
+        replicas = await discover(client, urls, settings.policy)
+    hasher = None
+    if settings.policy == "cache-aware":
+        folder = tokenizer_folder(tokenizer, [r.info for r in replicas])
+        hasher = PromptHasher(folder, replicas[0].info["block_size"])
+    return Router(replicas, settings, hasher)
+
+
+class _RouterServer(uvicorn.Server):
+    """uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would end the process
+    before `ridgeline serve --data-parallel-size` stops its replicas; here a signal only stops the
+    server (a second one without waiting for open connections) and run() returns."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, sig: int, frame) -> None:
+        self.force_exit = self.should_exit
+        self.should_exit = True
+
+
+def _config(router: Router) -> uvicorn.Config:
+    from ridgeline.router.app import build_router_app
+    return uvicorn.Config(build_router_app(router), lifespan="on", access_log=False, log_level="warning",
+                          timeout_keep_alive=5)
+
+
+def serve_router(router: Router, sock: socket.socket) -> int:
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
+    _RouterServer(_config(router)).run(sockets=[sock])
+    return 0
+
+
+class RouterThread:
+    """The router on a background thread (tests, benchmarks)."""
+
+    def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0):
+        from ridgeline.serve.server import bind, url_of
+        self.router = router
+        self.sock = bind(host, port)
+        self.url = url_of(self.sock)
+        self.server = _RouterServer(_config(router))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="ridgeline-router", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> RouterThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the router at {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+    def __enter__(self) -> RouterThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

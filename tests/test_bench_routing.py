@@ -1,0 +1,37 @@
+"""`ridgeline bench routing`'s parts that need no replicas: the multi-tenant workload, the KV pool
+sizing and the report."""
+from __future__ import annotations
+
+from ridgeline.bench.routing import pool_bytes, summarize
+from ridgeline.bench.routing_workload import routing_workload
+from ridgeline.weights.tokenizer import Tokenizer
+
+
+def test_workload_interleaves_tenants_with_shared_prompts(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    w = routing_workload(tok, tenants=4, prefix_tokens=200, per_tenant=3, question_words=5, seed=1)
+    assert len(w) == 12
+    for r in range(3):  # each round has every tenant once
+        assert sorted(t for t, _ in w[4 * r:4 * r + 4]) == [0, 1, 2, 3]
+    systems = {t: m[0]["content"] for t, m in w}
+    assert all(m[0]["content"] == systems[t] for t, m in w), "a tenant's requests share its system prompt"
+    assert len(set(systems.values())) == 4 and len({m[1]["content"] for _, m in w}) == 12
+    assert all(180 <= len(tok.encode(s, add_special_tokens=False)) <= 200 for s in systems.values())
+    assert w == routing_workload(tok, 4, 200, 3, 5, seed=1)
+
+
+def test_pool_bytes_counts_blocks_of_the_models_kv(tiny_llama):
+    # tiny llama: 2 layers x 2 KV heads x head_dim 16, K and V, float32 -> 512 B per token
+    kv, dtype = pool_bytes(str(tiny_llama), "float32", 100)
+    assert dtype == "float32" and kv == 7 * 16 * 512
+
+
+def test_summary_ratios_and_shares():
+    runs = [{"policy": "round-robin", "hit_rate": 0.2, "mean_ttft_s": 3.0, "p90_ttft_s": 5.0, "mean_e2e_s": 4.0,
+             "share": [0.5, 0.5], "errors": 0},
+            {"policy": "cache-aware", "hit_rate": 0.5, "mean_ttft_s": 1.0, "p90_ttft_s": 2.0, "mean_e2e_s": 2.0,
+             "share": [0.6, 0.4], "errors": 0}]
+    s = summarize(runs, ["round-robin", "cache-aware"])
+    assert s["summary"]["hit_rate_gain"] == 2.5 and s["summary"]["ttft_speedup"] == 3.0
+    assert s["summary"]["max_share_cache_aware"] == 0.6
+    assert "| cache-aware | 50.0% | 1.000 | 2.000 | 2.000 | 60% / 40% | 0 |" in s["table"]

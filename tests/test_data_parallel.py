@@ -1,0 +1,82 @@
+"""`ridgeline serve --data-parallel-size 2` on the tiny model: two replica processes behind one
+endpoint with cache-aware routing; a replica killed is taken out, both killed gives 503."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from server_helpers import metric, wait_until
+
+from ridgeline.router.launch import core_shares
+
+pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")
+
+
+def test_core_shares_split_the_cores():
+    assert core_shares(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert core_shares(1, [3, 1]) == [[1, 3]]
+    assert core_shares(3, [0, 1]) == [[], [], []]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+@pytest.fixture
+def dp_server(tiny_llama):
+    proc = subprocess.Popen([sys.executable, "-m", "ridgeline.cli", "serve", str(tiny_llama), "--port", "0",
+                             "--data-parallel-size", "2", "--served-model-name", "tiny", "--dtype", "float32",
+                             "--kv-cache-memory", "2MiB", "--quiet"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.search(r"at (http://\S+)/v1: 2 replicas", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, f"the server did not start (exit code {proc.poll()})"
+        yield proc, url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_two_replicas_behind_one_endpoint(dp_server):
+    proc, url = dp_server
+    body = {"model": "tiny", "messages": [{"role": "system", "content": "shared prefix " * 12},
+                                          {"role": "user", "content": "hi"}], "max_tokens": 3}
+    for _ in range(3):
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok" and list(health["replicas"].values()) == ["up", "up"]
+    assert metric(url, "ridgeline_prefix_cache_hits_total") > 0, "cache-aware: later requests hit the first's blocks"
+    replicas = _children(proc.pid)
+    assert len(replicas) == 2
+    os.kill(replicas[0], signal.SIGKILL)
+    wait_until(lambda: "down" in " ".join(httpx.get(url + "/health").json()["replicas"].values()), "replica down")
+    for _ in range(2):
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    os.kill(replicas[1], signal.SIGKILL)
+    wait_until(lambda: httpx.get(url + "/health").status_code == 503, "every replica down")
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
+    assert "process exited" in r.json()["error"]["message"]
