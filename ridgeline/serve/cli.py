@@ -57,6 +57,10 @@ def register(subparsers) -> None:
     g.add_argument("--access-log", action="store_true", help="uvicorn's access log, one line per HTTP request (default: off)")
     g.add_argument("--log-requests", default=None, metavar="FILE",
                    help="append each request body to FILE as a JSON line (input for `ridgeline cache-report`; default: off)")
+    c = p.add_argument_group("web console")
+    c.add_argument("--no-console", dest="console", action="store_false",
+                   help="no web console at / (chat playground, live view, calculators); / is then 404 "
+                        "(default: the console is on)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
 
@@ -102,8 +106,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
-        quiet=args.quiet)
+        quiet=args.quiet, console=args.console)
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
+    if args.console:
+        print(f"console   {url_of(sock)}/", flush=True)
     return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)

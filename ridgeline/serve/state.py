@@ -29,6 +29,7 @@ class ServerSettings:
     max_connections: int = 1000  # open connections; a request on one over the cap gets 503
     public_metrics: bool = False  # /metrics needs no API key
     quiet: bool = False  # no per-request or throughput log lines
+    console: bool = True  # the web console at / (its page and scripts need no key; its APIs do)
 
 
 @dataclass
