@@ -44,15 +44,16 @@ class LiveView:
         self.samples: deque[Sample] = deque(maxlen=SERIES_LEN)
         self._wall: tuple[float, tuple, dict] | None = None  # (time, inputs, wall)
 
-    def _sample(self) -> None:
-        now = time.monotonic()
-        if self.samples and now - self.samples[-1].t < MIN_INTERVAL_S:
-            return
+    def _sample(self) -> Sample:
+        """The counters now; kept for the series unless the last kept one is under MIN_INTERVAL_S old."""
         r, ae = self.state.metrics.registry, self.state.async_engine
         s = ae.stats
-        self.samples.append(Sample(now, r.get_sample_value("ridgeline_prompt_tokens_total") or 0.0,
-                                   r.get_sample_value("ridgeline_generation_tokens_total") or 0.0,
-                                   ae.num_running, ae.num_waiting, s.kv_blocks_used, s.kv_blocks_cached))
+        now = Sample(time.monotonic(), r.get_sample_value("ridgeline_prompt_tokens_total") or 0.0,
+                     r.get_sample_value("ridgeline_generation_tokens_total") or 0.0,
+                     ae.num_running, ae.num_waiting, s.kv_blocks_used, s.kv_blocks_cached)
+        if not self.samples or now.t - self.samples[-1].t >= MIN_INTERVAL_S:
+            self.samples.append(now)
+        return now
 
     def series(self) -> list[dict]:
         xs = list(self.samples)
@@ -73,9 +74,9 @@ class LiveView:
         return wall
 
     def snapshot(self, hardware: str) -> dict:
-        self._sample()
+        last = self._sample()
         st = self.state
-        s, info, last = st.async_engine.stats, st.engine.info, self.samples[-1]
+        s, info = st.async_engine.stats, st.engine.info
         series = self.series()
         recent = list(st.metrics.recent)
         prompt = sum(r.prompt_tokens for r in recent)
