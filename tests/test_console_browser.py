@@ -138,14 +138,15 @@ def fill_form(page, kind: str, values: dict) -> list[str]:
         field = f"#calc-{name}"
         if page.query_selector(field) is None:
             continue
-        if page.get_attribute(field, "name") and page.eval_on_selector(field, "e => e.tagName") == "SELECT":
+        if page.eval_on_selector(field, "e => e.tagName") == "SELECT":
             page.select_option(field, value)
         else:
             page.fill(field, value)
     page.evaluate("document.getElementById('calc-form').dataset.state = 'busy'")
     page.click("#calc-run")
     page.wait_for_selector("#calc-form[data-state='done']")
-    sent = page.eval_on_selector_all("#calc-fields input, #calc-fields select", "els => els.map(e => [e.name, e.value])")
+    sent = page.eval_on_selector_all("#calc-fields input, #calc-fields select",
+                                     "els => els.map(e => [e.name, e.value])")
     return [x for name, value in sent if value != "" for x in (f"--{name.replace('_', '-')}", value)]
 
 

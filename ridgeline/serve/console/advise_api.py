@@ -126,7 +126,8 @@ def advise(name: str, body: dict, request: Request):
         return finite_or_none({"roofline": roofline_points(s), "workload": s.w.summary(), "hardware": s.hw.name})
     sections, wall, techniques = CALCULATORS[name](s)
     out = {"json": as_json(s, sections, wall, techniques), "text": render(sections, wall, techniques),
-           "view": [_view(sec) for sec in sections]}
+           "view": [_view(sec) for sec in sections],
+           "techniques_text": render([], None, techniques) if techniques else ""}
     if name == "spec":
         out["curve"] = finite_or_none(spec_curve(s, SPEC_CHART))
         at = spec_curve(s, [_batch(body)])[0]

@@ -86,4 +86,4 @@ def live_wall(engine, name: str, hardware_name: str, recent, running: int) -> di
     except AdvisorError as e:
         return {"name": None, "reason": e.message, "hardware": hardware_name}
     return {**diagnose(s).json(), "hardware": s.hw.name, "workload": s.w.summary(),
-            "roofline": roofline_points(s)}
+            "predicted": {"ttft": s.serving.ttft, "tpot": s.serving.tpot_contended}, "roofline": roofline_points(s)}

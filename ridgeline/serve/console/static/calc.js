@@ -48,7 +48,13 @@ function buildFields() {
   }
   $("spec-slider").hidden = kind() !== "spec";
   $("roof-live-label").hidden = kind() !== "roofline";
+  liveFields();
   $("calc-title").textContent = TITLES[kind()];
+}
+
+function liveFields() {
+  const live = kind() === "roofline" && $("roof-live").checked;
+  $("calc-fields").querySelectorAll("input, select").forEach((el) => { el.disabled = live && el.name !== "hardware"; });
 }
 
 function body() {
@@ -63,6 +69,7 @@ function showError(e) {
   $("calc-error").textContent = e.message;
   $("calc-values").innerHTML = "";
   $("calc-text").textContent = "";
+  $("calc-techniques").hidden = true;
   $("calc-chart-box").hidden = true;
   const bad = e.param && $("calc-" + e.param);
   if (bad) bad.setAttribute("aria-invalid", "true");
@@ -117,9 +124,11 @@ function roofChart(r) {
   plot($("calc-chart"), { xlog: true, ylog: true, xlabel: "FLOP per byte", ylabel: "FLOP/s",
     vlines: [{ x: roof.ridge_ai, label: "ridge" }],
     series: [{ label: "roof", points: roof.roof, color: "#1b1f24" },
-      { label: "", points: other.map((p) => [p.ai, p.achieved]), marker: 3, labels: other.map((p) => p.name) },
-      { label: "", points: work.map((p) => [p.ai, p.achieved]), marker: 6, color: "#c4432b", labels: work.map((p) => p.name) }] });
-  $("calc-chart-note").textContent = `${roof.title}; on ${r.hardware}`;
+      { label: "this workload", points: work.map((p) => [p.ai, p.achieved]), marker: 6, color: "#c4432b", labels: work.map((p) => p.name) },
+      { label: "other batch sizes", points: other.map((p) => [p.ai, p.achieved]), marker: 3, labels: other.map((p) => p.name) }] });
+  const w = r.workload;
+  $("calc-chart-note").textContent = `${roof.title}. Workload: prompt ${w.prompt_len}, output ${w.output_len}, ` +
+    `${w.concurrency} concurrent, prefix share ${w.prefix_share}` + ($("roof-live").checked ? " (this server's recent requests)" : "");
   $("calc-values").innerHTML = "";
   const ul = document.createElement("ul");
   ul.className = "notes";
@@ -130,7 +139,6 @@ function roofChart(r) {
     ul.append(li);
   }
   $("calc-values").append(ul);
-  $("calc-text").textContent = JSON.stringify(r.workload);
 }
 
 async function run() {
@@ -143,6 +151,9 @@ async function run() {
   try {
     const r = await json("/console/api/advise/" + name, body());
     if (mine !== seq) return;
+    $("calc-cli").hidden = name === "roofline";
+    $("calc-techniques").hidden = !r.techniques_text;
+    $("calc-techniques").textContent = r.techniques_text || "";
     if (name === "roofline") roofChart(r);
     else {
       sections(r.view);
@@ -171,6 +182,6 @@ export async function setupCalc() {
     $("calc-batch-out").textContent = String(2 ** Number($("calc-batch").value));
     run();
   });
-  $("roof-live").addEventListener("change", run);
+  $("roof-live").addEventListener("change", () => { liveFields(); run(); });
   run();
 }

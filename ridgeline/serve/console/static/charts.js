@@ -69,13 +69,19 @@ export function plot(canvas, spec) {
   if (spec.ylabel) { g.fillText(spec.ylabel, 2, 12); legendX += g.measureText(spec.ylabel).width + 16; }
   for (const v of spec.vlines || []) line(g, [[fx(v.x), T], [fx(v.x), height - B]], "#57606a", [4, 3], v.label);
   for (const h of spec.hlines || []) line(g, [[L, fy(h.y)], [width - R, fy(h.y)]], "#57606a", [4, 3], h.label);
+  const placed = [];  // label positions drawn so far: a label too close to one is left out
   spec.series.forEach((s, i) => {
     const color = s.color || COLORS[i % COLORS.length];
     const pts = s.points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1])).map((p) => [fx(p[0]), fy(p[1])]);
     if (s.marker) pts.forEach(([x, y], j) => {
       g.fillStyle = color;
       g.beginPath(); g.arc(x, y, s.marker, 0, 2 * Math.PI); g.fill();
-      if (s.labels && s.labels[j]) { g.fillStyle = "#1b1f24"; g.fillText(s.labels[j], x + 6, y - 6); }
+      const free = !placed.some(([px, py]) => Math.abs(px - x) < 70 && Math.abs(py - y) < 14);
+      if (s.labels && s.labels[j] && free) {
+        placed.push([x, y]);
+        g.fillStyle = "#1b1f24";
+        g.fillText(s.labels[j], x + 6, y - 6);
+      }
     });
     else line(g, pts, color, s.dash || []);
     if (s.label) {

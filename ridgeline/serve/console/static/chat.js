@@ -4,7 +4,7 @@
 import { call, errorOf } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
-const history = [];
+const turns = [];  // the conversation sent with each request
 let controller = null;
 
 function bubble(role, text) {
@@ -68,7 +68,7 @@ function meta(stats) {
 
 async function send(text) {
   const system = $("chat-system").value.trim();
-  history.push({ role: "user", content: text });
+  turns.push({ role: "user", content: text });
   bubble("user", text);
   const reply = bubble("assistant", "");
   const content = document.createElement("span");
@@ -76,7 +76,7 @@ async function send(text) {
   info.className = "meta";
   info.dataset.state = "waiting";
   reply.append(content, info);
-  const messages = (system ? [{ role: "system", content: system }] : []).concat(history);
+  const messages = (system ? [{ role: "system", content: system }] : []).concat(turns);
   const stats = { tokens: null, ttft: null, tps: null, cached: null, finish: null };
   controller = new AbortController();
   setBusy(true);
@@ -105,18 +105,18 @@ async function send(text) {
     }
     const seconds = first === null ? 0 : (performance.now() - first) / 1000;
     if (stats.tokens > 1 && seconds > 0) stats.tps = (stats.tokens - 1) / seconds;
-    history.push({ role: "assistant", content: content.textContent });
+    turns.push({ role: "assistant", content: content.textContent });
     info.dataset.state = "done";
   } catch (e) {
     if (e.name === "AbortError") {
       stats.finish = "stopped";
       info.dataset.state = "stopped";
-      history.push({ role: "assistant", content: content.textContent });
+      turns.push({ role: "assistant", content: content.textContent });
     } else {
       reply.classList.add("error");
       info.dataset.state = "error";
       stats.finish = "error: " + e.message;
-      history.pop();
+      turns.pop();
     }
   } finally {
     info.textContent = meta(stats);
@@ -142,5 +142,5 @@ export function setupChat() {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("chat-form").requestSubmit(); }
   });
   $("chat-stop").addEventListener("click", () => controller && controller.abort());
-  $("chat-clear").addEventListener("click", () => { history.length = 0; $("chat-log").textContent = ""; });
+  $("chat-clear").addEventListener("click", () => { turns.length = 0; $("chat-log").textContent = ""; });
 }

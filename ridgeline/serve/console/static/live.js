@@ -1,11 +1,12 @@
 // Live view: polls /console/api/live (the engine's counters, as /metrics has them) once a second while
 // the view is shown, and draws the server's time series.
 import { json } from "./api.js";
-import { plot, short } from "./charts.js";
+import { plot } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 const POLL_MS = 1000;
 let timer = null;
+let polling = false;
 
 const ms = (s) => (s === null || s === undefined ? "–" : s < 1 ? (s * 1000).toPrecision(3) + " ms" : s.toPrecision(3) + " s");
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
@@ -17,14 +18,20 @@ function render(d) {
   $("live-tps").textContent = d.tokens.generation_tps.toFixed(1);
   $("live-generated").textContent = d.tokens.generated_total.toFixed(0);
   $("live-window").textContent = d.recent.window;
-  $("live-hit").textContent = pct(d.recent.prefix_hit_rate) + (d.recent.n ? ` of ${d.recent.n}` : "");
+  $("live-hit").textContent = pct(d.recent.prefix_hit_rate) + (d.recent.n ? ` (${d.recent.n} requests)` : "");
   $("live-ttft").textContent = triple(d.recent.ttft);
   $("live-tpot").textContent = triple(d.recent.tpot);
   const f = d.formats;
   $("live-formats").textContent = `weights ${f.weights} (${f.quantization}); KV ${f.kv}; ${f.dtype}`;
   $("live-wall").textContent = d.wall.name || "not known yet";
   $("live-wall").dataset.wall = d.wall.name || "";
-  $("live-wall-reason").textContent = d.wall.reason + (d.wall.name ? ` — on ${d.wall.hardware}` : "");
+  $("live-wall-reason").textContent = d.wall.reason;
+  const p = d.wall.predicted;
+  $("live-wall-check").textContent = !p ? "" :
+    `The advisor's model of this traffic on ${d.wall.hardware} predicts TTFT ${ms(p.ttft)} and TPOT ${ms(p.tpot)}; ` +
+    `measured (p50 of the last ${d.recent.n}): TTFT ${ms(d.recent.ttft && d.recent.ttft.p50)}, ` +
+    `TPOT ${ms(d.recent.tpot && d.recent.tpot.p50)}. Far apart: pick the hardware this runs on (local: ` +
+    "`ridgeline advise --hardware local` measures it once).";
   const rows = d.kv.tiers.map((t) => `<tr><th scope="row">${t.name}</th><td>${t.used}</td><td>${t.cached}</td><td>${t.free}</td></tr>`);
   $("live-kv").tBodies[0].innerHTML = rows.join("");
   const s = d.speculative;
@@ -43,15 +50,22 @@ function render(d) {
   document.body.dataset.liveUpdates = String(Number(document.body.dataset.liveUpdates || 0) + 1);
 }
 
+// one polling loop at most: `polling` is set from the first request until the view is hidden
 async function poll() {
   timer = null;
-  if ($("view-live").hidden) return;
+  if ($("view-live").hidden) { polling = false; return; }
+  polling = true;
   try {
     render(await json("/console/api/live?hardware=" + encodeURIComponent($("live-hardware").value || "local")));
   } catch (e) {
     $("live-wall-reason").textContent = "live view unavailable: " + e.message;
   }
-  if (!$("view-live").hidden) timer = setTimeout(poll, POLL_MS);
+  if ($("view-live").hidden) polling = false;
+  else timer = setTimeout(poll, POLL_MS);
+}
+
+function now() {  // poll at once (the hardware changed, the view came back), without a second loop
+  if (timer) { clearTimeout(timer); poll(); } else if (!polling) poll();
 }
 
 export async function setupLive() {
@@ -62,8 +76,7 @@ export async function setupLive() {
   } catch (e) {
     select.innerHTML = "<option>local</option>";
   }
-  select.addEventListener("change", () => { if (!timer) poll(); });
-  document.addEventListener("viewchange", (ev) => { if (ev.detail === "view-live" && !timer) poll(); });
-  poll();
+  select.addEventListener("change", now);
+  document.addEventListener("viewchange", (ev) => { if (ev.detail === "view-live") now(); });
+  now();
 }
-export { short };
