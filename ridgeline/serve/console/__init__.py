@@ -1,33 +1,4 @@
 """The web console at `/`: a chat playground, the live view of the engine, and the advisor's calculators.
 Plain files in static/ (no build, nothing fetched from elsewhere) and two JSON APIs (live.py,
-advise_api.py). `install(app)` adds them; `ridgeline serve --no-console` leaves them out."""
-from __future__ import annotations
-
-from pathlib import Path
-
-from fastapi import FastAPI
-from fastapi.responses import FileResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
-
-from ridgeline.advisor.units import finite_or_none
-from ridgeline.serve.console import advise_api
-from ridgeline.serve.console.live import LiveView
-from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
-
-STATIC = Path(__file__).parent / "static"
-
-
-def install(app: FastAPI) -> None:
-    live = LiveView(app.state.ridgeline)
-
-    async def index():
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    async def live_view(hardware: str = "local"):  # async: reads counts the event loop owns
-        return JSONResponse(finite_or_none(live.snapshot(hardware)))
-
-    app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
-    app.add_api_route(LIVE_PATH, live_view, methods=["GET"], include_in_schema=False)
-    app.include_router(advise_api.router, include_in_schema=False)
-    app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=STATIC), name="console-static")
-    app.state.console = live
+advise_api.py), added by routes.install; `ridgeline serve --no-console` leaves them out. Light on
+purpose: the Guard imports paths.py from here."""

@@ -128,7 +128,7 @@ function roofChart(r) {
       { label: "other batch sizes", points: other.map((p) => [p.ai, p.achieved]), marker: 3, labels: other.map((p) => p.name) }] });
   const w = r.workload;
   $("calc-chart-note").textContent = `${roof.title}. Workload: prompt ${w.prompt_len}, output ${w.output_len}, ` +
-    `${w.concurrency} concurrent, prefix share ${w.prefix_share}` + ($("roof-live").checked ? " (this server's recent requests)" : "");
+    `${w.concurrency} concurrent, prefix share ${w.prefix_share.toFixed(2)}` + ($("roof-live").checked ? " (this server's recent requests)" : "");
   $("calc-values").innerHTML = "";
   const ul = document.createElement("ul");
   ul.className = "notes";

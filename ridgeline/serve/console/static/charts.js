@@ -76,12 +76,13 @@ export function plot(canvas, spec) {
     if (s.marker) pts.forEach(([x, y], j) => {
       g.fillStyle = color;
       g.beginPath(); g.arc(x, y, s.marker, 0, 2 * Math.PI); g.fill();
-      const free = !placed.some(([px, py]) => Math.abs(px - x) < 70 && Math.abs(py - y) < 14);
-      if (s.labels && s.labels[j] && free) {
-        placed.push([x, y]);
-        g.fillStyle = "#1b1f24";
-        g.fillText(s.labels[j], x + 6, y - 6);
-      }
+      if (!s.labels || !s.labels[j]) return;
+      const box = [x + 6, y - 17, g.measureText(s.labels[j]).width, 13];  // left, top, width, height
+      const hit = (b) => box[0] < b[0] + b[2] && b[0] < box[0] + box[2] && box[1] < b[1] + b[3] && b[1] < box[1] + box[3];
+      if (placed.some(hit)) return;
+      placed.push(box);
+      g.fillStyle = "#1b1f24";
+      g.fillText(s.labels[j], x + 6, y - 6);
     });
     else line(g, pts, color, s.dash || []);
     if (s.label) {

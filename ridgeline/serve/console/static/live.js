@@ -30,8 +30,8 @@ function render(d) {
   $("live-wall-check").textContent = !p ? "" :
     `The advisor's model of this traffic on ${d.wall.hardware} predicts TTFT ${ms(p.ttft)} and TPOT ${ms(p.tpot)}; ` +
     `measured (p50 of the last ${d.recent.n}): TTFT ${ms(d.recent.ttft && d.recent.ttft.p50)}, ` +
-    `TPOT ${ms(d.recent.tpot && d.recent.tpot.p50)}. Far apart: pick the hardware this runs on (local: ` +
-    "`ridgeline advise --hardware local` measures it once).";
+    `TPOT ${ms(d.recent.tpot && d.recent.tpot.p50)}. If they are far apart, pick the hardware this runs on ` +
+    "(local: `ridgeline advise --hardware local` measures this machine once).";
   const rows = d.kv.tiers.map((t) => `<tr><th scope="row">${t.name}</th><td>${t.used}</td><td>${t.cached}</td><td>${t.free}</td></tr>`);
   $("live-kv").tBodies[0].innerHTML = rows.join("");
   const s = d.speculative;
