@@ -177,3 +177,18 @@ def test_local_hardware_is_never_measured_from_a_request(server, monkeypatch):
 def test_unknown_calculator(server):
     r = httpx.post(server.url + "/console/api/advise/nope", json={})
     assert r.status_code == 400 and "unknown calculator" in r.json()["error"]["message"]
+
+
+def test_live_view_reports_speculative_acceptance_by_position(tiny_llama):
+    engine = LLMEngine(EngineConfig.from_kwargs(
+        str(tiny_llama), progress=False, dtype="float32", kv_cache_memory="2MiB", speculative_method="ngram",
+        num_speculative_tokens=3, ngram_min=1, speculative_controller="off"))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        assert httpx.post(s.url + "/v1/completions", json={
+            "model": "tiny", "prompt": "abc abc abc abc abc abc", "max_tokens": 32, "temperature": 0,
+            "ignore_eos": True}).status_code == 200
+        spec = httpx.get(s.url + "/console/api/live").json()["speculative"]
+    stats = engine.spec_stats
+    assert spec["drafted"] == stats.proposed > 0 and spec["accepted"] == stats.accepted
+    assert spec["by_position"] == stats.acceptance_by_position and len(spec["by_position"]) <= 3
+    assert "ngram" in spec["method"]
