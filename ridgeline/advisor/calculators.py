@@ -1,4 +1,4 @@
-"""The single-question calculators: `advise kv`, `advise gpus`, `advise spec`, `advise disagg`."""
+"""The single-question calculators: `advise kv`, `advise gpus`, `advise spec`, `advise disagg`, `advise quant`."""
 from __future__ import annotations
 
 from ridgeline.advisor import speculative as sp
@@ -6,6 +6,7 @@ from ridgeline.advisor.calc import Section
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.memory import kv_bytes_per_token, memory_section, weight_bytes
 from ridgeline.advisor.parallel import check_fits, choose_layout
+from ridgeline.advisor.quant_estimate import quant
 from ridgeline.advisor.report import model_section, parallel_section
 from ridgeline.advisor.roofline import decode_step, verify_step
 from ridgeline.advisor.scenario import Scenario
@@ -61,12 +62,25 @@ def spec(s: Scenario):
                  "while verification shares each sequence's KV read among k + 1 tokens")
     if s.ridge:
         sec.note(f"ridge batch {s.ridge:.0f}: once B (k+1) = {k + 1} B passes it, verification costs ~k+1 steps")
-    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
-        t, tv = decode_step(s.pl, b, ctx).total, verify_step(s.pl, b, ctx, k).total
-        kb, gb = sp.best_k(s.pl, b, ctx, a, c)
-        sec.note(f"batch {b:>3}: step {fmt_time(t):>9}, verify {k + 1} tokens/seq {fmt_time(tv):>9}, gain "
-                 f"{fmt_ratio(sp.gain(s.pl, b, ctx, a, k, c))}; best k {kb} -> {fmt_ratio(gb)}")
+    for r in spec_curve(s, SPEC_BATCHES):
+        sec.note(f"batch {r['batch']:>3}: step {fmt_time(r['step']):>9}, verify {k + 1} tokens/seq "
+                 f"{fmt_time(r['verify']):>9}, gain {fmt_ratio(r['gain'])}; best k {r['best_k']} -> "
+                 f"{fmt_ratio(r['best_gain'])}")
     return [sec], None, None
+
+
+SPEC_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def spec_curve(s: Scenario, batches) -> list[dict]:
+    """Speculation by batch size: plain step, verification step, gain at k, and the best k."""
+    a, k, c, ctx = s.sd.alpha, s.sd.k, s.sd.cost, s.w.mean_decode_context
+    rows = []
+    for b in batches:
+        kb, gb = sp.best_k(s.pl, b, ctx, a, c)
+        rows.append({"batch": b, "step": decode_step(s.pl, b, ctx).total, "verify": verify_step(s.pl, b, ctx, k).total,
+                     "gain": sp.gain(s.pl, b, ctx, a, k, c), "best_k": kb, "best_gain": gb})
+    return rows
 
 
 def disagg(s: Scenario):
@@ -85,4 +99,4 @@ def disagg(s: Scenario):
     return [sec], None, [d.json(), ch.json()]
 
 
-CALCULATORS = {"kv": kv, "gpus": gpus, "spec": spec, "disagg": disagg}
+CALCULATORS = {"kv": kv, "gpus": gpus, "spec": spec, "disagg": disagg, "quant": quant}

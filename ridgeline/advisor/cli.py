@@ -1,4 +1,4 @@
-"""`ridgeline advise [kv|gpus|spec|disagg]`: registered by ridgeline/cli.py."""
+"""`ridgeline advise [kv|gpus|spec|disagg|quant]`: registered by ridgeline/cli.py."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from ridgeline.cli_parser import output_file, positive_int
 DESCRIPTION = """Diagnose the binding wall (capacity, bandwidth, compute, network, SLO contention) of a model on
 hardware under a workload, and rank the techniques that pay off, with the arithmetic shown.
   ridgeline advise --model Llama-3.1-70B --hardware H100 --prompt-len 2000 --concurrency 64
-  ridgeline advise kv | gpus | spec | disagg ...     one calculator
+  ridgeline advise kv | gpus | spec | disagg | quant ...   one calculator
   ridgeline advise --validate                         predicted vs measured on this machine"""
 
 SUBCOMMANDS = {
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "gpus": "how many devices, and tensor / pipeline / expert parallel with the reason",
     "spec": "speculative decoding: expected accepted tokens and the gain by batch size (break-even)",
     "disagg": "does this traffic justify prefill/decode disaggregation, and which xPyD",
+    "quant": "weight formats: memory, predicted decode speed, and measured quality on the default model",
 }
 
 
@@ -76,14 +77,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=run, advise_command=None)
 
 
-def scenario_from_args(args):
+def scenario_from_args(args, spec=None):
+    """spec: the model's, when the caller has it already (the console's served model); else args.model's."""
     from ridgeline.advisor.errors import AdvisorError, require_positive
     from ridgeline.advisor.hardware import lookup_hardware
     from ridgeline.advisor.model_config import resolve_spec
     from ridgeline.advisor.scenario import SpecDecode, build
     from ridgeline.advisor.workload import Workload
 
-    spec = resolve_spec(args.model)
+    spec = spec or resolve_spec(args.model)
     if args.hardware.lower() == "local":
         from ridgeline.advisor.local_profile import local_hardware
         hw = local_hardware(refresh=args.reprofile)

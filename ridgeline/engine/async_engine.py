@@ -58,6 +58,7 @@ class EngineStats:
     kv_tier_stats: TierStats | None = None  # a copy of its counters
     kv_tier_block_bytes: int = 0
     num_recomputed_tokens: int = 0  # computed tokens preemption dropped and readmission computed again
+    kv_tier_slots: tuple[int, int, int] = (0, 0, 0)  # the second tier's slots: total, cached, free
 
 
 class RequestStream:
@@ -323,7 +324,8 @@ class AsyncEngine:
         return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
                            len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
                            kv.stats.evictions, spec, tier and tier.name, tier and replace(tier.stats),
-                           tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens)
+                           tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens,
+                           (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0))
 
 
 def build_off_main_thread(factory):

@@ -70,6 +70,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
         return docs_page(app.openapi())
 
     app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
+    if settings.console:
+        from ridgeline.serve.console.routes import install
+        install(app)
     app.add_middleware(Guard, settings=settings, drain=state.drain, on_error=metrics.count_error)
     return app
 

@@ -75,6 +75,10 @@ def register(subparsers) -> None:
     g.add_argument("--ray-cpus-per-replica", type=positive_int, default=None, metavar="N",
                    help="--executor ray: CPUs each replica actor asks for, and its threads (default: the "
                         "cluster's CPUs / --data-parallel-size)")
+    c = p.add_argument_group("web console")
+    c.add_argument("--no-console", dest="console", action="store_false",
+                   help="no web console at / (chat playground, live view, calculators); / is then 404 "
+                        "(default: the console is on)")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
 
@@ -128,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
-        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint)
+        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console)
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.router.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
@@ -137,6 +141,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
+    if args.console:
+        print(f"console   {url_of(sock)}/", flush=True)
     try:
         return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)
     finally:

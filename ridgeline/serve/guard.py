@@ -2,7 +2,8 @@
 cap and the body's read deadline. Pure ASGI (not BaseHTTPMiddleware) so streaming responses and
 disconnect detection pass untouched.
 
-Auth: with an API key every route needs it except /health (probes), and /metrics with
+Auth: with an API key every route needs it except /health (probes), the console's page and its static
+files (they hold no data; the page asks for the key), and /metrics and the console's live view with
 --public-metrics. The body deadline: --timeout-body seconds from the headers to the body's last byte
 (a stalled or short body gets 408, and its connection closes); after the body, receive() is
 disconnect detection and has no deadline."""
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
 
@@ -30,7 +32,10 @@ class Guard:
     def __init__(self, app: ASGIApp, settings, drain: Drain, on_error):
         self.app = app
         self.api_key = settings.api_key
-        self.open_paths = {"/health"} | ({"/metrics"} if settings.public_metrics else set())
+        self.open_paths = {"/health"} | ({"/metrics", LIVE_PATH} if settings.public_metrics else set())
+        self.open_prefix = STATIC_PREFIX if settings.console else None
+        if settings.console:
+            self.open_paths.add("/")
         self.max_body_bytes = settings.max_body_bytes
         self.timeout_body = settings.timeout_body
         self.drain = drain
@@ -47,10 +52,10 @@ class Guard:
     def _refusal(self, scope: Scope) -> ApiError | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path = scope["path"]
-        if self.api_key and path not in self.open_paths and not self._authorized(headers):
+        if self.api_key and not self._open(path) and not self._authorized(headers):
             return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        if self.drain.draining and path not in ("/health", "/metrics"):
+        if self.drain.draining and path not in ("/health", "/metrics", LIVE_PATH):
             return ApiError(503, "the server is shutting down; retry on another replica or later",
                             headers={**CLOSE, "Retry-After": str(RETRY_AFTER_S)})
         length = headers.get("content-length")
@@ -60,6 +65,10 @@ class Guard:
             return ApiError(413, f"the request body is {length} bytes, over the limit of {self.max_body_bytes} "
                                  "(--max-body-bytes)", code="request_too_large")
         return None
+
+    def _open(self, path: str) -> bool:
+        return path in self.open_paths or (self.open_prefix is not None and path.startswith(self.open_prefix)
+                                           and ".." not in path)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")

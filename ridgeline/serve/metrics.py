@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,6 +15,18 @@ from ridgeline.spec.stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+RECENT = 100  # finished requests kept for the console's live view (percentiles, prefix hit rate)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One request that finished every choice: what the histograms observed, kept for exact percentiles."""
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft: float | None
+    tpot: float | None
+    e2e: float
 
 
 class ServerMetrics:
@@ -31,6 +45,7 @@ class ServerMetrics:
         self.e2e = Histogram("ridgeline_e2e_request_latency_seconds", "Arrival to last token",
                              buckets=_LATENCY, registry=r)
         r.register(_EngineCollector(async_engine))
+        self.recent: deque[Finished] = deque(maxlen=RECENT)  # appended on the event loop only
 
     def count_error(self, status: int) -> None:
         self.errors.labels(str(status)).inc()
@@ -54,6 +69,7 @@ class RequestTracker:
         self.longest = 0  # tokens of the longest choice: the decode steps TPOT divides by
         self.final: dict[str, RequestOutput] = {}
         self.closed = False
+        self.num_prompt_tokens = num_prompt_tokens
         metrics.prompt_tokens.inc(num_prompt_tokens)
 
     def update(self, out: RequestOutput) -> None:
@@ -84,8 +100,15 @@ class RequestTracker:
                 self.m.requests.labels(c.finish_reason or "abort").inc()
         if len(self.final) == len(request_ids):
             self.m.e2e.observe(now - self.arrival)
+            tpot = None
             if self.first is not None and self.longest > 1:
-                self.m.tpot.observe((now - self.first) / (self.longest - 1))
+                tpot = (now - self.first) / (self.longest - 1)
+                self.m.tpot.observe(tpot)
+            outs = self.final.values()
+            self.m.recent.append(Finished(
+                self.num_prompt_tokens, sum(o.num_cached_tokens for o in outs),
+                sum(len(c.token_ids) for o in outs for c in o.outputs),
+                None if self.first is None else self.first - self.arrival, tpot, now - self.arrival))
 
 
 class _EngineCollector(Collector):

@@ -30,6 +30,7 @@ class ServerSettings:
     public_metrics: bool = False  # /metrics needs no API key
     quiet: bool = False  # no per-request or throughput log lines
     kv_events_endpoint: str | None = None  # ZeroMQ endpoint to publish KV events on (serve/kv_publisher.py)
+    console: bool = True  # the web console at / (its page and scripts need no key; its APIs do)
 
 
 @dataclass
