@@ -264,3 +264,35 @@ def test_centered_int4_keys_leave_softmax_alone_and_cut_its_error():
         stored = kvq.hadamard(stored.reshape(T, Hkv, D))[:, 0]  # un-rotated: k - shift, rounded
         errors.append((torch.softmax(q @ stored.T / 8, -1) - exact).abs().max().item())
     assert errors[1] < errors[0] / 3, errors
+
+
+@needs_c
+@pytest.mark.parametrize("name", ["bf16", "int8", "int4", "fp8_e4m3"])
+@pytest.mark.parametrize("G", [1, 2, 3, 8])
+def test_split_kv_rows_off_every_tile_and_split(name, G):
+    """One long row (split-KV: its splits are tasks over all KV heads) at lengths off the 16-position
+    chunk and the 256-position split: the same bits on one thread and two, equal to the row computed
+    among other rows (one task per row), and within the format's bound of float attention."""
+    NB, bs, Hkv, D = 70, 16, 2, 64
+    kv, k, v = _random_cache(name, name, NB, bs, Hkv, D, seed=7)
+    g = torch.Generator().manual_seed(11)
+    tables = (torch.randperm(NB - 1, generator=g)[:64] + 1).view(1, 64).repeat(5, 1)
+    key_lens = torch.tensor([1, 255, 257, 513, 1000])
+    q = torch.randn(5, Hkv * G, D, generator=g)
+
+    def run(rows, threads):
+        prev = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return cpu_attention.paged_decode(q[rows], kv.k, kv.v, tables[rows].contiguous(), key_lens[rows], 0.125,
+                                              None, kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale)
+        finally:
+            torch.set_num_threads(prev)
+
+    many = run(slice(None), 1)  # 5 rows on one thread: a task per row
+    for i in range(5):
+        one = run(slice(i, i + 1), 2)
+        assert torch.equal(one, run(slice(i, i + 1), 1)) and torch.equal(one, many[i:i + 1]), (i, G)
+    want = _reference(q, k, v, tables, key_lens, 0.125, None)
+    # 1.5x the format's bound: the 1-key row carries one vector's rounding undiluted by any average
+    assert float((many - want).abs().max() / want.abs().max()) < 1.5 * BOUND[name]

@@ -6,9 +6,11 @@
  * Split-KV (flash-decoding): a row's keys are cut at fixed multiples of SPLIT positions; each split
  * yields a partial (max m, sum l of exp(s - m), u = sum exp(s - m) v), and the partials are merged in
  * split order by one function. The cut depends on the row's own length only, so a row's result is
- * the same whoever computes its splits: with few rows, every (row, KV head, split) is a task of its
- * own and one long sequence keeps every thread busy whatever its number of KV heads; with many rows,
- * a task is a row (all its heads and splits). */
+ * the same whoever computes its splits: with few rows, every (row, split) is a task of its own (all
+ * KV heads: a position's heads lie side by side, so a task streams whole rows of the block) and one
+ * long sequence keeps every thread busy whatever its number of KV heads; with many rows, a task is a
+ * row (all its heads and splits). A head's partial does not depend on which other heads share its
+ * task, so both shapes give a row the same bits. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -225,14 +227,14 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
     int64_t max_len = 1;
     for (int64_t b = 0; b < B; b++) max_len = key_lens[b] > max_len ? key_lens[b] : max_len;
     const int by_split = B < 2 * nthreads; /* else a task is a row */
-    const int64_t nsplit = (max_len - 1) / SPLIT + 1, part = G * (D + 2); /* floats of one (head, split) partial */
-    float *parts = by_split ? malloc(sizeof(float) * (size_t)(B * Hkv * nsplit * part)) : NULL;
+    const int64_t nsplit = (max_len - 1) / SPLIT + 1, part = H * (D + 2); /* floats of one (row, split) partial */
+    float *parts = by_split ? malloc(sizeof(float) * (size_t)(B * nsplit * part)) : NULL;
     int failed = by_split && !parts;
-    const int64_t tasks = by_split ? B * Hkv * nsplit : B;
+    const int64_t tasks = by_split ? B * nsplit : B;
     #pragma omp parallel num_threads(nthreads)
     {
         att_buf buf;
-        void *mem = failed ? NULL : alloc_buf(&buf, by_split ? G : H, D);
+        void *mem = failed ? NULL : alloc_buf(&buf, H, D);
         if (!mem) {
             #pragma omp atomic write
             failed = 1;
@@ -240,16 +242,15 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
         #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; t++) {
             if (!mem) continue;
-            const int64_t b = by_split ? t / (Hkv * nsplit) : t, len = key_lens[b], first = first_key(len, window);
+            const int64_t b = by_split ? t / nsplit : t, len = key_lens[b], first = first_key(len, window);
             att_range r = {tables + (row_seq ? row_seq[b] : b) * max_nb, 0, 0, 0, Hkv, (len - 1) / bs};
-            if (by_split) { /* one (head, split) partial into parts */
-                const int64_t hk = t / nsplit % Hkv, sp = t % nsplit;
+            if (by_split) { /* one split's partial of every head into parts: m [H], l [H], u [H, D] */
+                const int64_t sp = t % nsplit;
                 if (sp < first / SPLIT || sp * SPLIT >= len) continue;
-                r.h0 = hk, r.h1 = hk + 1;
                 split_range(&r, first, len, sp);
                 float *pp = parts + t * part;
                 att_buf one = buf;
-                one.m = pp, one.l = pp + G, one.u = pp + 2 * G;
+                one.m = pp, one.l = pp + H, one.u = pp + 2 * H;
                 partial(&src, path, q + b * H * D, &r, &one);
                 continue;
             }
@@ -266,8 +267,8 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
                 if (!mem) continue;
                 const int64_t b = t / Hkv, hk = t % Hkv, len = key_lens[b], first = first_key(len, window);
                 for (int64_t sp = first / SPLIT; sp * SPLIT < len; sp++) {
-                    const float *pp = parts + (t * nsplit + sp) * part;
-                    merge(buf.M, buf.L, buf.U, pp, pp + G, pp + 2 * G, G, D, sp == first / SPLIT);
+                    const float *pp = parts + (b * nsplit + sp) * part, *m = pp + hk * G;
+                    merge(buf.M, buf.L, buf.U, m, m + H, pp + 2 * H + hk * G * D, G, D, sp == first / SPLIT);
                 }
                 finish(buf.L, buf.U, out + (b * H + hk * G) * D, G, D, vrot);
             }
