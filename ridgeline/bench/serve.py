@@ -145,8 +145,10 @@ class LaunchedServer:
 
     def start(self) -> LaunchedServer:
         import httpx
+        from ridgeline.utils.lifetime import end_with_parent
+        # the server ends with this process, even when it is killed before __exit__ runs
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=end_with_parent)
         threading.Thread(target=self._read, name="ridgeline-serve-log", daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout
         try:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
+
+from ridgeline.utils.lifetime import end_with_parent
 
 
 def build_replica_app(spec: dict):
@@ -27,23 +28,13 @@ def build_replica_app(spec: dict):
     return build_app(engine, ServerSettings(**spec["settings"]))
 
 
-def _end_with_parent() -> None:
-    """Linux: SIGTERM (a drain) when the process that started this replica dies, even by SIGKILL, so
-    no replica outlives its router."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str]) -> int:
     import logging
 
     from ridgeline.errors import RidgelineError
     from ridgeline.serve.server import serve_forever
 
-    _end_with_parent()
+    end_with_parent()
     spec, fd = json.loads(argv[1]), int(argv[2])
     if spec.get("parent") and os.getppid() != spec["parent"]:
         return 1  # the parent died before the line above could take effect
