@@ -81,8 +81,8 @@ class Adoptions:
         for rid, (req, payload) in list(self.pending.items()):
             n = payload.num_tokens
             room = len(sched.running) < sched.config.max_num_seqs
-            if not (room and kv.allocate(rid, n, reserve=sched.watermark)):
-                if sched.running:
+            if payload.released or not (room and kv.allocate(rid, n, reserve=sched.watermark)):
+                if sched.running and not payload.released:
                     break  # room comes back as running requests finish
                 del self.pending[rid]  # nothing will free blocks: compute it as usual
                 payload.release()

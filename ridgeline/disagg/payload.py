@@ -58,6 +58,10 @@ class KVPayload:
     def num_tokens(self) -> int:
         return len(self.header.prompt_ids)
 
+    @property
+    def released(self) -> bool:
+        return self.data.size != self.header.nbytes
+
     def release(self) -> None:
         """Give back what holds `data` (a shared-memory segment); idempotent. Called once the blocks
         are written into a pool, or when the payload is dropped."""
