@@ -5,12 +5,14 @@ and serve the front on --host/--port until a signal; the workers end with it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -105,9 +107,33 @@ def _stop(procs: list[tuple[subprocess.Popen, str]]) -> None:
             proc.wait()
 
 
-def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> int:
+def _front_server(app):
     import uvicorn
 
+    class FrontServer(uvicorn.Server):
+        """A signal ends the front and returns (uvicorn would re-raise it, killing this process before its
+        workers are stopped); a second one ends it at once."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in prev.items():
+                    signal.signal(s, h)
+
+        def _on_signal(self, sig, frame) -> None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
+    return FrontServer(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
+
+
+def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> int:
     from ridgeline.serve.server import bind, url_of
 
     x, y = parse_xpyd(args.disaggregate)
@@ -122,8 +148,7 @@ def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
         front = Front(workers[:x], workers[x:])
         print(f"serving   `{args.served_model_name or model}` disaggregated {x}P{y}D at {url_of(sock)}/v1 "
               f"(workers: {', '.join(w.url for w in workers)}; KV over {args.kv_connector})", flush=True)
-        server = uvicorn.Server(uvicorn.Config(build_front(front), log_level="warning", timeout_keep_alive=5))
-        server.run(sockets=[sock])
+        _front_server(build_front(front)).run(sockets=[sock])
         return 0
     finally:
         _stop(procs)
