@@ -67,7 +67,7 @@ def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
     try:
         url = None
         for line in proc.stdout:  # the front prints its address once both workers are checked
-            if line.startswith("serving") and " at http" in line:
+            if line.startswith("serving") and "disaggregated" in line:  # not a worker's own line
                 url = line.split(" at ")[1].split("/v1")[0]
                 break
         assert url, "the front never started"
