@@ -62,13 +62,13 @@ def _shape(model: str):
 def format_transfer(result: dict) -> str:
     lines = [f"KV transfer on this machine ({result['shape']}; {result['load_note']})",
              f"{'connector':>9} {'kv':>5} {'B/token':>8} " + " ".join(f"{n:>9}" for n in result["lengths"])
-             + f" {'fixed':>9} {'us/token':>9} {'GB/s':>6}"]
+             + f" {'fixed':>9} {'us/token':>9} {'GB/s':>6} {'CPU us/token':>12}"]
     for c, by_kv in result["connectors"].items():
         for kv, r in by_kv.items():
             pts = " ".join(f"{s * 1e3:>7.2f}ms" for _, s in r["points"])
             rate = r["bytes_per_token"] / r["per_token_s"] / 1e9 if r["per_token_s"] > 0 else float("inf")
             lines.append(f"{c:>9} {kv:>5} {r['bytes_per_token']:>8} {pts} {r['fixed_s'] * 1e3:>7.2f}ms "
-                         f"{r['per_token_s'] * 1e6:>9.3f} {rate:>6.2f}")
+                         f"{r['per_token_s'] * 1e6:>9.3f} {rate:>6.2f} {r['cpu_per_token_s'] * 1e6:>12.3f}")
     return "\n".join(lines)
 
 

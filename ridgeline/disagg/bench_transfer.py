@@ -5,7 +5,8 @@ receiver (a child process) listens with the same connector and has its own pool.
 timed end to end as a decode worker would see it: gather the blocks out of the sender's pool,
 deliver (connect, send, the receiver files it and acknowledges), then the receiver's scatter into its
 pool. Configurations (connector x KV format x prompt length) are interleaved rep by rep so a load
-change on a shared machine touches all of them alike; the median of the reps is kept. A straight
+change on a shared machine touches all of them alike; the best wall time of the reps is kept (a busy
+machine adds waits, never removes work), and the median CPU time of both processes beside it. A straight
 line time = fixed + per_token x tokens is fitted per (connector, format) by least squares."""
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def _receiver(connector: str, shape: Shape, kv_names: list[str], max_blocks: int
         if msg is None:
             break
         tid, kv = msg
+        cpu0 = time.process_time()
+        conn.send("ready")  # the sender starts only now: the receiving thread's CPU time counts from here
         payload = c.inbox.take(tid, 60)
         if payload is None:
             conn.send(None)
@@ -58,7 +61,7 @@ def _receiver(connector: str, shape: Shape, kv_names: list[str], max_blocks: int
         t = time.perf_counter()
         scatter(pools[kv], list(range(1, payload.header.num_blocks + 1)), payload.data)
         payload.release()
-        conn.send(time.perf_counter() - t)
+        conn.send((time.perf_counter() - t, time.process_time() - cpu0))
     c.close()
 
 
@@ -75,8 +78,9 @@ class Link:
         self.address = self.conn.recv()
         self.sender = create_connector(connector, timeout=60)
 
-    def transfer(self, layers, blocks: list[int], spec_key: str, kv: str, num_tokens: int) -> float:
-        """Seconds for one transfer: gather + deliver + the receiver's scatter."""
+    def transfer(self, layers, blocks: list[int], spec_key: str, kv: str, num_tokens: int) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of both processes) for one transfer: gather + deliver + the
+        receiver's scatter."""
         from ridgeline.disagg.blocks import gather
         from ridgeline.disagg.payload import Header
 
@@ -84,14 +88,15 @@ class Link:
         nbytes = len(blocks) * sum(r.shape[1] for r in _regions(layers))
         header = Header(tid, spec_key, [0] * num_tokens, 0, len(blocks), nbytes)
         self.conn.send((tid, kv))
-        t = time.perf_counter()
+        self.conn.recv()
+        t, cpu = time.perf_counter(), time.process_time()
         out = self.sender.prepare(header, lambda o: gather(layers, blocks, o))
         self.sender.deliver(out, self.address)
-        sent = time.perf_counter() - t
-        scatter_s = self.conn.recv()
-        if scatter_s is None:
+        sent, sent_cpu = time.perf_counter() - t, time.process_time() - cpu
+        got = self.conn.recv()
+        if got is None:
             raise RuntimeError("the receiver did not get the payload")
-        return sent + scatter_s
+        return sent + got[0], sent_cpu + got[1]
 
     def close(self) -> None:
         self.conn.send(None)
@@ -150,8 +155,12 @@ def measure(shape: Shape, connectors: list[str], kv_names: list[str], lengths: l
     out: dict = {}
     for c in connectors:
         for kv in kv_names:
-            pts = [(n, statistics.median(times[(c, kv, n)])) for n in lengths]
+            # best wall time of the reps (a busy machine adds waits, never removes work) and the median CPU time
+            pts = [(n, min(w for w, _ in times[(c, kv, n)])) for n in lengths]
+            cpu = [(n, statistics.median(u for _, u in times[(c, kv, n)])) for n in lengths]
             fixed, per = fit_line(pts)
+            cpu_fixed, cpu_per = fit_line(cpu)
             out.setdefault(c, {})[kv] = {"points": [[n, s] for n, s in pts], "fixed_s": fixed, "per_token_s": per,
-                                         "bytes_per_token": shape.spec(kv).bytes_per_token}
+                                         "cpu_points": [[n, s] for n, s in cpu], "cpu_fixed_s": cpu_fixed,
+                                         "cpu_per_token_s": cpu_per, "bytes_per_token": shape.spec(kv).bytes_per_token}
     return out
