@@ -96,7 +96,8 @@ def disagg(s: Scenario):
     if d.trap_here:
         verdict += "; try chunked prefill first" if not ch.trap_here else ""
     sec.note(f"verdict: {verdict} (TPOT SLO {fmt_time(w.tpot_slo)})")
-    return [sec], None, [d.json(), ch.json()]
+    from ridgeline.advisor.disagg_advice import measured_sections
+    return [sec, *measured_sections(s)], None, [d.json(), ch.json()]
 
 
 CALCULATORS = {"kv": kv, "gpus": gpus, "spec": spec, "disagg": disagg, "quant": quant}

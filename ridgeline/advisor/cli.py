@@ -73,7 +73,11 @@ def register(subparsers) -> None:
                         "N ranks (the link measured first)")
     sub = p.add_subparsers(dest="advise_command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, help_ in SUBCOMMANDS.items():
-        _common(sub.add_parser(name, help=help_, description=help_), sub=True)
+        sp = sub.add_parser(name, help=help_, description=help_)
+        _common(sp, sub=True)
+        if name == "disagg":
+            from ridgeline.advisor.disagg_advice import add_disagg_args
+            add_disagg_args(sp)
     p.set_defaults(func=run, advise_command=None)
 
 
@@ -113,6 +117,9 @@ def run(args) -> int:
     from ridgeline.advisor.report import as_json, full_report, render
 
     s = scenario_from_args(args)
+    if args.advise_command == "disagg" and (args.simulate or args.disagg_validate):
+        from ridgeline.advisor.disagg_advice import run_disagg_extra
+        return run_disagg_extra(args, s)
     if args.advise_command:
         sections, wall, techniques = calculators.CALCULATORS[args.advise_command](s)
     else:

@@ -163,9 +163,13 @@ def disaggregation(s: Scenario) -> Technique:
     x = max(1, math.ceil(rate * sv.prefill_s / PREFILL_BUSY))
     room = min(_slo_concurrency(s), s.max_conc)
     y = max(1, math.ceil(C / max(1.0, room)))
+    measured = _measured_transfer(s)
     if s.hw.link_bw:
         xfer = kv_req / s.hw.link_bw
         moved = f"KV moved per request {fmt_bytes(kv_req)} in {fmt_time(xfer)} over {s.hw.link}"
+    elif measured is not None:  # this machine: processes on one host, the cost `bench disagg` measured
+        xfer = measured[0]
+        moved = f"KV moved per request {fmt_bytes(kv_req)} in {fmt_time(xfer)} ({measured[1]}, measured here)"
     else:  # nothing to move the KV over: disaggregation cannot run here
         xfer = math.inf
         moved = f"KV per request {fmt_bytes(kv_req)}, but {s.hw.name} has no link between devices to move it over"
@@ -180,6 +184,16 @@ def disaggregation(s: Scenario) -> Technique:
         f"rate * t_prefill = {rate:.2f}/s * {fmt_time(sv.prefill_s)} = {rate * sv.prefill_s:.2f} instances",
         "low traffic (prefill instances idle), short prompts (little interference), slow links (KV transfer "
         "costs more than it saves)", trap, advice)
+
+
+def _measured_transfer(s: Scenario) -> tuple[float, str] | None:
+    """(seconds to move one prompt's KV, connector) measured on this machine, for --hardware local only."""
+    if not s.hw.name.startswith("local"):
+        return None
+    from ridgeline.advisor import transfer_profile
+    from ridgeline.advisor.disagg_advice import measured_cost
+    cost = measured_cost(s)
+    return None if cost is None else (transfer_profile.seconds(cost, s.w.prompt_len), cost["connector"])
 
 
 def _slo_concurrency(s: Scenario) -> float:

@@ -23,12 +23,14 @@ def register(subparsers) -> None:
                                           "(long-context); random-weight models with a published "
                                           "model's structure (random-model).")
     bsub = p.add_subparsers(dest="bench_command", required=True,
-                            metavar="{throughput,decode,serve,spec,quant,long-context,random-model,routing}")
+                            metavar="{throughput,decode,serve,spec,quant,long-context,random-model,routing,disagg}")
     for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser, add_quant_parser,
                 add_long_context_parser):
         add_engine_args(add(bsub))
     add_random_model_parser(bsub)
     from ridgeline.bench.routing import add_routing_parser
     add_routing_parser(bsub)
+    from ridgeline.disagg.bench_cli import add_disagg_parser
+    add_disagg_parser(bsub)
     p.set_defaults(func=lambda args: p.print_help())
 

@@ -9,6 +9,7 @@ import torch
 
 from ridgeline.config import EngineConfig
 from ridgeline.engine.context_length import context_length, with_rope_override
+from ridgeline.disagg.adopt import Adoptions
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
 from ridgeline.engine.kv_eviction import Evictor, conflict, describe_eviction, peak_tokens
@@ -149,6 +150,10 @@ class LLMEngine:
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.runner.keep_hidden = getattr(proposer, "wants_hidden", False)
         self.groups: dict[str, RequestGroup] = {}
+        # disaggregation: prompt KV computed by another engine (ridgeline/disagg/adopt.py), and the
+        # hook a prefill worker sets to ship a request's prompt KV when its first token is sampled
+        self.adoptions = Adoptions(self)
+        self.kv_export = None  # (request, first token) -> None, on the step thread, blocks still held
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
@@ -209,7 +214,17 @@ class LLMEngine:
         return ids
 
     def add(self, request: EngineRequest) -> None:
-        self.add_request(request.request_id, request.prompt, request.params, request.prompt_text, request.cache_salt)
+        if request.kv is None:
+            self.add_request(request.request_id, request.prompt, request.params, request.prompt_text,
+                             request.cache_salt)
+            return
+        try:
+            self.add_request(request.request_id, request.prompt, request.params, request.prompt_text,
+                             request.cache_salt)
+        except BaseException:
+            request.kv.release()
+            raise
+        self.adoptions.offer(request.request_id, request.kv)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     prompt_text: str | None = None, cache_salt: str | None = None) -> None:
@@ -285,6 +300,7 @@ class LLMEngine:
         if group is None:
             return
         for r in group.members:
+            self.adoptions.drop(r.request_id)
             if not r.status.finished:
                 self.scheduler.finish(r, Status.FINISHED_ABORTED)
             self.requests.pop(r.request_id, None)
@@ -297,6 +313,7 @@ class LLMEngine:
         """Run one step. Returns a delta (RequestOutput) for every request that changed: new token ids,
         text and logprobs since its last output; with emit_unfinished=False only for requests that
         finished (whole, if never emitted before)."""
+        adopted = self.adoptions.run() if self.adoptions.pending else ()
         spec = self.spec
         if spec is not None:
             spec.propose(self.scheduler.running)
@@ -322,7 +339,7 @@ class LLMEngine:
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
         self._sample_kv_usage()
         now = time.monotonic()
-        touched: dict[str, RequestGroup] = {}
+        touched: dict[str, RequestGroup] = {gid: self.groups[gid] for gid in adopted}
         for rid, pl in result.prompt_logprobs.items():
             store = self.groups[self.requests[rid].group_id].prompt_logprobs
             for i, (t, lp, top) in enumerate(zip(pl.token_ids, pl.logprobs, pl.top)):
@@ -335,6 +352,8 @@ class LLMEngine:
                 req.finish_time = now
                 self.scheduler.finish(req, Status.FINISHED_LENGTH)
                 continue
+            if self.kv_export is not None and req.num_output_tokens == 0:
+                self.kv_export(req, s.token_ids[0])  # before _append can finish it and free its blocks
             for i, token in enumerate(s.token_ids):  # one token, or up to k+1 with proposals
                 self._append(req, group, token, now)
                 if group.logprobs[req.index] is not None and s.logprobs is not None:

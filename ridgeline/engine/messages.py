@@ -4,6 +4,7 @@ as RequestOutput deltas (ridgeline/engine/outputs.py). Plain data: no live engin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ridgeline.sampling_params import SamplingParams
 
@@ -15,6 +16,9 @@ class EngineRequest:
     params: SamplingParams
     prompt_text: str | None = None  # the prompt as text for outputs, when `prompt` is token ids
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share KV blocks
+    # disaggregation: the prompt's KV and first token computed by a prefill engine (a disagg KVPayload);
+    # the engine starts decoding after them, or computes the prompt itself if it cannot use them
+    kv: Any = None
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,7 @@ class KVStoreError(RidgelineError):
 class KVStore:
     def __init__(self, kind: str, slab: torch.Tensor, layers: list[LayerKV], where: str):
         self.kind, self.slab, self.where = kind, slab, where  # slab [slots, block bytes] uint8
-        self.regions = [_bytes_view(t) for kv in layers for t in (kv.k, kv.k_scale, kv.v, kv.v_scale)
-                        if t is not None]  # each [pool blocks, its bytes per block] uint8
+        self.regions = block_regions(layers)
         if sum(r.shape[1] for r in self.regions) != slab.shape[1]:
             raise ValueError("the offload slot size differs from the pool's block size")
 
@@ -68,6 +67,13 @@ class KVStore:
             else:
                 r.index_copy_(0, dev_blocks, self.slab[slots, off:off + n].to(r.device, non_blocking=False))
             off += n
+
+
+def block_regions(layers: list[LayerKV]) -> list[torch.Tensor]:
+    """Every region of the pool as [pool blocks, its bytes per block] uint8 views, in storage order
+    (per layer: K data, K scales, V data, V scales); a block's bytes over all regions are exactly
+    what the pool holds for it, quantized formats with their scales."""
+    return [_bytes_view(t) for kv in layers for t in (kv.k, kv.k_scale, kv.v, kv.v_scale) if t is not None]
 
 
 def _bytes_view(t: torch.Tensor) -> torch.Tensor:

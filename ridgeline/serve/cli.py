@@ -80,7 +80,27 @@ def register(subparsers) -> None:
                    help="no web console at / (chat playground, live view, calculators); / is then 404 "
                         "(default: the console is on)")
     add_engine_args(p)
-    p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")))
+    _add_disagg_args(p)
+    p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")), parser=p)
+
+
+def _add_disagg_args(p) -> None:
+    g = p.add_argument_group("prefill/decode disaggregation")
+    g.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode"],
+                   help="prefill: compute prompts (max_tokens 1) and ship their KV to a decode worker "
+                        "(POST /disagg/prefill); decode: accept transferred KV and generate; colocated: both")
+    g.add_argument("--disaggregate", default=None, metavar="xPyD",
+                   help="start x prefill and y decode worker processes (e.g. 1P1D) behind one OpenAI endpoint "
+                        "on --host/--port (default: off, one co-located engine)")
+    g.add_argument("--kv-connector", default="tcp", choices=["tcp", "shm"],
+                   help="how prompt KV travels from prefill to decode workers: tcp (any host), shm (shared memory, "
+                        "one host)")
+    g.add_argument("--kv-port", type=int, default=0, metavar="PORT",
+                   help="decode worker: the KV connector's port (0: any free one; /disagg/info names it)")
+    g.add_argument("--kv-transfer-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a transfer may take; a decode worker recomputes a prompt whose KV is later")
+    g.add_argument("--worker-start-timeout", type=float, default=600.0, metavar="S",
+                   help="--disaggregate: seconds the workers get to load the model")
 
 
 def _model(args: argparse.Namespace) -> str:
@@ -97,8 +117,16 @@ def _check(args: argparse.Namespace) -> None:
         ("max_waiting", args.max_waiting >= 1, ">= 1"), ("max_body_bytes", args.max_body_bytes >= 1, ">= 1"),
         ("drain_timeout", args.drain_timeout >= 0, ">= 0"), ("timeout_header", args.timeout_header > 0, "> 0"),
         ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"),
-        ("port", 0 <= args.port <= 65535, "in [0, 65535]"))
+        ("port", 0 <= args.port <= 65535, "in [0, 65535]"), ("kv_port", 0 <= args.kv_port <= 65535, "in [0, 65535]"),
+        ("kv_transfer_timeout", args.kv_transfer_timeout > 0, "> 0"),
+        ("worker_start_timeout", args.worker_start_timeout > 0, "> 0"))
         if not ok]
+    if args.disaggregate is not None:
+        if args.role != "colocated":
+            bad.append("--role and --disaggregate exclude each other: --disaggregate starts the workers itself")
+        else:
+            from ridgeline.disagg.launch import parse_xpyd
+            parse_xpyd(args.disaggregate)  # a bad xPyD fails before any model loads
     if bad:
         raise InvalidRequestError("; ".join(bad))
 
@@ -123,6 +151,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
         build_off_main_thread(lambda: LLMEngine(config)).follow()
         return 0
+    if args.disaggregate is not None:
+        from ridgeline.disagg.launch import launch
+        return launch(args, args.parser, model)
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
@@ -138,12 +169,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
     config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
     engine = build_off_main_thread(lambda: LLMEngine(config))
+    app, worker = build_app(engine, settings), None
+    if args.role != "colocated":
+        from ridgeline.disagg.connector import create_connector
+        from ridgeline.disagg.worker import DisaggWorker, install
+        connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.host, port=args.kv_port)
+        worker = DisaggWorker(args.role, engine, connector, args.kv_transfer_timeout)
+        install(app, worker)
     print(engine.info.summary(), flush=True)
     print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
           "Ctrl-C drains and stops", flush=True)
+    if worker is not None:
+        where = f" at {worker.connector.address}" if args.role == "decode" else ""
+        print(f"role      {args.role} worker, KV connector {args.kv_connector}{where}", flush=True)
     if args.console:
         print(f"console   {url_of(sock)}/", flush=True)
     try:
-        return serve_forever(build_app(engine, settings), sock, access_log=args.access_log)
+        return serve_forever(app, sock, access_log=args.access_log)
     finally:
+        if worker is not None:
+            worker.close()  # payloads not taken (shared-memory segments) go with it
         engine.close()  # tensor parallelism: stop the other ranks

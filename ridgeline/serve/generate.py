@@ -102,8 +102,16 @@ class Job:
             check_context(state.engine.max_model_len, p, max_tokens)
         check_admission(state, len(prompts), params.n)
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
-        stream = await state.async_engine.add(
-            [EngineRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)], base_id)
+        requests = [EngineRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)]
+        if state.disagg is not None:  # a decode worker: the prompt's KV may come from a prefill worker
+            requests = await state.disagg.attach(requests)
+        try:
+            stream = await state.async_engine.add(requests, base_id)
+        except BaseException:
+            for r in requests:
+                if r.kv is not None:
+                    r.kv.release()  # idempotent; an engine that took it recomputes instead
+            raise
         tracker = state.metrics.track(sum(len(p.ids) for p in prompts), params.n, arrival)
         return cls(base_id, ids, prompts, stream, tracker, state.settings.quiet, params)
 

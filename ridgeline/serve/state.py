@@ -46,6 +46,7 @@ class ServerState:
     # tokenizing and chat-template rendering run here, off the event loop: a huge prompt must not
     # stall every other route (the tokenizer releases the GIL while it encodes)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "ridgeline-tokenize"))
+    disagg: object = None  # a prefill or decode worker's role (ridgeline/disagg/worker.py); None: co-located
 
     def log_request(self, body: BaseModel) -> None:
         if self.request_log is not None:

@@ -1,0 +1,116 @@
+"""The decode engine's side of a transfer: a request that arrives with its prompt's KV (a payload)
+starts decoding from it instead of computing its prompt.
+
+At add, the payload is checked once (pool layout, prompt tokens, one choice, nothing that needs the
+prompt's logits); a payload that cannot be used is released and the request is computed as usual
+(recompute: same output, only slower). A usable one waits here, outside the scheduler's queues,
+until the pool has room for its blocks (above the admission watermark, under max_num_seqs); then,
+before the step's plan is made, its blocks are allocated, the payload's bytes written into them,
+its prompt counted as computed (and its full blocks cached), and its first token appended as if
+this engine had sampled it. A seeded request's generator continues from the prefill's state, so
+sampled output matches a co-located engine's too. The request then decodes as any other.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ridgeline.disagg.blocks import scatter
+from ridgeline.disagg.payload import KVPayload, spec_key, unusable
+from ridgeline.engine.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TransferStats:
+    adopted: int = 0  # requests that started from a transferred prompt KV
+    recomputed: int = 0  # requests whose payload could not be used: computed here
+    tokens: int = 0  # prompt tokens adopted
+
+
+class Adoptions:
+    def __init__(self, engine):
+        self.engine = engine
+        self.pending: dict[str, tuple[Request, KVPayload]] = {}  # FIFO
+        self.stats = TransferStats()
+
+    def offer(self, request_id: str, payload: KVPayload) -> None:
+        """Right after the engine added request_id (in its waiting queue): take it out to adopt later,
+        or leave it to be computed."""
+        group = self.engine.groups[request_id]
+        req = group.members[0]
+        why = self._why_not(group, req, payload)
+        if why is not None:
+            payload.release()
+            self.stats.recomputed += 1
+            log.info("%s: computing the prompt here: the transferred KV is not usable (%s)", request_id, why)
+            return
+        self.engine.scheduler.waiting.remove(req)
+        self.pending[req.request_id] = (req, payload)
+
+    def _why_not(self, group, req: Request, payload: KVPayload) -> str | None:
+        if len(group.members) != 1:
+            return "n > 1"
+        p = req.params
+        if p.prompt_logprobs is not None or p.logprobs is not None:
+            return "logprobs need the prompt's logits"
+        if req.max_tokens < 1:
+            return "max_tokens 0"
+        if not 0 <= payload.header.first_token < self.engine.arch.vocab_size:
+            return "its first token is outside the vocabulary"
+        return unusable(payload, spec_key(self.engine.kv_spec), req.prompt_token_ids)
+
+    def drop(self, request_id: str) -> None:
+        item = self.pending.pop(request_id, None)
+        if item is not None:
+            item[1].release()
+
+    def close(self) -> None:
+        for rid in list(self.pending):
+            self.drop(rid)
+
+    def run(self) -> set[str]:
+        """Adopt pending requests in order while the pool has room; returns the groups that got a token."""
+        eng = self.engine
+        sched, kv = eng.scheduler, eng.kv
+        touched: set[str] = set()
+        for rid, (req, payload) in list(self.pending.items()):
+            n = payload.num_tokens
+            room = len(sched.running) < sched.config.max_num_seqs
+            if payload.released or not (room and kv.allocate(rid, n, reserve=sched.watermark)):
+                if sched.running and not payload.released:
+                    break  # room comes back as running requests finish
+                del self.pending[rid]  # nothing will free blocks: compute it as usual
+                payload.release()
+                self.stats.recomputed += 1
+                sched.add(req)
+                continue
+            del self.pending[rid]
+            try:
+                scatter(eng.runner.kv, kv.tables[rid][:kv.blocks_for(n)], payload.data)
+                self._restore_generator(req, payload)
+            finally:
+                payload.release()
+            req.num_computed_tokens = n
+            req.status = Status.RUNNING
+            sched.running.append(req)
+            if kv.caching:
+                kv.cache_blocks(rid, req.token_ids, n, req.cache_salt)
+            self.stats.adopted += 1
+            self.stats.tokens += n
+            group = eng.groups[req.group_id]
+            eng._append(req, group, payload.header.first_token, time.monotonic())
+            touched.add(req.group_id)
+        return touched
+
+    def _restore_generator(self, req: Request, payload: KVPayload) -> None:
+        state = payload.header.rng_state
+        if state is None or req.seed is None or req.params.greedy:
+            return
+        g = torch.Generator(self.engine.runner.device)
+        g.set_state(torch.tensor(state, dtype=torch.uint8))
+        self.engine.runner.sample.generators[req.request_id] = g

@@ -1,0 +1,98 @@
+"""`ridgeline bench disagg`: the KV transfer cost per token on this machine (connectors x KV formats x
+prompt lengths), stored in the local profile for `ridgeline advise disagg`; with --goodput, a 1P1D
+deployment against 2 co-located replicas on long prompts under a TPOT SLO (disaggregation/goodput.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ridgeline.cli_parser import output_file, positive_int
+
+
+def _list(kind):
+    def parse(text: str):
+        try:
+            items = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return items
+    return parse
+
+
+def add_disagg_parser(bsub) -> argparse.ArgumentParser:
+    p = bsub.add_parser("disagg", help="KV transfer cost per token (shm, tcp; bf16, int8), and 1P1D vs 2 "
+                                       "co-located replicas' goodput",
+                        description=__doc__)
+    p.add_argument("--model", default="smollm2-135m", help="the model whose KV shape is moved (its config only)")
+    p.add_argument("--kv", type=_list(str), default=["bf16", "int8"], metavar="F,F",
+                   help="KV formats: bf16 int8 fp8 int4 f32")
+    p.add_argument("--connectors", type=_list(str), default=["shm", "tcp"], metavar="C,C", help="connectors")
+    p.add_argument("--lengths", type=_list(int), default=[128, 512, 2048], metavar="N,N",
+                   help="prompt lengths in tokens")
+    p.add_argument("--reps", type=positive_int, default=5, help="timed transfers per configuration (median kept)")
+    p.add_argument("--no-save", action="store_true", help="do not store the result in the local profile")
+    p.add_argument("--json", default=None, type=output_file, metavar="FILE", help="also write the result as JSON")
+    g = p.add_argument_group("goodput (1P1D vs 2 co-located replicas)")
+    g.add_argument("--goodput", action="store_true", help="run the serving comparison too (minutes)")
+    g.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens per request")
+    g.add_argument("--output-len", type=positive_int, default=32, help="output tokens per request")
+    g.add_argument("--num-requests", type=positive_int, default=16, help="requests per deployment")
+    g.add_argument("--request-rate", type=float, default=0.25, help="Poisson arrivals per second")
+    g.add_argument("--ttft-slo-ms", type=float, default=10000.0, help="time-to-first-token SLO")
+    g.add_argument("--tpot-slo-ms", type=float, default=150.0, help="time-per-output-token SLO")
+    g.add_argument("--kv-connector", default="shm", choices=["shm", "tcp"], help="1P1D's connector")
+    g.add_argument("--kv-cache-dtype", default="auto", help="both deployments' --kv-cache-dtype")
+    g.add_argument("--trace-out", default=None, type=output_file, metavar="FILE",
+                   help="write the request trace (JSONL: arrival, prompt_tokens, output_tokens) for advise --simulate")
+    p.set_defaults(func=cmd_bench_disagg)
+    return p
+
+
+def _shape(model: str):
+    from ridgeline.advisor.model_config import resolve_spec
+    from ridgeline.disagg.bench_transfer import Shape
+
+    s = resolve_spec(model)
+    return Shape(s.num_layers, s.num_kv_heads, s.head_dim)
+
+
+def format_transfer(result: dict) -> str:
+    lines = [f"KV transfer on this machine ({result['shape']}; {result['load_note']})",
+             f"{'connector':>9} {'kv':>5} {'B/token':>8} " + " ".join(f"{n:>9}" for n in result["lengths"])
+             + f" {'fixed':>9} {'us/token':>9} {'GB/s':>6} {'CPU us/token':>12}"]
+    for c, by_kv in result["connectors"].items():
+        for kv, r in by_kv.items():
+            pts = " ".join(f"{s * 1e3:>7.2f}ms" for _, s in r["points"])
+            rate = r["bytes_per_token"] / r["per_token_s"] / 1e9 if r["per_token_s"] > 0 else float("inf")
+            lines.append(f"{c:>9} {kv:>5} {r['bytes_per_token']:>8} {pts} {r['fixed_s'] * 1e3:>7.2f}ms "
+                         f"{r['per_token_s'] * 1e6:>9.3f} {rate:>6.2f} {r['cpu_per_token_s'] * 1e6:>12.3f}")
+    return "\n".join(lines)
+
+
+def cmd_bench_disagg(args: argparse.Namespace) -> int:
+    from ridgeline.advisor import transfer_profile
+    from ridgeline.disagg.bench_transfer import measure
+
+    shape = _shape(args.model)
+    load = os.getloadavg()[0]
+    result = {"model": args.model, "lengths": args.lengths, "reps": args.reps, "cores": os.cpu_count(),
+              "load_avg_1m": load,
+              "shape": f"{shape.num_layers} layers x {shape.num_kv_heads} KV heads x {shape.head_dim}",
+              "load_note": f"load average {load:.1f} on {os.cpu_count()} cores" + (" (under load)" if load > 1 else ""),
+              "connectors": measure(shape, args.connectors, args.kv, args.lengths, args.reps)}
+    print(format_transfer(result), flush=True)
+    if not args.no_save:
+        print(f"stored in {transfer_profile.save('transfer', result)}")
+    out = {"transfer": result}
+    if args.goodput:
+        from ridgeline.disagg.goodput import run_goodput
+        out["goodput"] = run_goodput(args)
+        if not args.no_save:
+            transfer_profile.save("goodput", out["goodput"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0

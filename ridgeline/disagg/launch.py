@@ -1,0 +1,155 @@
+"""`ridgeline serve --disaggregate xPyD`: start x prefill and y decode worker processes on this
+machine (each `ridgeline serve --role ...` on a free local port, with the same model and engine
+flags and cores / (x + y) threads), wait until each answers /disagg/info, check them as a set,
+and serve the front on --host/--port until a signal; the workers end with it."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
+
+_XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
+ENGINE_GROUP = "engine"
+
+
+def parse_xpyd(text: str) -> tuple[int, int]:
+    m = _XPYD.match(text.strip())
+    if m is None:
+        raise DisaggConfigError(f"--disaggregate takes xPyD (x prefill and y decode workers), e.g. 1P1D or 2P1D; "
+                                f"got {text!r}")
+    x, y = int(m.group(1)), int(m.group(2))
+    if x == 0:
+        raise DisaggConfigError(f"--disaggregate {text}: a decode worker needs a prefill worker; give 1P or more")
+    if y == 0:
+        raise DisaggConfigError(f"--disaggregate {text}: prefill workers need a decode worker; give 1D or more")
+    if x + y > 64:
+        raise DisaggConfigError(f"--disaggregate {text}: at most 64 workers on one machine")
+    return x, y
+
+
+def engine_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The engine flags of `args` that differ from their defaults, as command-line arguments."""
+    out: list[str] = []
+    group = next(g for g in parser._action_groups if g.title == ENGINE_GROUP)  # noqa: SLF001
+    for action in group._group_actions:  # noqa: SLF001
+        value = getattr(args, action.dest)
+        if value == action.default or not action.option_strings or action.dest == "model":
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # a switch: store_true / store_false
+            out.append(flag)
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _spawn(model: str, flags: list[str], role: str, args, threads: int) -> tuple[subprocess.Popen, str]:
+    port = _free_port("127.0.0.1")
+    argv = [sys.executable, "-m", "ridgeline.cli", "serve", model, *flags, "--role", role, "--host", "127.0.0.1",
+            "--port", str(port), "--kv-connector", args.kv_connector,
+            "--kv-transfer-timeout", str(args.kv_transfer_timeout), "--quiet"]
+    for flag, value in (("--served-model-name", args.served_model_name), ("--api-key", args.api_key)):
+        if value:
+            argv += [flag, value]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen(argv, env=env), f"http://127.0.0.1:{port}"
+
+
+def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float) -> list[dict]:
+    infos: list[dict | None] = [None] * len(procs)
+    deadline = time.monotonic() + timeout
+    while any(i is None for i in infos):
+        for k, (proc, url) in enumerate(procs):
+            if infos[k] is not None:
+                continue
+            if proc.poll() is not None:
+                raise DisaggConfigError(f"the worker at {url} exited with status {proc.returncode} during start-up "
+                                        "(its error is printed above)")
+            try:
+                r = httpx.get(url + "/disagg/info", timeout=2)
+                if r.status_code == 200:
+                    infos[k] = r.json()
+            except httpx.HTTPError:
+                pass
+        if time.monotonic() > deadline:
+            raise DisaggConfigError(f"workers not ready after {timeout:g}s (--worker-start-timeout)")
+        time.sleep(0.2)
+    return infos
+
+
+def _stop(procs: list[tuple[subprocess.Popen, str]]) -> None:
+    for proc, _ in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for proc, _ in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _front_server(app):
+    import uvicorn
+
+    class FrontServer(uvicorn.Server):
+        """A signal ends the front and returns (uvicorn would re-raise it, killing this process before its
+        workers are stopped); a second one ends it at once."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in prev.items():
+                    signal.signal(s, h)
+
+        def _on_signal(self, sig, frame) -> None:
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
+    return FrontServer(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
+
+
+def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> int:
+    from ridgeline.serve.server import bind, url_of
+
+    x, y = parse_xpyd(args.disaggregate)
+    sock = bind(args.host, args.port)  # before starting anything: a busy port fails at once
+    threads = max(1, (os.cpu_count() or 1) // (x + y))
+    flags = engine_flags(parser, args)
+    procs = [_spawn(model, flags, "prefill", args, threads) for _ in range(x)]
+    procs += [_spawn(model, flags, "decode", args, threads) for _ in range(y)]
+    try:
+        infos = _wait_ready(procs, args.worker_start_timeout)
+        workers = [Worker(url, info) for (_, url), info in zip(procs, infos)]
+        front = Front(workers[:x], workers[x:])
+        print(f"serving   `{args.served_model_name or model}` disaggregated {x}P{y}D at {url_of(sock)}/v1 "
+              f"(workers: {', '.join(w.url for w in workers)}; KV over {args.kv_connector})", flush=True)
+        _front_server(build_front(front)).run(sockets=[sock])
+        return 0
+    finally:
+        _stop(procs)
+        sock.close()
