@@ -97,6 +97,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-controller", default="on", choices=["on", "off"],
                    help="on: choose how many tokens to propose (0 = none) per step and request from the measured "
                         "step cost and each request's acceptance, never slowing a batch down; off: always K")
+    add_expert_parallel_arg(g)
+
+
+def add_expert_parallel_arg(g) -> None:
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="mixture-of-experts models: spread each sparse layer's experts over the ranks of a "
+                        "distributed launch (contiguous blocks; the expert count must divide by the ranks), routed "
+                        "tokens exchanged with all-to-all; each rank loads only its experts")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -106,7 +114,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
-    return {k: getattr(args, k) for k in keys}
+    kw = {k: getattr(args, k) for k in keys}
+    if getattr(args, "expert_parallel", False):
+        kw["expert_parallel"] = True
+    return kw
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -207,6 +207,8 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"
     progress: bool = True
+    # sparse layers' experts spread over the ranks of a distributed launch (parallel/expert_group.py)
+    expert_parallel: bool = False
 
     @classmethod
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":

@@ -27,6 +27,7 @@ from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
+from ridgeline.parallel.expert_group import expert_group
 from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.quant import fp8_checkpoint
 from ridgeline.quant.checkpoint import folder_quantization
@@ -101,7 +102,11 @@ class LLMEngine:
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats, tensors, quantization = _weight_formats(mc, quantization, folder, gguf_file, arch,
                                                          DENSE[choice.dtype], plan)
-        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats)
+        if config.expert_parallel and arch.moe is None:
+            raise InvalidRequestError(f"--expert-parallel needs a mixture-of-experts model; {arch.architecture} "
+                                      "has no experts", "expert_parallel")
+        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats,
+                            expert_group=expert_group(config.expert_parallel))
         model = build_model(arch, folder, opts, device, max_len, tensors)
         kv_spec = KVCacheSpec(k_fmt, arch.num_layers, arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))

@@ -22,6 +22,7 @@ class BuildOptions:
     act_dtype: torch.dtype  # activations, norm weights, biases
     attention_backend: str = "auto"
     weight_format: Callable[[str], WeightFormat] | None = None  # layer prefix -> its format; default dense `dtype`
+    expert_group: object = None  # torch.distributed group sparse layers spread their experts over (None: off)
 
     def format_for(self, prefix: str) -> WeightFormat:
         if self.weight_format is not None:
