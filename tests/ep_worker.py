@@ -19,6 +19,7 @@ def _bytes(params) -> int:
 def measure(llm) -> dict:
     from ridgeline import SamplingParams
     from ridgeline.layers.moe import SparseMoE
+    from ridgeline.parallel import expert_load
     from ridgeline.parallel.expert_compute import TorchExperts
     from test_hf_parity import engine_logits
     model = llm.engine.runner.model
@@ -41,6 +42,8 @@ def measure(llm) -> dict:
     res["expert_bytes"] = _bytes(experts)
     res["total_bytes"] = _bytes(model.parameters())
     res["experts_held"] = [e for e, _ in moes[0].expert_items()]
+    res["summary"] = expert_load.summarize(moes)
+    res["metrics"] = {f.name: [(s.labels, s.value) for s in f.samples] for f in expert_load.metric_families(model)}
     return res
 
 

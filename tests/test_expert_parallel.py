@@ -70,6 +70,14 @@ def test_each_rank_holds_its_experts_and_counts_the_group_load(runs, arch):
         assert got["total_bytes"] == replicated + single["expert_bytes"] // WORLD
         for a, b in zip(got["load"], single["load"]):
             assert torch.equal(a, b)
+        rank_pairs = [sum(int(c[q * half:(q + 1) * half].sum()) for c in single["load"]) for q in range(WORLD)]
+        assert got["summary"]["rank_pairs"] == rank_pairs and sum(rank_pairs) == single["summary"]["pairs"]
+        assert got["summary"]["rank_imbalance"]["max"] >= 1.0
+        assert got["metrics"]["ridgeline_moe_rank_routed_pairs"] == [({"rank": str(q)}, n)
+                                                                     for q, n in enumerate(rank_pairs)]
+    assert "ridgeline_moe_rank_routed_pairs" not in single["metrics"]
+    assert single["metrics"]["ridgeline_moe_routed_pairs"][0][1] == single["summary"]["pairs"]
+    assert single["summary"]["expert_imbalance"]["max"] >= 1.0
 
 
 def test_experts_that_do_not_divide_over_ranks_are_an_error():
