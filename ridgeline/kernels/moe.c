@@ -58,26 +58,26 @@ static void softmax_rows(float *p, int64_t T, int64_t E) {
 }
 
 /* idx [T, k]: largest first, the lower index on equal values; returns 1 if some token has another
- * expert equal to its k-th choice outside its top k (a tie whose resolution changes the set) */
+ * expert equal to its k-th choice outside its top k (a tie whose resolution changes the set).
+ * One pass over the experts, inserting into the sorted k kept so far: E compares a token, not E k^2. */
 static int top_k(const float *p, int64_t T, int64_t E, int64_t k, int64_t *idx) {
     int tie = 0;
     for (int64_t t = 0; t < T; t++) {
         const float *r = p + t * E;
-        int64_t *ix = idx + t * k;
-        for (int64_t j = 0; j < k; j++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t i = 0; i < j; i++) taken |= ix[i] == e;
-                if (!taken && (best < 0 || r[e] > r[best])) best = e;
-            }
-            ix[j] = best;
+        int64_t *ix = idx + t * k, n = 0;
+        for (int64_t e = 0; e < E; e++) {
+            const float v = r[e];
+            if (n == k && !(v > r[ix[k - 1]])) continue;
+            int64_t pos = n < k ? n++ : k - 1; /* full: the k-th is dropped */
+            for (; pos > 0 && v > r[ix[pos - 1]]; pos--) ix[pos] = ix[pos - 1]; /* after its equals */
+            ix[pos] = e;
         }
         const float kth = r[ix[k - 1]];
         for (int64_t e = 0; e < E && !tie; e++) {
+            if (r[e] != kth) continue;
             int taken = 0;
             for (int64_t i = 0; i < k; i++) taken |= ix[i] == e;
-            tie = !taken && r[e] == kth;
+            tie = !taken;
         }
     }
     return tie;
