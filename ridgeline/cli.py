@@ -115,6 +115,14 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",
                    help="leave the ranks' CPU affinity and thread counts alone (default: each rank pinned to its "
                         "share of the cores)")
+    add_expert_parallel_arg(g)
+
+
+def add_expert_parallel_arg(g) -> None:
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="mixture-of-experts models: spread each sparse layer's experts over the ranks of a "
+                        "distributed launch (contiguous blocks; the expert count must divide by the ranks), routed "
+                        "tokens exchanged with all-to-all; each rank loads only its experts")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -125,7 +133,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
     parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores"]
-    return {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
+    kw = {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
+    if getattr(args, "expert_parallel", False):
+        kw["expert_parallel"] = True
+    return kw
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

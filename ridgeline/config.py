@@ -243,6 +243,8 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention_backend: str = "auto"
     progress: bool = True
+    # sparse layers' experts spread over the ranks of a distributed launch (parallel/expert_group.py)
+    expert_parallel: bool = False
 
     def __post_init__(self):
         _parallel_conflicts(self)

@@ -7,11 +7,7 @@ the dense parts (attention, router, embeddings, LM head) come on top, once per s
 """
 from __future__ import annotations
 
-from ridgeline.layers.moe import SparseMoE
-
-
-def sparse_layers(model) -> list[SparseMoE]:
-    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+from ridgeline.parallel.expert_load import sparse_layers, summarize
 
 
 def reset(model) -> None:
@@ -28,15 +24,14 @@ def collect(model, elapsed: float) -> dict | None:
     touched = sum(m.touched[0] for m in layers)
     calls = sum(m.touched[1] for m in layers)
     per_expert = layers[0].expert_bytes()
-    total = sum(sum(c) for c in loads.values())
-    imbalance = [max(c) / (sum(c) / len(c)) for c in loads.values() if sum(c)]
+    summary = summarize(layers)
+    ep = {k: summary[k] for k in ("ranks", "rank_pairs", "rank_imbalance")} if "ranks" in summary else None
     return {"experts": layers[0].num_experts, "top_k": layers[0].top_k, "sparse_layers": len(layers),
-            "expert_bytes": per_expert, "layer_calls": calls, "routed_pairs": total,
+            "expert_bytes": per_expert, "layer_calls": calls, "routed_pairs": summary["pairs"],
             "experts_touched_per_call": touched / calls if calls else 0.0,
             "expert_bytes_touched": touched * per_expert,
             "expert_gb_per_s": touched * per_expert / elapsed / 1e9 if elapsed > 0 else 0.0,
-            "imbalance_max_over_mean": {"min": min(imbalance, default=0.0), "mean": sum(imbalance) / len(imbalance)
-                                        if imbalance else 0.0, "max": max(imbalance, default=0.0)},
+            "imbalance_max_over_mean": summary["expert_imbalance"], "expert_parallel": ep,
             "load_counts": loads}
 
 
@@ -52,4 +47,12 @@ def lines(stats: dict) -> list[str]:
         f"experts over the run = {stats['expert_gb_per_s']:.2f} GB/s from the experts alone",
         f"  per-expert load, max / mean per layer: min {imb['min']:.2f}, mean {imb['mean']:.2f}, max {imb['max']:.2f}",
         f"  layer {next(iter(stats['load_counts']))} load counts: {' '.join(map(str, first))}",
-    ]
+    ] + _rank_lines(stats.get("expert_parallel"))
+
+
+def _rank_lines(ep: dict | None) -> list[str]:
+    if not ep:
+        return []
+    imb = ep["rank_imbalance"]
+    return [f"  expert parallel over {ep['ranks']} ranks: pairs per rank {' '.join(map(str, ep['rank_pairs']))}; "
+            f"busiest rank / mean per layer: min {imb['min']:.2f}, mean {imb['mean']:.2f}, max {imb['max']:.2f}"]

@@ -28,6 +28,7 @@ from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import weight_summary
 from ridgeline.models.loader import build_model
 from ridgeline.layers.weight_formats import DENSE
+from ridgeline.parallel.expert_group import expert_group
 from ridgeline.models.options import BuildOptions, layer_format_rules
 from ridgeline.quant import fp8_checkpoint
 from ridgeline.quant.checkpoint import folder_quantization
@@ -109,7 +110,15 @@ class LLMEngine:
         formats, tensors, quantization = _weight_formats(mc, quantization, folder, gguf_file, arch,
                                                          DENSE[choice.dtype], plan)
         tp = self.tp
-        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None)
+        if config.expert_parallel and arch.moe is None:
+            raise InvalidRequestError(f"--expert-parallel needs a mixture-of-experts model; {arch.architecture} "
+                                      "has no experts", "expert_parallel")
+        if config.expert_parallel and tp is not None:
+            raise InvalidRequestError("--expert-parallel with --tensor-parallel-size is not supported yet: "
+                                      "tensor parallelism splits every expert's width over the ranks instead",
+                                      "expert_parallel")
+        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None,
+                            expert_group=expert_group(config.expert_parallel))
         # with tensor parallelism each rank builds its own heads and widths and reads only its slices
         model = build_model(tp.arch if tp else arch, folder, opts, device, max_len, tensors, tp and tp.slicer)
         # a rank's KV holds its own KV heads: the block count is what the fullest rank's budget holds

@@ -12,6 +12,12 @@ transformers):
   over tokens).
 `load_counts` [E] accumulates the (token, slot) pairs each expert received: the per-expert load
 that expert placement reads; `touched` the experts that ran and the calls (weight bytes read).
+
+Expert parallelism (an `expert_group` in the build options): this rank builds, loads and runs only
+its block of experts (parallel/expert_placement.py; the others are absent from `experts`, a dict by
+global id); the router and the shared expert are whole on every rank. The forward exchanges tokens
+with the other ranks (parallel/expert_dispatch.py); in the C stack the descriptor's dispatch
+callback hands the layer to that same forward. The counters then hold the whole group's load.
 """
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from ridgeline.layers.linear import Linear
 from ridgeline.layers.mlp import MLP
 from ridgeline.layers.weight_formats import DENSE, create_weight_format
 from ridgeline.models.options import BuildOptions
+from ridgeline.parallel.expert_compute import CExperts, TorchExperts
+from ridgeline.parallel.expert_dispatch import ExpertParallel
+from ridgeline.parallel.expert_placement import ExpertPlacement
 from ridgeline.weights.hf_config import MoEConfig
 
 
@@ -34,8 +43,15 @@ class SparseMoE(nn.Module):
             cfg.shared_intermediate_size
         router_format = create_weight_format(DENSE[opts.dtype], opts.plan)  # routers stay unquantized
         self.gate = Linear(hidden, cfg.num_experts, router_format, prefix=f"{prefix}.gate")
-        self.experts = nn.ModuleList(MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
-                                     for e in range(cfg.num_experts))
+        self.ep = None
+        if opts.expert_group is None:
+            self.experts = nn.ModuleList(MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
+                                         for e in range(cfg.num_experts))
+        else:  # only this rank's experts: the checkpoint's other experts find no module and are skipped
+            placement = ExpertPlacement.for_group(cfg.num_experts, opts.expert_group)
+            self.ep = ExpertParallel(opts.expert_group, placement)
+            self.experts = nn.ModuleDict({str(e): MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
+                                          for e in placement.local})
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_intermediate_size:
             self.shared_expert = MLP(hidden, cfg.shared_intermediate_size, opts, f"{prefix}.shared_expert")
@@ -47,6 +63,13 @@ class SparseMoE(nn.Module):
         self._load: torch.Tensor | None = None  # int64 [E + 2]: per-expert pairs, experts run, calls
         self._desc: torch.Tensor | str | None = None  # built on first use, after the weights are packed
         self._scratch = torch.empty(0)
+        self._dispatch = None  # the C callback of an expert-parallel layer, kept alive with the descriptor
+
+    def expert_items(self) -> list[tuple[int, MLP]]:
+        """(global expert id, module) of the experts this rank holds (all of them without expert parallelism)."""
+        if isinstance(self.experts, nn.ModuleDict):
+            return [(int(e), m) for e, m in self.experts.items()]
+        return list(enumerate(self.experts))
 
     @property
     def load_counts(self) -> torch.Tensor:
@@ -64,7 +87,7 @@ class SparseMoE(nn.Module):
 
     def expert_bytes(self) -> int:
         """Weight bytes of one expert as stored (gate_up + down)."""
-        ex = self.experts[0]
+        ex = self.expert_items()[0][1]
         return ex.gate_up_proj.format.weight_bytes(ex.gate_up_proj) + ex.down_proj.format.weight_bytes(ex.down_proj)
 
     def _stats(self) -> torch.Tensor:
@@ -77,7 +100,7 @@ class SparseMoE(nn.Module):
         out = [self.gate]
         if self.shared_expert is not None:
             out += [self.shared_expert.gate_up_proj, self.shared_expert.down_proj, self.shared_expert_gate]
-        return out + [lin for ex in self.experts for lin in (ex.gate_up_proj, ex.down_proj)]
+        return out + [lin for _, ex in self.expert_items() for lin in (ex.gate_up_proj, ex.down_proj)]
 
     def c_descriptor(self) -> torch.Tensor | str:
         """The moe.c descriptor (int64), or why the C kernel cannot run this layer."""
@@ -101,15 +124,36 @@ class SparseMoE(nn.Module):
             weights[lin] = list(desc) + [0]
         zero = [0] * cpu_moe.WEIGHT_FIELDS
         row = [self.num_experts, self.top_k, self.inter, int(self.norm_topk), self.shared_inter,
-               self._stats().data_ptr()] + weights[self.gate]
+               self._stats().data_ptr(), self._dispatch_pointer()] + weights[self.gate]
         if self.shared_expert is not None:
             row += (weights[self.shared_expert.gate_up_proj] + weights[self.shared_expert.down_proj]
                     + weights[self.shared_expert_gate])
         else:
             row += zero * 3
-        for ex in self.experts:
-            row += weights[ex.gate_up_proj] + weights[ex.down_proj]
+        held = dict(self.expert_items())
+        for e in range(self.num_experts):  # another rank's expert: an empty descriptor, never read
+            ex = held.get(e)
+            row += weights[ex.gate_up_proj] + weights[ex.down_proj] if ex is not None else zero * 2
         return torch.tensor(row, dtype=torch.int64)
+
+    def _dispatch_pointer(self) -> int:
+        """0, or (expert parallelism) the callback through which the C stack hands this layer to forward."""
+        if self.ep is None:
+            return 0
+        import ctypes
+
+        def call(layer, x_ptr, out_ptr, T, H):
+            try:
+                x = torch.frombuffer((ctypes.c_float * (T * H)).from_address(x_ptr), dtype=torch.float32)
+                out = torch.frombuffer((ctypes.c_float * (T * H)).from_address(out_ptr), dtype=torch.float32)
+                out.view(T, H).copy_(self.forward(x.view(T, H)))
+                return 0
+            except Exception:  # never unwind through C; the step fails with a clear error instead
+                import logging
+                logging.getLogger(__name__).exception("expert-parallel MoE layer %d failed", layer)
+                return -6
+        self._dispatch = cpu_moe.DISPATCH(call)
+        return ctypes.cast(self._dispatch, ctypes.c_void_p).value
 
     def scratch_for(self, T: int, H: int) -> torch.Tensor:
         need = cpu_moe.scratch_floats(self.c_descriptor(), T, H)
@@ -119,6 +163,10 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]"""
+        if self.ep is not None:
+            fast = x.dtype == torch.float32 and not isinstance(self.c_descriptor(), str)
+            compute = CExperts(self._desc, self.index) if fast else TorchExperts(self)
+            return self.ep.forward_replicated(compute, x, self._stats())
         if x.dtype == torch.float32 and x.is_contiguous() and not isinstance(self.c_descriptor(), str):
             return cpu_moe.run(self._desc, x, self.index, self.scratch_for(*x.shape))
         return self._torch_forward(x)

@@ -51,7 +51,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    stream = iter_tensors(folder) if tensors is None else tensors
+    stream = iter_tensors(folder, lambda name: _other_ranks_expert(model, modules, name)) if tensors is None \
+        else tensors
     qc = read_quant_config(folder) if tensors is None else None
     if qc is not None:  # a GPTQ / AWQ folder: its packed layers unpacked for their formats
         stream = unpack_checkpoint(stream, qc)
@@ -83,6 +84,14 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
     if pending:
         names = sorted(n if i is None else f"{n}[shard {i}]" for n, i in pending)
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+
+
+def _other_ranks_expert(model: nn.Module, modules: dict, name: str) -> bool:
+    """An expert weight whose module this rank does not hold (expert parallelism): never read."""
+    if ".experts." not in name:
+        return False
+    target, _ = _map_name(model, name)
+    return target is not None and modules.get(target.rpartition(".")[0]) is None
 
 
 def _transform(model: nn.Module, name: str, tensor):

@@ -25,6 +25,7 @@ class BuildOptions:
     # tensor parallelism: this rank's distributed.comm.TPComm (its shard and process group); None: one process.
     # The modules are built from the rank's ArchConfig (distributed.shard.local_arch)
     tp: object | None = None
+    expert_group: object = None  # torch.distributed group sparse layers spread their experts over (None: off)
 
     def format_for(self, prefix: str) -> WeightFormat:
         if self.weight_format is not None:

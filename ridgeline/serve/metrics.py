@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.parallel import expert_load
 from ridgeline.spec.stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -145,6 +146,7 @@ class _EngineCollector(Collector):
             yield from _tier_metrics(s)
         if s.speculative is not None:
             yield from _spec_metrics(s.speculative)
+        yield from expert_load.metric_families(self.ae.engine.runner.model)
 
 
 def _tier_metrics(s):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,12 +29,14 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(folder: Path, skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """skip(name) True: that tensor is not read at all (another rank's expert)."""
     for path in weight_files(folder):
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    if skip is None or not skip(name):
+                        yield name, f.get_tensor(name)
         except Exception as e:  # safetensors raises several types for a damaged header/body
             if isinstance(e, ModelLoadError):
                 raise
