@@ -18,7 +18,7 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("disaggregation: measured costs")
     g.add_argument("--simulate", default=None, metavar="TRACE",
                    help="replay a JSONL trace (arrival s, prompt_tokens, output_tokens per line) against co-located "
-                        "and xPyD deployments on --hardware; name the fewest devices meeting both SLOs")
+                        "and xPyD deployments on --hardware; name the fewest devices meeting both SLOs (default: none)")
     g.add_argument("--slo-attainment", type=float, default=0.9, metavar="F",
                    help="--simulate: fraction of requests that must meet both SLOs")
     g.add_argument("--max-instances", type=int, default=8, metavar="N", help="--simulate: instances tried at most")

@@ -34,7 +34,7 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
                    help="prompt lengths in tokens")
     p.add_argument("--reps", type=positive_int, default=5, help="timed transfers per configuration (median kept)")
     p.add_argument("--no-save", action="store_true", help="do not store the result in the local profile")
-    p.add_argument("--json", default=None, type=output_file, metavar="FILE", help="also write the result as JSON")
+    p.add_argument("--json", default=None, type=output_file, metavar="FILE", help="also write the result as JSON (default: none)")
     g = p.add_argument_group("goodput (1P1D vs 2 co-located replicas)")
     g.add_argument("--goodput", action="store_true", help="run the serving comparison too (minutes)")
     g.add_argument("--prompt-len", type=positive_int, default=1024, help="prompt tokens per request")
@@ -46,7 +46,7 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
     g.add_argument("--kv-connector", default="shm", choices=["shm", "tcp"], help="1P1D's connector")
     g.add_argument("--kv-cache-dtype", default="auto", help="both deployments' --kv-cache-dtype")
     g.add_argument("--trace-out", default=None, type=output_file, metavar="FILE",
-                   help="write the request trace (JSONL: arrival, prompt_tokens, output_tokens) for advise --simulate")
+                   help="write the request trace (JSONL: arrival, prompt_tokens, output_tokens) for advise --simulate (default: none)")
     p.set_defaults(func=cmd_bench_disagg)
     return p
 
