@@ -7,7 +7,7 @@ import time
 import uvicorn
 
 from ridgeline.config import EngineConfig
-from ridgeline.disagg.connector import create_connector
+from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.front import Front, Worker, build_front
 from ridgeline.disagg.worker import DisaggWorker, install
 from ridgeline.engine.llm_engine import LLMEngine

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ridgeline.config import EngineConfig
-from ridgeline.disagg.connector import TransferError, create_connector
+from ridgeline.disagg.connector import TransferError
+from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.export import Exports
 from ridgeline.disagg.payload import Header, KVPayload
 from ridgeline.engine.llm_engine import LLMEngine

@@ -28,18 +28,9 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
                    help="the measured connector to use (default: the cheaper one)")
 
 
-def measured_cost(s, connector: str | None = None) -> dict | None:
-    """The profile's transfer cost for the scenario's KV precision, rescaled to its model's bytes per token."""
-    cost = tp.transfer_cost(tp.load(), s.w.kv_precision, connector)
-    if cost is None:
-        return None
-    scale = kv_bytes_per_token(s.spec, s.w.kv_precision) / cost["bytes_per_token"]
-    return {**cost, "per_token_s": cost["per_token_s"] * scale}
-
-
 def measured_sections(s, connector: str | None = None) -> list[Section]:
     out = []
-    cost = measured_cost(s, connector)
+    cost = tp.measured_cost(s, connector)
     sec = Section("disagg_transfer", "KV transfer measured on this machine")
     if cost is None:
         sec.note("not measured yet: `ridgeline bench disagg` measures it (shm and tcp, bf16 and int8) and stores it "
@@ -100,7 +91,7 @@ def simulate(args, s) -> int:
     if not 0 < args.slo_attainment <= 1 or args.max_instances < 1:
         raise AdvisorError("--slo-attainment must be in (0, 1] and --max-instances >= 1")
     trace = load_trace(args.simulate)
-    cost = measured_cost(s, args.connector)
+    cost = tp.measured_cost(s, args.connector)
     fixed = cost["fixed_s"] if cost else 0.0
     kvb = kv_bytes_per_token(s.spec, s.w.kv_precision)
     if s.hw.link_bw:
@@ -139,7 +130,7 @@ def _p90(xs: list[float]) -> float:
 def validate(args, s) -> int:
     from ridgeline.disagg.bench_transfer import Shape, measure
 
-    cost = measured_cost(s, args.connector)
+    cost = tp.measured_cost(s, args.connector)
     if cost is None:
         raise AdvisorError("no measured transfer cost for this KV precision: run `ridgeline bench disagg` first")
     kv = {"bf16": "bf16", "fp16": "bf16", "int8": "int8", "fp8": "fp8", "int4": "int4"}.get(s.w.kv_precision, "bf16")

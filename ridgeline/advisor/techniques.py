@@ -191,7 +191,7 @@ def _measured_transfer(s: Scenario) -> tuple[float, str] | None:
     if not s.hw.name.startswith("local"):
         return None
     from ridgeline.advisor import transfer_profile
-    from ridgeline.advisor.disagg_advice import measured_cost
+    from ridgeline.advisor.transfer_profile import measured_cost
     cost = measured_cost(s)
     return None if cost is None else (transfer_profile.seconds(cost, s.w.prompt_len), cost["connector"])
 

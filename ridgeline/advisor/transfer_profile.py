@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ridgeline.advisor.local_profile import _cpu_name
+from ridgeline.advisor.memory import kv_bytes_per_token
 from ridgeline.weights.cache_dir import model_cache_dir
 
 VERSION = 1
@@ -52,3 +53,12 @@ def transfer_cost(profile: dict | None, kv: str, connector: str | None = None) -
 
 def seconds(cost: dict, tokens: int) -> float:
     return cost["fixed_s"] + cost["per_token_s"] * tokens
+
+
+def measured_cost(s, connector: str | None = None) -> dict | None:
+    """The profile's transfer cost for the scenario's KV precision, rescaled to its model's bytes per token."""
+    cost = transfer_cost(load(), s.w.kv_precision, connector)
+    if cost is None:
+        return None
+    scale = kv_bytes_per_token(s.spec, s.w.kv_precision) / cost["bytes_per_token"]
+    return {**cost, "per_token_s": cost["per_token_s"] * scale}

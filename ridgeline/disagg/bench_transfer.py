@@ -40,7 +40,7 @@ def _receiver(connector: str, shape: Shape, kv_names: list[str], max_blocks: int
     import torch
 
     from ridgeline.disagg.blocks import scatter
-    from ridgeline.disagg.connector import create_connector
+    from ridgeline.disagg.transports import create_connector
     from ridgeline.layers.kv_cache import allocate_kv
 
     torch.set_num_threads(1)
@@ -69,7 +69,7 @@ class Link:
     """A sender connector in this process and a receiver in a child process, one transport."""
 
     def __init__(self, connector: str, shape: Shape, kv_names: list[str], max_blocks: int):
-        from ridgeline.disagg.connector import create_connector
+        from ridgeline.disagg.transports import create_connector
 
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()

@@ -28,7 +28,7 @@ import numpy as np
 
 from ridgeline.disagg.inbox import Inbox
 from ridgeline.disagg.payload import Header, KVPayload
-from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.errors import RidgelineError
 
 MAGIC = b"RLKV"
 FAULTS = (None, "drop", "stall")
@@ -45,14 +45,6 @@ def register_connector(name: str):
         CONNECTORS[name] = cls
         return cls
     return deco
-
-
-def create_connector(name: str, timeout: float = 10.0, **kw) -> KVConnector:
-    from ridgeline.disagg import transports  # noqa: F401 (registers tcp and shm)
-    if name not in CONNECTORS:
-        raise InvalidRequestError(f"kv connector must be one of {', '.join(CONNECTORS)}, got {name!r}",
-                                  "kv_connector")
-    return CONNECTORS[name](timeout=timeout, **kw)
 
 
 @dataclass

@@ -10,8 +10,9 @@ import _posixshmem  # what SharedMemory.unlink calls, without its resource-track
 
 import numpy as np
 
-from ridgeline.disagg.connector import KVConnector, Outgoing, TransferError, _read_into, register_connector
+from ridgeline.disagg.connector import CONNECTORS, KVConnector, Outgoing, TransferError, _read_into, register_connector
 from ridgeline.disagg.payload import Header, KVPayload
+from ridgeline.errors import InvalidRequestError
 
 
 @register_connector("tcp")
@@ -88,3 +89,10 @@ def _unlink(seg: shared_memory.SharedMemory) -> None:
         _posixshmem.shm_unlink(seg._name)  # noqa: SLF001
     except FileNotFoundError:
         pass
+
+
+def create_connector(name: str, timeout: float = 10.0, **kw) -> KVConnector:
+    if name not in CONNECTORS:
+        raise InvalidRequestError(f"kv connector must be one of {', '.join(CONNECTORS)}, got {name!r}",
+                                  "kv_connector")
+    return CONNECTORS[name](timeout=timeout, **kw)

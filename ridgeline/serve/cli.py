@@ -171,7 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = build_off_main_thread(lambda: LLMEngine(config))
     app, worker = build_app(engine, settings), None
     if args.role != "colocated":
-        from ridgeline.disagg.connector import create_connector
+        from ridgeline.disagg.transports import create_connector
         from ridgeline.disagg.worker import DisaggWorker, install
         connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.host, port=args.kv_port)
         worker = DisaggWorker(args.role, engine, connector, args.kv_transfer_timeout)
