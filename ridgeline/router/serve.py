@@ -5,7 +5,6 @@ import contextlib
 import signal
 import socket
 import threading
-import time
 
 import httpx
 import uvicorn
@@ -13,6 +12,7 @@ import uvicorn
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.startup import discover, tokenizer_folder
+from ridgeline.serve.server import UvicornThread, bind
 
 
 async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str | None = None) -> Router:
@@ -61,34 +61,9 @@ def serve_router(router: Router, sock: socket.socket) -> int:
     return 0
 
 
-class RouterThread:
+class RouterThread(UvicornThread):
     """The router on a background thread (tests, benchmarks)."""
 
     def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0):
-        from ridgeline.serve.server import bind, url_of
         self.router = router
-        self.sock = bind(host, port)
-        self.url = url_of(self.sock)
-        self.server = _RouterServer(_config(router))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="ridgeline-router", daemon=True)
-
-    def start(self, timeout: float = 30.0) -> RouterThread:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the router at {self.url} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-        self.sock.close()
-
-    def __enter__(self) -> RouterThread:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(_RouterServer(_config(router)), bind(host, port), "router")

@@ -131,21 +131,21 @@ def serve_forever(app: FastAPI, sock: socket.socket, drain_timeout: float | None
     return server.exit_status
 
 
-class ServerThread:
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, drain_timeout: float | None = None):
-        self.app = app
-        self.sock = bind(host, port)
-        self.url = url_of(self.sock)
-        self.server = _DrainingServer(_config(app, drain_timeout, access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="ridgeline-http", daemon=True)
+class UvicornThread:
+    """A uvicorn server on a background thread, on a socket already bound (tests, benchmarks)."""
 
-    def start(self, timeout: float = 30.0) -> ServerThread:
+    def __init__(self, server: uvicorn.Server, sock, what: str):
+        self.server, self.sock, self.what = server, sock, what
+        self.url = url_of(sock)
+        self.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"ridgeline-{what}",
+                                       daemon=True)
+
+    def start(self, timeout: float = 30.0):
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the server at {self.url} did not start")
+                raise RuntimeError(f"the {self.what} at {self.url} did not start")
             time.sleep(0.01)
         return self
 
@@ -154,8 +154,14 @@ class ServerThread:
         self.thread.join(timeout)
         self.sock.close()
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ServerThread(UvicornThread):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, drain_timeout: float | None = None):
+        self.app = app
+        super().__init__(_DrainingServer(_config(app, drain_timeout, access_log=False)), bind(host, port), "server")
