@@ -32,10 +32,17 @@ class ScheduledSeq:
     def num_new(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def is_decode(self) -> bool:
+        """One token past the prompt: the per-row decode kernel. A one-token prompt chunk is not one:
+        prompt rows take the prompt kernel whatever chunk they fall in, so a row's bits never depend
+        on where the scheduler cut the prompt."""
+        return len(self.token_ids) == 1 and self.start >= self.num_prompt_tokens
+
 
 @dataclass
 class StepPlan:
-    seqs: list[ScheduledSeq] = field(default_factory=list)  # one-token decodes first, then the rest
+    seqs: list[ScheduledSeq] = field(default_factory=list)  # decodes (is_decode) first, then the rest
     finished_ids: list[str] = field(default_factory=list)  # requests that left since the last plan
     num_preempted: int = 0
     kv_copies: TierCopies | None = None  # second KV tier: blocks to store and load before the forward

@@ -194,7 +194,7 @@ class Scheduler:
                 next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None,
                 cache_start=None if self.evictor is None else held,
                 kv_moves=self._physical(req.request_id, moves)))
-        seqs.sort(key=lambda s: s.num_new != 1)  # stable: one-token decodes first, then the rest
+        seqs.sort(key=lambda s: not s.is_decode)  # stable: decodes first, then the rest
         return seqs
 
     def _physical(self, req_id: str, moves) -> list[tuple[int, int]]:

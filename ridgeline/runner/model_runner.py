@@ -119,12 +119,14 @@ class ModelRunner:
             tables[i, :nb] = s.block_table[:nb]
         slots = tables[seq_of, slot_idx // bs] * bs + slot_idx % bs
         ids = [t for s in seqs for t in s.token_ids]
-        num_decode = int(np.searchsorted(n != 1, True))  # decodes (1 new token) come first
+        decode = np.fromiter((s.is_decode for s in seqs), bool, len(seqs))
+        num_decode = int(np.searchsorted(~decode, True))  # decodes come first (the scheduler sorts them)
+        assert not decode[num_decode:].any(), "decodes must come first in a step plan"
         prompt = np.fromiter((s.num_prompt_tokens for s in seqs), np.int64, len(seqs))
         groups = []
         if num_decode:
             groups.append(self._group(slice(0, num_decode), n[:num_decode], start[:num_decode],
-                                      tables[:num_decode], prompt[:num_decode]))
+                                      tables[:num_decode], None))
         if num_decode < len(seqs):
             groups.append(self._group(slice(num_decode, T), n[num_decode:], start[num_decode:],
                                       tables[num_decode:], prompt[num_decode:]))
@@ -135,13 +137,15 @@ class ModelRunner:
                 ctx, sample_rows)
 
     def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray,
-               prompt: np.ndarray) -> AttnGroup:
-        """What every attention backend reads; a backend derives more (SDPA masks) itself if it needs it."""
+               prompt: np.ndarray | None) -> AttnGroup:
+        """What every attention backend reads; a backend derives more (SDPA masks) itself if it needs it.
+        prompt None: a group of decodes (one row per sequence, past its prompt); else prompt lengths,
+        and every row gets its own key length."""
         dev = self.device
         key_lens = start + n
         nb = int(-(-key_lens.max() // self.block_size))
         row_seq = row_key_lens = tile_len = None
-        if int(n.max()) > 1:
+        if prompt is not None:
             offsets = np.cumsum(n) - n
             row_seq = np.repeat(np.arange(len(n)), n)
             row_key_lens = start[row_seq] + np.arange(int(n.sum())) - offsets[row_seq] + 1

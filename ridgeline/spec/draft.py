@@ -95,6 +95,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
 
 
 def _decodes_first(seqs: list[ScheduledSeq], owners: list[int]) -> tuple[list[ScheduledSeq], list[int]]:
-    """The runner takes one-token sequences before longer ones (already so after the first pass)."""
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new != 1)
+    """The runner takes decodes before the rest (already so after the first pass)."""
+    order = sorted(range(len(seqs)), key=lambda i: not seqs[i].is_decode)
     return [seqs[i] for i in order], [owners[i] for i in order]
