@@ -22,14 +22,18 @@ def long_llama(tmp_path_factory):
 ENGINE = ["--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-num-batched-tokens", "512"]
 
 
-def test_code_edit_workload_is_deterministic_and_asks_to_repeat_a_passage(tiny_llama):
+@pytest.mark.parametrize("name, asks", [("code-edit", "`"), ("text-edit", "\"")])
+def test_edit_workloads_are_deterministic_and_ask_to_repeat_the_prompt(tiny_llama, name, asks):
     tok = Tokenizer(tiny_llama)
-    a = make_workload("code-edit", tok, 6, seed=1)
-    assert a == make_workload("code-edit", tok, 6, seed=1)
-    assert make_workload("code-edit", tok, 3, seed=1) == a[:3]  # request i does not depend on the count
-    assert make_workload("code-edit", tok, 6, seed=2) != a
+    a = make_workload(name, tok, 6, seed=1)
+    assert a == make_workload(name, tok, 6, seed=1)
+    assert make_workload(name, tok, 3, seed=1) == a[:3]  # request i does not depend on the count
+    assert make_workload(name, tok, 6, seed=2) != a
+    assert len(set(map(tuple, a))) == 6
     text = tok.decode(a[0], skip_special_tokens=False)
-    assert "change" in text.lower() and len(a[0]) > 100
+    assert asks in text.lower() and len(a[0]) > 100, text
+    if name == "code-edit":
+        assert "def " in text or "class " in text
 
 
 def test_expected_tokens():

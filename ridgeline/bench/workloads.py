@@ -13,7 +13,8 @@ Workloads:
 - multi-turn:    8-turn conversations; each turn resends the whole history (system prompt, earlier
                  questions and replies) plus a new question. Conversations run 8 at a time, turns
                  interleaved (turn 1 of each, then turn 2 of each, ...).
-- code-edit:     "rewrite this text with one change" (bench/edit_workload.py): the reply repeats the prompt.
+- code-edit:     "rename this identifier in the code" (bench/edit_workload.py): the reply repeats the prompt.
+- text-edit:     "rewrite this text with one change": the same, with prose.
 """
 from __future__ import annotations
 
@@ -220,7 +221,7 @@ def _conversation(seed: int, index: int, turns: int, reply_words: tuple[int, int
     return msgs
 
 
-WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit")
+WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit", "text-edit")
 
 
 def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50, max_len: int = 200,
@@ -236,4 +237,7 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
     if name == "code-edit":
         from ridgeline.bench.edit_workload import code_edit_workload
         return code_edit_workload(tokenizer, num_requests, seed=seed)
+    if name == "text-edit":
+        from ridgeline.bench.edit_workload import text_edit_workload
+        return text_edit_workload(tokenizer, num_requests, seed=seed)
     raise InvalidRequestError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
