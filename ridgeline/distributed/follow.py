@@ -12,7 +12,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
-CALLS = ("execute", "prefill_only", "all_logits", "all_hidden")  # ModelRunner methods that run the model
+# ModelRunner methods that run the model (or, with pipeline parallelism, gather or reset its counters)
+CALLS = ("execute", "prefill_only", "all_logits", "all_hidden", "pipeline_stats", "reset_pipeline_stats")
 STOP = ("stop", ())
 
 
