@@ -39,7 +39,19 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder, tensors)
     finish_loading(model)  # repack for the kernels of opts.plan
+    _drop_head_source(model)
     return model.eval()
+
+
+def _drop_head_source(model: nn.Module) -> None:
+    """A pipeline stage after the first holds the embedding table only as its tied head's weights: once
+    the head keeps its own (packed) copy, the table goes."""
+    m = model.model
+    if getattr(m, "stage", None) is None or m.stage.first or m.embed_tokens is None:
+        return
+    w = getattr(model.lm_head, "weight", None)
+    if w is None or w.data_ptr() != m.embed_tokens.weight.data_ptr():
+        m.embed_tokens = None
 
 
 def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None) -> None:
