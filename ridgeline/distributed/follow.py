@@ -50,6 +50,10 @@ def follow(runner, channel: PlanChannel) -> None:
             from ridgeline.distributed.comm import probe_link
             probe_link(*args)
             continue
+        if method == "probe_p2p":
+            from ridgeline.distributed.pipeline import probe_p2p
+            probe_p2p(*args, channel.rank)
+            continue
         if method not in CALLS:
             raise RuntimeError(f"unknown call {method!r} from rank 0 (mismatched versions across ranks?)")
         getattr(runner, method)(*args)

@@ -11,7 +11,7 @@ order, attention runs per row or per sequence), so micro-batching changes no bit
 
 Timing per stage (StageStats): wall time of each step, time computing (embedding, layers, logits,
 sampling), time blocked in point-to-point calls (waiting for the previous stage or for the sampled
-tokens, plus the transfers themselves), bytes sent. Bubble fraction = blocked time / step time (what
+tokens, plus the transfers themselves), the transfers alone as the receiver sees them, bytes sent. Bubble fraction = blocked time / step time (what
 is neither blocked nor computing is host work: building the micro-batches' tensors)."""
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ class StageStats:
     compute_s: float = 0.0  # embedding, layers, logits and sampling
     recv_s: float = 0.0  # blocked receiving activations or the sampled tokens (bubble + transfer)
     send_s: float = 0.0  # waiting for sends to complete at the end of a step
+    # transfer time measured on receipt: the residual follows the hidden state at once, so receiving it
+    # takes its transfer alone (no waiting for the sender); counted twice, for both tensors
+    transfer_s: float = 0.0
     sent_bytes: int = 0
 
     @property
@@ -69,8 +72,11 @@ class PipelineStage:
         h, r = torch.empty(T, self.hidden), torch.empty(T, self.hidden)
         t0 = time.perf_counter()
         dist.recv(h, self.stage.index - 1, group=self.group)
+        t1 = time.perf_counter()
         dist.recv(r, self.stage.index - 1, group=self.group)
-        self.stats.recv_s += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.stats.recv_s += t2 - t0
+        self.stats.transfer_s += 2 * (t2 - t1)
         return h, r
 
     def _send(self, h: torch.Tensor, r: torch.Tensor, pending: list) -> None:
@@ -176,3 +182,25 @@ class PipelineStage:
         out = [None] * self.stage.size if self.stage.first else None
         dist.gather_object(self.stats, out, dst=0, group=self.group)
         return out
+
+
+def probe_p2p(sizes: tuple[int, ...], reps: int, rank: int, group=None) -> list[float]:
+    """Median one-way seconds of an fp32 message of each size (floats) from stage 0 to stage 1 and back
+    (half the round trip), stages 0 and 1 calling it together: the link's latency and bandwidth, apart
+    from any model. Other stages return at once."""
+    out = []
+    for n in sizes:
+        x = torch.ones(n)
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(x, 1, group=group)
+                dist.recv(x, 1, group=group)
+            elif rank == 1:
+                dist.recv(x, 0, group=group)
+                dist.send(x, 0, group=group)
+            times.append((time.perf_counter() - t0) / 2)
+        times = sorted(times[1:])
+        out.append(times[len(times) // 2])
+    return out

@@ -147,3 +147,9 @@ class PPRuntime(GroupRuntime):
         self._join(config, size, device, rank)
         self.stage = stages[self.ctx.rank]
         self.arch = arch
+
+    def probe(self, sizes: tuple[int, ...] = (1, 1 << 18), reps: int = 20) -> list[float]:
+        """Stage 0: time a message of each size to stage 1 and back (the link, apart from the model)."""
+        from ridgeline.distributed.pipeline import probe_p2p
+        self.channel.send("probe_p2p", (sizes, reps))
+        return probe_p2p(sizes, reps, 0)
