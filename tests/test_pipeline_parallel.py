@@ -53,6 +53,28 @@ def test_advisor_prices_the_pipeline():
     assert pp_step_comm(576, 1, 64, 1, link) == (0.0, 0)
 
 
+def test_advise_gpus_plans_pipeline_stages():
+    from ridgeline.advisor.errors import AdvisorError
+    from ridgeline.advisor.hardware import lookup_hardware
+    from ridgeline.advisor.memory import kv_needed, weight_bytes
+    from ridgeline.advisor.model_config import resolve_spec
+    from ridgeline.advisor.pipeline import pipeline_section
+    from ridgeline.advisor.scenario import build
+    from ridgeline.advisor.workload import Workload
+    spec, hw, w = resolve_spec("Llama-3.1-70B"), lookup_hardware("H100-SXM"), Workload(concurrency=16)
+    s = build(spec, hw, w, gpus=8, pp=2)
+    assert (s.layout.tp, s.layout.pp) == (4, 2)
+    sec = pipeline_section(s)
+    assert sec.value("bubble") == pytest.approx(1 / 3)
+    assert sec.value("p2p_bytes") == 2 * 16 * spec.hidden_size * 4
+    per_device = sec.value("stage0_bytes") + sec.value("stage1_bytes")  # each stage over 4 devices
+    whole = weight_bytes(spec, "bf16") + kv_needed(spec, w, 16)
+    assert per_device * 4 == pytest.approx(whole, rel=0.01)  # the stages' shares add up to the whole
+    assert pipeline_section(build(spec, hw, w, gpus=4, pp=1)) is None
+    with pytest.raises(AdvisorError, match="more stages than"):
+        build(spec, hw, w, pp=96)
+
+
 def test_bad_pipeline_options(tiny_llama):
     for kw, what in ((dict(tensor_parallel_size=2), "TP x PP"), (dict(speculative_method="ngram"), "speculative"),
                      (dict(expert_parallel=True), "expert parallelism"), (dict(kv_offload="cpu",
