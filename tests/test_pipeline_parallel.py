@@ -5,9 +5,13 @@ options it does not combine with, and a killed stage ending stage 0 with a clear
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +183,43 @@ def test_killed_stage_ends_stage0_with_clear_error(tiny_llama):
     assert "generated" in r.stdout, r.stderr[-2000:]
     assert r.returncode != 0
     assert "pipeline stage 1" in r.stderr and "died" in r.stderr, r.stderr[-2000:]
+
+
+def _stage_pid(server_pid: int) -> int:
+    """The worker process (stage 1) the server started."""
+    kids = open(f"/proc/{server_pid}/task/{server_pid}/children").read().split()
+    assert len(kids) == 1, kids
+    return int(kids[0])
+
+
+def test_serve_fails_in_flight_requests_when_a_stage_dies(tiny_llama):
+    import threading
+
+    import httpx
+    from server_helpers import SAFETY_S
+    from test_server_cli import Served
+    srv = Served(tiny_llama, "--pipeline-parallel-size", "2")
+    try:
+        stage1 = _stage_pid(srv.proc.pid)
+        os.kill(stage1, signal.SIGSTOP)  # the pipeline stalls: the next request stays in flight until the kill
+        body, done = [], threading.Event()
+
+        def ask():
+            try:
+                with httpx.stream("POST", srv.url + "/v1/completions", timeout=SAFETY_S,
+                                  json={"model": "tiny", "prompt": "hello", "max_tokens": 8, "stream": True}) as r:
+                    body.extend(r.iter_lines())
+            finally:
+                done.set()
+        threading.Thread(target=ask, daemon=True).start()
+        deadline = time.monotonic() + SAFETY_S
+        while not re.search(r"^ridgeline_num_requests_waiting 1", httpx.get(srv.url + "/metrics").text, re.M):
+            assert time.monotonic() < deadline, "the request never arrived"
+            time.sleep(0.05)
+        os.kill(stage1, signal.SIGKILL)
+        assert done.wait(SAFETY_S)
+        text = "\n".join(body)
+        assert "pipeline stage 1" in text and "died" in text, text
+        assert srv.proc.wait(SAFETY_S) == 3
+    finally:
+        srv.close()

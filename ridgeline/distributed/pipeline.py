@@ -28,6 +28,7 @@ from ridgeline.runner.prompt_logprobs import score_prompts
 from ridgeline.step_plan import ScheduledSeq, StepResult
 
 log = logging.getLogger(__name__)
+LOG_EVERY = 1000  # steps between the first stage's log lines of its own counters
 
 
 @dataclass
@@ -154,6 +155,8 @@ class PipelineStage:
         s.steps += 1
         s.microbatches += len(parts)
         s.step_s += time.perf_counter() - t0
+        if self.stage.first and s.steps % LOG_EVERY == 0:
+            log.info("pipeline %s", s.line())
         return result
 
     def whole(self, runner, seq: ScheduledSeq, what: str) -> torch.Tensor | None:
