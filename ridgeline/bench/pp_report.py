@@ -19,7 +19,10 @@ def reset(llm) -> None:
         return
     if getattr(llm, "_pp_link", None) is None:
         small, large = pp.probe((1, PROBE_FLOATS))
-        llm._pp_link = Link(small, PROBE_FLOATS * 4 / max(large - small, 1e-9))
+        # the large message's own time: its excess over the small one's, unless noise (a loaded machine)
+        # leaves too little of it to trust; then its whole time (a lower bound on the bandwidth)
+        moving = large - small if large - small > 0.1 * large else large
+        llm._pp_link = Link(small, PROBE_FLOATS * 4 / moving)
     llm.engine.runner.reset_pipeline_stats()
 
 
