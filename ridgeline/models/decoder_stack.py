@@ -71,7 +71,9 @@ class CStack:
         cpu_stack.check_layout()
         if model.norm is not None and model.norm.weight.dtype != torch.float32:
             return ["the final norm is not fp32"] * len(model.layers)
-        return [_why_not(layer) if hasattr(layer, "mlp") else "on another pipeline stage" for layer in model.layers]
+        from ridgeline.models.llama import Elsewhere
+        return [("on another pipeline stage" if isinstance(layer, Elsewhere) else _why_not(layer))
+                for layer in model.layers]
 
     def __init__(self, model: nn.Module):
         layers = model.layers
