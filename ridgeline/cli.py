@@ -106,6 +106,13 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                    help="split every layer over N ranks (whole GQA groups of attention heads, the MLP width, the "
                         "vocabulary); on one machine the engine starts ranks 1..N-1 itself, each pinned to its "
                         "share of the cores; under torchrun each process is one rank (RANK, WORLD_SIZE)")
+    g.add_argument("--pipeline-parallel-size", type=int, default=1, metavar="N",
+                   help="split the layers into N stages of contiguous layers (embedding on the first, final norm "
+                        "and LM head on the last), each loading only its layers' weights and KV; started like "
+                        "the tensor-parallel ranks (not combined with them yet)")
+    g.add_argument("--pipeline-microbatches", type=int, default=None, metavar="M",
+                   help="micro-batches a step's sequences are split into so the stages overlap (default: one "
+                        "per stage, fewer when a step has fewer sequences)")
     g.add_argument("--master-addr", default=None, metavar="HOST",
                    help="address of rank 0's rendezvous store (default: $MASTER_ADDR, else 127.0.0.1)")
     g.add_argument("--master-port", type=int, default=None, metavar="PORT",
@@ -132,7 +139,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
-    parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores"]
+    parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores",
+                "pipeline_parallel_size", "pipeline_microbatches"]
     kw = {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
     if getattr(args, "expert_parallel", False):
         kw["expert_parallel"] = True

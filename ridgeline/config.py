@@ -211,10 +211,17 @@ class ParallelConfig:
     master_port: int | None = None  # None: $MASTER_PORT, else a free port
     dist_timeout: float = 60.0  # seconds a rendezvous or a collective may take before the ranks give up
     pin_cores: bool = True  # one machine: each rank pinned to its share of the cores, with as many threads
+    # stages holding contiguous layer ranges (ridgeline/distributed/stages.py); started like the ranks above
+    pipeline_parallel_size: int = 1
+    pipeline_microbatches: int | None = None  # micro-batches per step; None: one per stage
 
     def __post_init__(self):
         if self.tensor_parallel_size < 1:
             raise InvalidRequestError("tensor_parallel_size must be >= 1", "tensor_parallel_size")
+        if self.pipeline_parallel_size < 1:
+            raise InvalidRequestError("pipeline_parallel_size must be >= 1", "pipeline_parallel_size")
+        if self.pipeline_microbatches is not None and self.pipeline_microbatches < 1:
+            raise InvalidRequestError("pipeline_microbatches must be >= 1", "pipeline_microbatches")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise InvalidRequestError("master_port must be in [1, 65535]", "master_port")
         if not self.dist_timeout > 0:
@@ -222,7 +229,8 @@ class ParallelConfig:
 
 
 def _parallel_conflicts(cfg: "EngineConfig") -> None:
-    """What tensor parallelism does not combine with yet: refused at start-up, by name."""
+    """What tensor and pipeline parallelism do not combine with yet: refused at start-up, by name."""
+    _pipeline_conflicts(cfg)
     if cfg.parallel.tensor_parallel_size == 1:
         return
     bad = [(cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
@@ -232,6 +240,22 @@ def _parallel_conflicts(cfg: "EngineConfig") -> None:
     for hit, param, what in bad:
         if hit:
             raise InvalidRequestError(f"{what} does not run with tensor_parallel_size > 1 yet", param)
+
+
+def _pipeline_conflicts(cfg: "EngineConfig") -> None:
+    if cfg.parallel.pipeline_parallel_size == 1:
+        return
+    bad = [(cfg.parallel.tensor_parallel_size > 1, "tensor_parallel_size",
+            "tensor parallelism inside pipeline stages (TP x PP)"),
+           (cfg.expert_parallel, "expert_parallel", "expert parallelism (--expert-parallel)"),
+           (cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
+           (cfg.cache.kv_eviction == "h2o", "kv_eviction", "h2o eviction (its attention scores are per stage)"),
+           (cfg.cache.kv_offload != "none", "kv_offload", "the KV offload tier"),
+           (cfg.cache.k_dtype == "int4", "kv_cache_dtype", "an int4 K cache (its centers are calibrated in one "
+            "process)")]
+    for hit, param, what in bad:
+        if hit:
+            raise InvalidRequestError(f"{what} does not run with pipeline_parallel_size > 1 yet", param)
 
 
 @dataclass(frozen=True)

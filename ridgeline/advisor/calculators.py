@@ -7,6 +7,7 @@ from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.memory import kv_bytes_per_token, memory_section, weight_bytes
 from ridgeline.advisor.parallel import check_fits, choose_layout
 from ridgeline.advisor.quant_estimate import quant
+from ridgeline.advisor.pipeline import pipeline_section
 from ridgeline.advisor.report import model_section, parallel_section
 from ridgeline.advisor.roofline import decode_step, verify_step
 from ridgeline.advisor.scenario import Scenario
@@ -43,7 +44,9 @@ def gpus(s: Scenario):
         sec.add(f"min_{prec}", f"{prec}: minimum by capacity, deployed as {layout.describe()}",
                 "ceil((weights + KV) / usable memory)", f"ceil(({fmt_bytes(weight_bytes(s.spec, prec))} + KV) / "
                 f"{fmt_bytes(s.hw.usable_memory)})", n, "devices")
-    return [memory_section(s.spec, s.hw, s.w, s.layout.devices, s.concurrency), parallel_section(s), sec], None, None
+    sections = [memory_section(s.spec, s.hw, s.w, s.layout.devices, s.concurrency), parallel_section(s),
+                pipeline_section(s), sec]
+    return [x for x in sections if x is not None], None, None
 
 
 def spec(s: Scenario):

@@ -33,6 +33,8 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
     add(g, "--model", "smollm2-135m", "config.json path, shipped name (e.g. Llama-3.1-70B), or a model Ridgeline loads")
     add(g, "--hardware", "H100-SXM", "table name (e.g. H100, MI300X, L4) or 'local'")
     add(g, "--gpus", None, "devices to use (default: the fewest that fit)", type=int, metavar="N")
+    add(g, "--pipeline-parallel-size", None, "plan this many pipeline stages (default: the advisor chooses the "
+        "layout)", type=int, metavar="N")
     add(g, "--weights", "bf16", "weight precision: fp32 bf16 fp16 fp8 int8 int4 fp4")
     add(g, "--kv", "bf16", "KV cache precision")
     add(g, "--reprofile", False, "re-measure --hardware local", action="store_true")
@@ -103,7 +105,7 @@ def scenario_from_args(args, spec=None):
                  rate=args.rate, prefix_share=args.prefix_share, ttft_slo=args.ttft_slo_ms / 1e3,
                  tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=args.weights, kv_precision=args.kv)
     return build(spec, hw, w, gpus=args.gpus, sd=SpecDecode(args.alpha, args.draft_len, args.draft_cost),
-                 chunk=args.chunk)
+                 chunk=args.chunk, pp=getattr(args, "pipeline_parallel_size", None))
 
 
 def run(args) -> int:

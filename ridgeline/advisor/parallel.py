@@ -115,6 +115,22 @@ def choose_layout(spec: ModelSpec, hw: HardwareSpec, w: Workload, needed: int, c
     return Layout(tp, pp, False, reason)
 
 
+def pipeline_layout(spec: ModelSpec, devices: int, pp: int) -> Layout:
+    """The layout `--pipeline-parallel-size pp` asks for: pp stages, each over devices / pp (TP inside)."""
+    if pp < 1 or devices % pp:
+        raise AdvisorError(f"--pipeline-parallel-size {pp} must be >= 1 and divide the {devices} devices", "gpus")
+    if pp > spec.num_layers:
+        raise AdvisorError(f"--pipeline-parallel-size {pp} is more stages than {spec.name}'s {spec.num_layers} "
+                           "layers", "pipeline_parallel_size")
+    tp = devices // pp
+    if tp > 1 and not tp_splits(spec, tp):
+        raise AdvisorError(f"{devices} devices in {pp} stages leaves TP{tp} per stage, which the engine cannot "
+                           f"split {spec.name} over", "gpus")
+    return Layout(tp, pp, False, (
+        f"pipeline parallel as asked: PP{pp}" + (f" x TP{tp}" if tp > 1 else "") + "; only the activations "
+        "cross between stages, once per stage boundary per micro-batch (see the pipeline section)"))
+
+
 def does_not_fit(spec: ModelSpec, hw: HardwareSpec, w: Workload, layout: Layout, needed: int,
                  concurrency: float) -> str:
     """The layout's reason when it has fewer devices than capacity needs: the arithmetic, then what would fit."""

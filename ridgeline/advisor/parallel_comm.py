@@ -1,4 +1,5 @@
-"""Communication of one tensor-parallel step, as the engine makes it (ridgeline/distributed/comm.py):
+"""Communication of one tensor-parallel step, as the engine makes it (ridgeline/distributed/comm.py)
+(and of one pipeline step: pp_step_comm):
 an all-reduce of the fp32 hidden state [tokens, hidden] after each layer's attention and MLP (2 per
 layer) and after the vocab-parallel embedding, and an all-gather of the sampled rows' fp32 logits.
 A ring all-reduce moves 2 (N-1)/N of the message per rank, an all-gather (N-1)/N of the result; each
@@ -41,3 +42,14 @@ def tp_step_comm(layers: int, hidden: int, vocab: int, size: int, tokens: float,
     t = reduces * all_reduce_s(tokens * hidden * FP32, size, link)
     t += all_gather_s(sampled * chunk * size * FP32, size, link)
     return t, reduces + 1
+
+
+def pp_step_comm(hidden: int, stages: int, tokens: float, microbatches: int, link: Link) -> tuple[float, int]:
+    """(seconds, messages) of one pipeline step as the engine makes it (ridgeline/distributed/pipeline.py):
+    each micro-batch's (hidden, residual) fp32 [rows, hidden] sent across each of the stages - 1
+    boundaries (two messages), then the sampled tokens back to stage 0 (one small message)."""
+    if stages == 1:
+        return 0.0, 0
+    from ridgeline.distributed.stages import p2p_bytes_per_step
+    n = (stages - 1) * 2 * microbatches + 1
+    return n * link.latency + p2p_bytes_per_step(hidden, tokens, stages) / link.bandwidth, n

@@ -96,9 +96,10 @@ def time_section(s: Scenario) -> Section:
 
 
 def full_report(s: Scenario) -> tuple[list[Section], dict, list]:
+    from ridgeline.advisor.pipeline import pipeline_section
     sections = [model_section(s), memory_section(s.spec, s.hw, s.w, s.layout.devices, s.concurrency),
-                parallel_section(s), time_section(s)]
-    return sections, diagnose(s).json(), [t.json() for t in ranked(s)]
+                parallel_section(s), pipeline_section(s), time_section(s)]
+    return [x for x in sections if x is not None], diagnose(s).json(), [t.json() for t in ranked(s)]
 
 
 def render(sections: list[Section], wall: dict | None = None, techniques: list | None = None) -> str:

@@ -7,7 +7,7 @@ from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.hardware import HardwareSpec
 from ridgeline.advisor.memory import max_concurrency, min_devices
 from ridgeline.advisor.model_spec import ModelSpec
-from ridgeline.advisor.parallel import Layout, check_fits, choose_layout, does_not_fit
+from ridgeline.advisor.parallel import Layout, check_fits, choose_layout, does_not_fit, pipeline_layout
 from ridgeline.advisor.roofline import Platform, ridge_batch
 from ridgeline.advisor.serving import Serving, at_rate, estimate
 from ridgeline.advisor.workload import Workload
@@ -44,7 +44,8 @@ class Scenario:
 
 
 def build(spec: ModelSpec, hw: HardwareSpec, w: Workload, gpus: int | None = None, ops_per_step: int | None = None,
-          sd: SpecDecode = SpecDecode(), chunk: int = 512) -> Scenario:
+          sd: SpecDecode = SpecDecode(), chunk: int = 512, pp: int | None = None) -> Scenario:
+    """pp: pipeline stages asked for (None: the advisor chooses the layout)."""
     w.check_fits(spec.max_context, spec.name)
     if chunk < 1:
         raise AdvisorError(f"chunk size must be positive, got {chunk}", "chunk")
@@ -57,7 +58,10 @@ def build(spec: ModelSpec, hw: HardwareSpec, w: Workload, gpus: int | None = Non
         if gpus > hw.max_devices:
             raise AdvisorError(f"--gpus {gpus} is more than {hw.name} deployments the advisor plans "
                                f"({hw.max_devices})", "gpus")
-    layout = choose_layout(spec, hw, w, gpus or needed, conc)
+    if pp is not None:
+        layout = pipeline_layout(spec, gpus or pp * -(-needed // pp), pp)
+    else:
+        layout = choose_layout(spec, hw, w, gpus or needed, conc)
     pl = Platform(spec, hw, w.weight_precision, w.kv_precision, tp=layout.tp, pp=layout.pp,
                   ops_per_step=ops_per_step)
     cap = max_concurrency(spec, hw, w, layout.devices)

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from ridgeline.bench import hf_baseline, moe_report, tp_report
+from ridgeline.bench import hf_baseline, moe_report, pp_report, tp_report
 from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
                                     write_json)
 from ridgeline.bench.workloads import make_workload
@@ -55,6 +55,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.engine.reset_kv_usage()
     moe_report.reset(llm.engine.runner.model)
+    pp_report.reset(llm)  # its link probe before the CPU-time counter starts
     tp_report.reset(llm)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=progress)
@@ -74,6 +75,7 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     res.note = "; ".join(notes)
     res.extra["moe"] = moe_report.collect(llm.engine.runner.model, elapsed)
     res.extra["tensor_parallel"] = tp_report.collect(llm, elapsed, sum(map(len, prompts)), sum(map(len, tokens)))
+    res.extra["pipeline_parallel"] = pp_report.collect(llm, elapsed)
     return res, tokens
 
 
@@ -146,6 +148,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         print("\n".join(["", *moe_report.lines(rl.extra["moe"])]))
     if rl.extra.get("tensor_parallel"):
         print("\n".join(["", *tp_report.lines(rl.extra["tensor_parallel"])]))
+    if rl.extra.get("pipeline_parallel"):
+        print("\n".join(["", *pp_report.lines(rl.extra["pipeline_parallel"])]))
     if agreement:
         print(f"greedy agreement with HF on {agreement['requests']} requests: {agreement['identical']} identical, "
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")

@@ -15,8 +15,8 @@ def cpu_seconds(llm) -> float:
     shared machine, where wall time also holds other processes' turns."""
     t = os.times()
     total = t.user + t.system
-    tp = llm.engine.tp
-    for pid in (tp.workers.pids if tp is not None and tp.workers is not None else ()):
+    group = llm.engine.group  # tensor-parallel ranks or pipeline stages
+    for pid in (group.workers.pids if group is not None and group.workers is not None else ()):
         try:
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -12,7 +12,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
-CALLS = ("execute", "prefill_only", "all_logits", "all_hidden")  # ModelRunner methods that run the model
+# ModelRunner methods that run the model (or, with pipeline parallelism, gather or reset its counters)
+CALLS = ("execute", "prefill_only", "all_logits", "all_hidden", "pipeline_stats", "reset_pipeline_stats")
 STOP = ("stop", ())
 
 
@@ -48,6 +49,10 @@ def follow(runner, channel: PlanChannel) -> None:
         if method == "probe":
             from ridgeline.distributed.comm import probe_link
             probe_link(*args)
+            continue
+        if method == "probe_p2p":
+            from ridgeline.distributed.pipeline import probe_p2p
+            probe_p2p(*args, channel.rank)
             continue
         if method not in CALLS:
             raise RuntimeError(f"unknown call {method!r} from rank 0 (mismatched versions across ranks?)")

@@ -22,8 +22,9 @@ FAILURE_GRACE_S = 2.0  # callbacks get this long to fail requests before the pro
 class Workers:
     """Ranks 1..N-1 of a one-machine group, and the watchdog over them."""
 
-    def __init__(self, config, contexts: list[RankContext]):
+    def __init__(self, config, contexts: list[RankContext], what: str = "tensor-parallel rank"):
         self.closing = False
+        self.what = what  # how a rank is named in messages ("pipeline stage" for a pipeline)
         self.failed: str | None = None
         self.callbacks: list = []
         self.procs: list[subprocess.Popen] = []
@@ -50,14 +51,14 @@ class Workers:
         """Why the group is broken (a rank exited), or None: what a failed collective is blamed on."""
         for rank, p in enumerate(self.procs, start=1):
             if p.poll() is not None and not self.closing:
-                return _why(rank, p)
+                return _why(self.what, rank, p)
         return self.failed
 
     def _watch(self, rank: int, p: subprocess.Popen) -> None:
         p.wait()
         if self.closing:
             return
-        self.failed = message = _why(rank, p)
+        self.failed = message = _why(self.what, rank, p)
         log.error("%s; failing the requests in flight and exiting", message)
         print(f"ridgeline: {message}; exiting", file=sys.stderr, flush=True)
         done = threading.Event()
@@ -89,17 +90,17 @@ class Workers:
                 p.wait()
 
 
-def _why(rank: int, p: subprocess.Popen) -> str:
+def _why(what: str, rank: int, p: subprocess.Popen) -> str:
     code = p.returncode
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-    return f"tensor-parallel rank {rank} (pid {p.pid}) died ({how})"
+    return f"{what} {rank} (pid {p.pid}) died ({how})"
 
 
 def exit_soon(seconds: float) -> None:
     """Exit this process (EXIT_RANK_FAILED) after `seconds`, whatever its other threads are doing."""
     def later():
         time.sleep(seconds)
-        print("ridgeline: the tensor-parallel group is broken; exiting", file=sys.stderr, flush=True)
+        print("ridgeline: the distributed group is broken; exiting", file=sys.stderr, flush=True)
         os._exit(EXIT_RANK_FAILED)
     threading.Thread(target=later, daemon=True, name="rank-failure-exit").start()
 

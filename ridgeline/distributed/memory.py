@@ -1,5 +1,6 @@
-"""What each tensor-parallel rank holds: its shard, the weight bytes resident in its process (every
-parameter and packed / quantized weight once, shared tensors once) and its KV cache bytes."""
+"""What each tensor-parallel rank (or pipeline stage) holds: its shard (or layers), the weight bytes
+resident in its process (every parameter and packed / quantized weight once, shared tensors once) and
+its KV cache bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,4 +50,24 @@ class TPInfo:
                          f"{s.kv_heads[0]}..{s.kv_heads[1] - 1}{' (replicated)' if s.kv_replicated else ''}, "
                          f"MLP columns {s.inter[0]}..{s.inter[1] - 1}, vocab {s.vocab[0]}..{s.vocab[1] - 1}; "
                          f"weights {w / 1e6:.1f} MB, KV {kv / 2**20:.0f} MiB")
+        return lines
+
+
+@dataclass(frozen=True)
+class PPInfo:
+    size: int
+    # per stage: (distributed.stages.Stage, resident weight bytes, KV cache bytes, tokens its KV budget holds)
+    stages: tuple[tuple[object, int, int, int], ...]
+    tokens: int  # KV tokens the engine schedules with: the smallest stage's
+    one_process_tokens: int  # what the same per-process KV budget holds with every layer in one process
+    worker_pids: tuple[int, ...] = ()  # stages 1.. when this process started them
+
+    def weight_bytes(self, stage: int) -> int:
+        return self.stages[stage][1]
+
+    def describe(self) -> list[str]:
+        lines = [f"{st.describe()}; weights {w / 1e6:.1f} MB, KV {kv / 2**20:.0f} MiB ({t} tokens)"
+                 for st, w, kv, t in self.stages]
+        lines.append(f"KV capacity {self.tokens} tokens per stage budget (every layer in one process: "
+                     f"{self.one_process_tokens}, x{self.tokens / max(self.one_process_tokens, 1):.2f})")
         return lines

@@ -1,6 +1,7 @@
-"""This process's place in a tensor-parallel engine: its rank and shard, the collectives (TPComm), rank
-0's plan channel, and on one machine the worker processes rank 0 started. Built by LLMEngine before any
-weight is read; sizes that cannot split fail here, before a process starts."""
+"""This process's place in a tensor- or pipeline-parallel engine: its rank (and shard or stage), rank 0's
+plan channel, and on one machine the worker processes rank 0 started (GroupRuntime, shared); the
+collectives of a tensor-parallel rank (TPRuntime: TPComm); the stage of a pipeline (PPRuntime). Built
+by LLMEngine before any weight is read; sizes that cannot split fail here, before a process starts."""
 from __future__ import annotations
 
 import atexit
@@ -17,30 +18,25 @@ from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave,
 from ridgeline.distributed.launch import Workers, exit_soon
 from ridgeline.distributed.layout import layout_for
 from ridgeline.distributed.shard import Slicer, check_groups, local_arch
+from ridgeline.distributed.stages import stage_layout
 from ridgeline.errors import InvalidRequestError, RankFailedError
 
 FAILURE_WAIT_S = 2.0  # after a failed collective, how long to wait for the dead rank's exit to show
 
 
-class TPRuntime:
-    def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
-        pc = config.parallel
-        size = pc.tensor_parallel_size
-        shards = layout_for(arch, size)
-        if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
-            check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
+class GroupRuntime:
+    """The process group of one engine (`size` ranks; param names the size option in errors)."""
+    param, what = "tensor_parallel_size", "tensor-parallel rank"
+
+    def _join(self, config, size: int, device: torch.device, rank: RankContext | None) -> None:
         self.workers: Workers | None = None
         self.unpin = None
         self.closed = False
         if rank is None:
             rank = self._start(config, size)
         self.ctx = rank
-        join(rank, pc.dist_timeout, device)
-        self.shard = shards[rank.rank]
-        self.comm = TPComm(self.shard, arch.vocab_size, dist.group.WORLD)
+        join(rank, config.parallel.dist_timeout, device)
         self.channel = PlanChannel(rank.addr, rank.port, rank.rank, size, PLAN_TIMEOUT)
-        self.slicer = Slicer(self.shard, arch.head_dim)
-        self.arch = local_arch(arch, self.shard)
 
     def _start(self, config, size: int) -> RankContext:
         """Rank 0: under torchrun, join as the environment says; on one machine, start the other ranks."""
@@ -50,17 +46,16 @@ class TPRuntime:
         if env is not None:
             r, world = env
             if world != size:
-                raise InvalidRequestError(f"WORLD_SIZE is {world} but tensor_parallel_size is {size}; start one "
+                raise InvalidRequestError(f"WORLD_SIZE is {world} but {self.param} is {size}; start one "
                                           "process per rank (torchrun --nproc-per-node x --nnodes = the size)",
-                                          "tensor_parallel_size")
+                                          self.param)
             return RankContext(r, size, addr, port)
         if pc.pin_cores and size > len(os.sched_getaffinity(0)):
-            raise InvalidRequestError(f"tensor_parallel_size {size} is larger than the {len(os.sched_getaffinity(0))} "
-                                      "CPU cores this process may use (one rank per core at least)",
-                                      "tensor_parallel_size")
+            raise InvalidRequestError(f"{self.param} {size} is larger than the {len(os.sched_getaffinity(0))} "
+                                      "CPU cores this process may use (one rank per core at least)", self.param)
         cores = split_cores(size) if pc.pin_cores else [None] * size
         ranks = [RankContext(r, size, addr, port, cores[r], True) for r in range(size)]
-        self.workers = Workers(config, ranks[1:])
+        self.workers = Workers(config, ranks[1:], self.what)
         atexit.register(self.close)  # a script that never closes its engine still stops its ranks cleanly
         if cores[0]:
             self.unpin = pin(cores[0])
@@ -104,7 +99,7 @@ class TPRuntime:
             if why:
                 return RankFailedError(f"{why}; this request cannot finish and the server is exiting")
             time.sleep(0.05)
-        return RankFailedError(f"a tensor-parallel collective failed ({error}); the server is exiting")
+        return RankFailedError(f"a {self.what.rpartition(' ')[0]} collective failed ({error}); the server is exiting")
 
     def on_failure(self, callback) -> None:
         if self.workers is not None:
@@ -127,3 +122,34 @@ class TPRuntime:
         if self.unpin is not None:
             unpin(self.unpin)
             self.unpin = None
+
+
+class TPRuntime(GroupRuntime):
+    def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
+        size = config.parallel.tensor_parallel_size
+        shards = layout_for(arch, size)
+        if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
+            check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
+        self._join(config, size, device, rank)
+        self.shard = shards[self.ctx.rank]
+        self.comm = TPComm(self.shard, arch.vocab_size, dist.group.WORLD)
+        self.slicer = Slicer(self.shard, arch.head_dim)
+        self.arch = local_arch(arch, self.shard)
+
+
+class PPRuntime(GroupRuntime):
+    """A pipeline stage: rank r holds stage r's layers (distributed/stages.py); rank 0 is the first stage."""
+    param, what = "pipeline_parallel_size", "pipeline stage"
+
+    def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
+        size = config.parallel.pipeline_parallel_size
+        stages = stage_layout(arch.num_layers, size)  # more stages than layers: refused before any start
+        self._join(config, size, device, rank)
+        self.stage = stages[self.ctx.rank]
+        self.arch = arch
+
+    def probe(self, sizes: tuple[int, ...] = (1, 1 << 18), reps: int = 20) -> list[float]:
+        """Stage 0: time a message of each size to stage 1 and back (the link, apart from the model)."""
+        from ridgeline.distributed.pipeline import probe_p2p
+        self.channel.send("probe_p2p", (sizes, reps))
+        return probe_p2p(sizes, reps, 0)

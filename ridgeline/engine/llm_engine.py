@@ -88,9 +88,14 @@ class LLMEngine:
         model_class(arch.architecture)  # unknown architectures fail before any weight is read
         self.arch = arch
         self.tp = None  # distributed.runtime.TPRuntime with tensor parallelism
+        self.pp = None  # distributed.runtime.PPRuntime with pipeline parallelism
         if config.parallel.tensor_parallel_size > 1:
             from ridgeline.distributed.runtime import TPRuntime  # sizes that cannot split fail before ranks start
             self.tp = TPRuntime(config, arch, device, rank)
+        elif config.parallel.pipeline_parallel_size > 1:
+            from ridgeline.distributed.runtime import PPRuntime  # more stages than layers fail before any start
+            self.pp = PPRuntime(config, arch, device, rank)
+        self.group = self.tp or self.pp  # the distributed runtime this process is part of, if any
         self.tokenizer = Tokenizer(folder)
         self.max_model_len = max_len = context_length(arch, mc.max_model_len, mc.rope_scaling is not None)
         dtype_name = str(choice.dtype).removeprefix("torch.")
@@ -109,7 +114,8 @@ class LLMEngine:
         plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
         formats, tensors, quantization = _weight_formats(mc, quantization, folder, gguf_file, arch,
                                                          DENSE[choice.dtype], plan)
-        tp = self.tp
+        tp, pp = self.tp, self.pp
+        stage = pp.stage if pp else None
         if config.expert_parallel and arch.moe is None:
             raise InvalidRequestError(f"--expert-parallel needs a mixture-of-experts model; {arch.architecture} "
                                       "has no experts", "expert_parallel")
@@ -118,14 +124,16 @@ class LLMEngine:
                                       "tensor parallelism splits every expert's width over the ranks instead",
                                       "expert_parallel")
         opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None,
-                            expert_group=expert_group(config.expert_parallel))
+                            expert_group=expert_group(config.expert_parallel), stage=stage)
         # with tensor parallelism each rank builds its own heads and widths and reads only its slices
         model = build_model(tp.arch if tp else arch, folder, opts, device, max_len, tensors, tp and tp.slicer)
-        # a rank's KV holds its own KV heads: the block count is what the fullest rank's budget holds
-        kv_spec = KVCacheSpec(k_fmt, arch.num_layers, tp.arch.num_kv_heads if tp else arch.num_kv_heads,
-                              arch.head_dim, cc.block_size, v_fmt)
+        # a rank's KV holds its own KV heads (a stage's, its own layers): the block count is what the
+        # fullest rank's budget holds
+        kv_spec = KVCacheSpec(k_fmt, len(stage.layers) if stage else arch.num_layers,
+                              tp.arch.num_kv_heads if tp else arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
         kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
-        num_blocks = kv_spec.num_blocks(kv_bytes) if tp is None else tp.agree_min(kv_spec.num_blocks(kv_bytes))
+        own_blocks = kv_spec.num_blocks(kv_bytes)
+        num_blocks = own_blocks if self.group is None else self.group.agree_min(own_blocks)
         if num_blocks < 2:
             raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
         capacity = (num_blocks - 1) * cc.block_size
@@ -143,8 +151,11 @@ class LLMEngine:
         # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
         caching = cc.enable_prefix_caching and not evict
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
-        if tp is not None and tp.rank == 0:
-            tp.lead(self.runner)
+        if pp is not None:
+            from ridgeline.distributed.pipeline import PipelineStage
+            self.runner.pipeline = PipelineStage(stage, config.parallel.pipeline_microbatches, arch.hidden_size)
+        if self.group is not None and self.group.rank == 0:
+            self.group.lead(self.runner)
         self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
                                                            available_memory())
         self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window, tier=tier)
@@ -170,26 +181,36 @@ class LLMEngine:
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
                                caching, *weight_summary(model), _spec_line(config), quantization, window, budget,
                                describe_eviction(config.cache) if evict else None, offload_line,
-                               tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block))
+                               tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block),
+                               pp and pp_info(pp, model, kv_spec, num_blocks, own_blocks, kv_bytes))
 
     def follow(self) -> None:
         """A follower rank: run rank 0's calls until it stops the group."""
         try:
-            self.tp.follow(self.runner)
+            self.group.follow(self.runner)
         finally:
-            self.tp.close()
+            if self.pp is not None:
+                log.info("pipeline %s", self.runner.pipeline.stats.line())
+            self.group.close()
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks and leave the group (nothing to do in one process)."""
-        if self.tp is not None:
-            self.tp.close()
-            self.tp = None
+        """Stop the other tensor-parallel ranks or pipeline stages and leave the group (nothing to do in one
+        process)."""
+        if self.group is not None:
+            if self.pp is not None and not self.group.closed:
+                try:
+                    for st in self.runner.pipeline_stats():
+                        log.info("pipeline %s", st.line())
+                except Exception:  # noqa: BLE001  a broken group: the counters are not worth a hang
+                    log.debug("pipeline counters not gathered", exc_info=True)
+            self.group.close()
+            self.tp = self.pp = self.group = None
 
     def on_rank_failure(self, callback) -> None:
         """callback(message) runs when another rank dies, before this process exits (the server fails
         its requests in flight there)."""
-        if self.tp is not None:
-            self.tp.on_failure(callback)
+        if self.group is not None:
+            self.group.on_failure(callback)
 
     @property
     def kv_spec(self) -> KVCacheSpec:
@@ -334,8 +355,8 @@ class LLMEngine:
             self._lose_tier(plan, e)
             return []
         except Exception as e:
-            if self.tp is not None:  # another rank is gone or a collective broke: nothing can step again
-                raise self.tp.failure(e) from e
+            if self.group is not None:  # another rank is gone or a collective broke: nothing can step again
+                raise self.group.failure(e) from e
             raise
         observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
@@ -431,6 +452,17 @@ def tp_info(tp, model, kv_bytes: int):
     from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
     return TPInfo(tp.ctx.size, tuple(tp.gather((tp.shard, resident_weight_bytes(model), kv_bytes))),
                   tuple(tp.workers.pids) if tp.workers else ())
+
+
+def pp_info(pp, model, kv_spec, num_blocks: int, own_blocks: int, kv_bytes: int):
+    """Every stage's layers, resident weight bytes, KV bytes and the tokens its own KV budget holds
+    (gathered: one collective at start-up), beside what the same budget holds in one process."""
+    from ridgeline.distributed.memory import PPInfo, resident_weight_bytes
+    mine = (pp.stage, resident_weight_bytes(model), num_blocks * kv_spec.bytes_per_block,
+            (own_blocks - 1) * kv_spec.block_size)
+    whole = kv_spec.bytes_per_block // kv_spec.num_layers * pp.stage.num_layers  # a block of every layer
+    return PPInfo(pp.ctx.size, tuple(pp.gather(mine)), (num_blocks - 1) * kv_spec.block_size,
+                  kv_bytes // whole * kv_spec.block_size, tuple(pp.workers.pids) if pp.workers else ())
 
 
 def _spec_line(config: EngineConfig) -> str | None:

@@ -69,17 +69,20 @@ class CStack:
                   "element-wise kernels and the C matmul)"
             return [why] * len(model.layers)
         cpu_stack.check_layout()
-        if model.norm.weight.dtype != torch.float32:
+        if model.norm is not None and model.norm.weight.dtype != torch.float32:
             return ["the final norm is not fp32"] * len(model.layers)
-        return [_why_not(layer) for layer in model.layers]
+        from ridgeline.models.llama import Elsewhere
+        return [("on another pipeline stage" if isinstance(layer, Elsewhere) else _why_not(layer))
+                for layer in model.layers]
 
     def __init__(self, model: nn.Module):
         layers = model.layers
-        a0 = layers[0].self_attn
+        held = model.held_layers
+        a0 = held[0].self_attn
         reasons = self.layer_support(model, model.plan)
-        dense = [layer.mlp.down_proj.in_features for layer in layers if not isinstance(layer.mlp, SparseMoE)]
-        self.dims = torch.tensor([len(layers), model.norm.weight.shape[0], a0.h, a0.hkv, a0.d, max(dense, default=0),
-                                  a0.attn.kv.k.shape[1]], dtype=torch.int64)
+        dense = [layer.mlp.down_proj.in_features for layer in held if not isinstance(layer.mlp, SparseMoE)]
+        self.dims = torch.tensor([len(layers), held[0].input_layernorm.weight.shape[0], a0.h, a0.hkv, a0.d,
+                                  max(dense, default=0), a0.attn.kv.k.shape[1]], dtype=torch.int64)
         self.moe = next((layer.mlp for layer, why in zip(layers, reasons)
                          if why is None and isinstance(layer.mlp, SparseMoE)), None)  # sizes the MoE scratch
         rows = []
@@ -101,8 +104,9 @@ class CStack:
                 row += [fmt, data, scale, _ptr(lin.bias)]
             rows.append(row)
         self.layer_ptrs = torch.tensor(rows, dtype=torch.int64)
-        self.eps, self.scale = layers[0].input_layernorm.eps, a0.attn.scale
-        self.cos_sin, self.final_norm = a0.rotary.cos_sin, model.norm.weight
+        self.eps, self.scale = held[0].input_layernorm.eps, a0.attn.scale
+        self.cos_sin = a0.rotary.cos_sin
+        self.final_norm = model.norm.weight if model.norm is not None else None  # None: not the last stage
         self.num_layers = len(layers)
         self.scratch = torch.empty(0)  # grown to the largest step seen, then reused
 

@@ -7,6 +7,8 @@ returns (hidden, residual) before the final norm (a pipeline stage hands those o
 final_norm, the normed hidden state. Hooks: hook(layer, where, x) is called in place on each
 layer's attention output (where 0) and MLP output (where 1), after the bias (tensor parallelism
 all-reduces there). capture: layers whose output hidden state (residual + MLP output) to return.
+A pipeline stage (opts.stage) builds only its layers: the others are `Elsewhere` placeholders (no
+weights, never run), the embedding only on the first stage, final norm and LM head on the last.
 Where the C decoder stack runs a layer, it runs these same steps (models/decoder_stack.py).
 """
 from __future__ import annotations
@@ -106,25 +108,44 @@ class DecoderLayer(nn.Module):
         return x, residual
 
 
+class Elsewhere(nn.Module):
+    """A layer another pipeline stage holds: no weights, never run."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.index = index
+
+
 class Model(nn.Module):
     def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
         rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling_dict)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype)
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, opts, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
+        st = self.stage = opts.stage
+        self.embed_tokens = None  # a middle stage, or the last one with an untied head
+        if st is None or st.first or (st.last and cfg.tie_word_embeddings):  # a tied head is the table
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype)
+            self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, opts, i) if st is None or st.holds(i) else Elsewhere(i)
+                                    for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops) \
+            if st is None or st.last else None
         self.act_dtype = opts.act_dtype
         self.plan = opts.plan
         self.tp = opts.tp  # TPComm: vocab-parallel embedding, all-reduce after each row-parallel projection
         self.stack = None  # models.decoder_stack.CStack once the KV cache is bound, where the plan has it
         self.segments: list[tuple[int, int, bool]] = [(0, cfg.num_layers, False)]  # (start, end, in C)
 
+    @property
+    def held_layers(self) -> list[DecoderLayer]:
+        """The layers this process holds (all of them, or a pipeline stage's range)."""
+        return [layer for layer in self.layers if not isinstance(layer, Elsewhere)]
+
     def bind_kv(self, kvs: list[LayerKV]) -> list[str | None]:
-        """Bind each layer's KV cache and choose each layer's path: None where the C stack runs it,
-        else the reason it runs as modules. Decided here, once; printed at start-up."""
+        """Bind each held layer's KV cache (kvs: one per held layer) and choose each layer's path: None
+        where the C stack runs it, else the reason it runs as modules. Decided here, once; printed at
+        start-up. Returns the held layers' paths."""
         from ridgeline.models.decoder_stack import CStack
-        for layer, kv in zip(self.layers, kvs):
+        for layer, kv in zip(self.held_layers, kvs):
             layer.self_attn.attn.bind(kv, self.plan)
         reasons = CStack.layer_support(self, self.plan)
         self.stack = CStack(self) if any(r is None for r in reasons) else None
@@ -135,7 +156,7 @@ class Model(nn.Module):
                 self.segments[-1] = (self.segments[-1][0], i + 1, in_c)
             else:
                 self.segments.append((i, i + 1, in_c))
-        return reasons
+        return [r for layer, r in zip(self.layers, reasons) if not isinstance(layer, Elsewhere)]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
@@ -196,7 +217,9 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = Model(cfg, max_positions, opts)
         self.slice_tensor = None  # tensor parallelism: distributed.shard.Slicer, set by the engine
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
+        self.lm_head = None  # a pipeline stage before the last
+        if opts.stage is None or opts.stage.last:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
         if self.ties_head:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -206,7 +229,7 @@ class LlamaForCausalLM(nn.Module):
     @property
     def ties_head(self) -> bool:
         """The LM head's weight is the embedding table itself (a quantized head keeps its own copy)."""
-        return self.cfg.tie_word_embeddings and self.lm_head.format.shares_tied_weight
+        return self.cfg.tie_word_embeddings and self.lm_head is not None and self.lm_head.format.shares_tied_weight
 
     @property
     def plan(self) -> KernelPlan:

@@ -39,7 +39,19 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder, tensors)
     finish_loading(model)  # repack for the kernels of opts.plan
+    _drop_head_source(model)
     return model.eval()
+
+
+def _drop_head_source(model: nn.Module) -> None:
+    """A pipeline stage after the first holds the embedding table only as its tied head's weights: once
+    the head keeps its own (packed) copy, the table goes."""
+    m = model.model
+    if getattr(m, "stage", None) is None or m.stage.first or m.embed_tokens is None:
+        return
+    w = getattr(model.lm_head, "weight", None)
+    if w is None or w.data_ptr() != m.embed_tokens.weight.data_ptr():
+        m.embed_tokens = None
 
 
 def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None) -> None:
@@ -51,8 +63,7 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    stream = iter_tensors(folder, lambda name: _other_ranks_expert(model, modules, name)) if tensors is None \
-        else tensors
+    stream = iter_tensors(folder, lambda name: _not_held(model, modules, name)) if tensors is None else tensors
     qc = read_quant_config(folder) if tensors is None else None
     if qc is not None:  # a GPTQ / AWQ folder: its packed layers unpacked for their formats
         stream = unpack_checkpoint(stream, qc)
@@ -77,7 +88,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         except ValueError as e:
             raise ModelLoadError(f"weight {name}: {e}") from None
         pending.discard((target, shard))
-        if target == "model.embed_tokens.weight" and model.cfg.tie_word_embeddings and not model.ties_head:
+        if target == "model.embed_tokens.weight" and model.cfg.tie_word_embeddings and not model.ties_head \
+                and model.lm_head is not None:
             # a tied head with its own (quantized) copy: the same checkpoint tensor (GGUF blocks as stored)
             model.lm_head.load("weight", _loadable(model.lm_head, tensor))
             pending.discard(("lm_head.weight", None))
@@ -86,9 +98,10 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
 
 
-def _other_ranks_expert(model: nn.Module, modules: dict, name: str) -> bool:
-    """An expert weight whose module this rank does not hold (expert parallelism): never read."""
-    if ".experts." not in name:
+def _not_held(model: nn.Module, modules: dict, name: str) -> bool:
+    """A weight whose module this process does not hold (another rank's expert, another pipeline stage's
+    layer, embedding or head): never read."""
+    if ".experts." not in name and getattr(model.model, "stage", None) is None:
         return False
     target, _ = _map_name(model, name)
     return target is not None and modules.get(target.rpartition(".")[0]) is None

@@ -26,6 +26,9 @@ class BuildOptions:
     # The modules are built from the rank's ArchConfig (distributed.shard.local_arch)
     tp: object | None = None
     expert_group: object = None  # torch.distributed group sparse layers spread their experts over (None: off)
+    # pipeline parallelism: this process's distributed.stages.Stage; the model builds only its layers (the
+    # embedding on the first stage, final norm and LM head on the last). None: every layer
+    stage: object | None = None
 
     def format_for(self, prefix: str) -> WeightFormat:
         if self.weight_format is not None:

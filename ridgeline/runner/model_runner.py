@@ -27,13 +27,15 @@ class ModelRunner:
         self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
         self.sample = StepSampler(device, eos_ids)
         # attention each cache slot received in a step, where a layer's backend accumulates it (h2o)
-        accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False) for layer in model.model.layers)
+        accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False)
+                          for layer in model.model.held_layers)
         self.attention = torch.zeros(num_blocks * self.block_size, device=device) if accumulates else None
         self.keep_hidden = False  # StepResult.hidden: every row's final hidden state (an EAGLE head reads them)
         self.store = None  # the second KV tier's KVStore (runner/kv_store.py), set by the engine; None: off
         # tensor parallelism, rank 0: leader(method, args) publishes each call that runs the model before it
         # runs, so every rank makes it (distributed/follow.py); None: one process, or a follower
         self.leader = None
+        self.pipeline = None  # pipeline parallelism: this stage's distributed.pipeline.PipelineStage
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -50,10 +52,12 @@ class ModelRunner:
         if plan.empty:
             return result
         seqs = plan.seqs
-        ids, positions, ctx, sample_rows = self._prepare(seqs)
         moves = [m for s in seqs for m in s.kv_moves]
         if moves:  # KV eviction: kept tokens of a tail fill the holes evicted ones left, before any write
             move_slots(self.kv, moves)
+        if self.pipeline is not None:  # the same layers, over this stage's range, in micro-batches
+            return self.pipeline.execute(self, seqs, result, drafts)
+        ids, positions, ctx, sample_rows = self._prepare(seqs)
         if self.attention is not None:
             self.attention.zero_()
             ctx.attention = self.attention
@@ -76,6 +80,8 @@ class ModelRunner:
         allocated by the caller): whole distributions, where prompt logprobs give the top N."""
         if self.leader is not None:
             self.leader("all_logits", (seq,))
+        if self.pipeline is not None:
+            return self.pipeline.whole(self, seq, "logits")
         return self.model.compute_logits(self._all_hidden(seq)).float()
 
     @torch.inference_mode()
@@ -83,6 +89,8 @@ class ModelRunner:
         """Final (normed) hidden states [num_new, hidden] of every row of one scheduled sequence."""
         if self.leader is not None:
             self.leader("all_hidden", (seq,))
+        if self.pipeline is not None:
+            return self.pipeline.whole(self, seq, "hidden")
         return self._all_hidden(seq)
 
     def _all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
@@ -96,9 +104,23 @@ class ModelRunner:
         if self.leader is not None:
             self.leader("prefill_only", (req_id, ids, table))
         seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids))
+        if self.pipeline is not None:
+            self.pipeline.whole(self, seq, "none")
+            return
         ids_t, positions, ctx, _ = self._prepare([seq])
         with forward_context(ctx):
             self.model(ids_t, positions)
+
+    def pipeline_stats(self) -> list | None:
+        """Pipeline parallelism: every stage's StageStats, on stage 0 (every stage gathers them together)."""
+        if self.leader is not None:
+            self.leader("pipeline_stats", ())
+        return self.pipeline.gather_stats()
+
+    def reset_pipeline_stats(self) -> None:
+        if self.leader is not None:
+            self.leader("reset_pipeline_stats", ())
+        self.pipeline.reset()
 
     def _prepare(self, seqs: list[ScheduledSeq]):
         bs, dev = self.block_size, self.device

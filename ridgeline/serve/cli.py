@@ -121,6 +121,12 @@ def _check(args: argparse.Namespace) -> None:
         ("kv_transfer_timeout", args.kv_transfer_timeout > 0, "> 0"),
         ("worker_start_timeout", args.worker_start_timeout > 0, "> 0"))
         if not ok]
+    if getattr(args, "pipeline_parallel_size", 1) > 1:
+        if args.role != "colocated" or args.disaggregate is not None:
+            bad.append("--pipeline-parallel-size does not run with disaggregation (--role, --disaggregate) yet")
+        if args.data_parallel_size > 1 or args.executor == "ray":
+            bad.append("--pipeline-parallel-size does not run with data-parallel replicas (--data-parallel-size, "
+                       "--executor ray) yet")
     if args.disaggregate is not None:
         if args.role != "colocated":
             bad.append("--role and --disaggregate exclude each other: --disaggregate starts the workers itself")
@@ -133,7 +139,8 @@ def _check(args: argparse.Namespace) -> None:
 
 def _torchrun_follower(args: argparse.Namespace) -> bool:
     from ridgeline.distributed.group import torchrun_env
-    env = torchrun_env() if args.tensor_parallel_size > 1 else None
+    distributed = args.tensor_parallel_size > 1 or getattr(args, "pipeline_parallel_size", 1) > 1
+    env = torchrun_env() if distributed else None
     return env is not None and env[0] > 0
 
 
