@@ -47,6 +47,12 @@ def metric_families(model):
     s = summarize(layers)
     yield CounterMetricFamily("ridgeline_moe_routed_pairs", "(token, expert) pairs routed in all sparse layers",
                               value=s["pairs"])
+    fam = CounterMetricFamily("ridgeline_moe_expert_routed_pairs", "(token, expert) pairs routed to each expert of "
+                              "each sparse layer (the tokens it ran)", labels=["layer", "expert"])
+    for m in layers:
+        for e, n in enumerate(m.load_counts.tolist()):
+            fam.add_metric([str(m.index), str(e)], n)
+    yield fam
     fam = GaugeMetricFamily("ridgeline_moe_expert_load_imbalance", "Busiest expert's load over the mean load of "
                             "its layer (max / mean), over the sparse layers", labels=["stat"])
     for stat, v in s["expert_imbalance"].items():
