@@ -211,10 +211,15 @@ class ParallelConfig:
     master_port: int | None = None  # None: $MASTER_PORT, else a free port
     dist_timeout: float = 60.0  # seconds a rendezvous or a collective may take before the ranks give up
     pin_cores: bool = True  # one machine: each rank pinned to its share of the cores, with as many threads
+    # expert parallelism with its own ranks (parallel/ep_runtime.py): > 1 starts them like tensor parallelism's,
+    # every layer whole on each rank but the experts, placed over the ranks
+    expert_parallel_size: int = 1
 
     def __post_init__(self):
         if self.tensor_parallel_size < 1:
             raise InvalidRequestError("tensor_parallel_size must be >= 1", "tensor_parallel_size")
+        if self.expert_parallel_size < 1:
+            raise InvalidRequestError("expert_parallel_size must be >= 1", "expert_parallel_size")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise InvalidRequestError("master_port must be in [1, 65535]", "master_port")
         if not self.dist_timeout > 0:
@@ -234,6 +239,23 @@ def _parallel_conflicts(cfg: "EngineConfig") -> None:
             raise InvalidRequestError(f"{what} does not run with tensor_parallel_size > 1 yet", param)
 
 
+def _expert_parallel_conflicts(cfg: "EngineConfig") -> None:
+    """What expert parallelism does not combine with yet: refused at start-up, by name."""
+    pc = cfg.parallel
+    if pc.tensor_parallel_size > 1 and (cfg.expert_parallel or pc.expert_parallel_size > 1):
+        raise InvalidRequestError(
+            "expert parallelism with tensor_parallel_size > 1 is not supported yet (tensor parallelism splits "
+            "every expert's width over its ranks instead); use --expert-parallel-size N alone", "expert_parallel")
+    if pc.expert_parallel_size == 1:
+        return
+    bad = [(cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
+           (cfg.cache.kv_eviction == "h2o", "kv_eviction", "h2o eviction"),
+           (cfg.cache.k_dtype == "int4", "kv_cache_dtype", "an int4 K cache (its centers are calibrated on one rank)")]
+    for hit, param, what in bad:
+        if hit:
+            raise InvalidRequestError(f"{what} does not run with expert_parallel_size > 1 yet", param)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -248,6 +270,13 @@ class EngineConfig:
 
     def __post_init__(self):
         _parallel_conflicts(self)
+        _expert_parallel_conflicts(self)
+
+    @property
+    def expert_parallel_on(self) -> bool:
+        """Sparse layers spread their experts over ranks: in a launch the caller made (expert_parallel) or
+        over ranks the engine starts or joins (expert_parallel_size > 1)."""
+        return self.expert_parallel or self.parallel.expert_parallel_size > 1
 
     @classmethod
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":

@@ -23,6 +23,7 @@ class Workers:
     """Ranks 1..N-1 of a one-machine group, and the watchdog over them."""
 
     def __init__(self, config, contexts: list[RankContext]):
+        self.label = "tensor-parallel"  # how a dead rank is named (expert parallelism renames its ranks)
         self.closing = False
         self.failed: str | None = None
         self.callbacks: list = []
@@ -50,14 +51,14 @@ class Workers:
         """Why the group is broken (a rank exited), or None: what a failed collective is blamed on."""
         for rank, p in enumerate(self.procs, start=1):
             if p.poll() is not None and not self.closing:
-                return _why(rank, p)
+                return _why(self.label, rank, p)
         return self.failed
 
     def _watch(self, rank: int, p: subprocess.Popen) -> None:
         p.wait()
         if self.closing:
             return
-        self.failed = message = _why(rank, p)
+        self.failed = message = _why(self.label, rank, p)
         log.error("%s; failing the requests in flight and exiting", message)
         print(f"ridgeline: {message}; exiting", file=sys.stderr, flush=True)
         done = threading.Event()
@@ -89,10 +90,10 @@ class Workers:
                 p.wait()
 
 
-def _why(rank: int, p: subprocess.Popen) -> str:
+def _why(label: str, rank: int, p: subprocess.Popen) -> str:
     code = p.returncode
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-    return f"tensor-parallel rank {rank} (pid {p.pid}) died ({how})"
+    return f"{label} rank {rank} (pid {p.pid}) died ({how})"
 
 
 def exit_soon(seconds: float) -> None:

@@ -38,6 +38,7 @@ class EngineInfo:
     kv_eviction: str | None = None  # the eviction policy, described; None when off
     offload: str | None = None  # the second KV tier, or None when off
     tensor_parallel: object | None = None  # distributed.memory.TPInfo: every rank's shard and bytes; None: one process
+    expert_parallel: object | None = None  # parallel.ep_runtime.EPInfo: each rank's experts and bytes (own ranks)
 
     @property
     def block_size(self) -> int:
@@ -142,6 +143,8 @@ class EngineInfo:
             lines.append(f"evict      {self.kv_eviction}")
         if self.tensor_parallel is not None:
             lines += [f"parallel   {line}" for line in self.tensor_parallel.describe()]
+        if self.expert_parallel is not None:
+            lines += [f"parallel   {line}" for line in self.expert_parallel.describe()]
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
             lines += [f"layers     {line}" for line in self.layer_report()]
         return "\n".join(lines)

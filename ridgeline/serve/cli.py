@@ -133,7 +133,8 @@ def _check(args: argparse.Namespace) -> None:
 
 def _torchrun_follower(args: argparse.Namespace) -> bool:
     from ridgeline.distributed.group import torchrun_env
-    env = torchrun_env() if args.tensor_parallel_size > 1 else None
+    ranks = max(args.tensor_parallel_size, getattr(args, "expert_parallel_size", 1))
+    env = torchrun_env() if ranks > 1 else None
     return env is not None and env[0] > 0
 
 
