@@ -6,7 +6,7 @@ one expert as stored). Over the run's elapsed time that is the bandwidth the exp
 the dense parts (attention, router, embeddings, LM head) come on top, once per step. Per engine step
 (one call of every sparse layer) the same figures read as: the expert bytes a step must touch, the
 mean wall time of a step, and their ratio beside this machine's measured memory-read peak (the
-advisor's cached profile, when `ridgeline advise --local` has measured it): how far the experts'
+advisor's cached profile, when `ridgeline advise --hardware local` has measured it): how far the experts'
 reads are from the bandwidth floor.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _step_line(stats: dict) -> str:
         line += (f"; the machine's measured read peak {peak:.1f} GB/s would read them in {floor:.2f} ms "
                  f"({stats['expert_gb_per_s'] / peak:.0%} of it achieved)")
     else:
-        line += " (no measured read peak to compare: `ridgeline advise --local` measures and caches it)"
+        line += " (no measured read peak to compare: `ridgeline advise --hardware local` measures and caches it)"
     return line
 
 
