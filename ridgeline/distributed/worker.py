@@ -22,7 +22,7 @@ def main() -> int:
         engine = LLMEngine(config, rank=ctx)
         engine.follow()
     except Exception as e:  # noqa: BLE001  any failure ends this rank, loudly
-        print(f"ridgeline: tensor-parallel rank {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr,
+        print(f"ridgeline: rank {ctx.rank} of {ctx.size} failed: {type(e).__name__}: {e}", file=sys.stderr,
               flush=True)
         return EXIT_RANK_FAILED
     return 0

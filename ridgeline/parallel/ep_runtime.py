@@ -5,9 +5,9 @@ each step's plan; a dead rank fails the requests in flight and ends the server),
 split: attention, norms, routers, shared experts and the LM head are whole on every rank, and each
 sparse layer's experts are placed over the N ranks (parallel/expert_placement.py).
 
-Everything that can be refused is refused here, before a rank starts: a dense model, an expert
-count that does not divide over the ranks, more ranks than cores (pinned), a torchrun WORLD_SIZE
-that is not the size."""
+Everything that can be refused is refused here, before a rank starts: a dense model, fewer experts
+than ranks (an expert count the ranks do not divide places unevenly, expert_placement.py), more
+ranks than cores (pinned), a torchrun WORLD_SIZE that is not the size."""
 from __future__ import annotations
 
 import os
@@ -19,22 +19,17 @@ from ridgeline.distributed.follow import PlanChannel
 from ridgeline.distributed.group import PLAN_TIMEOUT, RankContext, join, torchrun_env
 from ridgeline.distributed.runtime import TPRuntime
 from ridgeline.errors import InvalidRequestError
+from ridgeline.parallel.expert_placement import expert_blocks
 
 LABEL = "expert-parallel"  # how a dead rank is named in the errors requests get
 
 
 def check_experts(arch, size: int) -> None:
-    """The model can place its experts over `size` ranks (contiguous blocks of E / size)."""
+    """The model can place its experts over `size` ranks (contiguous blocks, at least one expert each)."""
     if arch.moe is None:
         raise InvalidRequestError(f"expert_parallel_size {size} needs a mixture-of-experts model; "
                                   f"{arch.architecture} has no experts", "expert_parallel_size")
-    n = arch.moe.num_experts
-    if n % size:
-        divisors = [d for d in range(2, n + 1) if n % d == 0][:6]
-        raise InvalidRequestError(
-            f"{n} experts do not divide over expert_parallel_size {size} (each rank owns a contiguous block "
-            f"of E / N experts, the same number on every rank); use a size that divides {n}, e.g. "
-            f"{', '.join(map(str, divisors))}", "expert_parallel_size")
+    expert_blocks(arch.moe.num_experts, size)
 
 
 def check_launch(size: int, pin_cores: bool) -> None:

@@ -23,8 +23,8 @@ def summarize(layers: list) -> dict:
     out = {"pairs": sum(map(sum, loads)), "expert_imbalance": _spread(imbalance(c) for c in loads)}
     ep = layers[0].ep if layers else None
     if ep is not None:
-        n, per = ep.placement.world, ep.placement.per_rank
-        ranks = [[sum(c[r * per:(r + 1) * per]) for r in range(n)] for c in loads]
+        n, blocks = ep.placement.world, ep.placement.blocks
+        ranks = [[sum(c[a:b]) for a, b in blocks] for c in loads]
         out.update(ranks=n, rank_pairs=[sum(col) for col in zip(*ranks)],
                    rank_imbalance=_spread(imbalance(r) for r in ranks))
     return out
