@@ -76,8 +76,8 @@ def test_a_zeroed_router_sends_every_token_to_the_k_experts_a_tie_picks(tmp_path
 
 def test_the_step_line_sets_achieved_bandwidth_beside_the_measured_peak():
     stats = {"expert_bytes_per_step": 10 * 2**20, "step_ms": 2.0, "steps": 5, "expert_gb_per_s": 5.0,
-             "peak_gb_per_s": 20.0}
+             "peak_gb_per_s": 20.0, "peak_threads": 2}
     line = moe_report._step_line(stats)
     assert "10.0 MiB of experts touched in 2.00 ms = 5.00 GB/s achieved" in line
-    assert "read peak 20.0 GB/s would read them in 0.52 ms (25% of it achieved)" in line
+    assert "read peak on 2 threads 20.0 GB/s would read them in 0.52 ms (25% of it achieved)" in line
     assert "no measured read peak" in moe_report._step_line(stats | {"peak_gb_per_s": None})

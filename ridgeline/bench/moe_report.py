@@ -33,7 +33,7 @@ def collect(model, elapsed: float) -> dict | None:
     steps = calls // len(layers)  # every forward calls each sparse layer once
     return {"experts": layers[0].num_experts, "top_k": layers[0].top_k, "sparse_layers": len(layers),
             "steps": steps, "expert_bytes_per_step": touched * per_expert / steps if steps else 0.0,
-            "step_ms": elapsed / steps * 1e3 if steps else 0.0, "peak_gb_per_s": _peak_gb_per_s(),
+            "step_ms": elapsed / steps * 1e3 if steps else 0.0, **_peak(),
             "expert_bytes": per_expert, "layer_calls": calls, "routed_pairs": summary["pairs"],
             "experts_touched_per_call": touched / calls if calls else 0.0,
             "expert_bytes_touched": touched * per_expert,
@@ -65,20 +65,26 @@ def _step_line(stats: dict) -> str:
     peak = stats.get("peak_gb_per_s")
     if peak:
         floor = mib * 2**20 / (peak * 1e9) * 1e3
-        line += (f"; the machine's measured read peak {peak:.1f} GB/s would read them in {floor:.2f} ms "
+        threads = f" on {stats['peak_threads']} threads" if stats.get("peak_threads") else ""
+        line += (f"; the machine's measured read peak{threads} {peak:.1f} GB/s would read them in {floor:.2f} ms "
                  f"({stats['expert_gb_per_s'] / peak:.0%} of it achieved)")
     else:
-        line += " (no measured read peak to compare: `ridgeline advise --hardware local` measures and caches it)"
+        line += (" (no measured read peak for this thread count: `ridgeline advise --hardware local` measures "
+                 "and caches it)")
     return line
 
 
-def _peak_gb_per_s() -> float | None:
+def _peak() -> dict:
+    """The cached profile's read peak for this process's thread count (under parallelism, rank 0's):
+    {"peak_gb_per_s", "peak_threads"}, None values when nothing is cached."""
     try:
         from ridgeline.advisor.local_profile import cached_profile
         profile = cached_profile()
     except Exception:  # the advisor is optional here: no peak, no comparison
-        return None
-    return profile["bandwidth"] / 1e9 if profile and profile.get("bandwidth") else None
+        profile = None
+    if not profile or not profile.get("bandwidth"):
+        return {"peak_gb_per_s": None, "peak_threads": None}
+    return {"peak_gb_per_s": profile["bandwidth"] / 1e9, "peak_threads": profile.get("threads")}
 
 
 def _rank_lines(ep: dict | None) -> list[str]:
