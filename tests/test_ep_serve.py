@@ -2,13 +2,16 @@
 experts, a shared expert, a dense layer): it starts its second rank itself, serves completions and
 chat, streamed and not, with the single-process engine's greedy text; /metrics carries the
 per-expert and per-rank load; a rank that dies fails the request in flight with a clear error and
-the server exits non-zero."""
+the server exits non-zero. Under torchrun (two processes it starts, as on two machines) the same
+command serves the same text."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -17,6 +20,7 @@ from conftest import make_tiny_model
 from server_helpers import SAFETY_S, wait_until
 from test_server_cli import Served
 
+from ridgeline.distributed.group import free_port
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.sampling_params import SamplingParams
 
@@ -120,3 +124,50 @@ def _in_flight(url: str) -> float:
     text = httpx.get(url + "/metrics").text
     return sum(float(m.group(1)) for m in re.finditer(r"^ridgeline_num_requests_(?:running|waiting) (\S+)$", text,
                                                       re.M))
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def test_torchrun_launch_serves_the_same_text(moe, reference):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "ridgeline.cli", "serve", str(moe), "--port", "0",
+           "--dtype", "float32", "--kv-cache-memory", "24MiB", "--served-model-name", "tiny", *EP]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks: list[int] = []
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("serving"):
+                break
+        assert lines and lines[-1].startswith("serving"), "".join(lines)[-3000:]
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # a full pipe would stall the ranks
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2 and "rank 1/2: experts 3..5 of 6" in "".join(lines)
+        url = lines[-1].split(" at ")[1].split("/v1")[0]
+        body = {"model": "tiny", "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "prompt": PROMPTS[0]}
+        wait_until(lambda: _healthy(url), "the server answers")
+        r = httpx.post(url + "/v1/completions", json=body, timeout=SAFETY_S)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference["completions"][0]
+    finally:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its ranks
+        try:
+            proc.wait(SAFETY_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for pid in ranks:  # never leave a rank behind, whatever happened above
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health").status_code == 200
+    except httpx.TransportError:
+        return False
