@@ -6,7 +6,7 @@ import os
 import sys
 
 from ridgeline import __version__
-from ridgeline.cli_parser import RidgelineParser
+from ridgeline.cli_parser import RidgelineParser, positive_int
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES
 from ridgeline.quant.options import QUANTIZATIONS
@@ -128,8 +128,13 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
 def add_expert_parallel_arg(g) -> None:
     g.add_argument("--expert-parallel", action="store_true",
                    help="mixture-of-experts models: spread each sparse layer's experts over the ranks of a "
-                        "distributed launch (contiguous blocks; the expert count must divide by the ranks), routed "
+                        "distributed launch (contiguous blocks, uneven where the ranks do not divide them), routed "
                         "tokens exchanged with all-to-all; each rank loads only its experts")
+    g.add_argument("--expert-parallel-size", type=positive_int, default=1, metavar="N",
+                   help="expert parallelism over N ranks of its own, started like --tensor-parallel-size's (on one "
+                        "machine ranks 1..N-1 pinned to their share of the cores; under torchrun one process per "
+                        "rank): every layer whole on each rank but the experts, a contiguous block of E / N per rank "
+                        "(the first E %% N ranks one more where N does not divide E; implies --expert-parallel)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -144,6 +149,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kw = {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
     if getattr(args, "expert_parallel", False):
         kw["expert_parallel"] = True
+    if getattr(args, "expert_parallel_size", 1) > 1:
+        kw["expert_parallel_size"] = args.expert_parallel_size
     return kw
 
 

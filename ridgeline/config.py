@@ -214,6 +214,9 @@ class ParallelConfig:
     # stages holding contiguous layer ranges (ridgeline/distributed/stages.py); started like the ranks above
     pipeline_parallel_size: int = 1
     pipeline_microbatches: int | None = None  # micro-batches per step; None: one per stage
+    # expert parallelism with its own ranks (parallel/ep_runtime.py): > 1 starts them like tensor parallelism's,
+    # every layer whole on each rank but the experts, placed over the ranks
+    expert_parallel_size: int = 1
 
     def __post_init__(self):
         if self.tensor_parallel_size < 1:
@@ -222,6 +225,8 @@ class ParallelConfig:
             raise InvalidRequestError("pipeline_parallel_size must be >= 1", "pipeline_parallel_size")
         if self.pipeline_microbatches is not None and self.pipeline_microbatches < 1:
             raise InvalidRequestError("pipeline_microbatches must be >= 1", "pipeline_microbatches")
+        if self.expert_parallel_size < 1:
+            raise InvalidRequestError("expert_parallel_size must be >= 1", "expert_parallel_size")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise InvalidRequestError("master_port must be in [1, 65535]", "master_port")
         if not self.dist_timeout > 0:
@@ -247,7 +252,7 @@ def _pipeline_conflicts(cfg: "EngineConfig") -> None:
         return
     bad = [(cfg.parallel.tensor_parallel_size > 1, "tensor_parallel_size",
             "tensor parallelism inside pipeline stages (TP x PP)"),
-           (cfg.expert_parallel, "expert_parallel", "expert parallelism (--expert-parallel)"),
+           (cfg.expert_parallel_on, "expert_parallel", "expert parallelism (--expert-parallel)"),
            (cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
            (cfg.cache.kv_eviction == "h2o", "kv_eviction", "h2o eviction (its attention scores are per stage)"),
            (cfg.cache.kv_offload != "none", "kv_offload", "the KV offload tier"),
@@ -256,6 +261,23 @@ def _pipeline_conflicts(cfg: "EngineConfig") -> None:
     for hit, param, what in bad:
         if hit:
             raise InvalidRequestError(f"{what} does not run with pipeline_parallel_size > 1 yet", param)
+
+
+def _expert_parallel_conflicts(cfg: "EngineConfig") -> None:
+    """What expert parallelism does not combine with yet: refused at start-up, by name."""
+    pc = cfg.parallel
+    if pc.tensor_parallel_size > 1 and (cfg.expert_parallel or pc.expert_parallel_size > 1):
+        raise InvalidRequestError(
+            "expert parallelism with tensor_parallel_size > 1 is not supported yet (tensor parallelism splits "
+            "every expert's width over its ranks instead); use --expert-parallel-size N alone", "expert_parallel")
+    if pc.expert_parallel_size == 1:
+        return
+    bad = [(cfg.speculative.method is not None, "speculative_method", "speculative decoding"),
+           (cfg.cache.kv_eviction == "h2o", "kv_eviction", "h2o eviction"),
+           (cfg.cache.k_dtype == "int4", "kv_cache_dtype", "an int4 K cache (its centers are calibrated on one rank)")]
+    for hit, param, what in bad:
+        if hit:
+            raise InvalidRequestError(f"{what} does not run with expert_parallel_size > 1 yet", param)
 
 
 @dataclass(frozen=True)
@@ -272,6 +294,13 @@ class EngineConfig:
 
     def __post_init__(self):
         _parallel_conflicts(self)
+        _expert_parallel_conflicts(self)
+
+    @property
+    def expert_parallel_on(self) -> bool:
+        """Sparse layers spread their experts over ranks: in a launch the caller made (expert_parallel) or
+        over ranks the engine starts or joins (expert_parallel_size > 1)."""
+        return self.expert_parallel or self.parallel.expert_parallel_size > 1
 
     @classmethod
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":

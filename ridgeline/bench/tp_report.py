@@ -28,7 +28,7 @@ def cpu_seconds(llm) -> float:
 def reset(llm) -> None:
     """Before the timed run: measure the link (once per engine), then zero the counters."""
     tp = llm.engine.tp
-    if tp is None:
+    if tp is None or tp.comm is None:  # one process, or expert parallelism (its exchange is in the MoE report)
         llm._cpu0 = cpu_seconds(llm)
         return
     if getattr(llm, "_tp_link", None) is None:
@@ -41,7 +41,7 @@ def reset(llm) -> None:
 def collect(llm, elapsed: float, prompt_tokens: int, output_tokens: int) -> dict:
     tp = llm.engine.tp
     cpu = cpu_seconds(llm) - llm._cpu0
-    if tp is None:
+    if tp is None or tp.comm is None:
         return {"size": 1, "cpu_s": cpu, "cpu_ms_per_output_token": 1e3 * cpu / max(output_tokens, 1)}
     comm, arch, link = tp.comm, llm.engine.arch, llm._tp_link
     steps = max(comm.forwards, 1)

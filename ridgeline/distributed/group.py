@@ -88,15 +88,15 @@ def join(ctx: RankContext, timeout_s: float, device: torch.device) -> dist.Store
         store = dist.TCPStore(ctx.addr, ctx.port, ctx.size, ctx.rank == 0 and not agent,
                               timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, OSError) as e:
-        raise InvalidRequestError(f"rank {ctx.rank} cannot reach the tensor-parallel master at {ctx.addr}:{ctx.port} "
-                                  f"within {timeout_s:g} s ({e}); check --master-addr / --master-port and that "
-                                  f"all {ctx.size} ranks were started") from None
+        raise InvalidRequestError(f"rank {ctx.rank}: the rendezvous at {ctx.addr}:{ctx.port} did not gather all "
+                                  f"{ctx.size} ranks within {timeout_s:g} s ({e}); check --master-addr / --master-port "
+                                  f"and that all {ctx.size} ranks were started") from None
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=ctx.rank, world_size=ctx.size,
                                 timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, dist.DistError) as e:
-        raise InvalidRequestError(f"rank {ctx.rank}: the {ctx.size} tensor-parallel ranks did not all join within "
+        raise InvalidRequestError(f"rank {ctx.rank}: the {ctx.size} ranks did not all join within "
                                   f"{timeout_s:g} s ({e}); is the world size larger than the processes "
                                   "started?") from None
     return store

@@ -22,8 +22,9 @@ def main() -> int:
         engine = LLMEngine(config, rank=ctx)
         engine.follow()
     except Exception as e:  # noqa: BLE001  any failure ends this rank, loudly
-        what = "pipeline stage" if config.parallel.pipeline_parallel_size > 1 else "tensor-parallel rank"
-        print(f"ridgeline: {what} {ctx.rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        what = "pipeline stage" if config.parallel.pipeline_parallel_size > 1 else "rank"
+        print(f"ridgeline: {what} {ctx.rank} of {ctx.size} failed: {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
         return EXIT_RANK_FAILED
     return 0
 

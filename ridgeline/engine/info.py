@@ -39,6 +39,7 @@ class EngineInfo:
     offload: str | None = None  # the second KV tier, or None when off
     tensor_parallel: object | None = None  # distributed.memory.TPInfo: every rank's shard and bytes; None: one process
     pipeline_parallel: object | None = None  # distributed.memory.PPInfo: every stage's layers and bytes
+    expert_parallel: object | None = None  # parallel.ep_runtime.EPInfo: each rank's experts and bytes (own ranks)
 
     @property
     def block_size(self) -> int:
@@ -145,6 +146,8 @@ class EngineInfo:
             lines += [f"parallel   {line}" for line in self.tensor_parallel.describe()]
         if self.pipeline_parallel is not None:
             lines += [f"pipeline   {line}" for line in self.pipeline_parallel.describe()]
+        if self.expert_parallel is not None:
+            lines += [f"parallel   {line}" for line in self.expert_parallel.describe()]
         if self.kernel_plan.c_stack or any(p is None for p in self.layer_paths):
             lines += [f"layers     {line}" for line in self.layer_report()]
         return "\n".join(lines)

@@ -95,6 +95,10 @@ class LLMEngine:
         elif config.parallel.pipeline_parallel_size > 1:
             from ridgeline.distributed.runtime import PPRuntime  # more stages than layers fail before any start
             self.pp = PPRuntime(config, arch, device, rank)
+        ep_runtime = None  # expert parallelism's own ranks: every layer whole but the experts, led like TP's
+        if config.parallel.expert_parallel_size > 1:
+            from ridgeline.parallel.ep_runtime import EPRuntime  # a dense model or sizes that do not place fail first
+            self.tp = ep_runtime = EPRuntime(config, arch, device, rank)
         self.group = self.tp or self.pp  # the distributed runtime this process is part of, if any
         self.tokenizer = Tokenizer(folder)
         self.max_model_len = max_len = context_length(arch, mc.max_model_len, mc.rope_scaling is not None)
@@ -119,12 +123,8 @@ class LLMEngine:
         if config.expert_parallel and arch.moe is None:
             raise InvalidRequestError(f"--expert-parallel needs a mixture-of-experts model; {arch.architecture} "
                                       "has no experts", "expert_parallel")
-        if config.expert_parallel and tp is not None:
-            raise InvalidRequestError("--expert-parallel with --tensor-parallel-size is not supported yet: "
-                                      "tensor parallelism splits every expert's width over the ranks instead",
-                                      "expert_parallel")
         opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None,
-                            expert_group=expert_group(config.expert_parallel), stage=stage)
+                            expert_group=expert_group(config.expert_parallel_on), stage=stage)
         # with tensor parallelism each rank builds its own heads and widths and reads only its slices
         model = build_model(tp.arch if tp else arch, folder, opts, device, max_len, tensors, tp and tp.slicer)
         # a rank's KV holds its own KV heads (a stage's, its own layers): the block count is what the
@@ -183,6 +183,9 @@ class LLMEngine:
                                describe_eviction(config.cache) if evict else None, offload_line,
                                tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block),
                                pp and pp_info(pp, model, kv_spec, num_blocks, own_blocks, kv_bytes))
+        if ep_runtime is not None:  # each rank's experts and bytes, printed at start-up
+            self.info = replace(self.info, expert_parallel=ep_runtime.info(model,
+                                                                           num_blocks * kv_spec.bytes_per_block))
 
     def follow(self) -> None:
         """A follower rank: run rank 0's calls until it stops the group."""
@@ -448,7 +451,10 @@ class LLMEngine:
 
 
 def tp_info(tp, model, kv_bytes: int):
-    """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up)."""
+    """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up); None
+    for expert parallelism's ranks (no shard: their experts are described by EPRuntime.info)."""
+    if tp.shard is None:
+        return None
     from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
     return TPInfo(tp.ctx.size, tuple(tp.gather((tp.shard, resident_weight_bytes(model), kv_bytes))),
                   tuple(tp.workers.pids) if tp.workers else ())

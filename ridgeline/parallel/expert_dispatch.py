@@ -49,6 +49,8 @@ class ExpertParallel:
     def __init__(self, group, placement: ExpertPlacement, dispatch: str = "auto"):
         self.group, self.placement = group, placement
         self.dispatch = pick_dispatch(group, dispatch)
+        # [E]: the rank owning each expert (contiguous blocks, uneven where the ranks do not divide E)
+        self.owner_of = torch.tensor([r for r, n in enumerate(placement.sizes) for _ in range(n)], device="cpu")
 
     def forward_replicated(self, compute, x: torch.Tensor, load: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H], the same on every rank -> the layer's output [T, H] on every rank. Routing runs
@@ -83,8 +85,8 @@ class ExpertParallel:
         counts = torch.bincount(flat, minlength=p.num_experts)
         table = gather_rows(self.group, counts[None], p.world)  # [N, E]: every rank's pairs per expert
         _count(load, table.sum(0))
-        send = counts.view(p.world, p.per_rank).sum(1).tolist()
-        mine = table[:, p.first:p.first + p.per_rank]  # [N, E/N]: rows each source sends each of my experts
+        send = torch.zeros(p.world, dtype=counts.dtype).index_add_(0, self.owner_of.to(counts.device), counts).tolist()
+        mine = table[:, p.first:p.first + p.per_rank]  # [N, my experts]: rows each source sends each of them
         recv = mine.sum(1).tolist()
         got = x.new_empty(sum(recv), H)
         dist.all_to_all_single(got, x[order // k].contiguous(), recv, send, group=self.group)
@@ -118,7 +120,7 @@ class ExpertParallel:
 
 
 def _offsets(p: ExpertPlacement, rows: torch.Tensor) -> torch.Tensor:
-    """[E + 1] int64 row offsets where only this rank's experts have rows (rows [E/N])."""
+    """[E + 1] int64 row offsets where only this rank's experts have rows (rows [its experts])."""
     off = torch.zeros(p.num_experts + 1, dtype=torch.int64)
     off[p.first + 1:p.first + p.per_rank + 1] = torch.cumsum(rows, 0)
     off[p.first + p.per_rank + 1:] = off[p.first + p.per_rank]

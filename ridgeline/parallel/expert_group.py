@@ -23,5 +23,6 @@ def expert_group(enabled: bool):
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidRequestError(
             "--expert-parallel spreads experts over the ranks of a distributed launch, but torch.distributed "
-            "is not initialised: start the ranks with --tensor-parallel-size N or torchrun", "expert_parallel")
+            "is not initialised: give --expert-parallel-size N (the engine starts or joins its ranks)",
+            "expert_parallel")
     return _group if _group is not None else dist.group.WORLD

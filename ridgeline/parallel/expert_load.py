@@ -23,8 +23,8 @@ def summarize(layers: list) -> dict:
     out = {"pairs": sum(map(sum, loads)), "expert_imbalance": _spread(imbalance(c) for c in loads)}
     ep = layers[0].ep if layers else None
     if ep is not None:
-        n, per = ep.placement.world, ep.placement.per_rank
-        ranks = [[sum(c[r * per:(r + 1) * per]) for r in range(n)] for c in loads]
+        n, blocks = ep.placement.world, ep.placement.blocks
+        ranks = [[sum(c[a:b]) for a, b in blocks] for c in loads]
         out.update(ranks=n, rank_pairs=[sum(col) for col in zip(*ranks)],
                    rank_imbalance=_spread(imbalance(r) for r in ranks))
     return out
@@ -47,6 +47,12 @@ def metric_families(model):
     s = summarize(layers)
     yield CounterMetricFamily("ridgeline_moe_routed_pairs", "(token, expert) pairs routed in all sparse layers",
                               value=s["pairs"])
+    fam = CounterMetricFamily("ridgeline_moe_expert_routed_pairs", "(token, expert) pairs routed to each expert of "
+                              "each sparse layer (the tokens it ran)", labels=["layer", "expert"])
+    for m in layers:
+        for e, n in enumerate(m.load_counts.tolist()):
+            fam.add_metric([str(m.index), str(e)], n)
+    yield fam
     fam = GaugeMetricFamily("ridgeline_moe_expert_load_imbalance", "Busiest expert's load over the mean load of "
                             "its layer (max / mean), over the sparse layers", labels=["stat"])
     for stat, v in s["expert_imbalance"].items():

@@ -139,8 +139,9 @@ def _check(args: argparse.Namespace) -> None:
 
 def _torchrun_follower(args: argparse.Namespace) -> bool:
     from ridgeline.distributed.group import torchrun_env
-    distributed = args.tensor_parallel_size > 1 or getattr(args, "pipeline_parallel_size", 1) > 1
-    env = torchrun_env() if distributed else None
+    ranks = max(args.tensor_parallel_size, getattr(args, "expert_parallel_size", 1),
+                getattr(args, "pipeline_parallel_size", 1))
+    env = torchrun_env() if ranks > 1 else None
     return env is not None and env[0] > 0
 
 
