@@ -101,9 +101,12 @@ class Router:
     def admit(self, replica: Replica, route: Route) -> Ticket:
         hit = min(self.policy.expected_hit(replica, route), max(route.num_tokens - 1, 0))
         self.metrics.expected_hits.inc(hit)
+        on_end = None
         if self.index is not None and route.hashes:
-            self.index.expect(replica.name, route.hashes)
-        return Ticket(replica, route.num_tokens - hit)
+            index, name, hashes = self.index, replica.name, route.hashes
+            index.expect(name, hashes)
+            on_end = lambda: index.settle(name, hashes)  # noqa: E731
+        return Ticket(replica, route.num_tokens - hit, hit, on_end)
 
     def mark_down(self, replica: Replica, reason: str) -> None:
         if replica.mark_down(reason):
