@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -103,9 +104,8 @@ class Router:
         self.metrics.expected_hits.inc(hit)
         on_end = None
         if self.index is not None and route.hashes:
-            index, name, hashes = self.index, replica.name, route.hashes
-            index.expect(name, hashes)
-            on_end = lambda: index.settle(name, hashes)  # noqa: E731
+            self.index.expect(replica.name, route.hashes)
+            on_end = functools.partial(self.index.settle, replica.name, route.hashes)
         return Ticket(replica, route.num_tokens - hit, hit, on_end)
 
     def mark_down(self, replica: Replica, reason: str) -> None:
