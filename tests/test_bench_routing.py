@@ -1,8 +1,9 @@
 """`ridgeline bench routing`'s parts that need no replicas: the multi-tenant workload, the KV pool
-sizing and the report."""
+sizing, per-run numbers from request records, and the report with its target verdicts."""
 from __future__ import annotations
 
-from ridgeline.bench.routing import pool_bytes, summarize
+from ridgeline.bench.routing import pool_bytes
+from ridgeline.bench.routing_report import run_stats, summarize
 from ridgeline.bench.routing_workload import routing_workload
 from ridgeline.weights.tokenizer import Tokenizer
 
@@ -26,12 +27,28 @@ def test_pool_bytes_counts_blocks_of_the_models_kv(tiny_llama):
     assert dtype == "float32" and kv == 7 * 16 * 512
 
 
-def test_summary_ratios_and_shares():
+def _records(replicas_of_tenant: dict[int, list[int]], cached: int, predicted: int) -> list[dict]:
+    return [{"tenant": t, "replica": r, "cached": cached, "predicted": predicted, "prompt_tokens": 100,
+             "ttft": 1.0, "e2e": 2.0} for t, rs in replicas_of_tenant.items() for r in rs]
+
+
+def test_run_stats_from_request_records():
+    s = run_stats("cache-aware", _records({0: [0, 0, 0, 1], 1: [1, 1, 1, 1]}, 50, 48)
+                  + [{"tenant": 1, "error": "HTTP 500"}], 2)
+    assert s["requests"] == 9 and s["errors"] == 1 and s["first_error"] == "HTTP 500"
+    assert s["hit_rate"] == 0.5 and s["share"] == [3 / 8, 5 / 8]
+    assert s["home"] == 7 / 8 and s["mispredicted"] == 8 and s["mean_ttft_s"] == 1.0
+
+
+def test_summary_ratios_shares_and_targets():
     runs = [{"policy": "round-robin", "hit_rate": 0.2, "mean_ttft_s": 3.0, "p90_ttft_s": 5.0, "mean_e2e_s": 4.0,
-             "share": [0.5, 0.5], "errors": 0},
+             "share": [0.5, 0.5], "errors": 0, "home": 0.5, "mispredicted": 3},
             {"policy": "cache-aware", "hit_rate": 0.5, "mean_ttft_s": 1.0, "p90_ttft_s": 2.0, "mean_e2e_s": 2.0,
-             "share": [0.6, 0.4], "errors": 0}]
+             "share": [0.7, 0.3], "errors": 0, "home": 1.0, "mispredicted": 0}]
     s = summarize(runs, ["round-robin", "cache-aware"])
     assert s["summary"]["hit_rate_gain"] == 2.5 and s["summary"]["ttft_speedup"] == 3.0
-    assert s["summary"]["max_share_cache_aware"] == 0.6
-    assert "| cache-aware | 50.0% | 1.000 | 2.000 | 2.000 | 60% / 40% | 0 |" in s["table"]
+    assert s["summary"]["max_share_cache_aware"] == 0.7
+    assert s["summary"]["targets_met"] == {"hit_rate_gain": True, "ttft_speedup": True, "max_share": False}
+    assert "| cache-aware | 50.0% | 1.000 | 2.000 | 2.000 | 70% / 30% | 100% | 0 | 0 |" in s["table"]
+    assert "prefix hit rate x2.50  (target >= x1.6: met)" in s["table"]
+    assert "busiest replica 70% of the requests  (target <= 65%: NOT met)" in s["table"]

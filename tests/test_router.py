@@ -99,8 +99,13 @@ def test_cache_aware_keeps_a_prefix_on_one_replica(router, client):
     [holder] = [r for r in rt.replicas if set(route.hashes[:11]) <= rt.index.held.get(r.name, set())]
     before = holder.routed
     for i in range(4):
-        r = client.chat.completions.create(model=MODEL, messages=msgs(f"question {i}"), max_tokens=2)
-        assert r.usage.prompt_tokens_details.cached_tokens >= 11 * 16
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=msgs(f"question {i}"),
+                                                               max_tokens=2)
+        cached = raw.parse().usage.prompt_tokens_details.cached_tokens
+        assert cached >= 11 * 16
+        # the router says where it sent the request and what it expected there: exactly what was cached
+        assert raw.headers["x-ridgeline-replica"] == holder.url
+        assert int(raw.headers["x-ridgeline-expected-cached-tokens"]) == cached
     assert holder.routed == before + 4
 
 

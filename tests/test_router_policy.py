@@ -1,5 +1,5 @@
 """Routing decisions on a synthetic KV index: round-robin, least-load, cache-aware (affinity, misses
-spread, affinity lost past the load bound), and the index's pending entries."""
+spread, affinity lost past the load bound only), and the index's pending entries."""
 from __future__ import annotations
 
 import pytest
@@ -92,20 +92,69 @@ def test_cache_aware_affinity_yields_to_the_load_bound():
     assert p.choose(rs, r) is rs[1]
 
 
-def test_pending_entries_keep_a_new_prefix_together_until_they_expire():
+def test_pending_entries_last_while_the_request_is_in_flight_then_a_grace_period():
     now = [0.0]
-    rs, index = replicas(2), KVIndex(pending_ttl=10, clock=lambda: now[0])
+    rs, index = replicas(2), KVIndex(grace=10, clock=lambda: now[0])
     p = create_policy("cache-aware", index)
+    hs = route(3).hashes
     first = p.choose(rs, route(3))
-    index.expect(first.name, route(3).hashes)
+    index.expect(first.name, hs)
     assert p.choose(rs, route(3, 2)) is first, "before the replica's events arrive"
-    now[0] = 11.0
-    assert p.expected_hit(first, route(3, 2)) == 0
-    index.expect(first.name, route(3).hashes)
-    index.stored(first.name, route(3).hashes)  # confirmed: no longer pending, held
-    assert not index.pending[first.name]
-    now[0] = 100.0
+    now[0] = 1000.0  # queued for long on a loaded replica: still expected there
     assert p.expected_hit(first, route(3, 2)) == 8 * BS
+    index.expect(first.name, hs)  # a second request of the prefix, then the first ends
+    index.settle(first.name, hs)
+    now[0] = 2000.0
+    assert p.expected_hit(first, route(3, 2)) == 8 * BS, "one request still in flight"
+    index.settle(first.name, hs)
+    now[0] = 2009.0
+    assert p.expected_hit(first, route(3, 2)) == 8 * BS, "within the grace period"
+    now[0] = 2011.0
+    assert p.expected_hit(first, route(3, 2)) == 0, "ended, and no event ever confirmed it"
+
+
+def test_events_confirm_pending_entries_and_never_cancel_in_flight_ones():
+    rs, index = replicas(2), KVIndex(grace=0)
+    p = create_policy("cache-aware", index)
+    hs = route(3).hashes
+    index.stored(rs[0].name, hs)
+    index.expect(rs[0].name, hs)
+    index.removed(rs[0].name, hs)  # an older copy left the pool: the request in flight stores it again
+    assert p.expected_hit(rs[0], route(3, 1)) == 8 * BS
+    index.reset(rs[0].name)  # a resync keeps the claims of requests in flight
+    assert p.expected_hit(rs[0], route(3, 1)) == 8 * BS
+    index.stored(rs[0].name, hs)
+    index.settle(rs[0].name, hs)
+    assert not index.pending[rs[0].name] and p.expected_hit(rs[0], route(3, 1)) == 8 * BS
+    index.settle(rs[0].name, hs)  # settling twice changes nothing
+    index.removed(rs[0].name, hs)
+    assert p.expected_hit(rs[0], route(3, 1)) == 0
+
+
+def test_affinity_survives_a_queue_one_prefix_longer_and_yields_to_real_imbalance():
+    rs, index = replicas(2), KVIndex()
+    p = create_policy("cache-aware", index)
+    r = route(1, 9, prefix_blocks=64)  # a 1,024-token prefix held by replica 0
+    index.stored(rs[0].name, r.hashes)
+    rs[0].waiting_tokens, rs[1].waiting_tokens = 1500, 0  # one queued miss more: a greedy TTFT pick moves
+    assert p.choose(rs, r) is rs[0]
+    rs[0].waiting_tokens, rs[1].waiting_tokens = 9000, 7200  # a long queue on both, 25% apart
+    assert p.choose(rs, r) is rs[0]
+    rs[0].waiting_tokens, rs[1].waiting_tokens = 4000, 500  # far above the mean: the bound
+    assert p.choose(rs, r) is rs[1]
+
+
+def test_a_shared_template_block_does_not_pull_every_miss_to_one_replica():
+    rs, index = replicas(2), KVIndex()
+    p = create_policy("cache-aware", index)
+    template = route(0).hashes[:1]
+    index.stored(rs[0].name, template)  # replica 0 served one request: it holds the common head
+    index.stored(rs[0].name, [b"tenant 0 block %d" % i for i in range(60)])
+    head = [i for i in range(BS)]  # route(0)'s first block, then a prefix of another tenant
+    ids = head + [5000 + i for i in range(64 * BS)]
+    miss = Route(len(ids), block_hashes(ids[:-1], BS), BS)
+    assert p.expected_hit(rs[0], miss) == BS
+    assert p.choose(rs, miss) is rs[1], "idle replicas: the one holding fewer blocks takes the new prefix"
 
 
 def test_index_reset_replaces_a_replicas_blocks():

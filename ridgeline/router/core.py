@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -101,9 +102,11 @@ class Router:
     def admit(self, replica: Replica, route: Route) -> Ticket:
         hit = min(self.policy.expected_hit(replica, route), max(route.num_tokens - 1, 0))
         self.metrics.expected_hits.inc(hit)
+        on_end = None
         if self.index is not None and route.hashes:
             self.index.expect(replica.name, route.hashes)
-        return Ticket(replica, route.num_tokens - hit)
+            on_end = functools.partial(self.index.settle, replica.name, route.hashes)
+        return Ticket(replica, route.num_tokens - hit, hit, on_end)
 
     def mark_down(self, replica: Replica, reason: str) -> None:
         if replica.mark_down(reason):

@@ -76,25 +76,39 @@ class LeastLoad(Policy):
 
 @register_policy("cache-aware")
 class CacheAware(Policy):
-    """Least estimated work before this request's first token: the replica's queued tokens plus the
-    prompt tokens it would compute (those past the prefix it holds). Misses therefore go to the
-    least loaded replica, never all to one. A replica whose load is above (1 + slack) x the mean
-    (and more than min_skew tokens above it) loses its affinity: it competes on load alone, which
-    bounds the skew a popular prefix can cause."""
+    """Least cost, where a replica's cost is the estimated work before this request's first token
+    (its queued tokens plus the prompt tokens it would compute past the prefix it holds) plus the
+    prefix tokens it would duplicate (those another replica already holds: computing them again
+    costs the prompt now and, in a pool that holds only some tenants' prefixes, evicts another
+    tenant's blocks that a later request then recomputes). So a tenant stays on its home replica
+    until that replica's queue is about two prefixes longer than another's, not one.
 
-    def __init__(self, index: KVIndex | None = None, slack: float = 0.5, min_skew: int = 1024, **_):
+    A match shorter than min_share of the prompt (a chat template's head that every prompt shares)
+    counts as none: such a request is a miss, and a miss goes to the least loaded replica, then the
+    one holding the fewest blocks, so new prefixes spread over the pools instead of all following
+    the one replica that happens to hold the template. A replica whose load is above (1 + slack) x
+    the mean (and more than min_skew tokens above it) loses its affinity: it competes on load
+    alone, which bounds the skew a popular prefix can cause."""
+
+    def __init__(self, index: KVIndex | None = None, slack: float = 0.5, min_skew: int = 1024,
+                 min_share: float = 0.3, **_):
         super().__init__(index)
         self.slack = slack
         self.min_skew = min_skew
+        self.min_share = min_share
 
     def choose(self, replicas: list[Replica], route: Route) -> Replica:
-        hits = self._hits(replicas, route)
+        raw = self._hits(replicas, route)
         mean = sum(r.load for r in replicas) / len(replicas)
         bound = max((1 + self.slack) * mean, mean + self.min_skew)
+        floor = self.min_share * route.num_tokens
+        hits = {r.name: raw[r.name] if r.load <= bound and raw[r.name] >= floor else 0 for r in replicas}
+        best = max(hits.values())
 
         def cost(r: Replica) -> tuple:
-            hit = hits[r.name] if r.load <= bound else 0
-            return r.load + route.num_tokens - hit, r.in_flight
+            hit = hits[r.name]
+            held = self.index.footprint(r.name) if self.index is not None else 0
+            return r.load + route.num_tokens - hit + best - hit, held, r.in_flight
 
         return min(self._rotate(replicas), key=cost)
 

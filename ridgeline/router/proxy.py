@@ -33,8 +33,13 @@ def forwarded_headers(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() in _PASSED_HEADERS}
 
 
-def _response_headers(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() in _KEPT_RESPONSE_HEADERS}
+def _response_headers(resp: httpx.Response, ticket: Ticket) -> dict[str, str]:
+    """The replica's headers worth passing on, and which replica answered and the prompt tokens the
+    router expected it to have cached (compare with usage.prompt_tokens_details.cached_tokens)."""
+    kept = {k: v for k, v in resp.headers.items() if k.lower() in _KEPT_RESPONSE_HEADERS}
+    kept["x-ridgeline-replica"] = ticket.replica.url
+    kept["x-ridgeline-expected-cached-tokens"] = str(ticket.expected_hit)
+    return kept
 
 
 async def forward(router: Router, method: str, path: str, body: bytes, headers: dict, route: Route) -> Response:
@@ -72,7 +77,7 @@ async def _try(router: Router, replica: Replica, ticket: Ticket, method: str, pa
             return None
         ticket.end()
         router.metrics.requests.labels(replica.url, str(resp.status_code)).inc()
-        return Response(content, resp.status_code, _response_headers(resp))
+        return Response(content, resp.status_code, _response_headers(resp, ticket))
     chunks = resp.aiter_raw()
     try:
         first = await anext(chunks)
@@ -81,7 +86,7 @@ async def _try(router: Router, replica: Replica, ticket: Ticket, method: str, pa
         router.mark_down(replica, f"{type(e).__name__} before the first chunk of {path}")
         return None
     router.metrics.requests.labels(replica.url, "200").inc()
-    return StreamingResponse(_relay(router, replica, ticket, resp, first, chunks), 200, _response_headers(resp))
+    return StreamingResponse(_relay(router, replica, ticket, resp, first, chunks), 200, _response_headers(resp, ticket))
 
 
 async def _relay(router: Router, replica: Replica, ticket: Ticket, resp: httpx.Response, first: bytes, chunks):

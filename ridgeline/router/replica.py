@@ -39,11 +39,14 @@ class Replica:
 
 
 class Ticket:
-    """One routed request's share of a replica's load, from routing until it ends."""
+    """One routed request's share of a replica's load, from routing until it ends (`on_end` then
+    runs once: the router releases what it assumed the request would leave in the replica's cache)."""
 
-    def __init__(self, replica: Replica, prefill_tokens: int):
+    def __init__(self, replica: Replica, prefill_tokens: int, expected_hit: int = 0, on_end=None):
         self.replica = replica
         self.prefill = prefill_tokens
+        self.expected_hit = expected_hit  # prompt tokens the router expects the replica to have cached
+        self._on_end = on_end
         self.started = False
         self.ended = False
         replica.waiting_tokens += prefill_tokens
@@ -66,3 +69,5 @@ class Ticket:
         else:
             self.replica.waiting_tokens -= self.prefill
         self.replica.in_flight -= 1
+        if self._on_end is not None:
+            self._on_end()
