@@ -109,3 +109,11 @@ def test_int4_holds_at_least_3_5x_the_tokens_of_bf16():
     int4 = KVCacheSpec(KV_FORMATS["int4"], 30, 3, 64, 16)
     assert int4.bytes_per_token == 30 * 3 * 2 * 36
     assert bf16.bytes_per_token / int4.bytes_per_token >= 3.5
+
+
+def test_eviction_must_keep_position_0_under_an_int4_k():
+    from ridgeline.config import CacheConfig
+    from ridgeline.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="kv_sink_tokens must be >= 1"):
+        CacheConfig(kv_cache_dtype="int4", kv_eviction="streaming", kv_sink_tokens=0)
+    CacheConfig(kv_cache_dtype="int8", kv_eviction="streaming", kv_sink_tokens=0)
