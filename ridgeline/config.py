@@ -123,6 +123,9 @@ class CacheConfig:
                                       "kv_eviction")
         if self.kv_sink_tokens < 0:
             raise InvalidRequestError("kv_sink_tokens must be >= 0", "kv_sink_tokens")
+        if self.kv_eviction != "none" and self.kv_sink_tokens == 0 and self.k_dtype == "int4":
+            raise InvalidRequestError("an int4 K cache stores the key at position 0 with a center of its own, so "
+                                      "kv_eviction must keep it: kv_sink_tokens must be >= 1", "kv_sink_tokens")
         if self.kv_eviction != "none" and self.kv_eviction_budget < self.kv_sink_tokens + self.block_size:
             raise InvalidRequestError(
                 f"kv_eviction_budget {self.kv_eviction_budget} must hold the {self.kv_sink_tokens} sink tokens "

@@ -14,7 +14,8 @@ class KVFormat:
     group: int = 0  # elements per scale along the head dimension; 0: one scale per (token, KV head) vector
     rotate: bool = False  # stored after a normalized Hadamard transform along the head dimension
     # as K: stored minus a per-(layer, KV head, channel) center measured at start-up (layers/kv_cache.py
-    # k_shift); every score of a query moves by the same amount, which softmax ignores
+    # k_centers; the key at position 0 minus one of its own, which attention adds back); every score of a
+    # query moves by the same amount, which softmax ignores
     center: bool = False
 
     @property

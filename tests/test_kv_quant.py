@@ -104,13 +104,14 @@ def test_c_write_stores_what_the_torch_write_stores(k_name, v_name):
     x = _vectors(T * (H + 2 * Hkv), D, seed=1).view(T, (H + 2 * Hkv) * D)
     slots = torch.randperm(NB * bs)[:T]
     positions = torch.arange(T)
-    if c_kv.k_shift is not None:  # centered K: a per (head, channel) constant subtracted before storing
-        shift = torch.randn(Hkv, D, generator=torch.Generator().manual_seed(2))
-        c_kv.k_shift.copy_(shift)
-        t_kv.k_shift.copy_(shift)
+    if c_kv.k_centers is not None:  # centered K: per (head, channel) constants subtracted before storing,
+        g = torch.Generator().manual_seed(2)  # one for position 0 and one for the others
+        shift, sink = torch.randn(Hkv, D, generator=g), torch.randn(Hkv, D, generator=g) * 4
+        c_kv.set_centers(shift, sink)
+        t_kv.set_centers(shift, sink)
     c_kv.write_rope(x.clone(), positions, _identity_rope(T, D), slots, H, Hkv, D)
     k, v = x[:, H * D:].view(T, 2, Hkv, D).unbind(1)
-    t_kv.write(slots, k, v)
+    t_kv.write(slots, k, v, positions)
     for name in ("k", "v", "k_scale", "v_scale"):
         a, b = getattr(c_kv, name), getattr(t_kv, name)
         assert (a is None) == (b is None)

@@ -11,6 +11,7 @@ import torch
 from ridgeline import LLM, SamplingParams
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_gemm
+from ridgeline.quant import kv as kvq
 from conftest import make_tiny_model
 
 PROMPTS = ["Once upon a time", "The meaning of life is " * 6, "x", "abcdefghijklmnopqrstuvwxyz" * 3]
@@ -97,6 +98,14 @@ def test_sdpa_backend_agrees_with_the_c_kernel_on_int8(wide):
     assert _ids(c)[:2] == _ids(t)[:2]
 
 
+def test_sdpa_backend_agrees_with_the_c_kernel_on_int4(wide):
+    """Both read the position-0 key with its own center added back (kv_cache.py k_centers)."""
+    c = LLM(str(wide), dtype="float32", kv_cache_memory="4MiB", kv_cache_dtype="int4", progress=False)
+    t = LLM(str(wide), dtype="float32", kv_cache_memory="4MiB", kv_cache_dtype="int4", attention_backend="sdpa",
+            progress=False)
+    assert _ids(c)[:2] == _ids(t)[:2]
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "int4"])
 def test_engine_features_leave_quantized_output_identical(wide, kv_dtype):
     """Chunked prefill, prefix caching (hits read the quantized blocks), preemption and n > 1 against
@@ -158,6 +167,10 @@ def test_int4_keys_are_centered_from_the_calibration_text(wide):
     llm = LLM(str(wide), dtype="float32", kv_cache_dtype="int4", kv_cache_memory="2MiB", progress=False)
     shifts = [kv.k_shift for kv in llm.engine.runner.kv]
     assert all(s is not None and s.abs().sum() > 0 for s in shifts)
+    for kv in llm.engine.runner.kv:  # position 0 (the attention sink) has a center of its own
+        shift, sink, offset = kv.k_centers
+        assert not torch.equal(sink, shift)
+        torch.testing.assert_close(kvq.hadamard(offset), sink - shift)  # read back in K's rotated basis
     assert llm.engine.kv.num_used_blocks == 0 and llm.engine.kv.num_cached_blocks == 0
     llm.engine.kv.check_integrity()
     v_only = LLM(str(wide), dtype="float32", kv_cache_dtype_v="int4", kv_cache_memory="2MiB", progress=False)

@@ -14,7 +14,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  key_lens: torch.Tensor, scale: float, window: int | None,
                  row_seq: torch.Tensor | None = None, kv_format: int | None = None,
                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                 tiled: bool = True, tile_len: torch.Tensor | None = None) -> torch.Tensor:
+                 tiled: bool = True, tile_len: torch.Tensor | None = None,
+                 k0_offset: torch.Tensor | None = None) -> torch.Tensor:
     """q [R, H, D]; caches [NB, bs, Hkv, units] stored as kv_format = K code | V code << 8
     (layers/kv_cache.py C_KV_FORMATS; default: fp32 or bf16 from their dtypes), quantized ones with
     their fp16 scales [NB, bs, Hkv, n]; block_tables [S, nb] int64; key_lens [R] int64
@@ -22,7 +23,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     row_seq[r] (default r): decode rows, or the rows of prefill chunks with key_lens = position + 1.
     tiled: prefill rows (row_seq given) go through the tiled kernel (paged_prefill.c) where it applies;
     False: every row through the per-row kernel (paged_attention.c). tile_len [S] int64 (prompt
-    lengths): only rows with key_lens <= tile_len[row_seq] are tiled, the others take the per-row kernel."""
+    lengths): only rows with key_lens <= tile_len[row_seq] are tiled, the others take the per-row kernel.
+    k0_offset [Hkv, D] fp32 contiguous: added to the dequantized key at position 0 of every sequence
+    (a centered K stores that key minus a center of its own, layers/kv_cache.py)."""
     B, H, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     qf = q.to(torch.float32).contiguous()
@@ -33,13 +36,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     tables, rows, lens = block_tables.data_ptr(), _ptr(row_seq), key_lens.data_ptr()
     if tiled:
         rc = lib.ridgeline_paged_attention(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
-                                           _ptr(v_scale), kv_format, tables, rows, lens, _ptr(tile_len),
-                                           out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale,
-                                           torch.get_num_threads())
+                                           _ptr(v_scale), _ptr(k0_offset), kv_format, tables, rows, lens,
+                                           _ptr(tile_len), out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1],
+                                           window or 0, scale, torch.get_num_threads())
     else:
         rc = lib.ridgeline_paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
-                                        _ptr(v_scale), kv_format, tables, rows, lens, out.data_ptr(), B, H, Hkv, D, bs,
-                                        block_tables.shape[1], window or 0, scale, torch.get_num_threads())
+                                        _ptr(v_scale), _ptr(k0_offset), kv_format, tables, rows, lens, out.data_ptr(),
+                                        B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale,
+                                        torch.get_num_threads())
     if rc == -2:
         raise ValueError(f"paged_decode: unknown KV format code {kv_format}")
     if rc:

@@ -40,14 +40,15 @@ def qk_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, e
 def rope_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
             k_cache: torch.Tensor, v_cache: torch.Tensor, H: int, Hkv: int, D: int, kv_format: int,
             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-            k_shift: torch.Tensor | None = None) -> None:
+            k_centers: torch.Tensor | None = None) -> None:
     """qkv [T, (H + 2 Hkv) D] fp32 contiguous: q and k rotated in place (pairs interleaved), k and v
     written to the caches [NB, bs, Hkv, units] at slots [T], stored as kv_format = K code | V code << 8
     (layers/kv_cache.py C_KV_FORMATS), quantized ones with their fp16 scales [NB, bs, Hkv, n].
-    cos_sin [P, D/2, 2] fp32; positions and slots int64. k_shift [Hkv, D] fp32: subtracted from k first."""
+    cos_sin [P, D/2, 2] fp32; positions and slots int64. k_centers [2 or more, Hkv, D] fp32 contiguous:
+    row 0 subtracted from k first, row 1 instead from the k at position 0."""
     rc = cpu.lib().ridgeline_rope_kv(qkv.data_ptr(), qkv.shape[0], H, Hkv, D, positions.data_ptr(),
                                      cos_sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                                     _ptr(k_scale), _ptr(v_scale), kv_format, _ptr(k_shift),
+                                     _ptr(k_scale), _ptr(v_scale), kv_format, _ptr(k_centers),
                                      torch.get_num_threads())
     if rc:
         raise ValueError(f"rope_kv: unknown KV format code {kv_format}")

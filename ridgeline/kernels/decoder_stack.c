@@ -10,7 +10,8 @@
  * dims:    [layers, hidden, heads, kv_heads, head_dim, intermediate, block_size]
  * layers:  [layers][LP_FIELDS]: norms, window, KV formats (K | V << 8, kv_quant.h) + cache and fp16
  *          scale pointers (0 for float formats), q/k norm weights [head_dim] (0: none), the MoE
- *          descriptor (moe.c; 0: a dense MLP), the K shift [Hkv, D] (0: none; see rope_kv), and for each of
+ *          descriptor (moe.c; 0: a dense MLP), the K centers [3, Hkv, D] (0: none; rows 0-1 for rope_kv,
+ *          row 2 the key-0 offset of the attention kernels, paged_src.h), and for each of
  *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
@@ -29,7 +30,7 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
                       int kv_formats, const float *kshift, int nthreads);
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
-                              int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
+                              const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
                               const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
                               int64_t window, float scale, int nthreads);
 int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
@@ -37,7 +38,7 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
-       LP_K_NORM, LP_MOE, LP_K_SHIFT, LP_LINEAR,
+       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
@@ -99,12 +100,12 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         if (lp[LP_Q_NORM])
             ridgeline_qk_norm(qkv, T, H, Hkv, D, PTR(const float, lp[LP_Q_NORM]), PTR(const float, lp[LP_K_NORM]), eps,
                               nt);
-        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf,
-                                PTR(const float, lp[LP_K_SHIFT]), nt);
+        const float *kcenters = PTR(const float, lp[LP_K_CENTERS]), *k0off = kcenters ? kcenters + 2 * Hkv * D : NULL;
+        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
-            rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, kvf, PTR(const int64_t, gp[GP_TABLES]),
+            rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, k0off, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                             PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
                                             lp[LP_WINDOW], scale, nt);

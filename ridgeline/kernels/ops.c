@@ -95,10 +95,12 @@ static inline void store_rows(int f, void *cache, uint16_t *scales, int64_t slot
 
 /* qkv [T, (H + 2 Hkv) D] fp32 (q rotated in place); cs [P, D/2, 2] (cos, sin); slots [T] into the
  * caches viewed as [NB * bs, Hkv, vector]; kv_formats = K format | V format << 8 (kv_quant.h), with
- * fp16 scale arrays [NB * bs, Hkv, scales per vector] for quantized ones. kshift: NULL, or [Hkv, D]
- * subtracted from each rotary-rotated k before it is stored (a constant per head and channel: every
+ * fp16 scale arrays [NB * bs, Hkv, scales per vector] for quantized ones. kshift: NULL, or [2, Hkv, D]:
+ * row 0 subtracted from each rotary-rotated k before it is stored (a constant per head and channel: every
  * score of a query moves by the same q.kshift, which softmax ignores; the k rows in qkv keep it
- * subtracted). Returns -1 for an unknown format. */
+ * subtracted), row 1 instead from the k at position 0 (the attention sink, whose key is far from the
+ * others': the attention kernels add the difference back, paged_src.h k0off). Returns -1 for an unknown
+ * format. */
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
                       int kv_formats, const float *kshift, int nthreads) {
@@ -120,8 +122,10 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
         }
         float *k = row + H * D;
         const float *v = k + Hkv * D;
-        if (kshift)
-            for (int64_t i = 0; i < Hkv * D; i++) k[i] -= kshift[i];
+        if (kshift) {
+            const float *c = kshift + (positions[t] == 0 ? Hkv * D : 0);
+            for (int64_t i = 0; i < Hkv * D; i++) k[i] -= c[i];
+        }
         store_rows(kf, kc, ksc, slots[t], k, Hkv, D);
         store_rows(vf, vc, vsc, slots[t], v, Hkv, D);
     }

@@ -161,16 +161,29 @@ static void partial(const att_src *s, int path, const float *q, const att_range 
         for (int64_t i = 0; i < rows; i++) kv_fwht(b->q + i * D, D);
         qt = b->q;
     }
-    switch (path) {
+    const int key0 = s->k0off && r->lo == 0; /* position 0 in range, stored with its own center */
+    att_range rest = *r;
+    rest.lo += key0;
+    if (rest.lo < rest.hi) switch (path) {
 #ifdef HAVE_FAST
-    case PATH_F32: attend_f32_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
-    case PATH_TILE: attend_tile_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
+    case PATH_F32: attend_f32_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
+    case PATH_TILE: attend_tile_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
 #endif
 #ifdef HAVE_BF16_FAST
-    case PATH_BF16: attend_bf16_fast(s, qt, r, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); return;
+    case PATH_BF16: attend_bf16_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
 #endif
-    default: attend_any(s, qt, r, b->scores, b->vec, b->m, b->l, b->u);
+    default: attend_any(s, qt, &rest, b->scores, b->vec, b->m, b->l, b->u);
     }
+    if (key0) /* once per (row, head) a step: no work per key */
+        for (int64_t hk = r->h0; hk < r->h1; hk++) {
+            load_key0(s, r->table, hk, b->vec, b->vec + D);
+            for (int64_t g = 0; g < s->G; g++) {
+                const int64_t i = (hk - r->h0) * s->G + g;
+                float acc = 0.f;
+                for (int64_t d = 0; d < D; d++) acc += qt[i * D + d] * b->vec[d];
+                add_key(b->m + i, b->l + i, b->u + i * D, acc * s->scale_qk, b->vec + D, D, rest.lo >= rest.hi);
+            }
+        }
 }
 
 /* Running state (M, L, U) of `rows` rows += partial (m, l, u), in split order; first: start from it.
@@ -213,15 +226,16 @@ static inline void split_range(att_range *r, int64_t first, int64_t len, int64_t
  * window > 0) of the sequence whose block table is tables[row_seq ? row_seq[b] : b]: one decode token
  * per sequence, or (row_seq given) the rows of prefill chunks, each a query at its own position
  * (key_lens = position + 1: causal). kv_formats = K format | V format << 8. Returns 0, -1 if out of
- * memory, -2 for an unknown format. */
+ * memory, -2 for an unknown format. k0off: NULL, or [Hkv, D] added to the dequantized key at position 0
+ * (paged_src.h). */
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
-                           int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
-                           float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                           int64_t window, float scale, int nthreads) {
+                           const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
+                           const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (!kv_known(kf) || !kv_known(vf)) return -2;
     const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale};
+                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off};
     const int path = choose_path(kf, vf, D), vrot = kv_rotated(vf);
     const int64_t G = H / Hkv;
     int64_t max_len = 1;

@@ -23,9 +23,9 @@
 #include "paged_src.h"
 
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
-                           int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
-                           float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                           int64_t window, float scale, int nthreads);
+                           const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
+                           const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads);
 
 #ifdef __AVX512F__
 #include "paged_attention_tile.h"
@@ -81,6 +81,22 @@ static void deq_tile(const att_src *s, int w, const int64_t *table, int64_t t0, 
     }
 }
 
+/* key 0 of a centered K into each row's (m, l, O): its own score, once per row (paged_src.h k0off) */
+static void add_key0(const att_src *s, const float *q, const pf_task *t, const int64_t *table, int64_t window,
+                     int64_t H, pf_buf *b, int64_t rows) {
+    const int64_t D = s->D, G = s->G;
+    float *k0 = b->kf, *v0 = b->kf + D; /* the K tile's scratch: free after the last tile */
+    load_key0(s, table, t->hk, k0, v0);
+    for (int64_t r = 0; r < rows; r++) {
+        if (first_key(b->len[r], window) > 0) continue; /* key 0 outside this row's window */
+        memcpy(b->qrow, q + ((t->row0 + r / G) * H + t->hk * G + r % G) * D, sizeof(float) * (size_t)D);
+        if (kv_rotated(s->fmt[0])) kv_fwht(b->qrow, D);
+        float acc = 0.f;
+        for (int64_t d = 0; d < D; d++) acc += b->qrow[d] * k0[d];
+        add_key(b->m + r, b->l + r, b->o + r * D, acc * s->scale_qk, v0, D, b->l[r] == 0.f);
+    }
+}
+
 /* One task: rows r = p * G + g (position row0 + p, query head hk * G + g) in the lanes of RV vectors. */
 static inline __attribute__((always_inline)) void run_task(const att_src *s, int bf16, const float *q, const pf_task *t,
                                                           const int64_t *table, const int64_t *key_lens,
@@ -89,7 +105,8 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
     const int64_t D = s->D, G = s->G, RP = 16 * RV, rows = t->npos * G, rows4 = (rows + 3) & ~(int64_t)3, hk = t->hk;
     for (int64_t r = 0; r < RP; r++) {
         const int64_t p = r / G, len = r < rows ? key_lens[t->row0 + p] : 0;
-        b->len[r] = (int32_t)len, b->first[r] = (int32_t)first_key(len, window);
+        const int64_t first = first_key(len, window);
+        b->len[r] = (int32_t)len, b->first[r] = (int32_t)(first == 0 && s->k0off ? 1 : first); /* key 0: below */
         b->m[r] = -FLT_MAX, b->l[r] = 0.f;
         const float *qr = zero_row;
         if (r < rows) {
@@ -128,6 +145,7 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
         deq_tile(s, 1, table, t0, lo, hi, hk, b->vf);
         pv_f32(b->st, b->vf, b->alpha, b->o, rows4, D, RP, NE);
     }
+    if (s->k0off) add_key0(s, q, t, table, window, H, b, rows);
     for (int64_t r = 0; r < rows; r++) { /* out = O / l, rotated back for a rotated V (H is its own inverse) */
         float *dst = out + ((t->row0 + r / G) * H + hk * G + r % G) * D;
         const float inv = 1.f / b->l[r];
@@ -208,19 +226,19 @@ static int paged_prefill(const float *q, const att_src *src, const int64_t *tabl
  * tiled kernel where this build has it; the other rows (outputs being verified or recomputed) through
  * the per-row kernel, which gives them what the decode step computes, bit for bit. */
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
-                              int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
-                              const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                              int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
+                              const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
+                              const int64_t *key_lens, const int64_t *tile_len, float *out, int64_t B, int64_t H,
+                              int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
 #ifdef __AVX512F__
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (tiled_applies(kf, vf, D, H / Hkv, row_seq)) {
         const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale};
+                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off};
         int rc = paged_prefill(q, &src, tables, row_seq, key_lens, tile_len, out, B, H, max_nb, window, nthreads);
         for (int64_t r = 0, e; r < B && !rc; r = e) { /* runs of untiled rows */
             for (e = r; e < B && !tiled_row(row_seq, key_lens, tile_len, e);) e++;
             if (e > r)
-                rc = ridgeline_paged_decode(q + r * H * D, kc, vc, ksc, vsc, kv_formats, tables, row_seq + r,
+                rc = ridgeline_paged_decode(q + r * H * D, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq + r,
                                             key_lens + r, out + r * H * D, e - r, H, Hkv, D, bs, max_nb, window,
                                             scale, nthreads);
             else
@@ -229,6 +247,6 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
         return rc;
     }
 #endif
-    return ridgeline_paged_decode(q, kc, vc, ksc, vsc, kv_formats, tables, row_seq, key_lens, out, B, H, Hkv, D, bs,
+    return ridgeline_paged_decode(q, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq, key_lens, out, B, H, Hkv, D, bs,
                                   max_nb, window, scale, nthreads);
 }

@@ -88,6 +88,8 @@ def gather_attention(q: torch.Tensor, kv: LayerKV, g: AttnGroup, window: int | N
     L = g.block_tables.shape[1] * bs
     # math in q's dtype: fp32 on a CPU even over a bf16 or quantized cache (CPU bf16 SDPA is slow)
     k, v = kv.read(g.block_tables.view(-1), q.dtype)
+    if kv.k_centers is not None:  # position 0 is stored minus its own center; read() made k a new tensor
+        k.view(B, L, Hkv, D)[:, 0] += kv.k0_offset.to(k.dtype)
     k, v = k.view(B, L, Hkv, D).transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2)
     return GatheredAttention(qg, k, v, mask, valid, B, Q, G)
 
@@ -138,10 +140,11 @@ class PagedC(AttentionBackend):
     def __call__(self, q, kv, g, scale, window):
         if g.row_seq is None:  # one new token per sequence
             return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.key_lens, scale, window,
-                                              kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale)
+                                              kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale,
+                                              k0_offset=kv.k0_offset)
         return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
                                           row_seq=g.row_seq, kv_format=kv.c_format, k_scale=kv.k_scale,
-                                          v_scale=kv.v_scale, tile_len=g.tile_len)
+                                          v_scale=kv.v_scale, tile_len=g.tile_len, k0_offset=kv.k0_offset)
 
 
 def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:
@@ -174,7 +177,8 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""
-        self.kv.write(get_forward_context().slot_mapping, k, v)
+        ctx = get_forward_context()
+        self.kv.write(ctx.slot_mapping, k, v, ctx.positions)
         return self.attend(q)
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ class ForwardContext:
     slot_mapping: torch.Tensor  # [T] int64 flat cache slot of each new token
     groups: list[AttnGroup]
     attention: torch.Tensor | None = None  # [cache slots] fp32: attention each slot receives (h2o), summed
+    positions: torch.Tensor | None = None  # [T] int64 position of each new token (None: none is position 0)
 
 
 _CTX: ForwardContext | None = None

@@ -43,9 +43,9 @@ def allocate_kv(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> lis
         for name, (shape, dtype, nbytes) in sizes.items():
             views[name] = buf[off:off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
             off += nbytes
-        shift = torch.zeros(spec.num_kv_heads, spec.head_dim, device=device) if spec.format.center else None
+        centers = torch.zeros(3, spec.num_kv_heads, spec.head_dim, device=device) if spec.format.center else None
         layers.append(LayerKV(views["k"], views["v"], spec.format.name, spec.v_format.name,
-                              views.get("k_scale"), views.get("v_scale"), shift))
+                              views.get("k_scale"), views.get("v_scale"), centers))
     return layers
 
 
@@ -64,13 +64,30 @@ class LayerKV:
     v_format: str | None = None  # V's; None: the same as K's
     k_scale: torch.Tensor | None = None  # [NB, bs, Hkv, scales per vector] fp16, quantized K only
     v_scale: torch.Tensor | None = None
-    # [Hkv, D] fp32, K formats with `center`: subtracted from every k before it is stored (set once at
-    # start-up by quant/kv_center.py, before any block is kept; softmax ignores it, so reads need nothing)
-    k_shift: torch.Tensor | None = None
+    # [3, Hkv, D] fp32, K formats with `center` (set once at start-up by quant/kv_center.py through
+    # set_centers, before any block is kept): [0] `k_shift`, subtracted from every k before it is stored
+    # (softmax ignores a shift common to a query's keys); [1] subtracted instead from the k at position 0
+    # (the attention sink: its key lies far from the others', so one center cannot serve both); [2]
+    # `k0_offset` = [1] - [0] in K's stored basis, added back to the key at position 0 when it is read,
+    # so that every key of a query is shifted alike
+    k_centers: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.v_format is None:
             self.v_format = self.format
+
+    @property
+    def k_shift(self) -> torch.Tensor | None:
+        return None if self.k_centers is None else self.k_centers[0]
+
+    @property
+    def k0_offset(self) -> torch.Tensor | None:
+        return None if self.k_centers is None else self.k_centers[2]
+
+    def set_centers(self, shift: torch.Tensor, sink: torch.Tensor) -> None:
+        """shift, sink [Hkv, D]: the centers of keys at positions > 0 and at position 0."""
+        d = (sink - shift).to(torch.float32)
+        self.k_centers.copy_(torch.stack((shift, sink, kvq.hadamard(d) if self.k_fmt.rotate else d)))
 
     @property
     def k_fmt(self) -> KVFormat:
@@ -96,16 +113,20 @@ class LayerKV:
         k, v = C_KV_FORMATS.get(self.format), C_KV_FORMATS.get(self.v_format)
         return k | v << 8 if ok and k is not None and v is not None else None
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [T, Hkv, D] into flat slots [T], quantized to this cache's formats."""
-        _store(self.k, self.k_scale, self.k_fmt, slots, k if self.k_shift is None else k - self.k_shift)
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+        """k, v [T, Hkv, D] at positions [T] (None: none is position 0) into flat slots [T], quantized to this
+        cache's formats."""
+        if self.k_centers is not None:
+            first = torch.zeros(len(k), dtype=torch.bool, device=k.device) if positions is None else positions == 0
+            k = k - torch.where(first.view(-1, 1, 1), self.k_centers[1], self.k_centers[0])
+        _store(self.k, self.k_scale, self.k_fmt, slots, k)
         _store(self.v, self.v_scale, self.v_fmt, slots, v)
 
     def write_rope(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                    H: int, Hkv: int, D: int) -> None:
         """qkv [T, (H + 2 Hkv) D] fp32: q and k rotated in place, k and v written at slots (C)."""
         cpu_ops.rope_kv(qkv, positions, cos_sin, slots, self.k, self.v, H, Hkv, D, self.c_format,
-                        self.k_scale, self.v_scale, self.k_shift)
+                        self.k_scale, self.v_scale, self.k_centers)
 
     def read(self, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given blocks [n] dequantized: [n, bs, Hkv, D] each (rotated formats stay rotated)."""

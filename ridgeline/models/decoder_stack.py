@@ -95,7 +95,7 @@ class CStack:
             row = [_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight), attn.window or 0,
                    attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale),
                    _ptr(sa.q_norm.weight if sa.q_norm is not None else None),
-                   _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_shift)]
+                   _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_centers)]
             for lin in _linears(layer):
                 if lin is None:
                     row += [0] * len(cpu_stack.WEIGHT_FIELDS)

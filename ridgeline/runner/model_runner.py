@@ -152,11 +152,11 @@ class ModelRunner:
         if num_decode < len(seqs):
             groups.append(self._group(slice(num_decode, T), n[num_decode:], start[num_decode:],
                                       tables[num_decode:], prompt[num_decode:]))
-        ctx = ForwardContext(slot_mapping=torch.from_numpy(slots).to(dev), groups=groups)
+        positions_t = torch.from_numpy(positions).to(dev)
+        ctx = ForwardContext(slot_mapping=torch.from_numpy(slots).to(dev), groups=groups, positions=positions_t)
         rows = [r for i, s in enumerate(seqs) if s.sample for r in range(int(cu[i]) - 1 - s.num_spec, int(cu[i]))]
         sample_rows = torch.tensor(rows, dtype=torch.long, device=dev)
-        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.from_numpy(positions).to(dev),
-                ctx, sample_rows)
+        return torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx, sample_rows
 
     def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray,
                prompt: np.ndarray | None) -> AttnGroup:
