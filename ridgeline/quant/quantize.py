@@ -33,6 +33,7 @@ METHODS = ("rtn", "gptq", "awq")
 BITS = (4,)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+ATTN_INPUT = ("q_proj", "k_proj", "v_proj")  # the projections of the attention's input (qkv_proj)
 ENGINE_LINEAR = {"q_proj": "self_attn.qkv_proj", "k_proj": "self_attn.qkv_proj", "v_proj": "self_attn.qkv_proj",
                  "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_up_proj", "up_proj": "mlp.gate_up_proj",
                  "down_proj": "mlp.down_proj"}
@@ -141,7 +142,7 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
 def _quantize_packed(name: str, W: torch.Tensor, stats: dict, opts: QuantizeOptions) -> tuple[dict, torch.Tensor]:
     """(the projection's tensors in the method's hub layout, the float values they dequantize to)."""
     prefix = name.removesuffix(".weight")
-    q, g, g_idx = _quantize_one(W, stats.get(_engine_name(prefix)), opts)
+    q, g, g_idx = _quantize_one(W, stats.get(_engine_name(prefix)), opts, prefix.endswith(ATTN_INPUT))
     packed = (hub_layout.pack_awq(q, g.scale, g.zero) if opts.method == "awq"
               else hub_layout.pack_gptq(q, g.scale, g.zero, g_idx, opts.group_size))
     values = (gptq.Quantized(q, g, g_idx).dequantize(opts.group_size))
@@ -161,9 +162,10 @@ def one_thread():
         torch.set_num_threads(saved)
 
 
-def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: QuantizeOptions):
+def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: QuantizeOptions, attention: bool):
+    """attention: W is q, k or v (GPTQ's Hessian weighs the attention-sink tokens, calibrate.py)."""
     if opts.method == "gptq":
-        r = gptq.quantize(W, st.gram, opts.group_size, opts.symmetric, opts.act_order, opts.damp)
+        r = gptq.quantize(W, st.hessian(attention), opts.group_size, opts.symmetric, opts.act_order, opts.damp)
         return r.q, r.grid, r.g_idx
     if opts.method == "awq":
         g = clip.fit_clipped(W, st.gram, opts.group_size, opts.symmetric)
@@ -190,8 +192,7 @@ def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: i
         s, _ = awq.search_scale(weights, st.gram, st.mean_abs, opts.group_size, opts.symmetric)
         for n, w in zip(layers, weights):
             tensors[f"{n}.weight"] = w * s[None, :]
-        sd = s.double()  # the layers' input is now x / s
-        stats[engine_name] = calibrate.InputStats(st.gram / (sd[:, None] * sd[None, :]), st.abs_sum / sd, st.rows)
+        stats[engine_name] = st.scaled(s)  # the layers' input is now x / s
         if producer.endswith("norm.weight"):
             tensors[producer] = tensors[producer].float() / s
         else:  # a projection: its output rows (and bias)

@@ -71,8 +71,7 @@ class LayerRunner:
         out, handles = {}, []
         for m in layer.modules():
             if isinstance(m, Linear):
-                st = out[m.prefix] = InputStats(torch.zeros(m.in_features, m.in_features, dtype=torch.float64),
-                                                torch.zeros(m.in_features, dtype=torch.float64))
+                st = out[m.prefix] = InputStats.empty(m.in_features)
                 handles.append(m.register_forward_pre_hook(lambda _m, args, st=st: st.add(args[0])))
         try:
             for h, r in zip(self.hidden, self.residual):  # the fused norm adds into the residual in place
