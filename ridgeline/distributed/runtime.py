@@ -17,6 +17,7 @@ from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave,
                                          torchrun_env, unpin)
 from ridgeline.distributed.launch import Workers, exit_soon
 from ridgeline.distributed.layout import layout_for
+from ridgeline.distributed.agreement import check_agreement
 from ridgeline.distributed.shard import Slicer, check_groups, local_arch
 from ridgeline.distributed.stages import stage_layout
 from ridgeline.errors import InvalidRequestError, RankFailedError
@@ -28,7 +29,7 @@ class GroupRuntime:
     """The process group of one engine (`size` ranks; param names the size option in errors)."""
     param, what = "tensor_parallel_size", "tensor-parallel rank"
 
-    def _join(self, config, size: int, device: torch.device, rank: RankContext | None) -> None:
+    def _join(self, config, size: int, device: torch.device, rank: RankContext | None, arch=None) -> None:
         self.workers: Workers | None = None
         self.unpin = None
         self.closed = False
@@ -36,6 +37,7 @@ class GroupRuntime:
             rank = self._start(config, size)
         self.ctx = rank
         join(rank, config.parallel.dist_timeout, device)
+        check_agreement(config, arch, size)  # versions, model and options: the same on every rank
         self.channel = PlanChannel(rank.addr, rank.port, rank.rank, size, PLAN_TIMEOUT)
 
     def _start(self, config, size: int) -> RankContext:
@@ -130,7 +132,7 @@ class TPRuntime(GroupRuntime):
         shards = layout_for(arch, size)
         if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
             check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
-        self._join(config, size, device, rank)
+        self._join(config, size, device, rank, arch)
         self.shard = shards[self.ctx.rank]
         self.comm = TPComm(self.shard, arch.vocab_size, dist.group.WORLD)
         self.slicer = Slicer(self.shard, arch.head_dim)
@@ -144,7 +146,7 @@ class PPRuntime(GroupRuntime):
     def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
         size = config.parallel.pipeline_parallel_size
         stages = stage_layout(arch.num_layers, size)  # more stages than layers: refused before any start
-        self._join(config, size, device, rank)
+        self._join(config, size, device, rank, arch)
         self.stage = stages[self.ctx.rank]
         self.arch = arch
 

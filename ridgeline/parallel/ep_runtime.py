@@ -59,7 +59,7 @@ class EPRuntime(TPRuntime):
         check_experts(arch, size)
         if rank is None:
             check_launch(size, pc.pin_cores)
-        self._join(config, size, device, rank)
+        self._join(config, size, device, rank, arch)
         self.shard = self.comm = self.slicer = None
         self.arch = arch
 
