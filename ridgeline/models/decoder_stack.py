@@ -18,6 +18,7 @@ from ridgeline.layers.attention import PagedC
 from ridgeline.layers.forward_context import get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.moe import SparseMoE
+from ridgeline.models.elsewhere import Elsewhere
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -71,7 +72,6 @@ class CStack:
         cpu_stack.check_layout()
         if model.norm is not None and model.norm.weight.dtype != torch.float32:
             return ["the final norm is not fp32"] * len(model.layers)
-        from ridgeline.models.llama import Elsewhere
         return [("on another pipeline stage" if isinstance(layer, Elsewhere) else _why_not(layer))
                 for layer in model.layers]
 

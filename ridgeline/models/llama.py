@@ -29,6 +29,7 @@ from ridgeline.layers.mlp import MLP
 from ridgeline.layers.moe import SparseMoE
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
+from ridgeline.models.elsewhere import Elsewhere
 from ridgeline.models.options import BuildOptions
 from ridgeline.weights.hf_config import ArchConfig
 
@@ -106,14 +107,6 @@ class DecoderLayer(nn.Module):
         if hook is not None:
             hook(self.index, MLP_OUT, x)
         return x, residual
-
-
-class Elsewhere(nn.Module):
-    """A layer another pipeline stage holds: no weights, never run."""
-
-    def __init__(self, index: int):
-        super().__init__()
-        self.index = index
 
 
 class Model(nn.Module):
