@@ -1,10 +1,7 @@
 """Build a Router from replica URLs (start-up checks included) and serve it under uvicorn."""
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
-import threading
 
 import httpx
 import uvicorn
@@ -12,7 +9,7 @@ import uvicorn
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.startup import discover, tokenizer_folder
-from ridgeline.serve.server import UvicornThread, bind
+from ridgeline.serve.server import SignalServer, UvicornThread, bind
 
 
 async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str | None = None) -> Router:
@@ -26,22 +23,10 @@ async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str
     return Router(replicas, settings, hasher)
 
 
-class _RouterServer(uvicorn.Server):
+class _RouterServer(SignalServer):
     """uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would end the process
     before `ridgeline serve --data-parallel-size` stops its replicas; here a signal only stops the
     server (a second one without waiting for open connections) and run() returns."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     def _on_signal(self, sig: int, frame) -> None:
         self.force_exit = self.should_exit

@@ -53,12 +53,9 @@ def _config(app: FastAPI, drain_timeout: float | None, access_log: bool) -> uvic
                           http=guarded_protocol(s.timeout_header, s.max_connections))
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn's shutdown cancels whatever is left at its graceful timeout (cut streams, a text/plain
-    500, CancelledError tracebacks) and re-raises the signal; here the app ends each request itself
-    at the deadline, and a signal means: drain, then return an exit status."""
-
-    exit_status = 0
+class SignalServer(uvicorn.Server):
+    """A uvicorn server whose SIGINT/SIGTERM (in the main thread) go to _on_signal, instead of uvicorn
+    capturing them and re-raising them once it has stopped."""
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -71,6 +68,17 @@ class _DrainingServer(uvicorn.Server):
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _on_signal(self, sig: int, frame) -> None:
+        raise NotImplementedError
+
+
+class _DrainingServer(SignalServer):
+    """uvicorn's shutdown cancels whatever is left at its graceful timeout (cut streams, a text/plain
+    500, CancelledError tracebacks) and re-raises the signal; here the app ends each request itself
+    at the deadline, and a signal means: drain, then return an exit status."""
+
+    exit_status = 0
 
     def _on_signal(self, sig: int, frame) -> None:
         # state first, then the message: a second signal can run its handler in the middle of this one
