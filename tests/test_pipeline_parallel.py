@@ -8,15 +8,13 @@ import argparse
 import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import make_tiny_model
+from rank_kill import kill_rank_1
 from ridgeline.distributed.memory import resident_weight_bytes
 from ridgeline.distributed.stages import (bubble_fraction, microbatch_count, p2p_bytes_per_step, split_rows,
                                           stage_layout)
@@ -161,28 +159,8 @@ def test_pp2_matches_one_process(tiny):
         pp.engine.close()
 
 
-KILL = textwrap.dedent("""
-    import os, signal, sys
-    from ridgeline.entrypoints.llm import LLM
-    from ridgeline.sampling_params import SamplingParams
-    llm = LLM(sys.argv[1], pipeline_parallel_size=2, dtype="float32", kv_cache_memory=8 << 20, progress=False)
-    p = SamplingParams(max_tokens=4, temperature=0)
-    llm.generate([[5, 6, 7]], p, use_tqdm=False)
-    print("generated", flush=True)
-    os.kill(llm.info.pipeline_parallel.worker_pids[0], signal.SIGKILL)
-    while True:  # a step either raises the stage failure or the watchdog ends the process
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), use_tqdm=False)
-""")
-
-
 def test_killed_stage_ends_stage0_with_clear_error(tiny_llama):
-    root = Path(__file__).resolve().parents[1]
-    # the timeout is only a safety net: the exit is driven by the stage's death, never by a clock
-    r = subprocess.run([sys.executable, "-c", KILL, str(tiny_llama)], cwd=root, capture_output=True, text=True,
-                       timeout=300)
-    assert "generated" in r.stdout, r.stderr[-2000:]
-    assert r.returncode != 0
-    assert "pipeline stage 1" in r.stderr and "died" in r.stderr, r.stderr[-2000:]
+    kill_rank_1(tiny_llama, "pipeline_parallel_size", "pipeline_parallel", "pipeline stage 1")
 
 
 def _stage_pid(server_pid: int) -> int:

@@ -3,15 +3,13 @@ engine (logits within a tight bound, greedy tokens equal wherever the top-2 marg
 rank's resident weight bytes, and a killed rank ending rank 0 with a clear error."""
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import make_tiny_model
+from rank_kill import kill_rank_1
 from ridgeline.distributed.layout import tp_layout
 from ridgeline.distributed.memory import resident_weight_bytes
 from ridgeline.distributed.shard import check_groups
@@ -120,29 +118,9 @@ def test_tp2_matches_one_process(tiny):
         tp.engine.close()
 
 
-KILL = textwrap.dedent("""
-    import os, signal, sys
-    from ridgeline.entrypoints.llm import LLM
-    from ridgeline.sampling_params import SamplingParams
-    llm = LLM(sys.argv[1], tensor_parallel_size=2, dtype="float32", kv_cache_memory=8 << 20, progress=False)
-    p = SamplingParams(max_tokens=4, temperature=0)
-    llm.generate([[5, 6, 7]], p, use_tqdm=False)
-    print("generated", flush=True)
-    os.kill(llm.info.tensor_parallel.worker_pids[0], signal.SIGKILL)
-    while True:  # a step either raises the rank failure or the watchdog ends the process
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), use_tqdm=False)
-""")
-
-
 def test_killed_rank_ends_rank0_with_clear_error(tmp_path_factory):
     folder = make_tiny_model(tmp_path_factory.mktemp("tp-kill"), "llama")
-    root = Path(__file__).resolve().parents[1]
-    # the timeout is only a safety net: the exit is driven by the rank's death, never by a clock
-    r = subprocess.run([sys.executable, "-c", KILL, str(folder)], cwd=root, capture_output=True, text=True,
-                       timeout=300)
-    assert "generated" in r.stdout, r.stderr[-2000:]
-    assert r.returncode != 0
-    assert "tensor-parallel rank 1" in r.stderr and "died" in r.stderr, r.stderr[-2000:]
+    kill_rank_1(folder, "tensor_parallel_size", "tensor_parallel", "tensor-parallel rank 1")
 
 
 def test_start_up_errors_before_any_rank_starts(tiny_llama, monkeypatch):
