@@ -94,3 +94,24 @@ def tiny_head(tiny_llama, tmp_path_factory) -> Path:
     assert main(["train-draft", str(tiny_llama), "--out", str(out), "--tokens", "2500", "--seed", "3", "--epochs",
                  "2", "--max-reply-tokens", "48", "--dtype", "float32", "--draft-vocab", "200", "--quiet"]) == 0
     return out
+
+
+SERVER_OPTS = dict(dtype="float32", kv_cache_memory="2MiB", max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_llama):
+    """An engine on the tiny Llama with a small pool, one per test module."""
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **SERVER_OPTS))
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_engine):
+    """tiny_engine behind the OpenAI server (model name "tiny") on a thread; yields the ServerThread."""
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    with ServerThread(build_app(tiny_engine, ServerSettings("tiny", quiet=True))) as s:
+        yield s

@@ -15,19 +15,7 @@ from ridgeline.serve.app import build_app
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 
-OPTS = dict(dtype="float32", kv_cache_memory="2MiB", max_num_batched_tokens=256)
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
-        yield s
 
 
 def cli_json(capsys, *argv) -> dict:
@@ -35,38 +23,38 @@ def cli_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_page_and_files_are_served(server):
-    page = httpx.get(server.url + "/")
+def test_page_and_files_are_served(tiny_server):
+    page = httpx.get(tiny_server.url + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     for name in ("main.js", "api.js", "chat.js", "live.js", "calc.js", "charts.js", "console.css"):
-        assert httpx.get(server.url + "/console/static/" + name).status_code == 200, name
+        assert httpx.get(tiny_server.url + "/console/static/" + name).status_code == 200, name
     # nothing the page loads comes from elsewhere (it must work offline)
-    static = [page.text] + [httpx.get(server.url + "/console/static/" + n).text for n in ("main.js", "console.css")]
+    static = [page.text] + [httpx.get(tiny_server.url + "/console/static/" + n).text for n in ("main.js", "console.css")]
     assert not any("http://" in t or "https://" in t or "//cdn" in t for t in static)
 
 
-def test_no_console_flag(engine):
+def test_no_console_flag(tiny_engine):
     assert build_parser().parse_args(["serve", "--no-console"]).console is False
     assert build_parser().parse_args(["serve"]).console is True
-    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True, console=False))) as s:
+    with ServerThread(build_app(tiny_engine, ServerSettings("tiny", quiet=True, console=False))) as s:
         for path in ("/", "/console/api/live", "/console/static/main.js"):
             assert httpx.get(s.url + path).status_code == 404, path
         assert httpx.post(s.url + "/console/api/advise/kv", json={}).status_code == 404
 
 
-def test_live_view_follows_the_counters(server, monkeypatch):
+def test_live_view_follows_the_counters(tiny_server, monkeypatch):
     from ridgeline.serve.console import live
     monkeypatch.setattr(live, "MIN_INTERVAL_S", 0.0)  # every call keeps its sample: the series grows however fast
-    url = server.url + "/console/api/live"
+    url = tiny_server.url + "/console/api/live"
     before = httpx.get(url, params={"hardware": "Xeon-8480"}).json()
-    assert before["kv"]["total"] == metric(server.url, "ridgeline_kv_cache_blocks_total")
+    assert before["kv"]["total"] == metric(tiny_server.url, "ridgeline_kv_cache_blocks_total")
     assert before["formats"]["weights"] and before["formats"]["kv"] == "f32"
-    app = server.app
+    app = tiny_server.app
     with StepGate(app) as gate:  # a request held before its first step: the view shows it waiting
         with httpx.Client(timeout=60) as c:
             import threading
             done = threading.Event()
-            threading.Thread(target=lambda: (c.post(server.url + "/v1/chat/completions", json=CHAT), done.set()),
+            threading.Thread(target=lambda: (c.post(tiny_server.url + "/v1/chat/completions", json=CHAT), done.set()),
                              daemon=True).start()
             wait_until(lambda: gate.parked, "request waiting at the gate")
             held = httpx.get(url).json()
@@ -82,20 +70,20 @@ def test_live_view_follows_the_counters(server, monkeypatch):
     assert len(after["series"]) >= 2
 
 
-def test_live_wall_without_profile_or_traffic_says_why(server, monkeypatch):
+def test_live_wall_without_profile_or_traffic_says_why(tiny_server, monkeypatch):
     from ridgeline.advisor import local_profile
     monkeypatch.setattr(local_profile, "cached_profile", lambda *a, **k: None)
-    wall = httpx.get(server.url + "/console/api/live", params={"hardware": "local"}).json()["wall"]
+    wall = httpx.get(tiny_server.url + "/console/api/live", params={"hardware": "local"}).json()["wall"]
     assert wall["name"] is None and wall["reason"]
-    bad = httpx.get(server.url + "/console/api/live", params={"hardware": "no-such-chip"}).json()["wall"]
+    bad = httpx.get(tiny_server.url + "/console/api/live", params={"hardware": "no-such-chip"}).json()["wall"]
     assert bad["name"] is None and "unknown hardware" in bad["reason"]
 
 
-def test_auth_like_metrics(engine):
+def test_auth_like_metrics(tiny_engine):
     key = {"Authorization": "Bearer sesame"}
     for public in (False, True):
         settings = ServerSettings("tiny", quiet=True, api_key="sesame", public_metrics=public)
-        with ServerThread(build_app(engine, settings)) as s:
+        with ServerThread(build_app(tiny_engine, settings)) as s:
             assert httpx.get(s.url + "/").status_code == 200  # the page asks for the key itself
             assert httpx.get(s.url + "/console/static/api.js").status_code == 200
             live = httpx.get(s.url + "/console/api/live")
@@ -121,8 +109,8 @@ def flags(body: dict) -> list[str]:
 
 @pytest.mark.parametrize("name", ["kv", "gpus", "spec", "disagg", "quant"])
 @pytest.mark.parametrize("body", INPUTS, ids=["70b-h100", "qwen-l4-fp8", "mixtral-mi300x-rate"])
-def test_calculators_equal_the_cli(server, capsys, name, body):
-    r = httpx.post(server.url + f"/console/api/advise/{name}", json={k: str(v) for k, v in body.items()}, timeout=60)
+def test_calculators_equal_the_cli(tiny_server, capsys, name, body):
+    r = httpx.post(tiny_server.url + f"/console/api/advise/{name}", json={k: str(v) for k, v in body.items()}, timeout=60)
     assert r.status_code == 200, r.text
     got = r.json()
     assert got["json"] == cli_json(capsys, name, *flags(body))
@@ -134,15 +122,15 @@ def test_calculators_equal_the_cli(server, capsys, name, body):
             assert shown[f"{sec_key}.{key}"]["value"] == value["value"]
 
 
-def test_spec_slider_and_roofline(server):
+def test_spec_slider_and_roofline(tiny_server):
     body = {"model": "Llama-3.1-8B", "hardware": "H100", "batch": 256}
-    r = httpx.post(server.url + "/console/api/advise/spec", json=body).json()
+    r = httpx.post(tiny_server.url + "/console/api/advise/spec", json=body).json()
     assert r["at_batch"]["batch"] == 256 and [c["batch"] for c in r["curve"]][:3] == [1, 2, 4]
     assert "batch 256: gain" in r["at_batch_text"]
-    roof = httpx.post(server.url + "/console/api/advise/roofline", json=body).json()["roofline"]
+    roof = httpx.post(tiny_server.url + "/console/api/advise/roofline", json=body).json()["roofline"]
     assert roof["peak"] > 0 and any(p["workload"] for p in roof["points"]) and len(roof["roof"]) == 3
-    httpx.post(server.url + "/v1/chat/completions", json=CHAT)
-    live = httpx.post(server.url + "/console/api/advise/roofline", json={"live": True, "hardware": "Xeon-8480"})
+    httpx.post(tiny_server.url + "/v1/chat/completions", json=CHAT)
+    live = httpx.post(tiny_server.url + "/console/api/advise/roofline", json={"live": True, "hardware": "Xeon-8480"})
     assert live.status_code == 200 and live.json()["workload"]["output_len"] >= 1
 
 
@@ -162,22 +150,22 @@ def test_spec_slider_and_roofline(server):
     ({"weights": "int3"}, "unknown precision"),
     ({"bogus": 1}, "unknown option"),
 ])
-def test_bad_input_is_a_400_with_a_message(server, body, words):
-    r = httpx.post(server.url + "/console/api/advise/kv", json={"model": "Llama-3.1-8B", **body})
+def test_bad_input_is_a_400_with_a_message(tiny_server, body, words):
+    r = httpx.post(tiny_server.url + "/console/api/advise/kv", json={"model": "Llama-3.1-8B", **body})
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"]
 
 
-def test_local_hardware_is_never_measured_from_a_request(server, monkeypatch):
+def test_local_hardware_is_never_measured_from_a_request(tiny_server, monkeypatch):
     from ridgeline.advisor import local_profile
     monkeypatch.setattr(local_profile, "cached_profile", lambda *a, **k: None)
     monkeypatch.setattr(local_profile, "measure", lambda *a, **k: pytest.fail("measured"))
-    r = httpx.post(server.url + "/console/api/advise/kv", json={"model": "Llama-3.1-8B", "hardware": "local"})
+    r = httpx.post(tiny_server.url + "/console/api/advise/kv", json={"model": "Llama-3.1-8B", "hardware": "local"})
     assert r.status_code == 400 and "ridgeline advise --hardware local" in r.json()["error"]["message"]
 
 
-def test_unknown_calculator(server):
-    r = httpx.post(server.url + "/console/api/advise/nope", json={})
+def test_unknown_calculator(tiny_server):
+    r = httpx.post(tiny_server.url + "/console/api/advise/nope", json={})
     assert r.status_code == 400 and "unknown calculator" in r.json()["error"]["message"]
 
 

@@ -12,8 +12,6 @@ import pytest
 from server_helpers import StepGate, metric, wait_idle, wait_until
 
 from ridgeline.cli import main
-from ridgeline.config import EngineConfig
-from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve.app import build_app
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
@@ -22,19 +20,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
 
-OPTS = dict(dtype="float32", kv_cache_memory="2MiB", max_num_batched_tokens=256)
 TIMEOUT_MS = 60_000  # a safety net only
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +47,8 @@ def open_view(page, url: str, view: str = "chat"):
     page.wait_for_selector("body[data-ready='1']")
 
 
-def test_loads_every_view_without_console_errors(server, page):
-    open_view(page, server.url)
+def test_loads_every_view_without_console_errors(tiny_server, page):
+    open_view(page, tiny_server.url)
     assert page.inner_text("#model-name") == "tiny"
     page.click("#tab-live")
     page.wait_for_function("Number(document.body.dataset.liveUpdates || 0) >= 2")
@@ -76,8 +62,8 @@ def test_loads_every_view_without_console_errors(server, page):
     assert "NaN" not in page.inner_text("body")
 
 
-def test_chat_streams_and_stop_frees_the_request(server, page):
-    open_view(page, server.url)
+def test_chat_streams_and_stop_frees_the_request(tiny_server, page):
+    open_view(page, tiny_server.url)
     page.fill("#chat-temperature", "0")
     page.fill("#chat-max-tokens", "6")
     page.fill("#chat-text", "hello")
@@ -85,9 +71,9 @@ def test_chat_streams_and_stop_frees_the_request(server, page):
     page.wait_for_selector(".meta[data-state='done']")
     meta = page.inner_text(".meta[data-state='done']")
     assert "6 tokens" in meta and "TTFT" in meta and "cached prompt tokens" in meta
-    aborts = metric(server.url, "ridgeline_requests_total", 'status="abort"')
+    aborts = metric(tiny_server.url, "ridgeline_requests_total", 'status="abort"')
     page.fill("#chat-max-tokens", "300")
-    with StepGate(server.app) as gate:
+    with StepGate(tiny_server.app) as gate:
         page.fill("#chat-text", "tell me more")
         page.click("#chat-send")
         wait_until(lambda: gate.parked, "request at the gate")
@@ -97,20 +83,20 @@ def test_chat_streams_and_stop_frees_the_request(server, page):
         assert page.is_enabled("#chat-stop")
         page.click("#chat-stop")
         page.wait_for_selector(".meta[data-state='stopped']")
-        wait_until(lambda: metric(server.url, "ridgeline_requests_total", 'status="abort"') == aborts + 1,
+        wait_until(lambda: metric(tiny_server.url, "ridgeline_requests_total", 'status="abort"') == aborts + 1,
                    "the server aborted the request")
-    wait_idle(server.url)  # its KV blocks are back, nothing running or waiting
+    wait_idle(tiny_server.url)  # its KV blocks are back, nothing running or waiting
     assert page.is_enabled("#chat-send") and not page.is_enabled("#chat-stop")
 
 
-def test_live_numbers_move_under_load(server, page):
-    open_view(page, server.url, "live")
+def test_live_numbers_move_under_load(tiny_server, page):
+    open_view(page, tiny_server.url, "live")
     page.wait_for_function("document.getElementById('live-generated').textContent !== '–'")
     before = float(page.inner_text("#live-generated"))
     body = {"model": "tiny", "messages": [{"role": "user", "content": "load"}], "max_tokens": 5, "temperature": 0}
-    with StepGate(server.app) as gate:
+    with StepGate(tiny_server.app) as gate:
         done = threading.Event()
-        threading.Thread(target=lambda: (httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60),
+        threading.Thread(target=lambda: (httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=60),
                                          done.set()), daemon=True).start()
         wait_until(lambda: gate.parked, "request at the gate")
         page.wait_for_function("Number(document.getElementById('live-waiting').textContent) + "
@@ -151,8 +137,8 @@ def fill_form(page, kind: str, values: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["kv", "gpus", "spec", "disagg", "quant"])
-def test_calculators_show_the_cli_numbers(server, page, capsys, kind):
-    open_view(page, server.url, "calc")
+def test_calculators_show_the_cli_numbers(tiny_server, page, capsys, kind):
+    open_view(page, tiny_server.url, "calc")
     page.wait_for_selector("#calc-form[data-state]")
     for values in CALC_INPUTS:
         flags = fill_form(page, kind, values)
@@ -167,8 +153,8 @@ def test_calculators_show_the_cli_numbers(server, page, capsys, kind):
         assert page.eval_on_selector("#calc-text", "e => e.textContent") == capsys.readouterr().out.rstrip("\n")
 
 
-def test_bad_input_shows_an_inline_message(server, page):
-    open_view(page, server.url, "calc")
+def test_bad_input_shows_an_inline_message(tiny_server, page):
+    open_view(page, tiny_server.url, "calc")
     page.wait_for_selector("#calc-form[data-state]")
     page.check("input[name='calc'][value='spec']")
     page.wait_for_selector("#calc-form[data-state='done']")
@@ -186,8 +172,8 @@ def test_bad_input_shows_an_inline_message(server, page):
         assert page.inner_text("#calc-error") == "" and page.is_visible("#calc-chart")
 
 
-def test_spec_slider_moves_the_batch(server, page):
-    open_view(page, server.url, "calc")
+def test_spec_slider_moves_the_batch(tiny_server, page):
+    open_view(page, tiny_server.url, "calc")
     page.wait_for_selector("#calc-form[data-state]")
     page.check("input[name='calc'][value='spec']")
     page.wait_for_selector("#calc-form[data-state='done']")
@@ -198,9 +184,9 @@ def test_spec_slider_moves_the_batch(server, page):
     assert page.inner_text("#calc-batch-out") == "8"
 
 
-def test_api_key_is_asked_for_and_sent(engine, page):
+def test_api_key_is_asked_for_and_sent(tiny_engine, page):
     settings = ServerSettings("tiny", quiet=True, api_key="sesame")
-    with ServerThread(build_app(engine, settings)) as s:
+    with ServerThread(build_app(tiny_engine, settings)) as s:
         page.goto(s.url + "/")
         page.wait_for_selector("#key-form:not([hidden])")
         page.fill("#api-key", "wrong")

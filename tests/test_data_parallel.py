@@ -3,14 +3,12 @@ endpoint with cache-aware routing; a replica killed is taken out, both killed gi
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
 from server_helpers import metric, wait_until
+from spawned import children, serve
 
 from ridgeline.router.launch import core_shares
 
@@ -23,41 +21,11 @@ def test_core_shares_split_the_cores():
     assert core_shares(3, [0, 1]) == [[], [], []]
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 @pytest.fixture
 def dp_server(tiny_llama):
-    proc = subprocess.Popen([sys.executable, "-m", "ridgeline.cli", "serve", str(tiny_llama), "--port", "0",
-                             "--data-parallel-size", "2", "--served-model-name", "tiny", "--dtype", "float32",
-                             "--kv-cache-memory", "2MiB", "--quiet"], stdout=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in proc.stdout:
-            m = re.search(r"at (http://\S+)/v1: 2 replicas", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, f"the server did not start (exit code {proc.poll()})"
-        yield proc, url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with serve([str(tiny_llama), "--port", "0", "--data-parallel-size", "2", "--served-model-name", "tiny",
+                "--dtype", "float32", "--kv-cache-memory", "2MiB", "--quiet"], r"at (http://\S+)/v1: 2 replicas") as got:
+        yield got
 
 
 def test_two_replicas_behind_one_endpoint(dp_server):
@@ -69,7 +37,7 @@ def test_two_replicas_behind_one_endpoint(dp_server):
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and list(health["replicas"].values()) == ["up", "up"]
     assert metric(url, "ridgeline_prefix_cache_hits_total") > 0, "cache-aware: later requests hit the first's blocks"
-    replicas = _children(proc.pid)
+    replicas = children(proc.pid)
     assert len(replicas) == 2
     os.kill(replicas[0], signal.SIGKILL)
     wait_until(lambda: "down" in " ".join(httpx.get(url + "/health").json()["replicas"].values()), "replica down")

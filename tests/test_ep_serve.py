@@ -18,6 +18,7 @@ import httpx
 import pytest
 from conftest import make_tiny_model
 from server_helpers import SAFETY_S, wait_until
+from spawned import children
 from test_server_cli import Served
 
 from ridgeline.distributed.group import free_port
@@ -126,11 +127,6 @@ def _in_flight(url: str) -> float:
                                                       re.M))
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(c) for c in f.read().split()]
-
-
 def test_torchrun_launch_serves_the_same_text(moe, reference):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "-m", "ridgeline.cli", "serve", str(moe), "--port", "0",
@@ -145,7 +141,7 @@ def test_torchrun_launch_serves_the_same_text(moe, reference):
                 break
         assert lines and lines[-1].startswith("serving"), "".join(lines)[-3000:]
         threading.Thread(target=proc.stdout.read, daemon=True).start()  # a full pipe would stall the ranks
-        ranks = _children(proc.pid)
+        ranks = children(proc.pid)
         assert len(ranks) == 2 and "rank 1/2: experts 3..5 of 6" in "".join(lines)
         url = lines[-1].split(" at ")[1].split("/v1")[0]
         body = {"model": "tiny", "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "prompt": PROMPTS[0]}

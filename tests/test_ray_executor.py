@@ -2,16 +2,14 @@
 loopback (`ray start --head`), placed by CPUs, behind the router. Slow: Ray's start takes ~10 s."""
 from __future__ import annotations
 
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import httpx
 import pytest
+from spawned import serve, stop
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'ridgeline[ray]')")
 pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")
@@ -43,40 +41,19 @@ def ray_head():
             pytest.fail(f"ray start exited with code {head.wait()}")
         yield f"127.0.0.1:{port}"
     finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
+        stop(head)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_replicas_as_ray_actors(ray_head, tiny_llama):
-    proc = subprocess.Popen([sys.executable, "-m", "ridgeline.cli", "serve", str(tiny_llama), "--port", "0",
-                             "--data-parallel-size", "2", "--executor", "ray", "--ray-address", ray_head,
-                             "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "2MiB",
-                             "--quiet"], stdout=subprocess.PIPE, text=True)
-    try:
-        url = None
-        for line in proc.stdout:
-            m = re.search(r"at (http://\S+)/v1: 2 replicas \(ray\)", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, f"the server did not start (exit code {proc.poll()})"
+    args = [str(tiny_llama), "--port", "0", "--data-parallel-size", "2", "--executor", "ray", "--ray-address",
+            ray_head, "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "2MiB", "--quiet"]
+    with serve(args, r"at (http://\S+)/v1: 2 replicas \(ray\)") as (proc, url):
         health = httpx.get(url + "/health").json()
         assert health["status"] == "ok" and list(health["replicas"].values()) == ["up", "up"]
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hello " * 10}], "max_tokens": 3}
         for _ in range(3):
             assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0
 
 
