@@ -14,6 +14,7 @@ import os
 import sys
 
 from ridgeline.bench.loadgen import LoadConfig, RequestSpec, arrival_times, send_one, summarize
+from ridgeline.engine.step_clock import format_breakdown
 
 
 def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -62,8 +63,29 @@ def _serve(model: str, extra: list[str], threads: int | None):
                 os.environ["OMP_NUM_THREADS"] = env_before
 
 
-def _row(name: str, s: dict) -> dict:
-    return {"deployment": name, "completed": s["completed"], "failed": s["failed"], "good": s["good_requests"],
+def _steps(url: str, path: str) -> dict:
+    """{engine name: its step-time counters} from a deployment's info route ({} if it does not answer)."""
+    import httpx
+
+    try:
+        info = httpx.get(url + path, timeout=180).json()
+    except (httpx.HTTPError, ValueError) as e:
+        print(f"no step counters from {url}{path}: {type(e).__name__} {e}", file=sys.stderr)
+        return {}
+    if "workers" not in info:
+        return {"replica": info["steps"]} if "steps" in info else {}
+    count: dict[str, int] = {}
+    out = {}
+    for w in info["workers"]:
+        if "steps" in w:
+            count[w["role"]] = count.get(w["role"], 0) + 1
+            out[f"{w['role']} worker {count[w['role']]}"] = w["steps"]
+    return out
+
+
+def _row(name: str, s: dict, steps: dict) -> dict:
+    return {"deployment": name, "steps": steps, "completed": s["completed"], "failed": s["failed"],
+            "good": s["good_requests"],
             "goodput_rps": s["goodput"], "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p90_s": s["ttft_s"]["p90"],
             "tpot_p50_s": s["tpot_s"]["p50"], "tpot_p90_s": s["tpot_s"]["p90"], "duration_s": s["duration_s"]}
 
@@ -86,10 +108,12 @@ def run_goodput(args: argparse.Namespace) -> dict:
     rows = []
     with _serve(args.model, engine + ["--disaggregate", "1P1D", "--kv-connector", args.kv_connector], None) as pd:
         results, duration = asyncio.run(_drive([pd.url], specs, times, cfg))
-    rows.append(_row(f"1P1D ({args.kv_connector})", summarize(results, duration, slo)))
+        steps = _steps(pd.url, "/disagg/workers")
+    rows.append(_row(f"1P1D ({args.kv_connector})", summarize(results, duration, slo), steps))
     with _serve(args.model, engine, half) as a, _serve(args.model, engine, half) as b:
         results, duration = asyncio.run(_drive([a.url, b.url], specs, times, cfg))
-    rows.append(_row("2 co-located replicas", summarize(results, duration, slo)))
+        steps = {f"replica {i + 1}": s for i, u in enumerate((a.url, b.url)) for s in _steps(u, "/info").values()}
+    rows.append(_row("2 co-located replicas", summarize(results, duration, slo), steps))
     load = os.getloadavg()[0]
     out = {"model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
            "num_requests": args.num_requests, "request_rate": args.request_rate, "ttft_slo_s": slo["ttft"],
@@ -109,4 +133,7 @@ def format_goodput(g: dict) -> str:
         lines.append(f"{r['deployment']:>24} {r['good']:>2}/{r['completed'] + r['failed']:<2} {r['goodput_rps']:>9.3f} "
                      f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p90_s']:>8.2f}s {r['tpot_p50_s'] * 1e3:>7.0f}ms "
                      f"{r['tpot_p90_s'] * 1e3:>7.0f}ms")
+    lines += ["where the time between steps went (each engine's step thread; a decode's TPOT is about one step):"]
+    for r in g["rows"]:
+        lines += ["  " + format_breakdown(f"{r['deployment']}, {name}", t) for name, t in r.get("steps", {}).items()]
     return "\n".join(lines)
