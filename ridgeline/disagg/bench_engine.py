@@ -58,4 +58,7 @@ def format_engine(m: dict) -> str:
     p, d = m["prefill"], m["decode"]
     return (f"engine on this machine ({m['model']}, {m['weights']} weights, {m['threads']} threads, best of "
             f"{m['reps']}): prefill {p['tokens']} tokens {p['wall_s'] * 1e3:.1f} ms ({p['tokens'] / p['wall_s']:.0f} "
-            f"tokens/s), decode step (batch {d['batch']}, context {d['context']}) {d['wall_s'] * 1e3:.2f} ms")
+            f"tokens/s), decode step (batch {d['batch']}, context {d['context']}) {d['wall_s'] * 1e3:.2f} ms; step "
+            f"thread CPU {p['cpu_s'] * 1e3:.1f} / {d['cpu_s'] * 1e3:.2f} ms"
+            + (" (far below the wall times: the machine is loaded, remeasure it idle)"
+               if p["cpu_s"] < 0.5 * p["wall_s"] or d["cpu_s"] < 0.5 * d["wall_s"] else ""))
