@@ -37,11 +37,14 @@ def test_measure_moves_every_configuration_between_processes():
 
 def test_bench_stores_the_profile_and_advise_reads_it(home, tiny_llama, capsys):
     rc = main(["bench", "disagg", "--model", str(tiny_llama), "--lengths", "16,64", "--reps", "1",
-               "--json", str(home / "out.json")])
+               "--prompt-len", "64", "--json", str(home / "out.json")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "us/token" in out and "load average" in out
+    assert "us/token" in out and "load average" in out and "engine on this machine" in out
     profile = transfer_profile.load()
+    engine = profile["engine"]  # the engine's own costs, for --simulate's efficiencies
+    assert engine["prefill"]["tokens"] == 64 and engine["decode"]["batch"] == 1
+    assert engine["prefill"]["wall_s"] > 0 and engine["decode"]["wall_s"] > 0 and engine["threads"] >= 1
     assert set(profile["transfer"]["connectors"]) == {"shm", "tcp"}
     assert json.loads((home / "out.json").read_text())["transfer"]["lengths"] == [16, 64]
     cost = transfer_profile.transfer_cost(profile, "bf16")

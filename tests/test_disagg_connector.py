@@ -178,3 +178,25 @@ def test_header_round_trip_and_registry():
     assert Header.decode(h.encode()) == h
     with pytest.raises(InvalidRequestError, match="tcp, shm"):
         create_connector("carrier-pigeon")
+
+
+def test_adoption_copies_a_bounded_number_of_tokens_per_step(trio, link, tiny_llama):
+    """A burst of arrivals is adopted over several steps (max_num_batched_tokens prompt tokens a step, one
+    payload at least), in order, with the co-located tokens."""
+    kv = {"bf16": "bfloat16"}.get(trio[1].kv_spec.format.name, trio[1].kv_spec.format.name)
+    decode = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB",
+                                                kv_cache_dtype=kv, max_num_batched_tokens=32, progress=False))
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # 24, 70 and 30 tokens: one payload a step under 32
+    for i, prompt in enumerate(prompts):
+        _prefill(trio, link, f"burst{i}", prompt, GREEDY).result(SAFETY_S)
+        decode.add(EngineRequest(f"burst{i}", prompt, GREEDY, kv=link[1].inbox.take(f"t-burst{i}", SAFETY_S)))
+    adopted = []
+    for _ in prompts:
+        decode.step()
+        adopted.append(decode.adoptions.stats.adopted)
+    assert adopted == [1, 2, 3]
+    got = {o.request_id: o.outputs[0].token_ids for o in _run(decode)}
+    for i, prompt in enumerate(prompts):
+        assert got[f"burst{i}"] == _colocated(trio[2], f"burst{i}", prompt, GREEDY)
+    decode.kv.check_integrity()
+    assert decode.kv.num_used_blocks == 0

@@ -65,8 +65,10 @@ def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
            "--dtype", "float32", "--kv-cache-memory", "2MiB", "--kv-cache-dtype", "int8", "--kv-connector", "shm"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url = None
+        url, cores = None, None
         for line in proc.stdout:  # the front prints its address once both workers are checked
+            if line.startswith("cores "):
+                cores = line
             if line.startswith("serving") and "disaggregated" in line:  # not a worker's own line
                 url = line.split(" at ")[1].split("/v1")[0]
                 break
@@ -84,6 +86,11 @@ def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
         assert got == want
         metrics = httpx.get(url + "/metrics").text
         assert 'ridgeline_disagg_transfers_total{status="sent"} 2' in metrics
+        assert cores is not None and "prefill 1" in cores and "decode 1" in cores
+        workers = {w["role"]: w for w in httpx.get(url + "/disagg/workers", timeout=SAFETY_S).json()["workers"]}
+        steps = workers["decode"]["steps"]  # each request: its adopted first token, then 5 decode steps
+        assert steps["intervals"] >= 2 * 4 and steps["prefill_intervals"] == 0 and steps["prompt_tokens"] == 0
+        assert steps["adopt_cpu_s"] > 0 and workers["decode"]["adopted"] == 2
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(SAFETY_S)

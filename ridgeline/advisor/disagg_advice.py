@@ -86,6 +86,7 @@ def run_disagg_extra(args, scenario) -> int:
 
 def simulate(args, s) -> int:
     from ridgeline.advisor.disagg_sim import Costs, load_trace, search
+    from ridgeline.advisor.engine_calibration import calibrated_platform
     from ridgeline.advisor.techniques import _slo_concurrency
 
     if not 0 < args.slo_attainment <= 1 or args.max_instances < 1:
@@ -100,26 +101,34 @@ def simulate(args, s) -> int:
         per_token, how = cost["per_token_s"], f"this machine's measured {cost['connector']} rate"
     else:
         raise AdvisorError(f"{s.hw.name} has no link and no transfer was measured: run `ridgeline bench disagg`")
-    costs = Costs(lambda p: prefill(s.pl, p).total, lambda b, c: decode_step(s.pl, b, c).total,
+    prompt = round(sum(r.prompt for r in trace) / len(trace))
+    context = prompt + sum(r.output for r in trace) / len(trace) / 2
+    pl, lines = calibrated_platform(s.pl, (tp.load() or {}).get("engine"), prompt, context)
+    costs = Costs(lambda p: prefill(pl, p).total, lambda b, c: decode_step(pl, b, c).total,
                   lambda p: fixed + per_token * p, max(1, int(min(_slo_concurrency(s), s.max_conc))))
     outcomes = search(trace, costs, s.layout.devices, args.max_instances)
     ttft, tpot = s.w.ttft_slo, s.w.tpot_slo
     print(f"trace {args.simulate}: {len(trace)} requests over {trace[-1].arrival:.1f}s; {s.hw.name}, each instance "
           f"{s.layout.describe()}; transfer {fmt_time(fixed)} + P x {fmt_time(per_token)} ({how}); SLO TTFT "
           f"{fmt_time(ttft)}, TPOT {fmt_time(tpot)}, attainment >= {args.slo_attainment:.0%}")
+    print("\n".join(lines))
     print(f"{'deployment':>14} {'devices':>7} {'TTFT p90':>10} {'TPOT p90':>10} {'good':>6}")
-    best = None
     for o in outcomes:
-        att = o.attainment(ttft, tpot)
-        print(f"{o.name:>14} {o.devices:>7} {fmt_time(_p90(o.ttft)):>10} {fmt_time(_p90(o.tpot)):>10} {att:>6.0%}")
-        if att >= args.slo_attainment and (best is None or (o.devices, -att) < (best[0].devices, -best[1])):
-            best = (o, att)
+        print(f"{o.name:>14} {o.devices:>7} {fmt_time(_p90(o.ttft)):>10} {fmt_time(_p90(o.tpot)):>10} "
+              f"{o.attainment(ttft, tpot):>6.0%}")
+    best = cheapest(outcomes, ttft, tpot, args.slo_attainment)
     if best is None:
         print(f"verdict: no configuration up to {args.max_instances} instances meets the SLOs")
     else:
-        print(f"verdict: {best[0].name} meets both SLOs ({best[1]:.0%} of requests) with the fewest devices, "
-              f"{best[0].devices}")
+        print(f"verdict: {best.name} meets both SLOs ({best.attainment(ttft, tpot):.0%} of requests) with the "
+              f"fewest devices, {best.devices}")
     return 0
+
+
+def cheapest(outcomes, ttft: float, tpot: float, attainment: float):
+    """The outcome meeting the SLOs with the fewest devices (the higher attainment among equals), or None."""
+    ok = [o for o in outcomes if o.attainment(ttft, tpot) >= attainment]
+    return min(ok, key=lambda o: (o.devices, -o.attainment(ttft, tpot))) if ok else None
 
 
 def _p90(xs: list[float]) -> float:

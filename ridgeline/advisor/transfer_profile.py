@@ -1,6 +1,6 @@
 """This machine's measured KV transfer cost (from `ridgeline bench disagg`), kept beside the other
 measured numbers of the local profile (the model cache dir's advisor/ folder), and the last measured
-1P1D vs co-located goodput. Torch-free."""
+1P1D vs co-located goodput and the engine's own prefill and decode-step cost. Torch-free."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,7 @@ def load() -> dict | None:
 
 
 def save(section: str, value: dict) -> Path:
-    """Store one section ("transfer" or "goodput") of the profile, keeping the other."""
+    """Store one section ("transfer", "engine" or "goodput") of the profile, keeping the others."""
     p = load() or {"version": VERSION}
     p[section] = {**value, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     path = profile_path()

@@ -7,7 +7,9 @@ prompt's logits); a payload that cannot be used is released and the request is c
 until the pool has room for its blocks (above the admission watermark, under max_num_seqs); then,
 before the step's plan is made, its blocks are allocated, the payload's bytes written into them,
 its prompt counted as computed (and its full blocks cached), and its first token appended as if
-this engine had sampled it. A seeded request's generator continues from the prefill's state, so
+this engine had sampled it. The copying is on the step thread, between two steps: it is bounded to
+max_num_batched_tokens prompt tokens a step (one payload at least), as a prefill chunk is, so a
+burst of arrivals spreads over steps instead of stalling the decodes in flight. A seeded request's generator continues from the prefill's state, so
 sampled output matches a co-located engine's too. The request then decodes as any other.
 """
 from __future__ import annotations
@@ -74,12 +76,16 @@ class Adoptions:
             self.drop(rid)
 
     def run(self) -> set[str]:
-        """Adopt pending requests in order while the pool has room; returns the groups that got a token."""
+        """Adopt pending requests in order while the pool has room and this step's copy budget lasts;
+        returns the groups that got a token."""
         eng = self.engine
         sched, kv = eng.scheduler, eng.kv
         touched: set[str] = set()
+        budget, copied = sched.config.max_num_batched_tokens, 0
         for rid, (req, payload) in list(self.pending.items()):
             n = payload.num_tokens
+            if touched and copied + n > budget:
+                break  # bounded per step like a prefill chunk; the rest wait for the next steps, in order
             room = len(sched.running) < sched.config.max_num_seqs
             if payload.released or not (room and kv.allocate(rid, n, reserve=sched.watermark)):
                 if sched.running and not payload.released:
@@ -90,6 +96,7 @@ class Adoptions:
                 sched.add(req)
                 continue
             del self.pending[rid]
+            copied += n
             try:
                 scatter(eng.runner.kv, kv.tables[rid][:kv.blocks_for(n)], payload.data)
                 self._restore_generator(req, payload)

@@ -1,5 +1,6 @@
 """`ridgeline bench disagg`: the KV transfer cost per token on this machine (connectors x KV formats x
-prompt lengths), stored in the local profile for `ridgeline advise disagg`; with --goodput, a 1P1D
+prompt lengths) and the engine's own prefill and decode-step cost, stored in the local profile for
+`ridgeline advise disagg`; with --goodput, a 1P1D
 deployment against 2 co-located replicas on long prompts under a TPOT SLO (disaggregation/goodput.py)."""
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
     p = bsub.add_parser("disagg", help="KV transfer cost per token (shm, tcp; bf16, int8), and 1P1D vs 2 "
                                        "co-located replicas' goodput",
                         description=__doc__)
-    p.add_argument("--model", default="smollm2-135m", help="the model whose KV shape is moved (its config only)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="the model whose KV shape is moved, and the engine measured and served (--goodput)")
     p.add_argument("--kv", type=_list(str), default=["bf16", "int8"], metavar="F,F",
                    help="KV formats: bf16 int8 fp8 int4 f32")
     p.add_argument("--connectors", type=_list(str), default=["shm", "tcp"], metavar="C,C", help="connectors")
@@ -34,6 +36,9 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
                    help="prompt lengths in tokens")
     p.add_argument("--reps", type=positive_int, default=5, help="timed transfers per configuration (median kept)")
     p.add_argument("--no-save", action="store_true", help="do not store the result in the local profile")
+    p.add_argument("--no-engine", dest="engine", action="store_false",
+                   help="skip measuring the engine's prefill (--prompt-len tokens) and decode step on --model, which "
+                        "`advise disagg --simulate` scales to a device table")
     p.add_argument("--json", default=None, type=output_file, metavar="FILE", help="also write the result as JSON (default: none)")
     g = p.add_argument_group("goodput (1P1D vs 2 co-located replicas)")
     g.add_argument("--goodput", action="store_true", help="run the serving comparison too (minutes)")
@@ -87,6 +92,12 @@ def cmd_bench_disagg(args: argparse.Namespace) -> int:
     if not args.no_save:
         print(f"stored in {transfer_profile.save('transfer', result)}")
     out = {"transfer": result}
+    if args.engine:
+        from ridgeline.disagg.bench_engine import format_engine, measure_engine
+        out["engine"] = measure_engine(args.model, args.prompt_len, kv_cache_dtype=args.kv_cache_dtype)
+        print(format_engine(out["engine"]), flush=True)
+        if not args.no_save:
+            transfer_profile.save("engine", out["engine"])
     if args.goodput:
         from ridgeline.disagg.goodput import run_goodput
         out["goodput"] = run_goodput(args)

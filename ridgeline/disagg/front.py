@@ -145,6 +145,18 @@ def build_front(front: Front) -> FastAPI:
                   for k in ("sent", "failed", "skipped", "rejected")]
         return PlainTextResponse("\n".join(lines) + "\n")
 
+    async def workers():
+        """Each worker's /disagg/info (role, transfers, where its time between steps goes), or its error."""
+        out = []
+        for w in front.prefill + front.decode:
+            try:
+                r = await front.http.get(w.url + "/disagg/info", timeout=60)
+                out.append({"url": w.url, **r.json()})
+            except (httpx.HTTPError, ValueError) as e:
+                out.append({"url": w.url, "role": w.info.get("role"), "error": type(e).__name__})
+        return JSONResponse({"workers": out})
+
+    app.add_api_route("/disagg/workers", workers, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])

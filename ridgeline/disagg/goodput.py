@@ -1,6 +1,7 @@
 """1P1D against 2 co-located replicas on this machine: the same long-prompt requests, the same arrival
-times, the same cores (each deployment runs two engine processes with cores / 2 threads each). A
-request is good when it meets both the TTFT and the TPOT SLO; goodput = good requests / s.
+times, the same cores (each deployment runs two engine processes, each pinned to its half of the
+cores with as many threads). A request is good when it meets both the TTFT and the TPOT SLO;
+goodput = good requests / s. Under the table, each engine's time between steps (engine/step_clock.py).
 
 Co-located replicas each take every other request (round robin) and run its prefill between their
 decode steps, so a prefill stalls the decodes in flight there (TPOT suffers); 1P1D runs every prefill
@@ -14,6 +15,8 @@ import os
 import sys
 
 from ridgeline.bench.loadgen import LoadConfig, RequestSpec, arrival_times, send_one, summarize
+from ridgeline.disagg.launch import placement
+from ridgeline.engine.step_clock import format_breakdown
 
 
 def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -62,8 +65,50 @@ def _serve(model: str, extra: list[str], threads: int | None):
                 os.environ["OMP_NUM_THREADS"] = env_before
 
 
-def _row(name: str, s: dict) -> dict:
-    return {"deployment": name, "completed": s["completed"], "failed": s["failed"], "good": s["good_requests"],
+def _pin(pid: int, cores: list[int]) -> None:
+    """Pin every thread of a started server to `cores` (threads it starts later inherit it); [] leaves it."""
+    if not cores:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that just ended
+            pass
+
+
+def _check_front(url: str) -> None:
+    import httpx
+
+    from ridgeline.errors import RidgelineError
+
+    if httpx.get(url + "/disagg/workers", timeout=180).status_code != 200:
+        raise RidgelineError(f"{url} is not a disaggregated front (no /disagg/workers): the 1P1D run would "
+                             "measure a single worker")
+
+
+def _steps(url: str, path: str) -> dict:
+    """{engine name: its step-time counters} from a deployment's info route ({} if it does not answer)."""
+    import httpx
+
+    try:
+        info = httpx.get(url + path, timeout=180).json()
+    except (httpx.HTTPError, ValueError) as e:
+        print(f"no step counters from {url}{path}: {type(e).__name__} {e}", file=sys.stderr)
+        return {}
+    if "workers" not in info:
+        return {"replica": info["steps"]} if "steps" in info else {}
+    count: dict[str, int] = {}
+    out = {}
+    for w in info["workers"]:
+        if "steps" in w:
+            count[w["role"]] = count.get(w["role"], 0) + 1
+            out[f"{w['role']} worker {count[w['role']]}"] = w["steps"]
+    return out
+
+
+def _row(name: str, s: dict, steps: dict) -> dict:
+    return {"deployment": name, "steps": steps, "completed": s["completed"], "failed": s["failed"],
+            "good": s["good_requests"],
             "goodput_rps": s["goodput"], "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p90_s": s["ttft_s"]["p90"],
             "tpot_p50_s": s["tpot_s"]["p50"], "tpot_p90_s": s["tpot_s"]["p90"], "duration_s": s["duration_s"]}
 
@@ -82,14 +127,19 @@ def run_goodput(args: argparse.Namespace) -> dict:
     cfg = LoadConfig("completions", "ids", "bench", args.output_len, timeout=1800.0)
     slo = {"ttft": args.ttft_slo_ms / 1e3, "tpot": args.tpot_slo_ms / 1e3}
     engine = ["--kv-cache-dtype", args.kv_cache_dtype, "--max-waiting", "4096"]
-    half = max(1, (os.cpu_count() or 2) // 2)
+    places = placement(2, True)  # the cores `serve --disaggregate 1P1D` gives its two workers
     rows = []
     with _serve(args.model, engine + ["--disaggregate", "1P1D", "--kv-connector", args.kv_connector], None) as pd:
+        _check_front(pd.url)
         results, duration = asyncio.run(_drive([pd.url], specs, times, cfg))
-    rows.append(_row(f"1P1D ({args.kv_connector})", summarize(results, duration, slo)))
-    with _serve(args.model, engine, half) as a, _serve(args.model, engine, half) as b:
+        steps = _steps(pd.url, "/disagg/workers")
+    rows.append(_row(f"1P1D ({args.kv_connector})", summarize(results, duration, slo), steps))
+    with _serve(args.model, engine, places[0][1]) as a, _serve(args.model, engine, places[1][1]) as b:
+        for server, (cores, _) in zip((a, b), places):
+            _pin(server.proc.pid, cores)
         results, duration = asyncio.run(_drive([a.url, b.url], specs, times, cfg))
-    rows.append(_row("2 co-located replicas", summarize(results, duration, slo)))
+        steps = {f"replica {i + 1}": s for i, u in enumerate((a.url, b.url)) for s in _steps(u, "/info").values()}
+    rows.append(_row("2 co-located replicas", summarize(results, duration, slo), steps))
     load = os.getloadavg()[0]
     out = {"model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
            "num_requests": args.num_requests, "request_rate": args.request_rate, "ttft_slo_s": slo["ttft"],
@@ -109,4 +159,7 @@ def format_goodput(g: dict) -> str:
         lines.append(f"{r['deployment']:>24} {r['good']:>2}/{r['completed'] + r['failed']:<2} {r['goodput_rps']:>9.3f} "
                      f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p90_s']:>8.2f}s {r['tpot_p50_s'] * 1e3:>7.0f}ms "
                      f"{r['tpot_p90_s'] * 1e3:>7.0f}ms")
+    lines += ["where the time between steps went (each engine's step thread; a decode's TPOT is about one step):"]
+    for r in g["rows"]:
+        lines += ["  " + format_breakdown(f"{r['deployment']}, {name}", t) for name, t in r.get("steps", {}).items()]
     return "\n".join(lines)

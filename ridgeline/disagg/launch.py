@@ -1,7 +1,11 @@
 """`ridgeline serve --disaggregate xPyD`: start x prefill and y decode worker processes on this
 machine (each `ridgeline serve --role ...` on a free local port, with the same model and engine
-flags and cores / (x + y) threads), wait until each answers /disagg/info, check them as a set,
-and serve the front on --host/--port until a signal; the workers end with it."""
+flags), wait until each answers /disagg/info, check them as a set, and serve the front on
+--host/--port until a signal; the workers end with it.
+
+Cores: each worker is pinned to its own contiguous share of this process's cores (as equal as they
+divide) with as many threads, so a prefill never takes a core from a decode step; with more workers
+than cores, or --no-pin-cores, they share them with cores / (x + y) threads each (at least 1)."""
 from __future__ import annotations
 
 import argparse
@@ -60,7 +64,30 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _spawn(model: str, flags: list[str], role: str, args, threads: int) -> tuple[subprocess.Popen, str]:
+def placement(n: int, pin: bool, cpus: list[int] | None = None) -> list[tuple[list[int], int]]:
+    """(cores to pin to, [] for none; threads) of each of n workers."""
+    from ridgeline.router.launch import core_shares
+
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    shares = core_shares(n, cpus) if pin else [[] for _ in range(n)]
+    return [(share, len(share) or max(1, len(cpus) // n)) for share in shares]
+
+
+def describe_placement(x: int, places: list[tuple[list[int], int]], pin: bool) -> str:
+    if not places[0][0]:
+        why = "--no-pin-cores" if not pin else f"{len(places)} workers, fewer cores"
+        return f"cores     not pinned ({why}): the workers share the cores, {places[0][1]} thread(s) each"
+    names = [f"prefill {i + 1}" for i in range(x)] + [f"decode {i + 1}" for i in range(len(places) - x)]
+    return "cores     " + "; ".join(f"{n}: cpu {_ranges(cores)}, {t} thread{'s' if t > 1 else ''}"
+                                    for n, (cores, t) in zip(names, places))
+
+
+def _ranges(cores: list[int]) -> str:
+    return f"{cores[0]}" if len(cores) == 1 else f"{cores[0]}-{cores[-1]}" if cores == list(
+        range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
+
+
+def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int]) -> tuple[subprocess.Popen, str]:
     port = _free_port("127.0.0.1")
     argv = [sys.executable, "-m", "ridgeline.cli", "serve", model, *flags, "--role", role, "--host", "127.0.0.1",
             "--port", str(port), "--kv-connector", args.kv_connector,
@@ -68,8 +95,10 @@ def _spawn(model: str, flags: list[str], role: str, args, threads: int) -> tuple
     for flag, value in (("--served-model-name", args.served_model_name), ("--api-key", args.api_key)):
         if value:
             argv += [flag, value]
+    cores, threads = place
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    return subprocess.Popen(argv, env=env), f"http://127.0.0.1:{port}"
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # in the child, before it starts a thread
+    return subprocess.Popen(argv, env=env, preexec_fn=pin), f"http://127.0.0.1:{port}"
 
 
 def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float) -> list[dict]:
@@ -138,10 +167,11 @@ def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
 
     x, y = parse_xpyd(args.disaggregate)
     sock = bind(args.host, args.port)  # before starting anything: a busy port fails at once
-    threads = max(1, (os.cpu_count() or 1) // (x + y))
+    pin = getattr(args, "pin_cores", True)
+    places = placement(x + y, pin)
+    print(describe_placement(x, places, pin), flush=True)
     flags = engine_flags(parser, args)
-    procs = [_spawn(model, flags, "prefill", args, threads) for _ in range(x)]
-    procs += [_spawn(model, flags, "decode", args, threads) for _ in range(y)]
+    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place) for i, place in enumerate(places)]
     try:
         infos = _wait_ready(procs, args.worker_start_timeout)
         workers = [Worker(url, info) for (_, url), info in zip(procs, infos)]

@@ -49,7 +49,8 @@ class DisaggWorker:
                 "fingerprint": state.system_fingerprint, "kv_spec": spec_key(self.engine.kv_spec),
                 "connector": self.connector.name, "address": self.connector.address,
                 "max_model_len": self.engine.max_model_len, "transfers": dict(self.counts),
-                "adopted": self.engine.adoptions.stats.adopted, "recomputed": self.engine.adoptions.stats.recomputed}
+                "adopted": self.engine.adoptions.stats.adopted, "recomputed": self.engine.adoptions.stats.recomputed,
+                "steps": self.engine.step_clock.summary()}
 
     async def attach(self, requests: list[EngineRequest]) -> list[EngineRequest]:
         """Decode role, on an OpenAI route: the transferred payload for this HTTP request, if any."""

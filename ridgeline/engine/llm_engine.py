@@ -19,6 +19,7 @@ from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
 from ridgeline.engine.scheduler import Scheduler
+from ridgeline.engine.step_clock import StepClock
 from ridgeline.engine.speculation import Speculation
 from ridgeline.engine.tier_steps import drop_tier, observe_step
 from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
@@ -174,6 +175,7 @@ class LLMEngine:
         # hook a prefill worker sets to ship a request's prompt KV when its first token is sampled
         self.adoptions = Adoptions(self)
         self.kv_export = None  # (request, first token) -> None, on the step thread, blocks still held
+        self.step_clock = StepClock()  # where the time between busy steps goes (engine/step_clock.py)
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
@@ -346,12 +348,19 @@ class LLMEngine:
         """Run one step. Returns a delta (RequestOutput) for every request that changed: new token ids,
         text and logprobs since its last output; with emit_unfinished=False only for requests that
         finished (whole, if never emitted before)."""
-        adopted = self.adoptions.run() if self.adoptions.pending else ()
+        clock = self.step_clock
+        clock.begin()
+        adopted = ()
+        if self.adoptions.pending:
+            clock.mark()
+            adopted = self.adoptions.run()
+            clock.adopted()
         spec = self.spec
         if spec is not None:
             spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         t0 = time.perf_counter()
+        clock.mark()
         try:
             result = self.runner.execute(plan, spec.drafts if spec is not None else None)
         except KVStoreError as e:
@@ -361,6 +370,7 @@ class LLMEngine:
             if self.group is not None:  # another rank is gone or a collective broke: nothing can step again
                 raise self.group.failure(e) from e
             raise
+        clock.forwarded(plan)
         observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
@@ -402,6 +412,7 @@ class LLMEngine:
                 del self.groups[gid]
                 for r in group.members:
                     self.requests.pop(r.request_id, None)
+        clock.end(bool(self.groups))
         return outputs
 
     def _lose_tier(self, plan, error: KVStoreError) -> None:

@@ -185,11 +185,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         worker = DisaggWorker(args.role, engine, connector, args.kv_transfer_timeout)
         install(app, worker)
     print(engine.info.summary(), flush=True)
-    print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
-          "Ctrl-C drains and stops", flush=True)
-    if worker is not None:
+    if worker is None:
+        print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
+              "Ctrl-C drains and stops", flush=True)
+    else:  # not "serving": what parses that line (a benchmark, a script) must find the front's, not a worker's
         where = f" at {worker.connector.address}" if args.role == "decode" else ""
-        print(f"role      {args.role} worker, KV connector {args.kv_connector}{where}", flush=True)
+        print(f"worker    {args.role} worker for `{name}` at {url_of(sock)}/v1 "
+              f"(auth {'on' if args.api_key else 'off'}); KV connector {args.kv_connector}{where}; "
+              "Ctrl-C drains and stops", flush=True)
     if args.console:
         print(f"console   {url_of(sock)}/", flush=True)
     try:

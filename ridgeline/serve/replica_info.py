@@ -1,5 +1,5 @@
 """What a router needs from a replica besides the OpenAI routes: GET /info (model identity, block
-size, where its KV events are published) and, with --kv-events-endpoint, the KV event publisher and
+size, where its KV events are published, and where its time between steps goes: engine/step_clock.py) and, with --kv-events-endpoint, the KV event publisher and
 GET /kv_events/snapshot."""
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def install_replica_routes(app: FastAPI) -> None:
             "model": state.settings.served_model_name, "model_path": str(engine.info.model_folder),
             "block_size": engine.info.block_size, "max_model_len": engine.max_model_len,
             "prefix_caching": engine.kv.cache is not None, "version": __version__,
-            "kv_events_endpoint": publisher.endpoint if publisher is not None else None})
+            "kv_events_endpoint": publisher.endpoint if publisher is not None else None,
+            "steps": engine.step_clock.summary()})
 
     async def snapshot(request: Request):
         publisher = request.app.state.ridgeline.kv_events
