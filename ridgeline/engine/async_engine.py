@@ -328,7 +328,8 @@ class AsyncEngine:
                            kv.stats.evictions, spec, tier and tier.name, tier and replace(tier.stats),
                            tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens,
                            (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0),
-                           (sched.peak_running, sched.peak_running_before_preemption, sched.running_at_first_preemption))
+                           (sched.peak_running, sched.peak_running_before_preemption,
+                            sched.running_at_first_preemption))
 
 
 def build_off_main_thread(factory):
