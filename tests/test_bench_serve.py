@@ -136,6 +136,8 @@ def test_bench_serve_starts_its_own_server(tiny_llama, tok, tmp_path, capsys):
     assert r["load"] == {**r["load"], "concurrency": 3, "arrivals": "all at once"}
     pc = r["prefix_cache"]  # the scrape worked: the tokens looked up are the prompts sent
     assert pc is not None and pc["queries"] == s["prompt_tokens"] and 0 <= pc["hit_rate"] <= 1
+    conc = r["kv_concurrency"]  # the server's requests holding KV blocks (the warm-up's included)
+    assert conc is not None and 1 <= conc["max_running_since_start"] <= 3
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 

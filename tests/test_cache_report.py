@@ -66,3 +66,11 @@ def test_cache_report_cli_on_a_jsonl_log(tiny_llama, tmp_path, capsys):
     assert main(["cache-report", str(log), "--model", str(tiny_llama), "--kv-tokens", "32",
                  "--offload-tokens", "1k"]) == 0
     assert "from the offload tier" in capsys.readouterr().out
+
+
+def test_simulated_offload_tier_counts_hits_loads_and_stores():
+    a, b = list(range(1, 65)), list(range(100, 164))  # 4 blocks each; the cache holds 4
+    sim = simulate([a, b, a], 16, 64, tier_tokens=1024)
+    assert sim.tier_stores == 8  # a's blocks, evicted for b's, then b's for a's again
+    # a's first 3 blocks come back (a match leaves the prompt's last token to compute)
+    assert (sim.tier_loads, sim.tier_hit_tokens, sim.hit_tokens) == (3, 48, 48)

@@ -58,6 +58,22 @@ def test_totals_and_divergence():
     assert tokens_before_divergence([], [5]) == 0
 
 
+def test_agreement_by_position_in_the_window():
+    t = Totals()
+    ref = list(range(1100))
+    t.add_agreement(ref, ref[:1024] + [-1] * 76)  # every top-1 from position 1,024 on differs
+    t.add_agreement(ref[:200], ref[:128] + [-1] * 72)  # a second window, shorter, differing from 128 on
+    assert t.agreement_by_position == {"0-128": 1.0, "128-1024": (896 + 0) / (896 + 72), "1024-2048": 0.0}
+    assert t.agreement == (1024 + 128) / 1300
+    torch.manual_seed(0)
+    logits = torch.randn(130, 8)
+    other = logits.clone()
+    other[129] = -logits[129]  # the last row's top-1 moves
+    t = Totals()
+    t.add_comparison(logits, other)
+    assert t.agreement_by_position == {"0-128": 1.0, "128-1024": 0.5}
+
+
 def test_prompt_logits_match_prompt_logprobs_and_free_their_blocks(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="4MiB", progress=False)
     ids = [5, 9, 33, 120, 7, 7, 8, 200, 3, 17, 40]
@@ -145,10 +161,12 @@ def test_eval_command_prints_table_ranking_and_json(tiny_llama, tmp_path, capsys
     text = capsys.readouterr().out
     assert "none (reference)" in text and "int8: all linear layers" in text
     assert "sensitivity ranking" in text and "LM head" in text
+    assert "top-1 agreement by position  KV cache int8: 0-128 " in text
     payload = json.loads(out.read_text())
     assert payload["windows"] == 2 and payload["tokens"] == 64
     assert len(payload["results"]) == 8 and len(payload["ranking"]) == 8  # 7 weight settings + the KV cache
     assert "KV cache int8" in payload["ranking"]
+    assert all(set(r["top1_agreement_by_position"]) == {"0-128"} for r in payload["results"])  # 32-token windows
     kls = [r["mean_kl"] for r in payload["results"]]
     ranked = [next(r for r in payload["results"] if r["name"] == n)["mean_kl"] for n in payload["ranking"]]
     assert ranked == sorted(kls, reverse=True)

@@ -102,3 +102,25 @@ def test_n_greater_than_one_children_share_prompt_blocks():
     assert kv.ref_counts[kv.tables["p"][0]] == 2
     assert child.num_cached_tokens == 8
     kv.check_integrity()
+
+
+def test_concurrency_peak_and_at_the_first_preemption():
+    kv = KVCacheManager(9, 4)  # 8 usable blocks
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=8), kv)
+    s.watermark = 0
+    reqs = [req(r, 8) for r in "abcd"]  # 2 blocks each: all four fill the pool
+    for r in reqs:
+        s.add(r)
+    run_step(s)
+    assert (s.peak_running, s.peak_running_before_preemption, s.running_at_first_preemption) == (4, 4, 0)
+    run_step(s)  # each needs a 3rd block: d is preempted with four holding blocks (a and b take its two,
+    assert s.num_preemptions == 2 and reqs[3].status == reqs[2].status == Status.WAITING  # then c yields)
+    assert (s.peak_running, s.peak_running_before_preemption, s.running_at_first_preemption) == (4, 4, 4)
+    for r in list(s.running):
+        s.finish(r, Status.FINISHED_LENGTH)
+    s.finish(reqs[3], Status.FINISHED_LENGTH)
+    for i in range(6):  # one block each: six at once, after the first preemption
+        s.add(req(f"e{i}", 2, max_tokens=1))
+    run_step(s)
+    assert len(s.running) == 6 and s.peak_running == 6
+    assert (s.peak_running_before_preemption, s.running_at_first_preemption) == (4, 4)  # frozen at the first

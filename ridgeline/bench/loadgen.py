@@ -356,3 +356,22 @@ def prefix_cache_delta(before: dict[str, float] | None, after: dict[str, float] 
         if a is not None and b is not None:  # a second KV tier (ridgeline --kv-offload)
             d[key] = b - a
     return d
+
+
+def preemption_concurrency(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """The server's concurrency in KV terms (requests holding KV blocks) over the run: the most at once before
+    its first preemption, how many held blocks at it, and the most since the server started. None when the
+    server has no such gauges (only Ridgeline's). The first preemption's numbers belong to this run only when
+    the server had not preempted before it (`first_preemption_in_run`); with none in the run they are None."""
+    if not before or not after:
+        return None
+    peak = _find(after, "num_requests_running_max")
+    p0, p1 = _find(before, "num_preemptions"), _find(after, "num_preemptions")
+    if peak is None or p0 is None or p1 is None:
+        return None
+    in_run = p0 == 0 and p1 > 0
+    return {"preemptions": p1 - p0, "first_preemption_in_run": in_run, "preempted_before_run": p0 > 0,
+            "max_running_before_first_preemption": _find(after, "num_requests_running_max_before_preemption")
+            if in_run else None,
+            "running_at_first_preemption": _find(after, "num_requests_running_at_first_preemption") if in_run else None,
+            "max_running_since_start": peak}

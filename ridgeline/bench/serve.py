@@ -10,7 +10,9 @@ is greedy with `ignore_eos` and `max_tokens = --output-len`, streamed.
 Reported (client side, from each request's send): TTFT, TPOT = (e2e - TTFT) / (output tokens - 1),
 inter-token latency (gaps between streamed chunks), e2e latency (mean, p50, p90, p99), request and token
 throughput over the run, failed requests, goodput (requests/s meeting every SLO given), and the server's
-prefix-cache hit rate over the run when its /metrics has prefix_cache_queries/hits counters.
+prefix-cache hit rate over the run when its /metrics has prefix_cache_queries/hits counters; from a
+Ridgeline server also the concurrency before its first preemption (the most requests holding KV blocks
+at once until then, and how many held them at it).
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-from ridgeline.bench.loadgen import LoadConfig, RequestSpec, parse_prometheus, prefix_cache_delta, summarize
+from ridgeline.bench.loadgen import (LoadConfig, RequestSpec, parse_prometheus, preemption_concurrency,
+                                     prefix_cache_delta, summarize)
 from ridgeline.cli_parser import non_negative_int, output_file, positive_float, positive_float_or_inf, positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
 
@@ -293,6 +296,7 @@ def format_report(s: dict, meta: dict) -> str:
             swaps = f", {pc['swaps_out']:.0f} swapped out" if pc.get("swaps_out") is not None else ""
             redo = f", {pc['recomputed_tokens']:.0f} tokens recomputed" if pc.get("recomputed_tokens") is not None else ""
             out.append(line("Preemptions (server /metrics):", f"{pc['preemptions']:.0f}{swaps}{redo}"))
+    out += _concurrency_lines(meta.get("kv_concurrency"), line)
     if s["cached_prompt_tokens"] is not None and s["prompt_tokens"]:
         out.append(line("Cached prompt tokens (usage):", f"{s['cached_prompt_tokens']} "
                                                          f"({s['cached_prompt_tokens'] / s['prompt_tokens']:.1%})"))
@@ -305,6 +309,20 @@ def format_report(s: dict, meta: dict) -> str:
     for e in s["errors"]:
         out.append(f"failed x{e['count']}: {e['error']}")
     return "\n".join(out)
+
+
+def _concurrency_lines(c: dict | None, line) -> list[str]:
+    """The server's requests holding KV blocks: the most before the first preemption, and at it."""
+    if c is None:
+        return []
+    if c["first_preemption_in_run"]:
+        return [line("Concurrency before first preemption (server):",
+                     f"{c['max_running_before_first_preemption']:.0f} requests holding KV at most "
+                     f"({c['running_at_first_preemption']:.0f} at the preemption)")]
+    if c["preempted_before_run"]:
+        return [line("Concurrency before first preemption (server):", "- (the server preempted before the run)")]
+    return [line("Concurrency, no preemption (server):",
+                 f"at most {c['max_running_since_start']:.0f} requests holding KV (since the server started)")]
 
 
 def _finite(x):
@@ -397,6 +415,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     slo = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "e2e": args.slo_e2e}
     s = summarize(results, duration, slo)
     pc = prefix_cache_delta(before, after)
+    conc = preemption_concurrency(before, after)
     if args.request_rate == math.inf:
         load_desc = f"concurrency {args.concurrency}" if args.concurrency else "all requests at once"
     else:
@@ -404,7 +423,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         if args.concurrency:
             load_desc += f", at most {args.concurrency} in flight"
     meta = {"server_desc": server_desc, "model": model, "workload_desc": workload_desc, "load_desc": load_desc,
-            "prefix_cache": pc}
+            "prefix_cache": pc, "kv_concurrency": conc}
     print()
     print(format_report(s, meta))
     ok = [r for r in results if r.ok]
@@ -434,7 +453,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
                      "arrivals": "all at once" if math.isinf(args.request_rate) else "poisson",
                      "request_timeout_s": args.request_timeout, "stream_usage": not args.no_stream_usage,
                      "extra_body": extra_body},
-            "summary": s, "prefix_cache": pc, "requests": [r.to_dict() for r in results], "wall_s": wall}))
+            "summary": s, "prefix_cache": pc, "kv_concurrency": conc,
+            "requests": [r.to_dict() for r in results], "wall_s": wall}))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         from ridgeline.bench.plot import plot_latency

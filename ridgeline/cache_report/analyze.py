@@ -50,6 +50,8 @@ class SimResult:
     too_long: int = 0  # prompts larger than the whole capacity (not simulated)
     tier_capacity_tokens: int = 0  # the second KV tier's capacity (0: none)
     tier_hit_tokens: int = 0  # of hit_tokens, those the second tier held
+    tier_loads: int = 0  # blocks loaded back from the second tier
+    tier_stores: int = 0  # blocks written to it (evicted from the cache)
 
     @property
     def hit_rate(self) -> float:
@@ -84,7 +86,8 @@ def simulate(prompts: Sequence[Sequence[int]], block_size: int, capacity_tokens:
         res.requests += 1
         res.prompt_tokens += len(ids)
     res.hit_tokens, res.evictions = kv.stats.hits, kv.stats.evictions
-    res.tier_hit_tokens = tier.stats.hits if tier else 0
+    if tier is not None:
+        res.tier_hit_tokens, res.tier_loads, res.tier_stores = tier.stats.hits, tier.stats.loads, tier.stats.stores
     return res
 
 

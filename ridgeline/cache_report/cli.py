@@ -111,15 +111,16 @@ def format_report(r: dict, bounded: bool) -> str:
     lines += [f"prefix-share fraction f = {r['share_fraction']:.1%}  (prompt tokens in full blocks an earlier "
               "request already had: an unbounded cache's hit rate)", "",
               f"{'KV capacity':>14}  {'hit rate':>8}  {'prefill tokens saved':>20}  {'evictions':>9}  too long"
-              + (f"  {'from the offload tier':>21}" if tier else "")]
+              + (f"  {'from the offload tier':>21}  {'tier loads/stores':>17}" if tier else "")]
     for s in r["simulations"]:
         cap = f"{s['capacity_tokens']:,} tok" if bounded else "unbounded"
         rate = s["hit_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0
         lines.append(f"{cap:>14}  {rate:>8.1%}  {s['hit_tokens']:>20,}  {s['evictions']:>9,}  {s['too_long']:>8}"
-                     + (f"  {s['tier_hit_tokens']:>21,}" if tier else ""))
+                     + (f"  {s['tier_hit_tokens']:>21,}  {s['tier_loads']:>8,}/{s['tier_stores']:<8,}" if tier else ""))
     if tier:
         lines.append(f"(the offload tier holds {r['simulations'][0]['tier_capacity_tokens']:,} tokens behind each "
-                     "capacity; its hits are in the hit rate too)")
+                     "capacity; its hits are in the hit rate too; loads and stores in blocks, each the KV "
+                     "bytes per block that start-up prints)")
     lines.append(f"(arrival order, {r['concurrency']} request(s) holding blocks at once; prompts only: "
                  "replies resent in later turns would add hits)")
     if r["groups"]:

@@ -59,6 +59,8 @@ class EngineStats:
     kv_tier_block_bytes: int = 0
     num_recomputed_tokens: int = 0  # computed tokens preemption dropped and readmission computed again
     kv_tier_slots: tuple[int, int, int] = (0, 0, 0)  # the second tier's slots: total, cached, free
+    # (most requests holding KV blocks at once, the most before the first preemption, how many held blocks at it)
+    running_peaks: tuple[int, int, int] = (0, 0, 0)
 
 
 class RequestStream:
@@ -320,12 +322,14 @@ class AsyncEngine:
     def _snapshot(self) -> EngineStats:
         kv = self.engine.kv
         spec = self.engine.spec_stats.copy() if self.engine.proposer is not None else None
-        tier = kv.tier
+        tier, sched = kv.tier, self.engine.scheduler
         return EngineStats(kv.num_used_blocks, kv.num_usable_blocks, self.engine.scheduler.num_preemptions,
                            len(kv.free_ids), kv.num_cached_blocks, kv.stats.queries, kv.stats.hits,
                            kv.stats.evictions, spec, tier and tier.name, tier and replace(tier.stats),
                            tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens,
-                           (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0))
+                           (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0),
+                           (sched.peak_running, sched.peak_running_before_preemption,
+                            sched.running_at_first_preemption))
 
 
 def build_off_main_thread(factory):

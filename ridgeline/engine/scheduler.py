@@ -34,6 +34,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens preemption threw away and readmission computed again
+        # concurrency in KV terms: requests holding blocks (running), the most at once, and at the first preemption
+        self.peak_running = 0  # after each plan's admissions, since start
+        self.peak_running_before_preemption = 0  # peak_running until the first preemption, then frozen
+        self.running_at_first_preemption = 0  # len(running) then, the preempted request included; 0 until one
         self._dropped: dict[str, int] = {}  # preempted to recompute: request id -> computed tokens dropped
         self._finished_ids: list[str] = []
         self._last: list[tuple[Request, int, int]] = []  # last plan: (request, tokens scheduled, of them proposals)
@@ -60,6 +64,8 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
 
     def _preempt(self, req: Request) -> None:
+        if self.num_preemptions == 0:
+            self.running_at_first_preemption = len(self.running)
         self.running.remove(req)
         if not self._swap_out(req):
             self._dropped[req.request_id] = req.num_computed_tokens
@@ -109,6 +115,9 @@ class Scheduler:
                 budget -= n
         if not preempted:
             budget = self._admit(scheduled, budget)
+            self.peak_running = max(self.peak_running, len(self.running))
+            if not self.num_preemptions:
+                self.peak_running_before_preemption = self.peak_running
         plan.seqs = self._build(scheduled)
         if self.kv.tier is not None:
             plan.kv_copies = self.kv.tier.drain()

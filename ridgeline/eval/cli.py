@@ -148,6 +148,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"{args.gen_tokens} greedy tokens; reference {ref.weight_formats}", file=sys.stderr)
     results = [ev.measure(s) for s in settings]
     print(report.table(ref, results))
+    for line in report.position_lines(results):
+        print(line)
     for line in report.memory_lines(results, args.window):
         print(line)
     ranked = ranking(results) if args.sweep else []

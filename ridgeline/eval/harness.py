@@ -53,6 +53,7 @@ class Result:
     seconds: float
     component: str | None = None
     kv_tokens: int | None = None  # KV eviction: tokens of KV a request holds at most (None: all of them)
+    agreement_by_position: dict[str, float] | None = None  # Totals.agreement_by_position; None for the reference
 
     @property
     def mean_divergence(self) -> float:
@@ -69,7 +70,7 @@ class Result:
                 "perplexity": self.perplexity, "top1_agreement": self.agreement, "mean_kl": self.kl,
                 "tokens_before_divergence": self.divergence, "mean_tokens_before_divergence": self.mean_divergence,
                 "identical_generations": self.identical, "gen_tokens": self.gen_tokens, "seconds": self.seconds,
-                "kv_tokens_per_request": self.kv_tokens}
+                "kv_tokens_per_request": self.kv_tokens, "top1_agreement_by_position": self.agreement_by_position}
 
 
 def reference_options(options: dict) -> dict:
@@ -128,7 +129,7 @@ class Evaluator:
             return Result(setting.name, setting.options, info.weight_formats, info.weight_bytes, totals.perplexity,
                           totals.agreement, None if evicting else totals.mean_kl, div, self.gen_tokens,
                           time.perf_counter() - t0, setting.component,
-                          info.tokens_per_request if evicting else None)
+                          info.tokens_per_request if evicting else None, totals.agreement_by_position)
         finally:
             del llm
             gc.collect()

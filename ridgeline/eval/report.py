@@ -23,6 +23,16 @@ def table(ref: Result, results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def position_lines(results: list[Result]) -> list[str]:
+    """Top-1 agreement by window position (positions 0-127, 128-1023, ...): does error compound with depth?"""
+    lines = []
+    for r in results:
+        if r.agreement_by_position:
+            spans = ", ".join(f"{span} {a:.4f}" for span, a in r.agreement_by_position.items())
+            lines.append(f"top-1 agreement by position  {r.name}: {spans}")
+    return lines
+
+
 def memory_lines(results: list[Result], window: int) -> list[str]:
     """The KV memory a request holds under each eviction setting, against the window's whole context."""
     lines = []

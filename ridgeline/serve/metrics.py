@@ -133,6 +133,14 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("ridgeline_kv_cache_blocks_total", "KV cache blocks", value=s.kv_blocks_total)
         yield CounterMetricFamily("ridgeline_num_preemptions", "Requests preempted for KV blocks",
                                   value=s.num_preemptions)
+        peak, before, at_first = s.running_peaks
+        yield GaugeMetricFamily("ridgeline_num_requests_running_max", "Most requests holding KV blocks at once "
+                                "since start", value=peak)
+        yield GaugeMetricFamily("ridgeline_num_requests_running_max_before_preemption", "Most requests holding KV "
+                                "blocks at once before the first preemption (then frozen)", value=before)
+        yield GaugeMetricFamily("ridgeline_num_requests_running_at_first_preemption", "Requests holding KV blocks "
+                                "when the first preemption happened, the preempted one included (0: none yet)",
+                                value=at_first)
         yield CounterMetricFamily("ridgeline_recomputed_tokens", "Computed tokens that preemption dropped and "
                                   "readmission computed again (not swapped, not found in the prefix cache)",
                                   value=s.num_recomputed_tokens)
