@@ -3,7 +3,7 @@
  * in turn as a decode step walks its layers (so a layer's KV is not still cached from its last call).
  * Build and run (KERNEL: the kernel source to time, default the checkout's):
  *   gcc -O3 -march=native -fopenmp -ffast-math -fno-finite-math-only scripts/paged_decode_bench.c -o /tmp/pdb -lm
- *   /tmp/pdb [keys=6000] [format: bf16|int8] [layers=30] [rounds=5]
+ *   /tmp/pdb [keys=6000] [format: bf16|int8] [layers=30] [rounds=5] [kernel: time the kernel alone]
  * Prints per layer: the kernel's us, the plain read's us (no software prefetch, and 4 blocks ahead). */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -58,6 +58,7 @@ static __attribute__((noinline)) __m512i stream(const char *k, const char *v, co
 int main(int argc, char **argv) {
     const int64_t n = argc > 1 ? atoll(argv[1]) : 6000, L = argc > 3 ? atoll(argv[3]) : 30;
     const int i8 = argc > 2 && !strcmp(argv[2], "int8"), rounds = argc > 4 ? atoi(argv[4]) : 5;
+    const int ways = argc > 5 && !strcmp(argv[5], "kernel") ? 1 : 3;
     const int64_t H = 9, Hkv = 3, D = 64, bs = 16, nb = (n - 1) / bs + 1, NB = nb + 1;
     const int fmt = i8 ? KV_I8 : KV_BF16, vb = i8 ? D : 2 * D;
     const int64_t blk = bs * Hkv * vb, sblk = i8 ? bs * Hkv * 2 : 0;
@@ -81,7 +82,7 @@ int main(int argc, char **argv) {
     double best[3] = {1e9, 1e9, 1e9};
     volatile int sink = 0;
     for (int r = 0; r < rounds; r++)
-        for (int which = 0; which < 3; which++) {
+        for (int which = 0; which < ways; which++) {
             const double t0 = cpu_s();
             for (int64_t l = 0; l < L; l++) {
                 if (which == 0)

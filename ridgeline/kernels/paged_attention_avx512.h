@@ -75,7 +75,7 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
     QV_T *qp = (QV_T *)qbuf;
     for (int64_t i = 0; i < heads * nd; i++) Q_PREP(qp + i, q + QK_W * i);
     const __m512 vscale = _mm512_set1_ps(s->scale_qk);
-    pf_cursor pf = {0, 0};
+    pf_cursor pf = pf_start(s, r);
     pf_advance(s, r, &pf, PF_BYTES);
     for (int64_t pos = lo, cnt; pos < hi; pos += cnt) {
         cnt = chunk_len(pos, hi, bs);

@@ -28,32 +28,40 @@ static inline void prefetch_bytes(const char *p, int64_t bytes) {
 #ifndef PF_BYTES
 #define PF_BYTES 8192
 #endif
-#ifndef PF_STEP
-#define PF_STEP 64
-#endif
 typedef struct {
-    int64_t idx, off; /* block idx of the stream, byte offset in the task's part of it */
+    int64_t idx, off; /* block idx of the stream, byte offset in the task's part of that block */
+    int64_t b0, nb, next0; /* the split's first block and block count, the next split's first block */
 } pf_cursor;
 
-/* prefetch the next `bytes` of the stream after the cursor and move it past them */
+static inline pf_cursor pf_start(const att_src *s, const att_range *r) {
+    const int64_t b0 = r->lo / s->bs;
+    return (pf_cursor){0, 0, b0, (r->hi - 1) / s->bs + 1 - b0, r->hi / s->bs};
+}
+
+/* prefetch the next `bytes` of the stream after the cursor and move it past them (no division on
+ * the way when the task reads whole positions, as decode tasks do) */
 static inline void pf_advance(const att_src *s, const att_range *r, pf_cursor *c, int64_t bytes) {
-    const int64_t b0 = r->lo / s->bs, nb = (r->hi - 1) / s->bs + 1 - b0, heads = r->h1 - r->h0;
+    const int64_t heads = r->h1 - r->h0;
     while (bytes > 0) {
-        const int w = c->idx >= nb && c->idx < 2 * nb;
-        const int64_t blk = c->idx < nb ? b0 + c->idx : w ? b0 + c->idx - nb : r->hi / s->bs + c->idx - 2 * nb;
+        const int w = c->idx >= c->nb && c->idx < 2 * c->nb;
+        const int64_t blk = c->idx < c->nb ? c->b0 + c->idx : w ? c->b0 + c->idx - c->nb : c->next0 + c->idx - 2 * c->nb;
         if (blk > r->end_blk) return;
         const int64_t vb = s->vb[w], row = heads * vb, size = s->bs * row, slot = r->table[blk] * s->bs;
         const char *base = s->data[w] + (slot * s->Hkv + r->h0) * vb;
         if (c->off == 0 && s->scale[w])
             prefetch_bytes((const char *)(s->scale[w] + slot * s->Hkv * s->ns[w]), s->bs * s->Hkv * s->ns[w] * 2);
         const int64_t end = c->off + bytes < size ? c->off + bytes : size;
-        for (int64_t o = (c->off + PF_STEP - 1) / PF_STEP * PF_STEP; o < end; o += PF_STEP)
-            _mm_prefetch(base + o / row * s->Hkv * vb + o % row, PF_HINT);
+        if (heads == s->Hkv)
+            for (int64_t o = (c->off + 63) & ~(int64_t)63; o < end; o += 64) _mm_prefetch(base + o, PF_HINT);
+        else /* lines starting in [off, end) of the task's heads, position by position */
+            for (int64_t o = (c->off + 63) & ~(int64_t)63; o < end; o += 64)
+                _mm_prefetch(base + o / row * s->Hkv * vb + o % row, PF_HINT);
         bytes -= end - c->off;
         c->off = end;
         if (end == size) c->idx++, c->off = 0;
     }
 }
+
 static inline float f16_scale(const uint16_t *p) { return _cvtsh_ss(*p); }
 
 /* fp8 bytes -> 16 fp16 values, exact; e4m3 comes out 2^-8 too small (folded into its scale) */
