@@ -95,8 +95,14 @@ int main(int argc, char **argv) {
             best[which] = t < best[which] ? t : best[which];
         }
     const double mb = 2.0 * n * (Hkv * vb + (i8 ? Hkv * 2 : 0)) / 1e6;
-    printf("%s keys %lld: %.2f MB/layer  kernel %.0f us (%.1f GB/s)  read %.0f us (%.1f GB/s)  read+pf %.0f us (%.1f GB/s)  kernel/read %.2f\n",
+    uint32_t sum = 0; /* the output's bits, to compare builds */
+    for (int64_t i = 0; i < H * D; i++) {
+        uint32_t u;
+        memcpy(&u, out + i, 4);
+        sum = sum * 31 + u;
+    }
+    printf("%s keys %lld: %.2f MB/layer  kernel %.0f us (%.1f GB/s)  read %.0f us (%.1f GB/s)  read+pf %.0f us (%.1f GB/s)  kernel/read %.2f  out %08x\n",
            i8 ? "int8" : "bf16", (long long)n, mb, best[0] * 1e6, mb / best[0] / 1e3, best[1] * 1e6, mb / best[1] / 1e3,
-           best[2] * 1e6, mb / best[2] / 1e3, best[0] / (best[1] < best[2] ? best[1] : best[2]));
+           best[2] * 1e6, mb / best[2] / 1e3, best[0] / (best[1] < best[2] ? best[1] : best[2]), sum);
     return sink == 12345;
 }
