@@ -79,12 +79,22 @@ static void attend_any(const att_src *s, const float *q, const att_range *r, flo
 #define QV_T __m512
 #define Q_PREP(dst, src) (*(dst) = _mm512_loadu_ps(src))
 #define QK_STEP(acc, qv, kp) _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp), acc)
-#define V_LOAD16(p) _mm512_loadu_ps(p)
+#define V_LOAD(p, e) _mm512_loadu_ps((p) + 16 * (e))
 #include "paged_attention_avx512.h"
 #define TILE 1
 #undef FAST
 #define FAST attend_tile_fast
 #include "paged_attention_avx512.h"
+#undef FAST
+/* int8 V: each 16 codes widened in registers, the position's scale folded into its weight (no tile) */
+#define FAST attend_tile_i8v_fast
+#define V_T int8_t
+#define V_SCALED 1
+#undef V_LOAD
+#define V_LOAD(p, e) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((p) + 16 * (e)))))
+#include "paged_attention_avx512.h"
+#undef V_T
+#undef V_SCALED
 #undef TILE
 #undef FAST
 #undef KV_T
@@ -92,7 +102,7 @@ static void attend_any(const att_src *s, const float *q, const att_range *r, flo
 #undef QV_T
 #undef Q_PREP
 #undef QK_STEP
-#undef V_LOAD16
+#undef V_LOAD
 #define HAVE_FAST 1
 #endif
 
@@ -108,12 +118,27 @@ static inline __m512bh load_pbh(const void *p) { /* a plain load: GCC 12 routes 
     return v;
 }
 #define QK_STEP(acc, qv, kp) _mm512_dpbf16_ps(acc, qv, load_pbh(kp))
-#define V_LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* a 64-byte load of 32 bf16 gives two fp32 vectors with one instruction each: the even elements
+ * shifted up, the odd ones masked; accumulators hold [even 16, odd 16] per 32 elements */
+#define V_LOAD(p, e)                                                                                          \
+    _mm512_castsi512_ps((e) % 2 ? _mm512_and_si512(_mm512_loadu_si512((p) + 32 * ((e) / 2)),                  \
+                                                   _mm512_set1_epi32((int)0xFFFF0000u))                       \
+                                : _mm512_slli_epi32(_mm512_loadu_si512((p) + 32 * ((e) / 2)), 16))
+static inline void v_order_pairs(float *u, int64_t D) { /* [even 16, odd 16] -> 32 in order */
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    for (int64_t k = 0; k < D; k += 32) {
+        const __m512 ev = _mm512_loadu_ps(u + k), od = _mm512_loadu_ps(u + k + 16);
+        _mm512_storeu_ps(u + k, _mm512_permutex2var_ps(ev, lo, od));
+        _mm512_storeu_ps(u + k + 16, _mm512_permutex2var_ps(ev, hi, od));
+    }
+}
+#define V_ORDER v_order_pairs
 #include "paged_attention_avx512.h"
 #define HAVE_BF16_FAST 1
 #endif
 
-enum { PATH_ANY, PATH_F32, PATH_BF16, PATH_TILE };
+enum { PATH_ANY, PATH_F32, PATH_BF16, PATH_TILE, PATH_TILE_I8V };
 
 /* which implementation reads this pair of formats: decided by the formats and D alone */
 static int choose_path(int kf, int vf, int64_t D) {
@@ -123,6 +148,7 @@ static int choose_path(int kf, int vf, int64_t D) {
 #endif
 #ifdef HAVE_FAST
     if (kf == KV_F32 && vf == KV_F32 && D % 16 == 0 && D <= ATT_MAX_D) return PATH_F32;
+    if (vf == KV_I8 && D % 16 == 0 && D <= ATT_MAX_D) return PATH_TILE_I8V;
     if (D % 16 == 0 && D <= ATT_MAX_D) return PATH_TILE;
 #endif
     return PATH_ANY;
@@ -168,6 +194,7 @@ static void partial(const att_src *s, int path, const float *q, const att_range 
 #ifdef HAVE_FAST
     case PATH_F32: attend_f32_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
     case PATH_TILE: attend_tile_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
+    case PATH_TILE_I8V: attend_tile_i8v_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
 #endif
 #ifdef HAVE_BF16_FAST
     case PATH_BF16: attend_bf16_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;

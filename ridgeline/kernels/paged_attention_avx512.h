@@ -1,23 +1,69 @@
 /* One split's partial attention with AVX-512 (head_dim a multiple of QK_W, <= ATT_MAX_D); included by
  * paged_attention.c once per cache reading with: FAST (function name), KV_T (element type read by the
  * loops), QK_W (elements per q.k step), QV_T (prepared q vector), Q_PREP(dst, src) (QK_W q floats ->
- * one QV_T, stored), QK_STEP(acc, q, kptr), V_LOAD16(ptr) (16 V elements -> fp32), and TILE defined
+ * one QV_T, stored), QK_STEP(acc, q, kptr), V_LOAD(ptr, e) (below), and TILE defined
  * when each head's chunk is first dequantized into the fp32 tile (any format; else K and V are read
  * in place as KV_T). Same contract as attend_any, plus qbuf: room for the prepared query.
  * The walk goes in chunks of <= 16 positions inside one block; a chunk's K (then V) rows serve every
  * query head of their KV head while they sit in L1. Scores: q (rounded to bf16 for a bf16 cache)
  * against each key row (vdpbf16ps or FMA), the 16 partial sums folded by one transpose-reduce into a
- * vector of 16 scores. Values: per head, D/16 fp32 accumulators over the chunk's rows. */
+ * vector of 16 scores. Values: D/16 fp32 accumulators per query head, up to V_HEADS(nd) heads at a time
+ * sharing each V vector; V_LOAD(ptr, e) -> the e-th 16 floats of a V row in the accumulators' order, and
+ * V_ORDER(u, D), when defined, puts a head's finished row back into natural order. V_T (default KV_T):
+ * the V element type read in place; V_SCALED: V rows are read in place (even with TILE) and each
+ * (position, head) fp16 scale is folded into that position's weight instead. */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-#ifdef TILE
-#define CHUNK(w, slot, hk) ((const KV_T *)deq_chunk(s, w, slot, cnt, hk, tile))
-#define ROW(w) D
-#else
-#define CHUNK(w, slot, hk) ((const KV_T *)vec_ptr(s, w, slot, hk))
-#define ROW(w) (s->Hkv * D)
+#ifndef V_T
+#define V_T KV_T
+#define V_T_DEFAULT
 #endif
+#ifdef TILE
+#define CHUNK_K(slot, hk) ((const KV_T *)deq_chunk(s, 0, slot, cnt, hk, tile))
+#define ROW_K D
+#else
+#define CHUNK_K(slot, hk) ((const KV_T *)vec_ptr(s, 0, slot, hk))
+#define ROW_K (s->Hkv * D)
+#endif
+#if defined(TILE) && !defined(V_SCALED)
+#define CHUNK_V(slot, hk) ((const V_T *)deq_chunk(s, 1, slot, cnt, hk, tile))
+#define ROW_V D
+#else
+#define CHUNK_V(slot, hk) ((const V_T *)vec_ptr(s, 1, slot, hk))
+#define ROW_V (s->Hkv * s->vb[1] / (int64_t)sizeof(V_T))
+#endif
+
+/* query heads per V pass call: at most 16 accumulators */
+#define V_HEADS(nd) (QK_W * (nd) >= 256 ? 1 : QK_W * (nd) >= 128 ? 2 : 4)
+
+/* u rows of nh query heads (stride D = 16 * ne) += the chunk's cnt V rows (row: elements apart) weighted by
+ * their scores (sp, stride n): each V vector is loaded once for all nh heads, and each head adds its
+ * positions in order whichever heads share the call, so grouping changes no result. Accumulators hold a
+ * row in V_LOAD's order. */
+static inline __attribute__((always_inline)) void CAT(FAST, _v)(const V_T *vh, int64_t row, const float *sp,
+                                                                int64_t n, const float *vsc, float *up,
+                                                                int64_t cnt, const int nh, const int ne) {
+    const int64_t D = 16 * ne;
+    __m512 o[4][ATT_MAX_D / 16];
+    for (int h = 0; h < nh; h++)
+        for (int e = 0; e < ne; e++) o[h][e] = _mm512_loadu_ps(up + h * D + 16 * e);
+    for (int64_t j = 0; j < cnt; j++) {
+        __m512 p[4];
+#ifdef V_SCALED
+        for (int h = 0; h < nh; h++) p[h] = _mm512_set1_ps(sp[h * n + j] * vsc[j]);
+#else
+        (void)vsc;
+        for (int h = 0; h < nh; h++) p[h] = _mm512_set1_ps(sp[h * n + j]);
+#endif
+        for (int e = 0; e < ne; e++) {
+            const __m512 vv = V_LOAD(vh + j * row, e);
+            for (int h = 0; h < nh; h++) o[h][e] = _mm512_fmadd_ps(p[h], vv, o[h][e]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int e = 0; e < ne; e++) _mm512_storeu_ps(up + h * D + 16 * e, o[h][e]);
+}
 
 /* ND = D / QK_W, a compile-time constant in each instantiation so the accumulators stay in registers */
 static inline __attribute__((always_inline)) void
@@ -29,29 +75,29 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
     QV_T *qp = (QV_T *)qbuf;
     for (int64_t i = 0; i < heads * nd; i++) Q_PREP(qp + i, q + QK_W * i);
     const __m512 vscale = _mm512_set1_ps(s->scale_qk);
-    const int64_t nb = (hi - 1) / bs + 1 - lo / bs;
-    for (int64_t i = 0; i < PF_BLOCKS; i++) prefetch_stream(s, r, i);
+    pf_cursor pf = pf_start(s, r);
+    pf_advance(s, r, &pf, PF_BYTES);
     for (int64_t pos = lo, cnt; pos < hi; pos += cnt) {
         cnt = chunk_len(pos, hi, bs);
         const int64_t slot = r->table[pos / bs] * bs + pos % bs;
-        if (pos == lo || pos % bs == 0) prefetch_stream(s, r, pos / bs - lo / bs + PF_BLOCKS);
         for (int64_t hk = r->h0; hk < r->h1; hk++) {
-            const KV_T *kh = CHUNK(0, slot, hk);
+            const KV_T *kh = CHUNK_K(slot, hk);
             for (int64_t g = 0; g < G; g++) {
                 const int64_t i = (hk - r->h0) * G + g;
                 const QV_T *qr = qp + i * nd;
+                pf_advance(s, r, &pf, cnt * s->vb[0] * (g + 1) / G - cnt * s->vb[0] * g / G);
                 __m512 acc[16];
                 for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
                 if (cnt == 16) {
 #pragma GCC unroll 16
                     for (int64_t j = 0; j < 16; j++)
-                        for (int64_t e = 0; e < nd; e++) acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW(0) + QK_W * e);
+                        for (int64_t e = 0; e < nd; e++) acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW_K + QK_W * e);
                 } else {
 #pragma GCC unroll 16
                     for (int64_t j = 0; j < 16; j++)
                         if (j < cnt)
                             for (int64_t e = 0; e < nd; e++)
-                                acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW(0) + QK_W * e);
+                                acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW_K + QK_W * e);
                 }
                 _mm512_mask_storeu_ps(scores + i * n + pos - lo, (__mmask16)((1u << cnt) - 1),
                                       _mm512_mul_ps(reduce16(acc), vscale));
@@ -81,39 +127,29 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
     for (int64_t pos = lo, cnt; pos < hi; pos += cnt) {
         cnt = chunk_len(pos, hi, bs);
         const int64_t slot = r->table[pos / bs] * bs + pos % bs;
-        if (pos == lo || pos % bs == 0) prefetch_stream(s, r, nb + pos / bs - lo / bs + PF_BLOCKS);
         for (int64_t hk = r->h0; hk < r->h1; hk++) {
-            const KV_T *vh = CHUNK(1, slot, hk);
-            /* query heads two at a time: twice the independent FMA chains, each V vector loaded once for
-             * both; every head still adds its positions in order */
-            for (int64_t g = 0; g < G; g += 2) {
-                const int64_t i = (hk - r->h0) * G + g;
-                const float *s0 = scores + i * n + pos - lo, *s1 = s0 + n;
-                float *o0p = u + i * D, *o1p = o0p + D;
-                __m512 o0[ATT_MAX_D / 16], o1[ATT_MAX_D / 16];
-                for (int64_t e = 0; e < D / 16; e++) o0[e] = _mm512_loadu_ps(o0p + 16 * e);
-                if (g + 1 < G) {
-                    for (int64_t e = 0; e < D / 16; e++) o1[e] = _mm512_loadu_ps(o1p + 16 * e);
-                    for (int64_t j = 0; j < cnt; j++) {
-                        const __m512 p0 = _mm512_set1_ps(s0[j]), p1 = _mm512_set1_ps(s1[j]);
-                        for (int64_t e = 0; e < D / 16; e++) {
-                            const __m512 vv = V_LOAD16(vh + j * ROW(1) + 16 * e);
-                            o0[e] = _mm512_fmadd_ps(p0, vv, o0[e]);
-                            o1[e] = _mm512_fmadd_ps(p1, vv, o1[e]);
-                        }
-                    }
-                    for (int64_t e = 0; e < D / 16; e++) _mm512_storeu_ps(o1p + 16 * e, o1[e]);
-                } else {
-                    for (int64_t j = 0; j < cnt; j++) {
-                        const __m512 p0 = _mm512_set1_ps(s0[j]);
-                        for (int64_t e = 0; e < D / 16; e++)
-                            o0[e] = _mm512_fmadd_ps(p0, V_LOAD16(vh + j * ROW(1) + 16 * e), o0[e]);
-                    }
+            const V_T *vh = CHUNK_V(slot, hk);
+            const int64_t i = (hk - r->h0) * G;
+            float vsc[16];
+#ifdef V_SCALED
+            for (int64_t j = 0; j < cnt; j++) vsc[j] = f16_scale(scale_ptr(s, 1, slot + j, hk));
+#endif
+            pf_advance(s, r, &pf, cnt * s->vb[1]);
+            for (int64_t g = 0; g < G; g += V_HEADS(nd)) {
+                const float *sp = scores + (i + g) * n + pos - lo;
+                float *up = u + (i + g) * D;
+                switch (G - g < V_HEADS(nd) ? G - g : V_HEADS(nd)) {
+                case 1: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 1, QK_W * nd / 16); break;
+                case 2: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 2, QK_W * nd / 16); break;
+                case 3: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 3, QK_W * nd / 16); break;
+                default: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 4, QK_W * nd / 16);
                 }
-                for (int64_t e = 0; e < D / 16; e++) _mm512_storeu_ps(o0p + 16 * e, o0[e]);
             }
         }
     }
+#ifdef V_ORDER
+    for (int64_t i = 0; i < heads; i++) V_ORDER(u + i * D, D);
+#endif
 }
 
 static void FAST(const att_src *s, const float *q, const att_range *r, float *scores, float *tile, void *qbuf,
@@ -129,5 +165,11 @@ static void FAST(const att_src *s, const float *q, const att_range *r, float *sc
 #undef ND_CASE
 }
 
-#undef CHUNK
-#undef ROW
+#undef CHUNK_K
+#undef CHUNK_V
+#undef ROW_K
+#undef ROW_V
+#ifdef V_T_DEFAULT
+#undef V_T
+#undef V_T_DEFAULT
+#endif

@@ -1,5 +1,6 @@
 /* AVX-512 helpers of the attention kernels (paged_attention.c, after att_src / att_range): the walk in
- * chunks of <= 16 positions inside one block, block prefetch, and dequantization of one head's chunk
+ * chunks of <= 16 positions inside one block, prefetch ahead of the walk (blocks are scattered, which
+ * the hardware prefetcher cannot follow), and dequantization of one head's chunk
  * into an fp32 tile [16, D] (D a multiple of 16; int4: of 32), read from L1 by the score and value loops. */
 #pragma once
 #include <immintrin.h>
@@ -12,36 +13,53 @@ static inline int64_t chunk_len(int64_t pos, int64_t hi, int64_t bs) {
     return end - pos < 16 ? end - pos : 16;
 }
 
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
 static inline void prefetch_bytes(const char *p, int64_t bytes) {
-    for (const char *c = p; c < p + bytes; c += 64) _mm_prefetch(c, _MM_HINT_T1);
+    for (const char *c = p; c < p + bytes; c += 64) _mm_prefetch(c, PF_HINT);
 }
 
-/* Blocks are scattered, which the hardware prefetcher cannot follow: prefetch into L2 the task's heads
- * of one block of K (w 0) or V (w 1), and the block's scales. */
-static inline void prefetch_block(const att_src *s, int w, const att_range *r, int64_t blk) {
-    if (blk > r->end_blk) return;
-    const int64_t slot = r->table[blk] * s->bs, stride = s->Hkv * s->vb[w], bytes = (r->h1 - r->h0) * s->vb[w];
-    const char *p = s->data[w] + slot * stride + r->h0 * s->vb[w];
-    if (bytes == stride)
-        prefetch_bytes(p, s->bs * stride);
-    else
-        for (int64_t j = 0; j < s->bs; j++) prefetch_bytes(p + j * stride, bytes);
-    if (s->scale[w])
-        prefetch_bytes((const char *)(s->scale[w] + slot * s->Hkv * s->ns[w]), s->bs * s->Hkv * s->ns[w] * 2);
+/* The passes read one stream: the split's K blocks, its V blocks, then the next split's K blocks. A
+ * cursor runs PF_BYTES ahead of the reads in that stream and advances as they consume it, a few lines
+ * at a time between the arithmetic (a block's worth at once would queue behind the line-fill buffers
+ * and stall the loads), so V's first blocks arrive while K's last ones are scored, and the next
+ * split's K while this V is summed. */
+#ifndef PF_BYTES
+#define PF_BYTES 8192
+#endif
+typedef struct {
+    int64_t idx, off; /* block idx of the stream, byte offset in the task's part of that block */
+    int64_t b0, nb, next0; /* the split's first block and block count, the next split's first block */
+} pf_cursor;
+
+static inline pf_cursor pf_start(const att_src *s, const att_range *r) {
+    const int64_t b0 = r->lo / s->bs;
+    return (pf_cursor){0, 0, b0, (r->hi - 1) / s->bs + 1 - b0, r->hi / s->bs};
 }
 
-/* The passes read one stream: the split's K blocks, its V blocks, then the next split's K blocks. At
- * each block a pass prefetches the one PF_BLOCKS ahead in that stream, so V's first blocks arrive while
- * K's last ones are scored, and the next split's K while this V is summed. */
-#define PF_BLOCKS 4
-static inline void prefetch_stream(const att_src *s, const att_range *r, int64_t idx) {
-    const int64_t b0 = r->lo / s->bs, nb = (r->hi - 1) / s->bs + 1 - b0;
-    if (idx < nb)
-        prefetch_block(s, 0, r, b0 + idx);
-    else if (idx < 2 * nb)
-        prefetch_block(s, 1, r, b0 + idx - nb);
-    else
-        prefetch_block(s, 0, r, r->hi / s->bs + idx - 2 * nb);
+/* prefetch the next `bytes` of the stream after the cursor and move it past them (no division on
+ * the way when the task reads whole positions, as decode tasks do) */
+static inline void pf_advance(const att_src *s, const att_range *r, pf_cursor *c, int64_t bytes) {
+    const int64_t heads = r->h1 - r->h0;
+    while (bytes > 0) {
+        const int w = c->idx >= c->nb && c->idx < 2 * c->nb;
+        const int64_t blk = c->idx < c->nb ? c->b0 + c->idx : w ? c->b0 + c->idx - c->nb : c->next0 + c->idx - 2 * c->nb;
+        if (blk > r->end_blk) return;
+        const int64_t vb = s->vb[w], row = heads * vb, size = s->bs * row, slot = r->table[blk] * s->bs;
+        const char *base = s->data[w] + (slot * s->Hkv + r->h0) * vb;
+        if (c->off == 0 && s->scale[w])
+            prefetch_bytes((const char *)(s->scale[w] + slot * s->Hkv * s->ns[w]), s->bs * s->Hkv * s->ns[w] * 2);
+        const int64_t end = c->off + bytes < size ? c->off + bytes : size;
+        if (heads == s->Hkv)
+            for (int64_t o = (c->off + 63) & ~(int64_t)63; o < end; o += 64) _mm_prefetch(base + o, PF_HINT);
+        else /* lines starting in [off, end) of the task's heads, position by position */
+            for (int64_t o = (c->off + 63) & ~(int64_t)63; o < end; o += 64)
+                _mm_prefetch(base + o / row * s->Hkv * vb + o % row, PF_HINT);
+        bytes -= end - c->off;
+        c->off = end;
+        if (end == size) c->idx++, c->off = 0;
+    }
 }
 
 static inline float f16_scale(const uint16_t *p) { return _cvtsh_ss(*p); }
