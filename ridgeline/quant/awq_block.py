@@ -18,7 +18,7 @@ import torch
 
 from ridgeline.quant import awq, grid
 
-SCORE_TOKENS = 1024  # calibration tokens (whole windows, at least one) each candidate is scored on
+SCORE_TOKENS = 2048  # calibration tokens (whole windows, at least one) each candidate is scored on
 BLOCKS = ("self_attn", "mlp")  # the blocks whose input projections are scored on the block's output
 
 
