@@ -2,8 +2,9 @@
 
     rtn    round-to-nearest, written in GPTQ's layout (quant_method "gptq", method "rtn")
     gptq   gptq.py on each projection, with the Hessian of its input; GPTQ's layout
-    awq    awq.py scales folded into the op before each group of projections, then rounded on clipped
-           grids (awq.py); AutoAWQ's GEMM layout
+    awq    scales folded into the op before each group of projections (q/k/v and gate/up searched on
+           their block's output, awq_block.py; o and down on their own, awq.py), then rounded on
+           clipped grids (clip.py); AutoAWQ's GEMM layout
 
 gptq and awq calibrate sequentially (sequential.py): layer i's statistics come from the calibration
 text run through layers 0..i-1 as already quantized, so each layer is fitted to the inputs the
@@ -26,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant import awq, calibrate, clip, gptq, grid, hub_layout, sequential
+from ridgeline.quant import awq, awq_block, calibrate, clip, gptq, grid, hub_layout, sequential
 from ridgeline.quant.checkpoint import read_quant_config
 
 METHODS = ("rtn", "gptq", "awq")
@@ -122,7 +123,8 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
         before = {n: t for n, t in tensors.items() if n.startswith(prefix)}
         with one_thread():
             if opts.method == "awq":
-                fold_awq_layer(tensors, stats, arch, opts, i)
+                scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric)
+                fold_awq_layer(tensors, stats, arch, opts, i, scorer)
             live = {}
             for name in [n for n in tensors if n.startswith(prefix) and _is_projection(n)]:
                 packed, live[name] = _quantize_packed(name, tensors[name], stats, opts)
@@ -174,31 +176,59 @@ def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: Quanti
     return g.quantize(W.float(), opts.group_size), g, None
 
 
-def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: int) -> None:
+def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: int, scorer=None) -> None:
     """Search each group's scale in layer i and fold it in place: the input's producer divided, the layers
     multiplied (stats: engine Linear prefix -> its input statistics; a folded group's entry is replaced by
-    its scaled input's, which the clipping search of the same layers then reads)."""
+    its scaled input's, which the clipping search of the same layers then reads). scorer: an
+    awq_block.BlockScorer of layer i, which scores the groups it knows on their block's output."""
     p = f"model.layers.{i}"
     groups = [(f"{p}.input_layernorm.weight", [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")],
                f"{p}.self_attn.qkv_proj"),
+              (f"{p}.self_attn.v_proj", [f"{p}.self_attn.o_proj"], f"{p}.self_attn.o_proj"),
               (f"{p}.post_attention_layernorm.weight", [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"],
                f"{p}.mlp.gate_up_proj"),
               (f"{p}.mlp.up_proj", [f"{p}.mlp.down_proj"], f"{p}.mlp.down_proj")]
-    if arch.num_kv_heads == arch.num_heads:  # v's output rows are o's input columns one to one
-        groups.append((f"{p}.self_attn.v_proj", [f"{p}.self_attn.o_proj"], f"{p}.self_attn.o_proj"))
     for producer, layers, engine_name in groups:
         st = stats[engine_name]
         weights = [tensors[f"{n}.weight"].float() for n in layers]
-        s, _ = awq.search_scale(weights, st.gram, st.mean_abs, opts.group_size, opts.symmetric)
+        tie = _v_channel_of_o_column(arch) if layers[0].endswith("o_proj") else None
+        mean_abs = st.mean_abs if tie is None else _tied_mean(st.mean_abs, tie)
+        if scorer is not None and scorer.scores(engine_name):
+            s, _ = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs)
+        else:
+            s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric)
         for n, w in zip(layers, weights):
             tensors[f"{n}.weight"] = w * s[None, :]
         stats[engine_name] = st.scaled(s)  # the layers' input is now x / s
+        if tie is not None:  # one scale per v row: the o columns of every query head sharing that KV head
+            s = s[_first_column_of_v_channel(tie)]
         if producer.endswith("norm.weight"):
             tensors[producer] = tensors[producer].float() / s
         else:  # a projection: its output rows (and bias)
             tensors[f"{producer}.weight"] = tensors[f"{producer}.weight"].float() / s[:, None]
             if f"{producer}.bias" in tensors:
                 tensors[f"{producer}.bias"] = tensors[f"{producer}.bias"].float() / s
+
+
+def _v_channel_of_o_column(arch) -> torch.Tensor:
+    """o_proj input column (query head h, dim d) -> the v_proj output row it reads: (h // rep, d), rep query
+    heads sharing a KV head as grouped-query attention repeats them. A scale on v's row then divides every
+    one of those o columns' inputs alike, so the o columns' scales are tied to it."""
+    rep, d = arch.num_heads // arch.num_kv_heads, arch.head_dim
+    return ((torch.arange(arch.num_heads) // rep)[:, None] * d + torch.arange(d)[None, :]).flatten()
+
+
+def _tied_mean(mean_abs: torch.Tensor, tie: torch.Tensor) -> torch.Tensor:
+    """Each column's activation magnitude replaced by the mean over the columns tied to the same v row."""
+    n = int(tie.max()) + 1
+    total = torch.zeros(n, dtype=mean_abs.dtype).index_add_(0, tie, mean_abs)
+    count = torch.zeros(n, dtype=mean_abs.dtype).index_add_(0, tie, torch.ones_like(mean_abs))
+    return (total / count)[tie]
+
+
+def _first_column_of_v_channel(tie: torch.Tensor) -> torch.Tensor:
+    first = torch.full((int(tie.max()) + 1,), len(tie), dtype=torch.long)
+    return first.scatter_reduce(0, tie, torch.arange(len(tie)), "amin")
 
 
 def quantization_config(opts: QuantizeOptions, source: str | None, tokens: int, sequential: bool = True) -> dict:

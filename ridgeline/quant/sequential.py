@@ -81,6 +81,29 @@ class LayerRunner:
                 h.remove()
         return out
 
+    def block_probes(self, i: int, n: int) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Layer i's attention and MLP ("self_attn", "mlp") -> (inputs, outputs) on the first n windows."""
+        layer = self.inner.layers[i]
+        out: dict[str, tuple[list, list]] = {"self_attn": ([], []), "mlp": ([], [])}
+
+        handles = []
+        for name, block in (("self_attn", layer.self_attn), ("mlp", layer.mlp)):
+            xs, ys = out[name]
+            handles += [block.register_forward_pre_hook(lambda _m, args, xs=xs: xs.append(args[-1].clone())),
+                        block.register_forward_hook(lambda _m, _args, y, ys=ys: ys.append(y.clone()))]
+        try:
+            for h, r in list(zip(self.hidden, self.residual))[:n]:
+                self._run(i, h.clone(), None if r is None else r.clone())
+        finally:
+            for h in handles:
+                h.remove()
+        return out
+
+    def run_block(self, block: nn.Module, xs: list[torch.Tensor], attention: bool) -> list[torch.Tensor]:
+        """block (a layer's self_attn, or its mlp when not attention) on each of the windows' inputs xs."""
+        with module_path(self.model), forward_context(self.ctx), torch.inference_mode():
+            return [block(self.positions, x) if attention else block(x) for x in xs]
+
     def advance(self, i: int) -> None:
         for w in range(len(self.windows)):
             self.hidden[w], self.residual[w] = self._run(i, self.hidden[w], self.residual[w])

@@ -1,0 +1,86 @@
+"""AWQ's four scaled pairs and its block-output search (quant/awq_block.py, quantize.fold_awq_layer).
+
+The folded scales leave the float model's function unchanged, the v -> o pair included under
+grouped-query attention (each v row's scale tied to the o columns of every query head reading it);
+the block scorer's choice is never worse than round-to-nearest on the block output it scores; and
+the sequential AWQ folder written by `quantize` beats round-to-nearest on held-out text."""
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ridgeline.entrypoints.llm import LLM
+from ridgeline.eval import corpus
+from ridgeline.quant import awq, awq_block, calibrate, sequential
+from ridgeline.quant.quantize import QuantizeOptions, fold_awq_layer, quantize_folder
+from ridgeline.weights.hf_config import load_arch_config
+from ridgeline.weights.safetensors_loader import iter_tensors
+from quant_helpers import salient_model
+
+TOKENS = 1024
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return salient_model(tmp_path_factory.mktemp("awqblock") / "src")
+
+
+def _logits(folder) -> list[torch.Tensor]:
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", progress=False)
+    ids = llm.tokenizer.encode(corpus.text("heldout"))
+    return [llm.engine.prompt_logits(w) for w in corpus.windows(ids, 256, 1024)]
+
+
+def test_folded_scales_keep_the_float_function_with_grouped_query_attention(src, tmp_path):
+    arch = load_arch_config(src)
+    assert arch.num_kv_heads < arch.num_heads  # v's rows are fewer than o's columns: the scales are tied
+    stats = calibrate.capture(src, corpus.text("calibration"), TOKENS, progress=False)
+    tensors = {n: t.float() for n, t in iter_tensors(src)}
+    before = dict(tensors)
+    for i in range(arch.num_layers):
+        fold_awq_layer(tensors, stats, arch, QuantizeOptions("awq", 4, 32, True), i)
+    for i in range(arch.num_layers):  # every pair scaled (else the comparison below proves nothing)
+        for n in ("input_layernorm", "self_attn.v_proj", "post_attention_layernorm", "mlp.up_proj"):
+            assert not torch.equal(tensors[f"model.layers.{i}.{n}.weight"], before[f"model.layers.{i}.{n}.weight"]), n
+    out = tmp_path / "folded"
+    shutil.copytree(src, out)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for a, b in zip(_logits(src), _logits(out)):
+        assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), float((a - b).abs().max())
+
+
+def test_block_scored_scale_is_never_worse_than_round_to_nearest_on_its_block(src):
+    runner = sequential.LayerRunner(src, corpus.text("calibration"), TOKENS, window=256, progress=False)
+    try:
+        stats = runner.stats(0)
+        scorer = awq_block.BlockScorer(runner, 0, 32, True, tokens=512)
+        tensors = dict(iter_tensors(src))
+        for engine_name, names in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                   ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
+            engine_name = f"model.layers.0.{engine_name}"
+            weights = {f"model.layers.0.{n}.weight": tensors[f"model.layers.0.{n}.weight"].float() for n in names}
+            st = stats[engine_name]
+            s, alpha = scorer.search(engine_name, weights, st.mean_abs)
+            best = scorer.error(engine_name, weights, s)
+            assert best <= scorer.error(engine_name, weights, torch.ones_like(s))
+            linear_s, _ = awq.search_scale(list(weights.values()), st.gram, st.mean_abs, 32, True)
+            assert best <= scorer.error(engine_name, weights, linear_s)
+            assert best > 0 and 0 <= alpha < 1
+    finally:
+        runner.close()
+
+
+def test_sequential_awq_beats_rtn_on_held_out_text(src, tmp_path):
+    """Mean squared logit error against the float model, int4 sym g32, both written by `quantize`."""
+    out = {}
+    for method in ("rtn", "awq"):
+        out[method] = tmp_path / method
+        quantize_folder(src, out[method], QuantizeOptions(method, 4, 32, True, calibration_tokens=TOKENS),
+                        progress=False)
+    ref = _logits(src)
+
+    def error(method):
+        return sum(float(((a - b) ** 2).mean()) for a, b in zip(ref, _logits(out[method]))) / len(ref)
+    rtn, a = error("rtn"), error("awq")
+    assert a < 0.9 * rtn, (a, rtn)
