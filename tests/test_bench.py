@@ -130,6 +130,8 @@ def test_bench_decode_reports_consistent_numbers(tiny_llama, tmp_path, capsys):
     untied_embedding = 384 * 64  # the tiny llama's input embedding: a lookup, not a full read
     assert r["engine"]["weight_bytes_per_token"] == (r["engine"]["num_params"] - untied_embedding) * 4
     assert math.isclose(r["ratio"], r["ridgeline"]["decode_tok_per_s"] / r["hf"]["decode_tok_per_s"])
+    stolen = r["ridgeline"]["all_cpu_stolen"]  # the hypervisor's share of the CPUs per run (None: not known)
+    assert len(stolen) == 1 and (stolen[0] is None or 0 <= stolen[0] <= 1)
 
 
 @pytest.mark.parametrize("bench", [

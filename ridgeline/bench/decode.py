@@ -19,6 +19,7 @@ from ridgeline.bench.report import write_json
 from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.bench.workloads import chat_workload
 from ridgeline.cli_parser import output_file, positive_int
+from ridgeline.utils.steal import StealMeter
 
 
 def weight_bytes_per_token(arch, dtype) -> int:
@@ -38,16 +39,20 @@ def ridgeline_decode_timing(llm, prompt: list[int], output_len: int, tag: str) -
     eng.add_request(tag, prompt, params)
     req = eng.requests[tag]
     stamps: list[float] = []
+    steal = None  # the hypervisor's share of the CPUs over the decode (utils/steal.py)
     try:
         while not req.status.finished:
             eng.step(emit_unfinished=False)
             now = time.perf_counter()
             stamps += [now] * (req.num_output_tokens - len(stamps))
+            if steal is None and stamps:
+                steal = StealMeter()
     finally:
         eng.abort_request(tag)
     decode_s = stamps[-1] - stamps[0]
     return {"ttft_s": stamps[0] - t0, "decode_s": decode_s, "decode_tokens": len(stamps) - 1,
-            "decode_tok_per_s": (len(stamps) - 1) / decode_s, "token_ids": list(req.output_token_ids)}
+            "decode_tok_per_s": (len(stamps) - 1) / decode_s, "cpu_stolen": steal.fraction() if steal else None,
+            "token_ids": list(req.output_token_ids)}
 
 
 def _num(x: float) -> str:
@@ -57,7 +62,13 @@ def _num(x: float) -> str:
 def _best(runs: list[dict]) -> dict:
     best = dict(max(runs, key=lambda r: r["decode_tok_per_s"]))
     best["all_decode_tok_per_s"] = [r["decode_tok_per_s"] for r in runs]
+    best["all_cpu_stolen"] = [r.get("cpu_stolen") for r in runs]
     return best
+
+
+def _run(tok_s: float, stolen: float | None) -> str:
+    """one run's rate, with the CPU time the hypervisor took during it when any was taken"""
+    return f"{tok_s:.1f}" + (f" ({stolen:.0%} stolen)" if stolen and stolen >= 0.005 else "")
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -99,7 +110,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     print("-" * len(head))
     for name, r in rows:
         r["weight_gb_per_s"] = wbytes * r["decode_tok_per_s"] / 1e9
-        runs = ", ".join(f"{x:.1f}" for x in r["all_decode_tok_per_s"])
+        runs = ", ".join(_run(x, st) for x, st in zip(r["all_decode_tok_per_s"],
+                                                     r.get("all_cpu_stolen") or [None] * len(r["all_decode_tok_per_s"])))
         print(f"{name:<16}{r['decode_tok_per_s']:>14.1f}{1000 / r['decode_tok_per_s']:>10.1f}"
               f"{_num(r['weight_gb_per_s']):>14}{r['ttft_s']:>9.2f}   {runs}")
     ratio = agree = None
