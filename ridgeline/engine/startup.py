@@ -1,0 +1,67 @@
+"""What the engine's start-up decides before it builds anything, and the lines it prints: each layer's
+weight format (a GGUF file's kept blocks, a GPTQ / AWQ or fp8 folder's own format, or the dense dtype),
+the tensor- and pipeline-parallel layout gathered from every rank, and the speculation line."""
+from __future__ import annotations
+
+from ridgeline.config import EngineConfig
+from ridgeline.errors import InvalidRequestError
+from ridgeline.models.options import layer_format_rules
+from ridgeline.quant import fp8_checkpoint
+from ridgeline.quant.checkpoint import folder_quantization
+from ridgeline.quant.options import implied_rules as quant_implied_rules
+
+
+def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
+    """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors, the
+    quantization applied: a GPTQ / AWQ folder's own method under auto or none)."""
+    if quantization == "gguf" and arch.moe is not None:  # stacked expert tensors are not kept as blocks yet
+        if mc.quantization == "gguf":
+            raise InvalidRequestError("quantization gguf does not keep a mixture-of-experts file's blocks yet; "
+                                      "use none (the default for such a file), int8 or int4", "quantization")
+        quantization = "none"
+    if quantization == "gguf":
+        from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
+        return *kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan), quantization
+    quant, fmt = folder_quantization(folder, quantization, mc.quant_group_size, mc.quant_symmetric)
+    default, rules = fmt or dense, mc.layer_formats + quant_implied_rules(quant)
+    # an explicit none dequantizes an fp8 checkpoint; the default (auto) keeps it
+    ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if mc.quantization == "auto" else None
+    if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
+        default, rules = ckpt[0], rules + ckpt[1]
+    return layer_format_rules(rules, default, plan), None, quant
+
+
+def tp_info(tp, model, kv_bytes: int):
+    """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up); None
+    for expert parallelism's ranks (no shard: their experts are described by EPRuntime.info)."""
+    if tp.shard is None:
+        return None
+    from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
+    return TPInfo(tp.ctx.size, tuple(tp.gather((tp.shard, resident_weight_bytes(model), kv_bytes))),
+                  tuple(tp.workers.pids) if tp.workers else ())
+
+
+def pp_info(pp, model, kv_spec, num_blocks: int, own_blocks: int, kv_bytes: int):
+    """Every stage's layers, resident weight bytes, KV bytes and the tokens its own KV budget holds
+    (gathered: one collective at start-up), beside what the same budget holds in one process."""
+    from ridgeline.distributed.memory import PPInfo, resident_weight_bytes
+    mine = (pp.stage, resident_weight_bytes(model), num_blocks * kv_spec.bytes_per_block,
+            (own_blocks - 1) * kv_spec.block_size)
+    whole = kv_spec.bytes_per_block // kv_spec.num_layers * pp.stage.num_layers  # a block of every layer
+    return PPInfo(pp.ctx.size, tuple(pp.gather(mine)), (num_blocks - 1) * kv_spec.block_size,
+                  kv_bytes // whole * kv_spec.block_size, tuple(pp.workers.pids) if pp.workers else ())
+
+
+def spec_line(config: EngineConfig) -> str | None:
+    sc = config.speculative
+    if sc.method is None:
+        return None
+    extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
+    if sc.method == "layer-skip":
+        extra = f", the target's first {sc.speculative_layers} layers"
+    if sc.method in ("draft", "eagle"):
+        extra = f", draft model {sc.draft_model or 'shipped for this model'}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
+                                                     else "")
+    k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
+    return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
+
