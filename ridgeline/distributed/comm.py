@@ -63,17 +63,23 @@ class TPComm:
         self.seconds, self.calls, self.bytes, self.forwards = 0.0, 0, 0, 0
 
 
-def probe_link(sizes: tuple[int, ...], reps: int, group=None) -> list[float]:
-    """Median seconds of an fp32 all-reduce of each size (floats), every rank calling it together: the
-    link's latency (a tiny message) and bandwidth (a large one), measured apart from any model."""
+def median_seconds(sizes: tuple[int, ...], reps: int, op) -> list[float]:
+    """For each size (floats): the median seconds of op(x) over reps calls on an fp32 tensor x of that
+    size, after one warm-up call. op returns the seconds to count, or None for the wall time of the call."""
     out = []
     for n in sizes:
         x = torch.ones(n)
         times = []
         for _ in range(reps + 1):
             t0 = time.perf_counter()
-            dist.all_reduce(x, group=group)
-            times.append(time.perf_counter() - t0)
+            got = op(x)
+            times.append(time.perf_counter() - t0 if got is None else got)
         times = sorted(times[1:])
         out.append(times[len(times) // 2])
     return out
+
+
+def probe_link(sizes: tuple[int, ...], reps: int, group=None) -> list[float]:
+    """Median seconds of an fp32 all-reduce of each size (floats), every rank calling it together: the
+    link's latency (a tiny message) and bandwidth (a large one), measured apart from any model."""
+    return median_seconds(sizes, reps, lambda x: dist.all_reduce(x, group=group))

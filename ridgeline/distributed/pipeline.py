@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ridgeline.distributed.comm import median_seconds
 from ridgeline.distributed.stages import Stage, microbatch_count, split_rows
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.runner.prompt_logprobs import score_prompts
@@ -191,19 +192,14 @@ def probe_p2p(sizes: tuple[int, ...], reps: int, rank: int, group=None) -> list[
     """Median one-way seconds of an fp32 message of each size (floats) from stage 0 to stage 1 and back
     (half the round trip), stages 0 and 1 calling it together: the link's latency and bandwidth, apart
     from any model. Other stages return at once."""
-    out = []
-    for n in sizes:
-        x = torch.ones(n)
-        times = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(x, 1, group=group)
-                dist.recv(x, 1, group=group)
-            elif rank == 1:
-                dist.recv(x, 0, group=group)
-                dist.send(x, 0, group=group)
-            times.append((time.perf_counter() - t0) / 2)
-        times = sorted(times[1:])
-        out.append(times[len(times) // 2])
-    return out
+    def round_trip(x) -> float:
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1, group=group)
+            dist.recv(x, 1, group=group)
+        elif rank == 1:
+            dist.recv(x, 0, group=group)
+            dist.send(x, 0, group=group)
+        return (time.perf_counter() - t0) / 2
+
+    return median_seconds(sizes, reps, round_trip)
