@@ -1,6 +1,7 @@
 """Decode attention's V pass serves several query heads per V load (up to four, at most 16
-accumulators) and reads int8 V in place with its scale folded into the weights: every GQA ratio
-and head size against the SDPA backend over the same blocks, across splits."""
+accumulators) and reads int8 V in place with its scale folded into the weights (int8 K too, dotted
+in integers with q rounded to int16): every GQA ratio and head size against the SDPA backend over the
+same blocks, with q rounded as the kernel reads it, across splits."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,35 @@ def test_grouped_value_pass_matches_sdpa(k_name, v_name, G, D):
                                      k_scale=kv.k_scale, v_scale=kv.v_scale)
     n = np.ones(4, dtype=np.int64)
     grp = AttnGroup(rows=slice(0, 4), start=key_lens.numpy() - n, n=n, block_tables=tables, key_lens=key_lens)
-    both_bf16 = k_name == v_name == "bf16"  # that kernel rounds q to bf16 for vdpbf16ps
-    qr = q.to(torch.bfloat16).float() if both_bf16 else q
+    qr = cpu_attention.decode_query_as_read(q, kv.c_format)  # bf16 K and V: q in bf16; int8: q in int16
+    want = PagedSDPA()(qr, kv, grp, D ** -0.5, None)
+    torch.testing.assert_close(got, want.reshape(got.shape), atol=2e-5, rtol=1e-4)
+
+
+@needs_c
+def test_int8_keys_read_in_place_for_queries_of_any_magnitude():
+    """int8 K is dotted in integers with q rounded to int16 on a power-of-two scale of its own head: query
+    heads of very different sizes (zero, tiny, huge, one outlier channel) each keep 15 bits of their own
+    range, and the result matches SDPA over the same blocks with q rounded the same way."""
+    NB, bs, Hkv, G, D = 40, 16, 2, 3, 64
+    spec = KVCacheSpec(KV_FORMATS["int8"], 1, Hkv, D, bs, KV_FORMATS["int8"])
+    kv = allocate_kv(spec, NB, torch.device("cpu"))[0]
+    g = torch.Generator().manual_seed(3)
+    kv.write(torch.arange(NB * bs), torch.randn(NB * bs, Hkv, D, generator=g), torch.randn(NB * bs, Hkv, D, generator=g))
+    key_lens = torch.tensor([300, 77])
+    tables = (torch.randperm(NB - 1, generator=g)[:2 * 19] + 1).view(2, 19)
+    q = torch.randn(2, Hkv * G, D, generator=g)
+    q[0, 0] = 0.0
+    q[0, 1] *= 1e-20
+    q[0, 2] *= 1e3
+    q[1, 4, 7] = 40.0  # one channel far above the others: they round on its scale
+    got = cpu_attention.paged_decode(q, kv.k, kv.v, tables, key_lens, D ** -0.5, None, kv_format=kv.c_format,
+                                     k_scale=kv.k_scale, v_scale=kv.v_scale)
+    qr = cpu_attention.decode_query_as_read(q, kv.c_format)
+    if cpu.lib().ridgeline_paged_decode_q_rounding(kv.c_format, D) == 2:
+        assert torch.equal(qr[0, 0], q[0, 0]) and (qr[0, 1] - q[0, 1]).abs().max() <= 1e-20 * 2 ** -14
+        assert not torch.equal(qr, q)
+    n = np.ones(2, dtype=np.int64)
+    grp = AttnGroup(rows=slice(0, 2), start=key_lens.numpy() - n, n=n, block_tables=tables, key_lens=key_lens)
     want = PagedSDPA()(qr, kv, grp, D ** -0.5, None)
     torch.testing.assert_close(got, want.reshape(got.shape), atol=2e-5, rtol=1e-4)

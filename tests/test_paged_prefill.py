@@ -104,6 +104,7 @@ def test_tiled_over_quantized_blocks_matches_the_row_kernel(name):
     row_seq = torch.tensor([0] * 50 + [1] * 9)
     key_lens = torch.cat([torch.arange(31, 81), torch.arange(2, 11)])
     q = torch.randn(len(row_seq), Hkv * G, D, generator=g)
+    q = cpu_attention.decode_query_as_read(q, kv.c_format)  # int8: the row kernel's int16 q, for both
     args = (q, kv.k, kv.v, tables, key_lens, 0.125, 33)
     kw = dict(row_seq=row_seq, kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale)
     got = cpu_attention.paged_decode(*args, **kw)

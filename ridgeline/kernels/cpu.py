@@ -73,6 +73,7 @@ _SIGNATURES = {
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
                                _I64, _I64, _F32, _INT],
+    "ridgeline_paged_decode_q_rounding": [_INT, _I64],
     "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64,
                                   _I64, _I64, _I64, _I64, _F32, _INT],
 }

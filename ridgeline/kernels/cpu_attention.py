@@ -51,5 +51,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return out
 
 
+def decode_query_as_read(q: torch.Tensor, kv_format: int) -> torch.Tensor:
+    """q [..., D] fp32 as the decode kernel's scores see it for this KV format: unchanged, rounded to
+    bf16 (bf16 K and V: vdpbf16ps), or rounded to int16 codes with a power-of-two scale per query head
+    (int8 K and V: K codes dotted in int32), so a reference over the same blocks can match it to fp32
+    rounding."""
+    how = cpu.lib().ridgeline_paged_decode_q_rounding(kv_format, q.shape[-1])
+    if how == 1:
+        return q.to(torch.bfloat16).float()
+    if how == 2:
+        _, x = torch.frexp(q.abs().amax(-1, keepdim=True))  # max|q| < 2^x
+        e = (15 - x).clamp(-100, 100)
+        return torch.ldexp(torch.round(torch.ldexp(q, e)).clamp(-32768, 32767), -e)
+    return q
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()

@@ -106,6 +106,8 @@ static void attend_any(const att_src *s, const float *q, const att_range *r, flo
 #define HAVE_FAST 1
 #endif
 
+#include "paged_attention_i8.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define FAST attend_bf16_fast
 #define KV_T uint16_t
@@ -138,7 +140,7 @@ static inline void v_order_pairs(float *u, int64_t D) { /* [even 16, odd 16] -> 
 #define HAVE_BF16_FAST 1
 #endif
 
-enum { PATH_ANY, PATH_F32, PATH_BF16, PATH_TILE, PATH_TILE_I8V };
+enum { PATH_ANY, PATH_F32, PATH_BF16, PATH_TILE, PATH_TILE_I8V, PATH_I8 };
 
 /* which implementation reads this pair of formats: decided by the formats and D alone */
 static int choose_path(int kf, int vf, int64_t D) {
@@ -146,12 +148,22 @@ static int choose_path(int kf, int vf, int64_t D) {
 #ifdef HAVE_BF16_FAST
     if (kf == KV_BF16 && vf == KV_BF16 && D % 32 == 0 && D <= ATT_MAX_D) return PATH_BF16;
 #endif
+#ifdef HAVE_I8_FAST
+    if (kf == KV_I8 && vf == KV_I8 && D % 32 == 0 && D <= ATT_MAX_D) return PATH_I8;
+#endif
 #ifdef HAVE_FAST
     if (kf == KV_F32 && vf == KV_F32 && D % 16 == 0 && D <= ATT_MAX_D) return PATH_F32;
     if (vf == KV_I8 && D % 16 == 0 && D <= ATT_MAX_D) return PATH_TILE_I8V;
     if (D % 16 == 0 && D <= ATT_MAX_D) return PATH_TILE;
 #endif
     return PATH_ANY;
+}
+
+/* how the decode kernel rounds q for the scores of this pair of formats: 0 none (fp32), 1 to bf16,
+ * 2 to int16 with a power-of-two scale per query head (q16_prep) */
+int ridgeline_paged_decode_q_rounding(int kv_formats, int64_t D) {
+    const int path = choose_path(kv_formats & 0xff, kv_formats >> 8, D);
+    return path == PATH_BF16 ? 1 : path == PATH_I8 ? 2 : 0;
 }
 
 /* per-thread buffers */
@@ -195,6 +207,9 @@ static void partial(const att_src *s, int path, const float *q, const att_range 
     case PATH_F32: attend_f32_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
     case PATH_TILE: attend_tile_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
     case PATH_TILE_I8V: attend_tile_i8v_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
+#endif
+#ifdef HAVE_I8_FAST
+    case PATH_I8: attend_i8_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;
 #endif
 #ifdef HAVE_BF16_FAST
     case PATH_BF16: attend_bf16_fast(s, qt, &rest, b->scores, b->vec, b->qbuf, b->m, b->l, b->u); break;

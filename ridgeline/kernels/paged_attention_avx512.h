@@ -11,9 +11,21 @@
  * sharing each V vector; V_LOAD(ptr, e) -> the e-th 16 floats of a V row in the accumulators' order, and
  * V_ORDER(u, D), when defined, puts a head's finished row back into natural order. V_T (default KV_T):
  * the V element type read in place; V_SCALED: V rows are read in place (even with TILE) and each
- * (position, head) fp16 scale is folded into that position's weight instead. */
+ * (position, head) fp16 scale is folded into that position's weight instead. QK_INT16: K codes are read
+ * in place against q rounded to int16 (q16_prep: a power-of-two scale per query head), summed exactly in
+ * int32 accumulators (ACC_T), and each score carries its key's fp16 scale, q's scale and scale_qk. */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+
+#ifdef QK_INT16
+#define ACC_T __m512i
+#define ACC_ZERO _mm512_setzero_si512()
+#define ACC_SUMS(acc) _mm512_cvtepi32_ps(reduce16i(acc))
+#else
+#define ACC_T __m512
+#define ACC_ZERO _mm512_setzero_ps()
+#define ACC_SUMS(acc) reduce16(acc)
+#endif
 
 #ifndef V_T
 #define V_T KV_T
@@ -73,8 +85,13 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
     const int64_t heads = (r->h1 - r->h0) * G;
     (void)tile;
     QV_T *qp = (QV_T *)qbuf;
+#ifdef QK_INT16
+    float *qmul = (float *)(qp + heads * nd); /* per query head: its q scale * scale_qk */
+    for (int64_t i = 0; i < heads; i++) qmul[i] = q16_prep(qp + i * nd, q + i * D, D) * s->scale_qk;
+#else
     for (int64_t i = 0; i < heads * nd; i++) Q_PREP(qp + i, q + QK_W * i);
     const __m512 vscale = _mm512_set1_ps(s->scale_qk);
+#endif
     pf_cursor pf = pf_start(s, r);
     pf_advance(s, r, &pf, PF_BYTES);
     for (int64_t pos = lo, cnt; pos < hi; pos += cnt) {
@@ -82,12 +99,17 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
         const int64_t slot = r->table[pos / bs] * bs + pos % bs;
         for (int64_t hk = r->h0; hk < r->h1; hk++) {
             const KV_T *kh = CHUNK_K(slot, hk);
+#ifdef QK_INT16
+            float ksc[16];
+            for (int64_t j = 0; j < cnt; j++) ksc[j] = f16_scale(scale_ptr(s, 0, slot + j, hk));
+            const __m512 kscale = _mm512_maskz_loadu_ps((__mmask16)((1u << cnt) - 1), ksc);
+#endif
             for (int64_t g = 0; g < G; g++) {
                 const int64_t i = (hk - r->h0) * G + g;
                 const QV_T *qr = qp + i * nd;
                 pf_advance(s, r, &pf, cnt * s->vb[0] * (g + 1) / G - cnt * s->vb[0] * g / G);
-                __m512 acc[16];
-                for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+                ACC_T acc[16];
+                for (int j = 0; j < 16; j++) acc[j] = ACC_ZERO;
                 if (cnt == 16) {
 #pragma GCC unroll 16
                     for (int64_t j = 0; j < 16; j++)
@@ -99,8 +121,11 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
                             for (int64_t e = 0; e < nd; e++)
                                 acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW_K + QK_W * e);
                 }
+#ifdef QK_INT16
+                const __m512 vscale = _mm512_mul_ps(kscale, _mm512_set1_ps(qmul[i]));
+#endif
                 _mm512_mask_storeu_ps(scores + i * n + pos - lo, (__mmask16)((1u << cnt) - 1),
-                                      _mm512_mul_ps(reduce16(acc), vscale));
+                                      _mm512_mul_ps(ACC_SUMS(acc), vscale));
             }
         }
     }
@@ -165,6 +190,9 @@ static void FAST(const att_src *s, const float *q, const att_range *r, float *sc
 #undef ND_CASE
 }
 
+#undef ACC_T
+#undef ACC_ZERO
+#undef ACC_SUMS
 #undef CHUNK_K
 #undef CHUNK_V
 #undef ROW_K
