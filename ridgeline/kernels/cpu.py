@@ -58,6 +58,7 @@ _SIGNATURES = {
     "ridgeline_stack_weight_format": [_I64],
     "ridgeline_stack_kv_format": [_I64],
     "ridgeline_stack_scratch": [_PTR, _I64],
+    "ridgeline_stack_profile": [_PTR],
     "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _INT, _I64, _PTR, _PTR,
                                 _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _INT],
     "ridgeline_moe_fields": [],

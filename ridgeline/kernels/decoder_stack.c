@@ -20,7 +20,9 @@
  *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts.
  * route:   NULL, or the MoE tie-breaker (moe.c), called only when a token's k-th expert ties. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kv_quant.h"
 
 int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H, float eps,
@@ -62,6 +64,40 @@ int ridgeline_stack_kv_format(int64_t format) { return kv_known((int)(format & 0
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
+/* Phase clock, off unless RIDGELINE_STACK_PROFILE=1 at the first stack call: the wall seconds and the
+ * calling thread's CPU seconds of each phase of every layer (a phase's parallel regions included, so its
+ * threads' imbalance and barrier waits too), summed over calls until ridgeline_stack_profile reads and
+ * clears them. Off, it costs one branch a phase. */
+enum { PH_NORM, PH_QKV, PH_ROPE, PH_ATTN, PH_O, PH_GATE_UP, PH_ACT, PH_DOWN, PH_HOOK, PHASES };
+static double ph_sum[2][PHASES];
+static int64_t ph_calls;
+static int ph_on = -1;
+
+static double ph_clock(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+/* adds the wall and CPU time since t0 to phase p and restarts t0 */
+static inline void ph_lap(int p, double *t0) {
+    if (ph_on <= 0) return;
+    const double w = ph_clock(CLOCK_MONOTONIC), c = ph_clock(CLOCK_THREAD_CPUTIME_ID);
+    ph_sum[0][p] += w - t0[0];
+    ph_sum[1][p] += c - t0[1];
+    t0[0] = w, t0[1] = c;
+}
+
+/* out [2 * PHASES + 1]: wall seconds per phase (norms, qkv, rotary + KV write, attention, o, gate_up,
+ * SiLU*up, down, hook), then the calling thread's CPU seconds per phase, then the number of stack calls;
+ * clears them. Returns PHASES, or 0 when the clock is off. */
+int ridgeline_stack_profile(double *out) {
+    if (ph_on <= 0) return 0;
+    for (int w = 0; w < 2; w++)
+        for (int p = 0; p < PHASES; p++) out[w * PHASES + p] = ph_sum[w][p], ph_sum[w][p] = 0.0;
+    out[2 * PHASES] = (double)ph_calls;
+    ph_calls = 0;
+    return PHASES;
+}
 
 /* floats of scratch a step of T tokens needs */
 int64_t ridgeline_stack_scratch(const int64_t *dims, int64_t T) {
@@ -87,22 +123,32 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
     float *act = gu + T * 2 * I;
     float *mlp = out; /* each layer's MLP output, consumed by the next norm before out is written */
     int have_hidden = hidden_in, rc = 0;
+    if (ph_on < 0) {
+        const char *e = getenv("RIDGELINE_STACK_PROFILE");
+        ph_on = e && e[0] == '1';
+    }
+    double t0[2] = {ph_on ? ph_clock(CLOCK_MONOTONIC) : 0.0, ph_on ? ph_clock(CLOCK_THREAD_CPUTIME_ID) : 0.0};
+    ph_calls++;
     for (int64_t l = first; l < last && !rc; l++) {
         const int64_t *lp = layers + l * LP_FIELDS, *lw = lp + LP_LINEAR;
         if (have_hidden)
             ridgeline_rmsnorm(mlp, x, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
         else
             ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
+        ph_lap(PH_NORM, t0);
         rc |= ridgeline_stack_linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
+        ph_lap(PH_QKV, t0);
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
         uint16_t *ksc = PTR(uint16_t, lp[LP_K_SCALE]), *vsc = PTR(uint16_t, lp[LP_V_SCALE]);
         const int kvf = (int)lp[LP_KV_FORMAT];
         if (lp[LP_Q_NORM])
             ridgeline_qk_norm(qkv, T, H, Hkv, D, PTR(const float, lp[LP_Q_NORM]), PTR(const float, lp[LP_K_NORM]), eps,
                               nt);
+        ph_lap(PH_NORM, t0);
         const float *kcenters = PTR(const float, lp[LP_K_CENTERS]), *k0off = kcenters ? kcenters + 2 * Hkv * D : NULL;
         rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
+        ph_lap(PH_ROPE, t0);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
             rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, k0off, kvf, PTR(const int64_t, gp[GP_TABLES]),
@@ -110,15 +156,23 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
                                             lp[LP_WINDOW], scale, nt);
         }
+        ph_lap(PH_ATTN, t0);
         rc |= ridgeline_stack_linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
+        ph_lap(PH_O, t0);
         if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);
+        ph_lap(PH_HOOK, t0);
         ridgeline_rmsnorm(h, x, PTR(const float, lp[LP_POST_NORM]), h2, T, Hd, eps, nt);
+        ph_lap(PH_NORM, t0);
         if (lp[LP_MOE]) {
             rc |= ridgeline_moe(PTR(const int64_t, lp[LP_MOE]), h2, mlp, T, Hd, moe_buf, route, l, nt);
+            ph_lap(PH_DOWN, t0); /* the sparse MLP counts as down */
         } else {
             rc |= ridgeline_stack_linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
+            ph_lap(PH_GATE_UP, t0);
             ridgeline_silu_mul(gu, act, T, I, nt);
+            ph_lap(PH_ACT, t0);
             rc |= ridgeline_stack_linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
+            ph_lap(PH_DOWN, t0);
         }
         if (hook && !rc) rc = hook(l, HOOK_MLP_OUT, mlp, T, Hd);
         have_hidden = 1;
@@ -126,6 +180,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             float *cap = PTR(float, capture[l]);
             for (int64_t i = 0; i < T * Hd; i++) cap[i] = x[i] + mlp[i];
         }
+        ph_lap(PH_HOOK, t0);
     }
     if (!rc && final_norm) {
         if (have_hidden)
@@ -134,5 +189,6 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             ridgeline_rmsnorm(x, NULL, final_norm, h, T, Hd, eps, nt);
         memcpy(out, h, sizeof(float) * (size_t)(T * Hd));
     }
+    ph_lap(PH_NORM, t0);
     return rc;
 }
