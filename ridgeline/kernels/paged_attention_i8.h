@@ -14,11 +14,10 @@ static inline float q16_prep(__m512i *dst, const float *q, int64_t D) {
     frexpf(_mm512_reduce_max_ps(vmax), &x); /* max|q| < 2^x (x = 0 for 0) */
     const int e = 15 - x < -100 ? -100 : 15 - x > 100 ? 100 : 15 - x;
     const __m512 m = _mm512_set1_ps(ldexpf(1.f, e));
-    for (int64_t k = 0; k < D / 32; k++) {
-        const __m256i lo = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(m, _mm512_loadu_ps(q + 32 * k))));
-        const __m256i hi = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(m, _mm512_loadu_ps(q + 32 * k + 16))));
-        dst[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
+#define Q16(p) _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(m, _mm512_loadu_ps(p))))
+    for (int64_t k = 0; k < D / 32; k++)
+        dst[k] = _mm512_inserti64x4(_mm512_castsi256_si512(Q16(q + 32 * k)), Q16(q + 32 * k + 16), 1);
+#undef Q16
     return ldexpf(1.f, -e);
 }
 /* int8 K and V read in place: K codes widened to int16 and dotted with the int16 q (vpdpwssd), 32 at a
@@ -28,7 +27,8 @@ static inline float q16_prep(__m512i *dst, const float *q, int64_t D) {
 #define QK_W 32
 #define QV_T __m512i
 #define QK_INT16 1
-#define QK_STEP(acc, qv, kp) _mm512_dpwssd_epi32(acc, qv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(kp))))
+#define QK_STEP(acc, qv, kp) \
+    _mm512_dpwssd_epi32(acc, qv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(kp))))
 #define V_SCALED 1
 #define V_LOAD(p, e) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((p) + 16 * (e)))))
 #include "paged_attention_avx512.h"
