@@ -86,6 +86,22 @@ def test_drafting_path_is_the_training_path():
     assert torch.allclose(torch.cat([a, b]), whole, atol=1e-5)
 
 
+def test_one_position_at_a_time_is_the_training_path():
+    """Drafting steps of one row (no mask is built) agree with the whole-sequence pass; the rotary
+    table is derived from the config, not saved with the weights."""
+    torch.manual_seed(1)
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    h, e = torch.randn(6, 32), torch.randn(6, 32)
+    with torch.no_grad():
+        whole = head(h, e, torch.arange(6))
+        cache, rows = head.empty_cache(), []
+        for j in range(6):
+            f, (cache,) = head.step(h[j:j + 1], e[j:j + 1], torch.tensor([j]), [cache], [1])
+            rows.append(f)
+    assert torch.allclose(torch.cat(rows), whole, atol=1e-5)
+    assert "inv_freq" not in head.state_dict()
+
+
 def test_a_head_for_another_model_is_a_start_up_error(tiny_head, tmp_path):
     other = make_tiny_model(tmp_path / "other", "llama", seed=5)
     with pytest.raises(InvalidRequestError, match="trained for another model.*embedding_sha256"):

@@ -32,12 +32,9 @@ class HeadConfig:
         return asdict(self)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [T, heads, d] rotated by position (halves layout)."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, d] rotated by position (halves layout); cos, sin [T, 1, d/2]."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
-    ang = positions.float()[:, None] * inv[None]  # [T, d/2]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
     a, b = x[..., :d // 2], x[..., d // 2:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
@@ -54,14 +51,19 @@ class EagleHead(nn.Module):
         self.mlp_norm = nn.RMSNorm(H, eps=cfg.rms_norm_eps)
         self.gate_up = nn.Linear(H, 2 * I, bias=False)
         self.down = nn.Linear(I, H, bias=False)
+        # not saved: a function of the config
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.register_buffer("inv_freq", inv, persistent=False)
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         c = self.cfg
         q, k, v = self.qkv(self.attn_norm(x)).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
                                                       c.num_kv_heads * c.head_dim], -1)
         T = x.shape[0]
-        q = _rope(q.view(T, c.num_heads, c.head_dim), positions, c.rope_theta)
-        k = _rope(k.view(T, c.num_kv_heads, c.head_dim), positions, c.rope_theta)
+        ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]  # [T, 1, d/2]
+        cos, sin = ang.cos(), ang.sin()
+        q = _rope(q.view(T, c.num_heads, c.head_dim), cos, sin)
+        k = _rope(k.view(T, c.num_kv_heads, c.head_dim), cos, sin)
         return q, k, v.view(T, c.num_kv_heads, c.head_dim)
 
     def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -72,7 +74,8 @@ class EagleHead(nn.Module):
     def _attend(self, q, k, v, causal_offset: int) -> torch.Tensor:
         """q [n, h, d] at the last n of the m key positions k, v [m, hkv, d] -> [n, h, d]."""
         n, m = q.shape[0], k.shape[0]
-        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(causal_offset)
+        # one query (a drafting step) sees every key: no mask to build
+        mask = None if n == 1 else torch.ones(n, m, dtype=torch.bool, device=q.device).tril(causal_offset)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                              attn_mask=mask, enable_gqa=True)
         return out.transpose(0, 1)
