@@ -2,8 +2,7 @@
 
 The folded scales leave the float model's function unchanged, the v -> o pair included under
 grouped-query attention (each v row's scale tied to the o columns of every query head reading it);
-the block scorer's choice is never worse than round-to-nearest (or clipping alone) on the block output
-it scores, and quantize rounds each group as its chosen candidate was scored; and
+the block scorer's choice is never worse than round-to-nearest on the block output it scores; and
 the sequential AWQ folder written by `quantize` beats round-to-nearest on held-out text."""
 import shutil
 
@@ -14,7 +13,7 @@ from safetensors.torch import save_file
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.eval import corpus
 from ridgeline.quant import awq, awq_block, calibrate, sequential
-from ridgeline.quant.quantize import QuantizeOptions, _quantize_packed, fold_awq_layer, quantize_folder
+from ridgeline.quant.quantize import QuantizeOptions, fold_awq_layer, quantize_folder
 from ridgeline.weights.hf_config import load_arch_config
 from ridgeline.weights.safetensors_loader import iter_tensors
 from quant_helpers import salient_model
@@ -51,58 +50,25 @@ def test_folded_scales_keep_the_float_function_with_grouped_query_attention(src,
         assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), float((a - b).abs().max())
 
 
-GROUPS = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-          ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))
-
-
-@pytest.fixture(scope="module")
-def layer0(src):
-    """Layer 0's sequential runner, its input statistics, a block scorer and each block's group choice."""
+def test_block_scored_scale_is_never_worse_than_round_to_nearest_on_its_block(src):
     runner = sequential.LayerRunner(src, corpus.text("calibration"), TOKENS, window=256, progress=False)
     try:
         stats = runner.stats(0)
         scorer = awq_block.BlockScorer(runner, 0, 32, True, tokens=512)
         tensors = dict(iter_tensors(src))
-        groups = {}
-        for engine_name, names in GROUPS:
+        for engine_name, names in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                   ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
             engine_name = f"model.layers.0.{engine_name}"
             weights = {f"model.layers.0.{n}.weight": tensors[f"model.layers.0.{n}.weight"].float() for n in names}
             st = stats[engine_name]
-            groups[engine_name] = weights, st, scorer.search(engine_name, weights, st.mean_abs, st.gram)
-        yield scorer, groups
+            s, alpha = scorer.search(engine_name, weights, st.mean_abs)
+            best = scorer.error(engine_name, weights, s)
+            assert best <= scorer.error(engine_name, weights, torch.ones_like(s))
+            linear_s, _ = awq.search_scale(list(weights.values()), st.gram, st.mean_abs, 32, True)
+            assert best <= scorer.error(engine_name, weights, linear_s)
+            assert best > 0 and 0 <= alpha < 1
     finally:
         runner.close()
-
-
-def test_block_scored_choice_is_never_worse_than_round_to_nearest_or_clipping_alone(layer0):
-    scorer, groups = layer0
-    for engine_name, (weights, st, choice) in groups.items():
-        ones = torch.ones_like(choice.scale)
-        grids = {n: awq.clipped_grid(W, st.gram, choice.scale, 32, True)
-                 for n, W in weights.items() if n not in choice.plain}
-        assert choice.error == pytest.approx(scorer.error(engine_name, weights, choice.scale, grids))
-        assert choice.error <= scorer.error(engine_name, weights, ones)  # round-to-nearest
-        clipped = {n: awq.clipped_grid(W, st.gram, ones, 32, True) for n, W in weights.items()}
-        assert choice.error <= scorer.error(engine_name, weights, ones, clipped)  # clipping alone
-        linear_s, _ = awq.search_scale(list(weights.values()), st.gram, st.mean_abs, 32, True)
-        assert choice.error <= scorer.error(engine_name, weights, linear_s)
-        assert choice.error > 0 and 0 <= choice.alpha < 1
-
-
-def test_quantize_rounds_the_group_as_its_block_scorer_scored_it(layer0):
-    """The clipped grids quantize fits from the folded weights and their scaled input statistics are
-    the ones the scorer fitted and scored, and the weights it chose to keep plain stay plain."""
-    scorer, groups = layer0
-    opts = QuantizeOptions("awq", 4, 32, True)
-    clipped = 0
-    for engine_name, (weights, st, choice) in groups.items():
-        s = choice.scale
-        stats = {engine_name: st.scaled(s)}
-        values = {n: _quantize_packed(n, W * s[None, :], stats, opts, n in choice.plain)[1] / s[None, :]
-                  for n, W in weights.items()}
-        assert scorer.block_error(engine_name, values) == pytest.approx(choice.error, rel=1e-9)
-        clipped += len(weights) - len(choice.plain)
-    assert clipped > 0  # else the clipped grids were not compared
 
 
 def test_sequential_awq_beats_rtn_on_held_out_text(src, tmp_path):

@@ -1,7 +1,7 @@
 """GPTQ and AWQ against round-to-nearest: on a tiny model with salient input channels, each method
 fitted on the calibration text reproduces the float model's outputs on held-out text better than RTN
 at the same setting (a property that could fail: measured, not assumed). And the pieces alone:
-GPTQ's compensation on one layer, AWQ's search never worse than alpha = 0 (clipped) on its own data."""
+GPTQ's compensation on one layer, AWQ's search never worse than alpha = 0 on its own data."""
 import pytest
 import torch
 
@@ -33,19 +33,12 @@ def test_gptq_beats_rtn_on_one_layer_on_held_out_inputs(symmetric, act_order):
         assert r.g_idx is not None and sorted(torch.bincount(r.g_idx.long()).tolist()) == [32] * 8
 
 
-def test_awq_search_is_never_worse_than_clipping_alone_on_its_own_data():
-    """Scored with the clipped grids the layers are finally rounded on: the chosen scale's error is at
-    most s = 1's (clipping alone) and the plain-grid pass's best scale's."""
+def test_awq_search_is_never_worse_than_rtn_on_its_own_data():
     W = [torch.randn(64, 128, generator=torch.Generator().manual_seed(4)) * 0.05]
     X = _correlated(2048, 128, 5)
     H = X.t() @ X
     s, alpha = awq.search_scale(W, H, X.abs().mean(0), 32, True)
-    err = awq.output_error(W, H, s, 32, True, clipped=True)
-    assert err <= awq.output_error(W, H, torch.ones(128), 32, True, clipped=True)
-    cands = awq.candidates(X.abs().mean(0), W, 32, awq.ALPHAS)
-    _, plain_best = min(cands, key=lambda c: awq.output_error(W, H, c[1], 32, True))
-    assert err <= awq.output_error(W, H, plain_best, 32, True, clipped=True)
-    assert err < awq.output_error(W, H, torch.ones(128), 32, True)  # and below round-to-nearest
+    assert awq.output_error(W, H, s, 32, True) <= awq.output_error(W, H, torch.ones(128), 32, True)
     assert 0 <= alpha < 1 and s.shape == (128,)
 
 

@@ -121,14 +121,13 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
     def quantize_layer(i: int, stats: dict) -> dict:
         prefix = f"model.layers.{i}."
         before = {n: t for n, t in tensors.items() if n.startswith(prefix)}
-        plain: set[str] = set()  # weights the block scorer keeps on plain (unclipped) grids
         with one_thread():
             if opts.method == "awq":
                 scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric)
-                fold_awq_layer(tensors, stats, arch, opts, i, scorer, plain)
+                fold_awq_layer(tensors, stats, arch, opts, i, scorer)
             live = {}
             for name in [n for n in tensors if n.startswith(prefix) and _is_projection(n)]:
-                packed, live[name] = _quantize_packed(name, tensors[name], stats, opts, name in plain)
+                packed, live[name] = _quantize_packed(name, tensors[name], stats, opts)
                 out_tensors.update(packed)
         live.update({n: t for n, t in tensors.items() if n.startswith(prefix) and not _is_projection(n)
                      and t is not before.get(n)})  # norms (and biases) AWQ folded a scale into
@@ -142,12 +141,10 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
     return out_tensors, runner.tokens
 
 
-def _quantize_packed(name: str, W: torch.Tensor, stats: dict, opts: QuantizeOptions,
-                     plain: bool = False) -> tuple[dict, torch.Tensor]:
-    """(the projection's tensors in the method's hub layout, the float values they dequantize to);
-    plain: awq rounds W on its plain grid (no clipping search), as its block scorer chose."""
+def _quantize_packed(name: str, W: torch.Tensor, stats: dict, opts: QuantizeOptions) -> tuple[dict, torch.Tensor]:
+    """(the projection's tensors in the method's hub layout, the float values they dequantize to)."""
     prefix = name.removesuffix(".weight")
-    q, g, g_idx = _quantize_one(W, stats.get(_engine_name(prefix)), opts, prefix.endswith(ATTN_INPUT), plain)
+    q, g, g_idx = _quantize_one(W, stats.get(_engine_name(prefix)), opts, prefix.endswith(ATTN_INPUT))
     packed = (hub_layout.pack_awq(q, g.scale, g.zero) if opts.method == "awq"
               else hub_layout.pack_gptq(q, g.scale, g.zero, g_idx, opts.group_size))
     values = (gptq.Quantized(q, g, g_idx).dequantize(opts.group_size))
@@ -167,26 +164,23 @@ def one_thread():
         torch.set_num_threads(saved)
 
 
-def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: QuantizeOptions, attention: bool,
-                  plain: bool = False):
+def _quantize_one(W: torch.Tensor, st: calibrate.InputStats | None, opts: QuantizeOptions, attention: bool):
     """attention: W is q, k or v (GPTQ's Hessian weighs the attention-sink tokens, calibrate.py)."""
     if opts.method == "gptq":
         r = gptq.quantize(W, st.hessian(attention), opts.group_size, opts.symmetric, opts.act_order, opts.damp)
         return r.q, r.grid, r.g_idx
-    if opts.method == "awq" and not plain:
+    if opts.method == "awq":
         g = clip.fit_clipped(W, st.gram, opts.group_size, opts.symmetric)
     else:
         g = grid.fit_groups(W.float(), opts.group_size, opts.symmetric)
     return g.quantize(W.float(), opts.group_size), g, None
 
 
-def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: int, scorer=None,
-                   plain: set | None = None) -> None:
+def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: int, scorer=None) -> None:
     """Search each group's scale in layer i and fold it in place: the input's producer divided, the layers
     multiplied (stats: engine Linear prefix -> its input statistics; a folded group's entry is replaced by
     its scaled input's, which the clipping search of the same layers then reads). scorer: an
-    awq_block.BlockScorer of layer i, which scores the groups it knows on their block's output and
-    chooses whether they are clipped too (the names of those it keeps on plain grids added to plain)."""
+    awq_block.BlockScorer of layer i, which scores the groups it knows on their block's output."""
     p = f"model.layers.{i}"
     groups = [(f"{p}.input_layernorm.weight", [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")],
                f"{p}.self_attn.qkv_proj"),
@@ -200,11 +194,7 @@ def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: i
         tie = _v_channel_of_o_column(arch) if layers[0].endswith("o_proj") else None
         mean_abs = st.mean_abs if tie is None else _tied_mean(st.mean_abs, tie)
         if scorer is not None and scorer.scores(engine_name):
-            choice = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs,
-                                   st.gram)
-            s = choice.scale
-            if plain is not None:
-                plain.update(choice.plain)
+            s, _ = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs)
         else:
             s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric)
         for n, w in zip(layers, weights):
