@@ -32,11 +32,9 @@ def fit_clipped(W: torch.Tensor, H: torch.Tensor, group: int, symmetric: bool,
     zero = torch.zeros(N, G, dtype=torch.int32)
     for r in ratios:
         s, z = grid.fit(w, symmetric, r)
-        q = grid.GroupGrid(s, z, symmetric)
-        dw = w - q.dequantize(q.quantize(w.reshape(N, K), group), group).reshape(N, G, group)
-        err = torch.einsum("ngi,gij,ngj->ng", dw, Hb, dw)
+        dw = (w - grid.GroupGrid(s, z, symmetric).round_blocks(w)).transpose(0, 1)  # [G, N, group]
+        err = (torch.bmm(dw, Hb) * dw).sum(-1).t()
         better = err < best
         best = torch.where(better, err, best)
         scale, zero = torch.where(better, s, scale), torch.where(better, z, zero)
     return grid.GroupGrid(scale, zero, symmetric)
-

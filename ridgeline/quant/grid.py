@@ -38,6 +38,12 @@ class GroupGrid:
         s, z = _expand(self.scale.float(), group), _expand(self.zero.float(), group)
         return s * (q.float() - z)
 
+    def round_blocks(self, w: torch.Tensor) -> torch.Tensor:
+        """w [N, K/G, G] float -> the values it rounds to: dequantize(quantize(w)), in the grouped shape."""
+        s, z = self.scale.float()[..., None], self.zero.float()[..., None]
+        q = torch.round(w / torch.where(s == 0, torch.ones_like(s), s)) + z
+        return s * (torch.where(s == 0, z, q).clamp_(0, 15) - z)
+
 
 def fit(w: torch.Tensor, symmetric: bool, ratio: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """w [..., G] (the groups of one column block) -> (scale [...] fp16, zero [...] int32); ratio < 1
