@@ -72,6 +72,30 @@ def test_preempts_newest_when_blocks_run_out_and_recomputes_it():
     kv.check_integrity()
 
 
+def test_a_preempted_request_returns_only_when_its_whole_history_fits():
+    """Readmitted a chunk at a time into a pool that cannot hold its history, a recomputing request is
+    the newest again when the running decodes grow: it waits until all of it fits."""
+    kv = KVCacheManager(7, 4)  # 6 usable blocks
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=4), kv)
+    s.watermark = 0
+    a, b = req("a", 8, max_tokens=50), req("b", 8, max_tokens=50)
+    s.add(a)
+    s.add(b)
+    while b.num_preemptions == 0:
+        run_step(s)
+    history = b.num_tokens
+    assert kv.blocks_for(history) == 4 and b.status == Status.WAITING
+    s.config = SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4)  # chunks of 4 tokens: 1 block
+    plan = run_step(s)
+    assert kv.num_free_blocks >= 1  # its first chunk would fit ...
+    assert [q.req_id for q in plan.seqs] == ["a"] and s.waiting[0] is b and "b" not in kv.tables  # ... it waits
+    s.finish(a, Status.FINISHED_LENGTH)
+    plan = run_step(s)
+    assert [(q.req_id, q.start, q.num_new) for q in plan.seqs] == [("b", 0, 4)]
+    assert s.num_preemptions == 1
+    kv.check_integrity()
+
+
 def test_finish_frees_blocks():
     kv = KVCacheManager(16, 4)
     s = Scheduler(SchedulerConfig(), kv)

@@ -146,7 +146,12 @@ class Scheduler:
             n = min(req.num_tokens - reused, budget)
             if self.evictor is not None:  # nothing reused: no cache, no sharing
                 n = self.evictor.cap(req.request_id, n)
-            if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark, prefix=match):
+            # a request preempted to recompute comes back only when its whole history fits beside the
+            # watermark: readmitted a chunk at a time into a pool that cannot hold it, it is the newest
+            # again when the running decodes grow, and each preemption throws its recomputed chunks away
+            rest = self.kv.blocks_for(req.num_tokens) - self.kv.blocks_for(reused + n) \
+                if req.request_id in self._dropped else 0
+            if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark + rest, prefix=match):
                 if self.running or scheduled or not self.kv.allocate(req.request_id, reused + n, prefix=match):
                     self.kv.free(req.request_id)  # drop shared blocks: a waiting request holds none
                     self.waiting.appendleft(req)
