@@ -1,9 +1,9 @@
 """Token-budget scheduler: each step hands out up to max_num_batched_tokens over running requests
 (decodes and unfinished prefill chunks) first, then admits waiting ones FCFS. Chunked prefill and
 mixed prefill/decode batches fall out of that rule. Out of blocks: preempt the newest running
-request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived;
-with a second KV tier, its blocks are swapped out instead where that is measured to be cheaper,
-and loaded back when it is readmitted).
+request (free its blocks; it is recomputed later, from the prefix cache where its blocks survived,
+readmitted once its whole history fits; with a second KV tier, its blocks are swapped out instead
+where that is measured to be cheaper, and loaded back when it is readmitted).
 Admission first looks the request up in the prefix cache: a hit starts it at num_computed_tokens =
 the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
 is scheduled with them appended (they count against the budget); advance() then moves it by the
