@@ -31,8 +31,7 @@ class GroupGrid:
     def quantize(self, w: torch.Tensor, group: int) -> torch.Tensor:
         """w [N, K] float -> q [N, K] uint8 rounded to the nearest grid point of its group."""
         s, z = _expand(self.scale.float(), group), _expand(self.zero.float(), group)
-        q = torch.round(w.float() / torch.where(s == 0, torch.ones_like(s), s)) + z
-        return torch.where(s == 0, z, q).clamp_(0, 15).to(torch.uint8)
+        return _codes(w.float(), s, z).to(torch.uint8)
 
     def dequantize(self, q: torch.Tensor, group: int) -> torch.Tensor:
         s, z = _expand(self.scale.float(), group), _expand(self.zero.float(), group)
@@ -41,8 +40,13 @@ class GroupGrid:
     def round_blocks(self, w: torch.Tensor) -> torch.Tensor:
         """w [N, K/G, G] float -> the values it rounds to: dequantize(quantize(w)), in the grouped shape."""
         s, z = self.scale.float()[..., None], self.zero.float()[..., None]
-        q = torch.round(w / torch.where(s == 0, torch.ones_like(s), s)) + z
-        return s * (torch.where(s == 0, z, q).clamp_(0, 15) - z)
+        return s * (_codes(w, s, z) - z)
+
+
+def _codes(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """w's nearest codes in [0, 15] as floats, s and z broadcast against w; a zero scale gives z."""
+    q = torch.round(w / torch.where(s == 0, torch.ones_like(s), s)) + z
+    return torch.where(s == 0, z, q).clamp_(0, 15)
 
 
 def fit(w: torch.Tensor, symmetric: bool, ratio: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
