@@ -126,12 +126,14 @@ ukr_w8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s,
     __m512i S[W8_MR][2 * QT_NR];
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_si512();
-    for (int64_t k4 = 0; k4 < K / 4; k4++)
+    for (int64_t k4 = 0; k4 < K / 4; k4++) {
+        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k4 * QT_NC * 4, QT_NR, mr);
         for (int v = 0; v < nv; v++) {
             const __m512i w = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (k4 * QT_NC + 16 * (v % QT_NR)) * 4);
             for (int i = 0; i < mr; i++)
                 S[i][v] = _mm512_dpbusd_epi32(S[i][v], _mm512_set1_epi32(load4(xq + i * ldx + 4 * k4)), w);
         }
+    }
     __m512 acc[W8_MR][2 * QT_NR];
     for (int v = 0; v < nv; v++) { /* the second group's scales and sums follow the first's */
         const __m512 sv = _mm512_loadu_ps(s + 16 * v);
@@ -159,7 +161,8 @@ ukr_w4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
         __m512i S[W4_MR][2 * QT_NR];
         for (int i = 0; i < mr; i++)
             for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_si512();
-        for (int64_t o = 0; o < G / 8; o++)
+        for (int64_t o = 0; o < G / 8; o++) {
+            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + (b * (G / 8) + o) * QT_NC, QT_NR, mr);
             for (int v = 0; v < nv; v++) {
                 const __m512i w = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * (G / 8) + o) * QT_NC +
                                                      16 * (v % QT_NR));
@@ -170,6 +173,7 @@ ukr_w4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
                     S[i][v] = _mm512_dpbusd_epi32(S[i][v], hi, _mm512_set1_epi32(load4(xr + 4)));
                 }
             }
+        }
         for (int v = 0; v < nv; v++) {
             const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));

@@ -63,6 +63,7 @@ ukr_fp8(const int mode, const int mr, const int ng, const uint8_t *pw, int64_t g
                 d[v] = e8m0_to_ps((const uint8_t *)s + (v / QT_NR) * ss + k0 / FP8_BLOCK * QT_NC + 16 * (v % QT_NR));
         for (int64_t k = k0; k < k0 + bk; k++) {
             __m512 wv[2 * QT_NR];
+            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k * QT_NC, 1, mr); /* 48 bytes per k */
             for (int v = 0; v < nv; v++) {
                 wv[v] = fp8_to_ps(pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR), e5m2);
                 if (mode == FP8_MX) wv[v] = _mm512_mul_ps(wv[v], d[v]); /* exact: q 4 bits times 2^n */

@@ -81,6 +81,7 @@ ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
         const uint16_t *xg = xb + b * G;
         for (int64_t o = 0; o < G / 8; o++) {
             __m512i W[2 * QT_NR];
+            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + (b * (G / 8) + o) * QT_NC, QT_NR, mr);
             for (int v = 0; v < nv; v++)
                 W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * (G / 8) + o) * QT_NC + 16 * (v % QT_NR));
             I4_PAIR(0, _mm512_slli_epi32(W[v], 3))

@@ -52,6 +52,7 @@ ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s,
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     for (int64_t k = 0; k < kc; k++) {
         __m512 wv[2 * QT_NR];
+        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k * QT_NC, 1, mr); /* 48 bytes per k */
         for (int v = 0; v < nv; v++) {
             const int8_t *src = pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR);
             wv[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));

@@ -33,6 +33,7 @@ ukr_i8g(const int mr, const int ng, const int8_t *pw, int64_t gs, const uint16_t
             for (int v = 0; v < nv; v++) T[i][v] = _mm512_setzero_ps();
         for (int64_t k = b * I8G; k < (b + 1) * I8G; k++) {
             __m512 wv[2 * QT_NR];
+            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k * QT_NC, 1, mr); /* 48 bytes per k */
             for (int v = 0; v < nv; v++) {
                 const int8_t *src = pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR);
                 wv[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));

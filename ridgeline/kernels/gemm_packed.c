@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "omp_range.h"
+#include "weight_prefetch.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -113,6 +114,7 @@ ukr_f32(const int mr, const float *pw, const float *x, int64_t ldx, float *y, in
     acc_start(mr, acc, y, n0, N, flags);
     for (int64_t k = 0; k < K; k++) {
         __m512 wv[NR];
+        w_prefetch(pw + k * NC, NR, mr);
         for (int j = 0; j < NR; j++) wv[j] = _mm512_loadu_ps(pw + k * NC + 16 * j);
         for (int i = 0; i < mr; i++) {
             const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
@@ -213,6 +215,7 @@ ukr_bf16(const int mr, const uint16_t *pw, const uint16_t *xb, int64_t ldx, floa
     acc_start(mr, acc, y, n0, N, flags);
     for (int64_t kk = 0; kk < Kh; kk++) {
         __m512bh wv[NR];
+        w_prefetch(pw + kk * NC * 2, NR, mr); /* NR lines per pair of k */
         for (int j = 0; j < NR; j++) wv[j] = (__m512bh)_mm512_loadu_si512(pw + (kk * NC + 16 * j) * 2);
         for (int i = 0; i < mr; i++) {
             int32_t pair;

@@ -5,6 +5,8 @@
  * an output's arithmetic. */
 #pragma once
 #include <stdint.h>
+
+#include "weight_prefetch.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
