@@ -46,6 +46,19 @@
 #define ROW_V (s->Hkv * s->vb[1] / (int64_t)sizeof(V_T))
 #endif
 
+/* K_WIDEN(dst, kptr) (with K_WIDE_T, K_WIDE_STEP(acc, q, wptr)): a chunk's K rows are widened once
+ * into an aligned L1 buffer [16][D] of K_WIDE_T and every query head of the KV head dots against it,
+ * instead of each head widening the same rows again (the same exact arithmetic). */
+#ifdef K_WIDEN
+#define K_SRC_T K_WIDE_T
+#define K_ROW D
+#define K_DOT K_WIDE_STEP
+#else
+#define K_SRC_T KV_T
+#define K_ROW ROW_K
+#define K_DOT QK_STEP
+#endif
+
 /* query heads per V pass call: at most 16 accumulators */
 #define V_HEADS(nd) (QK_W * (nd) >= 256 ? 1 : QK_W * (nd) >= 128 ? 2 : 4)
 
@@ -99,6 +112,14 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
         const int64_t slot = r->table[pos / bs] * bs + pos % bs;
         for (int64_t hk = r->h0; hk < r->h1; hk++) {
             const KV_T *kh = CHUNK_K(slot, hk);
+#ifdef K_WIDEN
+            K_WIDE_T kw[16 * ATT_MAX_D] __attribute__((aligned(64)));
+            for (int64_t j = 0; j < cnt; j++)
+                for (int64_t e = 0; e < nd; e++) K_WIDEN(kw + j * D + QK_W * e, kh + j * ROW_K + QK_W * e);
+            const K_SRC_T *kr = kw;
+#else
+            const K_SRC_T *kr = kh;
+#endif
 #ifdef QK_INT16
             float ksc[16];
             for (int64_t j = 0; j < cnt; j++) ksc[j] = f16_scale(scale_ptr(s, 0, slot + j, hk));
@@ -113,13 +134,13 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
                 if (cnt == 16) {
 #pragma GCC unroll 16
                     for (int64_t j = 0; j < 16; j++)
-                        for (int64_t e = 0; e < nd; e++) acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW_K + QK_W * e);
+                        for (int64_t e = 0; e < nd; e++) acc[j] = K_DOT(acc[j], qr[e], kr + j * K_ROW + QK_W * e);
                 } else {
 #pragma GCC unroll 16
                     for (int64_t j = 0; j < 16; j++)
                         if (j < cnt)
                             for (int64_t e = 0; e < nd; e++)
-                                acc[j] = QK_STEP(acc[j], qr[e], kh + j * ROW_K + QK_W * e);
+                                acc[j] = K_DOT(acc[j], qr[e], kr + j * K_ROW + QK_W * e);
                 }
 #ifdef QK_INT16
                 const __m512 vscale = _mm512_mul_ps(kscale, _mm512_set1_ps(qmul[i]));
@@ -195,6 +216,9 @@ static void FAST(const att_src *s, const float *q, const att_range *r, float *sc
 #undef ACC_SUMS
 #undef CHUNK_K
 #undef CHUNK_V
+#undef K_SRC_T
+#undef K_ROW
+#undef K_DOT
 #undef ROW_K
 #undef ROW_V
 #ifdef V_T_DEFAULT

@@ -30,6 +30,10 @@ static inline float q16_prep(__m512i *dst, const float *q, int64_t D) {
 #define QK_STEP(acc, qv, kp) \
     _mm512_dpwssd_epi32(acc, qv, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(kp))))
 #define V_SCALED 1
+#define K_WIDE_T int16_t
+#define K_WIDEN(dst, kp) \
+    _mm512_store_si512((void *)(dst), _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(kp))))
+#define K_WIDE_STEP(acc, qv, wp) _mm512_dpwssd_epi32(acc, qv, _mm512_load_si512((const void *)(wp)))
 #define V_LOAD(p, e) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((p) + 16 * (e)))))
 #include "paged_attention_avx512.h"
 #undef FAST
@@ -39,6 +43,9 @@ static inline float q16_prep(__m512i *dst, const float *q, int64_t D) {
 #undef QK_INT16
 #undef QK_STEP
 #undef V_SCALED
+#undef K_WIDE_T
+#undef K_WIDEN
+#undef K_WIDE_STEP
 #undef V_LOAD
 #define HAVE_I8_FAST 1
 #endif
