@@ -63,11 +63,11 @@
 #define V_HEADS(nd) (QK_W * (nd) >= 256 ? 1 : QK_W * (nd) >= 128 ? 2 : 4)
 
 /* u rows of nh query heads (stride D = 16 * ne) += the chunk's cnt V rows (row: elements apart) weighted by
- * their scores (sp, stride n): each V vector is loaded once for all nh heads, and each head adds its
+ * their scores (sp, stride n; with V_SCALED already multiplied by each row's V scale): each V vector is loaded once for all nh heads, and each head adds its
  * positions in order whichever heads share the call, so grouping changes no result. Accumulators hold a
  * row in V_LOAD's order. */
 static inline __attribute__((always_inline)) void CAT(FAST, _v)(const V_T *vh, int64_t row, const float *sp,
-                                                                int64_t n, const float *vsc, float *up,
+                                                                int64_t n, float *up,
                                                                 int64_t cnt, const int nh, const int ne) {
     const int64_t D = 16 * ne;
     __m512 o[4][ATT_MAX_D / 16];
@@ -75,12 +75,7 @@ static inline __attribute__((always_inline)) void CAT(FAST, _v)(const V_T *vh, i
         for (int e = 0; e < ne; e++) o[h][e] = _mm512_loadu_ps(up + h * D + 16 * e);
     for (int64_t j = 0; j < cnt; j++) {
         __m512 p[4];
-#ifdef V_SCALED
-        for (int h = 0; h < nh; h++) p[h] = _mm512_set1_ps(sp[h * n + j] * vsc[j]);
-#else
-        (void)vsc;
         for (int h = 0; h < nh; h++) p[h] = _mm512_set1_ps(sp[h * n + j]);
-#endif
         for (int e = 0; e < ne; e++) {
             const __m512 vv = V_LOAD(vh + j * row, e);
             for (int h = 0; h < nh; h++) o[h][e] = _mm512_fmadd_ps(p[h], vv, o[h][e]);
@@ -176,19 +171,29 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
         for (int64_t hk = r->h0; hk < r->h1; hk++) {
             const V_T *vh = CHUNK_V(slot, hk);
             const int64_t i = (hk - r->h0) * G;
-            float vsc[16];
 #ifdef V_SCALED
+            float vsc[16];
             for (int64_t j = 0; j < cnt; j++) vsc[j] = f16_scale(scale_ptr(s, 1, slot + j, hk));
+            const __mmask16 cmask = (__mmask16)((1u << cnt) - 1);
+            const __m512 vscale = _mm512_maskz_loadu_ps(cmask, vsc);
 #endif
             pf_advance(s, r, &pf, cnt * s->vb[1]);
             for (int64_t g = 0; g < G; g += V_HEADS(nd)) {
                 const float *sp = scores + (i + g) * n + pos - lo;
                 float *up = u + (i + g) * D;
-                switch (G - g < V_HEADS(nd) ? G - g : V_HEADS(nd)) {
-                case 1: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 1, QK_W * nd / 16); break;
-                case 2: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 2, QK_W * nd / 16); break;
-                case 3: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 3, QK_W * nd / 16); break;
-                default: CAT(FAST, _v)(vh, ROW_V, sp, n, vsc, up, cnt, 4, QK_W * nd / 16);
+                const int nh = G - g < V_HEADS(nd) ? (int)(G - g) : V_HEADS(nd);
+                int64_t sn = n;
+#ifdef V_SCALED
+                float pv[4][16] __attribute__((aligned(64))); /* the chunk's weights times their V scales */
+                for (int h = 0; h < nh; h++)
+                    _mm512_store_ps(pv[h], _mm512_mul_ps(_mm512_maskz_loadu_ps(cmask, sp + h * n), vscale));
+                sp = &pv[0][0], sn = 16;
+#endif
+                switch (nh) {
+                case 1: CAT(FAST, _v)(vh, ROW_V, sp, sn, up, cnt, 1, QK_W * nd / 16); break;
+                case 2: CAT(FAST, _v)(vh, ROW_V, sp, sn, up, cnt, 2, QK_W * nd / 16); break;
+                case 3: CAT(FAST, _v)(vh, ROW_V, sp, sn, up, cnt, 3, QK_W * nd / 16); break;
+                default: CAT(FAST, _v)(vh, ROW_V, sp, sn, up, cnt, 4, QK_W * nd / 16);
                 }
             }
         }
