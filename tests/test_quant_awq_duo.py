@@ -1,4 +1,5 @@
-"""AWQ's duo candidates (quant/awq.py best_scale with w_mag: s = mean|x|^a / mean|w|^(1-a)).
+"""AWQ's duo candidates (quant/awq.py best_scale with w_mag: s = mean|x|^a / mean|w|^(1-a)) and its
+refined alpha (best_scale's refine: the best alpha's neighbours at a finer step).
 
 The weight magnitude is each channel's weight relative to its own quantization group; folding duo
 scales keeps the float function under grouped-query attention (the tied v -> o columns must get one
@@ -49,6 +50,26 @@ def test_duo_candidates_can_win_and_the_plain_grid_stays_available():
     assert duo and alpha == 0.5 and torch.allclose(s, want)
     s, alpha, duo = awq.best_scale(lambda s: float(((s - 1) ** 2).sum()), x, w, alphas=(0.0, 0.5))
     assert not duo and alpha == 0.0 and torch.equal(s, torch.ones(4))
+
+
+def test_refine_scores_the_winners_neighbours_only():
+    x = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    w = torch.tensor([0.5, 0.25, 1.0, 0.125])
+    seen = []
+
+    def score(target):
+        def f(s):
+            seen.append(s)
+            return float(((s - target) ** 2).sum())
+        return f
+    want = x.pow(0.525) / w.pow(0.475)
+    want = want / (want.max() * want.min()).sqrt()
+    s, alpha, duo = awq.best_scale(score(want), x, w, alphas=(0.0, 0.5, 0.95), refine=0.025)
+    assert duo and alpha == pytest.approx(0.525) and torch.allclose(s, want)
+    assert len(seen) == 6 + 2  # the grid of both kinds, then 0.475 and 0.525 of the duo kind
+    seen.clear()
+    s, alpha, duo = awq.best_scale(score(torch.ones(4)), x, w, alphas=(0.0, 0.5), refine=0.025)
+    assert not duo and alpha == 0.0 and torch.equal(s, torch.ones(4)) and len(seen) == 4 + 1  # -0.025 is off [0, 1]
 
 
 def test_folded_duo_scales_keep_the_float_function_with_grouped_query_attention(src, tmp_path):

@@ -48,30 +48,41 @@ def weight_magnitude(weights: list[torch.Tensor], group: int) -> torch.Tensor:
 
 
 def best_scale(score, mean_abs: torch.Tensor, w_mag: torch.Tensor | None = None,
-               alphas: tuple[float, ...] = ALPHAS) -> tuple[torch.Tensor, float, bool]:
+               alphas: tuple[float, ...] = ALPHAS, refine: float = 0.0) -> tuple[torch.Tensor, float, bool]:
     """score(s) -> error of the per-input-channel scale s [K]; -> (the best s, its alpha, whether it is a
-    duo candidate). w_mag (weight_magnitude, or None for the plain grid only) adds the duo candidates.
-    The plain alpha = 0 (s = 1) is scored first and kept on ties."""
+    duo candidate). w_mag (weight_magnitude, or None for the plain grid only) adds the duo candidates;
+    refine > 0 then also scores the winner's kind at its alpha -/+ refine (within [0, 1]). The plain
+    alpha = 0 (s = 1) is scored first and kept on ties."""
     x = mean_abs.float().clamp(min=1e-5)
     w = None if w_mag is None else w_mag.float().clamp(min=1e-5)
-    best, best_s, best_alpha, best_duo = float("inf"), torch.ones_like(x), 0.0, False
+    best = [float("inf"), torch.ones_like(x), 0.0, False]
+
+    def consider(alpha: float, duo: bool) -> None:
+        s = x.pow(alpha) / w.pow(1 - alpha) if duo else x.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        err = score(s)
+        if err < best[0]:
+            best[:] = [err, s, alpha, duo]
+
     for duo in (False,) if w is None else (False, True):
         for alpha in alphas:
-            s = x.pow(alpha) / w.pow(1 - alpha) if duo else x.pow(alpha)
-            s = s / (s.max() * s.min()).sqrt()
-            err = score(s)
-            if err < best:
-                best, best_s, best_alpha, best_duo = err, s, alpha, duo
-    return best_s, best_alpha, best_duo
+            consider(alpha, duo)
+    if refine > 0:
+        centre, duo = best[2], best[3]
+        for alpha in (centre - refine, centre + refine):
+            if 0 <= alpha <= 1 and not any(abs(alpha - a) < 1e-9 for a in alphas):
+                consider(alpha, duo)
+    return best[1], best[2], best[3]
 
 
 def search_scale(weights: list[torch.Tensor], H: torch.Tensor, mean_abs: torch.Tensor, group: int,
                  symmetric: bool, alphas: tuple[float, ...] = ALPHAS,
-                 w_mag: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+                 w_mag: torch.Tensor | None = None, refine: float = 0.0) -> tuple[torch.Tensor, float]:
     """The per-input-channel scale [K] (float32) with the least output error, and its alpha."""
     H = H.float()
     rows = torch.cat([W.float() for W in weights])
     if rows.shape[0] > SEARCH_ROWS:  # the error is a sum over rows: a spread-out subset estimates it
         rows = rows[torch.linspace(0, rows.shape[0] - 1, SEARCH_ROWS).round().long()]
-    s, alpha, _ = best_scale(lambda s: output_error([rows], H, s, group, symmetric), mean_abs, w_mag, alphas)
+    s, alpha, _ = best_scale(lambda s: output_error([rows], H, s, group, symmetric), mean_abs, w_mag, alphas,
+                              refine)
     return s, alpha

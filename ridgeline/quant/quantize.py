@@ -51,6 +51,8 @@ class QuantizeOptions:
     calibration_tokens: int = calibrate.DEFAULT_TOKENS
     damp: float = gptq.DAMP
     awq_duo: bool = False  # awq: also score s = mean|x|^a / mean|w|^(1-a) per group (awq.best_scale)
+    awq_refine: float = 0.0  # awq: also score the best alpha -/+ this (awq.best_scale)
+    awq_score_tokens: int = awq_block.SCORE_TOKENS  # awq: calibration tokens the block search scores on
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -126,7 +128,7 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
         before = {n: t for n, t in tensors.items() if n.startswith(prefix)}
         with one_thread():
             if opts.method == "awq":
-                scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric)
+                scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric, opts.awq_score_tokens)
                 fold_awq_layer(tensors, stats, arch, opts, i, scorer)
             live = {}
             for name in [n for n in tensors if n.startswith(prefix) and _is_projection(n)]:
@@ -201,9 +203,10 @@ def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: i
             w_mag = _tied_mean(w_mag, tie)
         if scorer is not None and scorer.scores(engine_name):
             s, _, _ = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs,
-                                    w_mag=w_mag)
+                                    w_mag=w_mag, refine=opts.awq_refine)
         else:
-            s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric, w_mag=w_mag)
+            s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric, w_mag=w_mag,
+                                    refine=opts.awq_refine)
         for n, w in zip(layers, weights):
             tensors[f"{n}.weight"] = w * s[None, :]
         stats[engine_name] = st.scaled(s)  # the layers' input is now x / s
