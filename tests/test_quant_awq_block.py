@@ -61,7 +61,7 @@ def test_block_scored_scale_is_never_worse_than_round_to_nearest_on_its_block(sr
             engine_name = f"model.layers.0.{engine_name}"
             weights = {f"model.layers.0.{n}.weight": tensors[f"model.layers.0.{n}.weight"].float() for n in names}
             st = stats[engine_name]
-            s, alpha = scorer.search(engine_name, weights, st.mean_abs)
+            s, alpha, _ = scorer.search(engine_name, weights, st.mean_abs)
             best = scorer.error(engine_name, weights, s)
             assert best <= scorer.error(engine_name, weights, torch.ones_like(s))
             linear_s, _ = awq.search_scale(list(weights.values()), st.gram, st.mean_abs, 32, True)

@@ -38,17 +38,12 @@ class BlockScorer:
         return engine_name.split(".", 3)[-1] in self.blocks
 
     def search(self, engine_name: str, weights: dict[str, torch.Tensor], mean_abs: torch.Tensor,
-               alphas: tuple[float, ...] = awq.ALPHAS) -> tuple[torch.Tensor, float]:
-        """weights: the group's checkpoint-named float weights [N_i, K] -> (scale [K], alpha)."""
-        x = mean_abs.float().clamp(min=1e-5)
-        best, best_s, best_alpha = float("inf"), torch.ones_like(x), 0.0
-        for alpha in alphas:
-            s = x.pow(alpha)
-            s = s / (s.max() * s.min()).sqrt()
-            err = self.error(engine_name, weights, s)
-            if err < best:
-                best, best_s, best_alpha = err, s, alpha
-        return best_s, best_alpha
+               alphas: tuple[float, ...] = awq.ALPHAS, w_mag: torch.Tensor | None = None,
+               refine: float = 0.0) -> tuple[torch.Tensor, float, bool]:
+        """weights: the group's checkpoint-named float weights [N_i, K] -> (scale [K], alpha, duo);
+        w_mag: awq.weight_magnitude of the weights to score the duo candidates too, refine: the finer
+        step tried around the best alpha (awq.best_scale)."""
+        return awq.best_scale(lambda s: self.error(engine_name, weights, s), mean_abs, w_mag, alphas, refine)
 
     def error(self, engine_name: str, weights: dict[str, torch.Tensor], s: torch.Tensor) -> float:
         """err(s) on the scored windows; leaves the group's live weights at those values."""

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--act-order", action="store_true",
                    help="gptq: quantize columns by decreasing activation energy (writes g_idx; such layers run "
                         "on the module path, not the C decoder stack)")
+    p.add_argument("--awq-duo", action="store_true",
+                   help="awq: besides s = mean|x|^a, also score s = mean|x|^a / mean|w|^(1-a) (w relative to "
+                        "its group's largest) for each group of projections and keep the better")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="UTF-8 text to fit gptq / awq to; 'none' for no text (rtn only) (default: the shipped "
                         "calibration part, World Factbook profiles, never the held-out part eval scores)")
@@ -42,7 +45,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ridgeline.quant.quantize import QuantizeOptions, quantize_folder
     from ridgeline.weights.resolve import resolve_model
     opts = QuantizeOptions(args.method, args.bits, args.group_size, args.symmetric, args.act_order,
-                           args.calibration, args.calibration_tokens)
+                           args.calibration, args.calibration_tokens, awq_duo=args.awq_duo)
     opts.check()  # before the model is resolved or read
     src = resolve_model(args.model, progress=args.progress)
     qc = quantize_folder(src, Path(args.out), opts, progress=args.progress)

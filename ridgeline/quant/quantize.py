@@ -50,6 +50,9 @@ class QuantizeOptions:
     calibration: str | None = None  # a text file; None: the shipped calibration part; "none": no text
     calibration_tokens: int = calibrate.DEFAULT_TOKENS
     damp: float = gptq.DAMP
+    awq_duo: bool = False  # awq: also score s = mean|x|^a / mean|w|^(1-a) per group (awq.best_scale)
+    awq_refine: float = 0.0  # awq: also score the best alpha -/+ this (awq.best_scale)
+    awq_score_tokens: int = awq_block.SCORE_TOKENS  # awq: calibration tokens the block search scores on
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -58,6 +61,8 @@ class QuantizeOptions:
             raise InvalidRequestError(f"bits must be one of {', '.join(map(str, BITS))} (the engine's int4 "
                                       f"kernels), got {self.bits}", "bits")
         grid.check_group(self.group_size, self.group_size)  # the group size alone: one of the int4 sizes
+        if self.awq_duo and self.method != "awq":
+            raise InvalidRequestError(f"--awq-duo applies to awq only (method is {self.method})", "awq_duo")
         if self.act_order and self.method != "gptq":
             raise InvalidRequestError(f"--act-order applies to gptq only (method is {self.method})", "act_order")
         if self.method != "rtn" and self.calibration == "none":
@@ -123,7 +128,7 @@ def _quantize_sequential(src: Path, tensors: dict, arch, opts: QuantizeOptions, 
         before = {n: t for n, t in tensors.items() if n.startswith(prefix)}
         with one_thread():
             if opts.method == "awq":
-                scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric)
+                scorer = awq_block.BlockScorer(runner, i, opts.group_size, opts.symmetric, opts.awq_score_tokens)
                 fold_awq_layer(tensors, stats, arch, opts, i, scorer)
             live = {}
             for name in [n for n in tensors if n.startswith(prefix) and _is_projection(n)]:
@@ -193,10 +198,15 @@ def fold_awq_layer(tensors: dict, stats: dict, arch, opts: QuantizeOptions, i: i
         weights = [tensors[f"{n}.weight"].float() for n in layers]
         tie = _v_channel_of_o_column(arch) if layers[0].endswith("o_proj") else None
         mean_abs = st.mean_abs if tie is None else _tied_mean(st.mean_abs, tie)
+        w_mag = awq.weight_magnitude(weights, opts.group_size) if opts.awq_duo else None
+        if w_mag is not None and tie is not None:  # tied columns must get one scale
+            w_mag = _tied_mean(w_mag, tie)
         if scorer is not None and scorer.scores(engine_name):
-            s, _ = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs)
+            s, _, _ = scorer.search(engine_name, {f"{n}.weight": w for n, w in zip(layers, weights)}, mean_abs,
+                                    w_mag=w_mag, refine=opts.awq_refine)
         else:
-            s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric)
+            s, _ = awq.search_scale(weights, st.gram, mean_abs, opts.group_size, opts.symmetric, w_mag=w_mag,
+                                    refine=opts.awq_refine)
         for n, w in zip(layers, weights):
             tensors[f"{n}.weight"] = w * s[None, :]
         stats[engine_name] = st.scaled(s)  # the layers' input is now x / s

@@ -1,0 +1,125 @@
+"""AWQ's duo candidates (quant/awq.py best_scale with w_mag: s = mean|x|^a / mean|w|^(1-a)) and its
+refined alpha (best_scale's refine: the best alpha's neighbours at a finer step).
+
+The weight magnitude is each channel's weight relative to its own quantization group; folding duo
+scales keeps the float function under grouped-query attention (the tied v -> o columns must get one
+scale, which an untied weight magnitude would break); on the block output the search with duo
+candidates is never worse than the plain one; and the folder it writes still beats round-to-nearest."""
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ridgeline.eval import corpus
+from ridgeline.quant import awq, awq_block, calibrate, sequential
+from ridgeline.quant.quantize import QuantizeOptions, fold_awq_layer, quantize_folder
+from ridgeline.weights.hf_config import load_arch_config
+from ridgeline.weights.safetensors_loader import iter_tensors
+from quant_helpers import salient_model
+from test_quant_awq_block import TOKENS, _logits
+
+DUO = QuantizeOptions("awq", 4, 32, True, awq_duo=True)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return salient_model(tmp_path_factory.mktemp("awqduo") / "src")
+
+
+def test_weight_magnitude_is_relative_to_each_group():
+    W = torch.randn(8, 64)
+    W[:, 5] = 100.0  # the largest of every row's first group
+    W[:, 40] = -100.0  # and of every row's second group
+    m = awq.weight_magnitude([W[:4], W[4:]], 32)
+    assert m.shape == (64,)
+    assert float(m[5]) == 1.0 and float(m[40]) == 1.0
+    assert bool((m > 0).all()) and float(m[[c for c in range(64) if c not in (5, 40)]].max()) < 0.05
+    # a whole group scaled up leaves it unchanged: only the position within the group counts
+    W2 = W.clone()
+    W2[:, 32:] *= 1000
+    assert torch.allclose(awq.weight_magnitude([W2], 32), awq.weight_magnitude([W], 32))
+
+
+def test_duo_candidates_can_win_and_the_plain_grid_stays_available():
+    x = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    w = torch.tensor([0.5, 0.25, 1.0, 0.125])
+    want = x.pow(0.5) / w.pow(0.5)
+    want = want / (want.max() * want.min()).sqrt()
+    s, alpha, duo = awq.best_scale(lambda s: float(((s - want) ** 2).sum()), x, w, alphas=(0.0, 0.5))
+    assert duo and alpha == 0.5 and torch.allclose(s, want)
+    s, alpha, duo = awq.best_scale(lambda s: float(((s - 1) ** 2).sum()), x, w, alphas=(0.0, 0.5))
+    assert not duo and alpha == 0.0 and torch.equal(s, torch.ones(4))
+
+
+def test_refine_scores_the_winners_neighbours_only():
+    x = torch.tensor([1.0, 2.0, 4.0, 8.0])
+    w = torch.tensor([0.5, 0.25, 1.0, 0.125])
+    seen = []
+
+    def score(target):
+        def f(s):
+            seen.append(s)
+            return float(((s - target) ** 2).sum())
+        return f
+    want = x.pow(0.525) / w.pow(0.475)
+    want = want / (want.max() * want.min()).sqrt()
+    s, alpha, duo = awq.best_scale(score(want), x, w, alphas=(0.0, 0.5, 0.95), refine=0.025)
+    assert duo and alpha == pytest.approx(0.525) and torch.allclose(s, want)
+    assert len(seen) == 6 + 2  # the grid of both kinds, then 0.475 and 0.525 of the duo kind
+    seen.clear()
+    s, alpha, duo = awq.best_scale(score(torch.ones(4)), x, w, alphas=(0.0, 0.5), refine=0.025)
+    assert not duo and alpha == 0.0 and torch.equal(s, torch.ones(4)) and len(seen) == 4 + 1  # -0.025 is off [0, 1]
+
+
+def test_folded_duo_scales_keep_the_float_function_with_grouped_query_attention(src, tmp_path):
+    arch = load_arch_config(src)
+    assert arch.num_kv_heads < arch.num_heads
+    stats = calibrate.capture(src, corpus.text("calibration"), TOKENS, progress=False)
+    tensors = {n: t.float() for n, t in iter_tensors(src)}
+    for i in range(arch.num_layers):
+        fold_awq_layer(tensors, stats, arch, DUO, i)
+    out = tmp_path / "folded"
+    shutil.copytree(src, out)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for a, b in zip(_logits(src), _logits(out)):
+        assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), float((a - b).abs().max())
+
+
+def test_block_search_with_duo_is_never_worse_than_without(src):
+    runner = sequential.LayerRunner(src, corpus.text("calibration"), TOKENS, window=256, progress=False)
+    try:
+        stats = runner.stats(0)
+        scorer = awq_block.BlockScorer(runner, 0, 32, True, tokens=512)
+        tensors = dict(iter_tensors(src))
+        for engine_name, names in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                   ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
+            engine_name = f"model.layers.0.{engine_name}"
+            weights = {f"model.layers.0.{n}.weight": tensors[f"model.layers.0.{n}.weight"].float() for n in names}
+            mean_abs = stats[engine_name].mean_abs
+            plain, _, plain_duo = scorer.search(engine_name, weights, mean_abs)
+            w_mag = awq.weight_magnitude(list(weights.values()), 32)
+            s, _, _ = scorer.search(engine_name, weights, mean_abs, w_mag=w_mag)
+            assert not plain_duo
+            assert scorer.error(engine_name, weights, s) <= scorer.error(engine_name, weights, plain)
+    finally:
+        runner.close()
+
+
+def test_sequential_awq_with_duo_beats_rtn_on_held_out_text(src, tmp_path):
+    out = {}
+    for method, duo in (("rtn", False), ("awq", True)):
+        out[method] = tmp_path / method
+        quantize_folder(src, out[method], QuantizeOptions(method, 4, 32, True, calibration_tokens=TOKENS, awq_duo=duo),
+                        progress=False)
+    ref = _logits(src)
+
+    def error(method):
+        return sum(float(((a - b) ** 2).mean()) for a, b in zip(ref, _logits(out[method]))) / len(ref)
+    rtn, a = error("rtn"), error("awq")
+    assert a < 0.9 * rtn, (a, rtn)
+
+
+def test_duo_is_an_awq_option():
+    with pytest.raises(Exception, match="awq only"):
+        QuantizeOptions("gptq", 4, 32, True, awq_duo=True).check()
