@@ -4,20 +4,15 @@ refined alpha (best_scale's refine: the best alpha's neighbours at a finer step)
 The weight magnitude is each channel's weight relative to its own quantization group; folding duo
 scales keeps the float function under grouped-query attention (the tied v -> o columns must get one
 scale, which an untied weight magnitude would break); on the block output the search with duo
-candidates is never worse than the plain one; and the folder it writes still beats round-to-nearest."""
-import shutil
-
+candidates is never worse than the plain one (tests/test_quant_awq_block.py: the folder it writes still
+beats round-to-nearest)."""
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from ridgeline.eval import corpus
-from ridgeline.quant import awq, awq_block, calibrate, sequential
-from ridgeline.quant.quantize import QuantizeOptions, fold_awq_layer, quantize_folder
-from ridgeline.weights.hf_config import load_arch_config
-from ridgeline.weights.safetensors_loader import iter_tensors
+from ridgeline.quant import awq
+from ridgeline.quant.quantize import QuantizeOptions
 from quant_helpers import salient_model
-from test_quant_awq_block import TOKENS, _logits
+from test_quant_awq_block import assert_same_function, fold_every_layer, layer0_scorer, scored_groups
 
 DUO = QuantizeOptions("awq", 4, 32, True, awq_duo=True)
 
@@ -73,51 +68,19 @@ def test_refine_scores_the_winners_neighbours_only():
 
 
 def test_folded_duo_scales_keep_the_float_function_with_grouped_query_attention(src, tmp_path):
-    arch = load_arch_config(src)
-    assert arch.num_kv_heads < arch.num_heads
-    stats = calibrate.capture(src, corpus.text("calibration"), TOKENS, progress=False)
-    tensors = {n: t.float() for n, t in iter_tensors(src)}
-    for i in range(arch.num_layers):
-        fold_awq_layer(tensors, stats, arch, DUO, i)
-    out = tmp_path / "folded"
-    shutil.copytree(src, out)
-    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for a, b in zip(_logits(src), _logits(out)):
-        assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), float((a - b).abs().max())
+    _, tensors = fold_every_layer(src, DUO)
+    assert_same_function(src, tensors, tmp_path)
 
 
 def test_block_search_with_duo_is_never_worse_than_without(src):
-    runner = sequential.LayerRunner(src, corpus.text("calibration"), TOKENS, window=256, progress=False)
-    try:
-        stats = runner.stats(0)
-        scorer = awq_block.BlockScorer(runner, 0, 32, True, tokens=512)
-        tensors = dict(iter_tensors(src))
-        for engine_name, names in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                                   ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"))):
-            engine_name = f"model.layers.0.{engine_name}"
-            weights = {f"model.layers.0.{n}.weight": tensors[f"model.layers.0.{n}.weight"].float() for n in names}
+    with layer0_scorer(src) as (stats, scorer):
+        for engine_name, weights in scored_groups(src):
             mean_abs = stats[engine_name].mean_abs
             plain, _, plain_duo = scorer.search(engine_name, weights, mean_abs)
             w_mag = awq.weight_magnitude(list(weights.values()), 32)
             s, _, _ = scorer.search(engine_name, weights, mean_abs, w_mag=w_mag)
             assert not plain_duo
             assert scorer.error(engine_name, weights, s) <= scorer.error(engine_name, weights, plain)
-    finally:
-        runner.close()
-
-
-def test_sequential_awq_with_duo_beats_rtn_on_held_out_text(src, tmp_path):
-    out = {}
-    for method, duo in (("rtn", False), ("awq", True)):
-        out[method] = tmp_path / method
-        quantize_folder(src, out[method], QuantizeOptions(method, 4, 32, True, calibration_tokens=TOKENS, awq_duo=duo),
-                        progress=False)
-    ref = _logits(src)
-
-    def error(method):
-        return sum(float(((a - b) ** 2).mean()) for a, b in zip(ref, _logits(out[method]))) / len(ref)
-    rtn, a = error("rtn"), error("awq")
-    assert a < 0.9 * rtn, (a, rtn)
 
 
 def test_duo_is_an_awq_option():
