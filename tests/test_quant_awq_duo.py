@@ -86,3 +86,10 @@ def test_block_search_with_duo_is_never_worse_than_without(src):
 def test_duo_is_an_awq_option():
     with pytest.raises(Exception, match="awq only"):
         QuantizeOptions("gptq", 4, 32, True, awq_duo=True).check()
+
+
+def test_the_folder_records_the_awq_search_settings():
+    from ridgeline.quant.quantize import quantization_config
+    qc = quantization_config(DUO, "calibration.txt", 1024)
+    assert (qc["awq_duo"], qc["awq_refine"], qc["awq_score_tokens"]) == (True, 0.0, 2048)
+    assert quantization_config(QuantizeOptions("awq", 4, 32, True), "calibration.txt", 1024)["awq_duo"] is False

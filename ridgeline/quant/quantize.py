@@ -246,7 +246,8 @@ def quantization_config(opts: QuantizeOptions, source: str | None, tokens: int, 
               "calibration": source, "calibration_tokens": tokens if source else 0,
               "sequential": bool(source) and sequential}
     if opts.method == "awq":
-        return {"quant_method": "awq", "version": "gemm", "zero_point": not opts.symmetric, **common}
+        search = {"awq_duo": opts.awq_duo, "awq_refine": opts.awq_refine, "awq_score_tokens": opts.awq_score_tokens}
+        return {"quant_method": "awq", "version": "gemm", "zero_point": not opts.symmetric, **search, **common}
     return {"quant_method": "gptq", "sym": opts.symmetric, "desc_act": opts.act_order, "static_groups": False,
             "true_sequential": False, "damp_percent": opts.damp, "checkpoint_format": "gptq", **common}
 
