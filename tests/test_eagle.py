@@ -102,6 +102,36 @@ def test_one_position_at_a_time_is_the_training_path():
     assert "inv_freq" not in head.state_dict()
 
 
+def test_unrolled_training_is_the_drafted_chain():
+    """Training's unrolled pass (two sequences packed together, three draft positions deep) gives,
+    at every row, the feature that drafting computes: the cache fed from the target's hidden states
+    up to the chain's start, then each draft from the head's own previous feature."""
+    torch.manual_seed(2)
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    lens = (9, 7)
+    h, e = torch.randn(sum(lens), 32), torch.randn(sum(lens), 32)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    with torch.no_grad():
+        feats = head.unrolled(h, e, pos, seq, 3)
+        assert torch.allclose(feats[0], torch.cat([head(h[:9], e[:9], pos[:9]), head(h[9:], e[9:], pos[9:])]),
+                              atol=1e-5)
+        checked = 0
+        for off, n in ((0, 9), (9, 7)):
+            hs, es = h[off:off + n], e[off:off + n]
+            for b in range(n - 2):  # a chain whose first draft reads position b
+                f, caches = head.step(hs[:b + 1], es[:b + 1], torch.arange(b + 1), [head.empty_cache()], [b + 1])
+                f = f[-1:]
+                for s in (2, 3):
+                    j = b + s - 1
+                    if j >= n:
+                        break
+                    f, caches = head.step(f, es[j:j + 1], torch.tensor([j]), caches, [1])
+                    assert torch.allclose(f, feats[s - 1][off + j:off + j + 1], atol=1e-5), (off, b, s)
+                    checked += 1
+    assert checked == 2 * (7 + 5)  # every chain that fits: b < n - 2, both later drafts
+
+
 def test_a_head_for_another_model_is_a_start_up_error(tiny_head, tmp_path):
     other = make_tiny_model(tmp_path / "other", "llama", seed=5)
     with pytest.raises(InvalidRequestError, match="trained for another model.*embedding_sha256"):

@@ -51,6 +51,30 @@ def test_the_bundled_text_is_disjoint_from_what_is_scored_and_benchmarked():
         train_text.resolve_text(str(train_text.resolve_text("calibration").parent / "heldout.txt"))
 
 
+def test_document_tasks_paste_each_paragraph_and_are_no_benchmark_prompt(tiny_llama):
+    """`tasks:FILE`: every paragraph pasted into every shipped task, and once per task as the
+    assistant's first turn before a follow-up; the shipped task, system and follow-up texts are
+    none of the benchmark workloads'."""
+    from ridgeline.bench import corpus
+    from ridgeline.spec.train_data import _encode, _prompt_lines, doc_task_prompts
+    paras = train_text.paragraphs(train_text.resolve_text("calibration"))[:3]
+    convs = doc_task_prompts(paras, seed=4)
+    tasks = [c for c in convs if c[-1]["role"] == "user" and len(c[-1]["content"]) > 200]
+    follow = [c for c in convs if len(c) == 3 and c[1]["role"] == "assistant"]
+    assert len(tasks) == len(follow) == len(convs) // 2 and len(convs) % (2 * len(paras)) == 0
+    for _, text in paras:
+        assert sum(text in c[-1]["content"] for c in tasks) == len(convs) // (2 * len(paras))
+        assert sum(c[1]["content"] == text for c in follow) == len(convs) // (2 * len(paras))
+    assert any(c[0]["role"] == "system" for c in tasks) and any(c[0]["role"] == "user" for c in tasks)
+    assert doc_task_prompts(paras, seed=4) == convs and doc_task_prompts(paras, seed=5) != convs
+    ours = [c[-1]["content"].replace(t, "{text}") for c in tasks for _, t in paras if t in c[-1]["content"]]
+    ours += _prompt_lines("systems.txt") + _prompt_lines("follow_ups.txt")
+    bench = corpus.TASKS + corpus.SYSTEM_PROMPTS + corpus.FOLLOW_UPS + corpus.QUESTIONS
+    assert not set(ours) & set(bench)
+    tok = Tokenizer(tiny_llama)
+    assert tok.decode(_encode(tok, follow[0]), skip_special_tokens=False).count(follow[0][1]["content"]) == 1
+
+
 def test_teacher_forced_hidden_states_are_the_prompts(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
     seqs = train_text.source_sequences(llm.tokenizer, "text:calibration", 0, 64)[:3]
@@ -84,7 +108,7 @@ def test_bad_data_source_is_a_usage_error(tiny_llama, tmp_path, capsys):
     from ridgeline.cli import main
     with pytest.raises(SystemExit):
         main(["train-draft", str(tiny_llama), "--out", str(tmp_path), "--data", "poems"])
-    assert "expected replies, text:FILE or chat:FILE" in capsys.readouterr().err
+    assert "expected replies, tasks:FILE, text:FILE or chat:FILE" in capsys.readouterr().err
 
 
 def test_replies_continue_where_an_earlier_run_stopped(tiny_llama):

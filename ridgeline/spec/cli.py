@@ -2,7 +2,9 @@
 EAGLE-style draft head for MODEL on this machine's CPU and save it as a folder for
 `--speculative-method eagle --draft-model DIR`. Data sources, each up to N tokens: `replies`, the
 model's own sampled replies to the shipped prompt seeds (spec/train_data.py; closest to what it will
-draft for, but each token costs a decode step); `text:FILE` and `chat:FILE`, the model's hidden
+draft for, but each token costs a decode step); `tasks:FILE`, its sampled replies to document
+tasks over FILE's paragraphs (summarize, list, explain, follow-ups: replies that quote and rework a
+given text, as chat traffic does); `text:FILE` and `chat:FILE`, the model's hidden
 states teacher-forced over fixed text, plain or as chat turns (spec/train_text.py; one prefill per
 chunk). FILE `calibration` is the bundled public-domain text."""
 from __future__ import annotations
@@ -30,8 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="folder to write the head to (required, no default)")
     p.add_argument("--data", action="append", type=_source, metavar="SRC",
-                   help="a data source: replies, text:FILE or chat:FILE (FILE a path or 'calibration', the bundled "
-                        "public-domain text); repeat to mix (default: replies)")
+                   help="a data source: replies, tasks:FILE, text:FILE or chat:FILE (FILE a path or 'calibration', "
+                        "the bundled public-domain text); repeat to mix (default: replies)")
     p.add_argument("--tokens", type=positive_int, default=300_000, metavar="N",
                    help="most tokens taken from each data source (prompt + reply for replies), default 300000")
     p.add_argument("--data-cache", type=Path, default=None, metavar="DIR",
@@ -47,8 +49,15 @@ def register(subparsers) -> None:
                    help="longest reply sampled per prompt (default 256)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="sampling temperature (default 0.8)")
     p.add_argument("--lr", type=float, default=1e-3, metavar="LR", help="peak learning rate (default 1e-3)")
-    p.add_argument("--batch", type=positive_int, default=8, metavar="N",
-                   help="sequences per optimizer step (default 8)")
+    p.add_argument("--batch-tokens", type=positive_int, default=2048, metavar="N",
+                   help="positions per optimizer step, whole sequences packed together (default 2048)")
+    p.add_argument("--unroll", type=positive_int, default=2, metavar="S",
+                   help="draft positions trained as drafting runs them, each reading the head's own feature from "
+                        "the position before (default 2; 1: only from the target's hidden states, EAGLE-1)")
+    p.add_argument("--ce-weight", type=float, default=1.0, metavar="W",
+                   help="weight of the cross-entropy against the target's next-token distribution (default 1)")
+    p.add_argument("--feature-weight", type=float, default=1.0, metavar="W",
+                   help="weight of the smooth-L1 loss against the target's next hidden state (default 1)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the target's dtype while generating the data (default: auto)")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -59,9 +68,9 @@ def register(subparsers) -> None:
 
 def _source(text: str) -> str:
     kind, _, name = text.partition(":")
-    if (kind == "replies" and not name) or (kind in ("text", "chat") and name):
+    if (kind == "replies" and not name) or (kind in ("text", "chat", "tasks") and name):
         return text
-    raise argparse.ArgumentTypeError(f"expected replies, text:FILE or chat:FILE, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected replies, tasks:FILE, text:FILE or chat:FILE, got {text!r}")
 
 
 def _gather(llm, args: argparse.Namespace) -> list:
@@ -69,7 +78,7 @@ def _gather(llm, args: argparse.Namespace) -> list:
     samples = []
     for src in args.data:
         key = {"source": src, "seed": args.seed, "dtype": args.dtype}
-        if src == "replies":
+        if src == "replies" or src.startswith("tasks:"):
             key.update(max_reply_tokens=args.max_reply_tokens, temperature=args.temperature)
         cache = None
         if args.data_cache is not None:
@@ -80,16 +89,25 @@ def _gather(llm, args: argparse.Namespace) -> list:
 
 
 class _Cache:
-    """One source's samples on disk, in the order the source yields them (saved every SAVE_EVERY
-    samples, so a stopped run keeps what it gathered). Every source yields the same samples in the
-    same order for a seed, so a later run asking for more tokens continues where this one stopped."""
+    """One source's samples on disk, in the order the source yields them (saved once SAVE_EVERY new
+    samples or a quarter more than the last save hold, so a stopped run keeps most of what it
+    gathered and rewriting the file costs a bounded share of the run). Every source yields the same
+    samples in the same order for a seed, so a later run asking for more tokens continues where this
+    one stopped."""
     SAVE_EVERY = 16
 
     def __init__(self, path: Path, key: dict):
         self.path, self.key = path, key
         self.samples = [Sample(t, h) for t, h in torch.load(path)["samples"]] if path.is_file() else []
+        self.saved = len(self.samples)
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        if len(self.samples) - self.saved >= max(self.SAVE_EVERY, self.saved // 4):
+            self.save()
 
     def save(self) -> None:
+        self.saved = len(self.samples)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         torch.save({"key": self.key, "samples": [(s.tokens, s.hidden) for s in self.samples]}, tmp)
@@ -107,8 +125,8 @@ def _take(samples, num_tokens: int) -> list:
 
 
 def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | None) -> list:
-    from ridgeline.spec.train_data import self_distill
-    from ridgeline.spec.train_text import source_sequences, teacher_forced
+    from ridgeline.spec.train_data import doc_task_prompts, self_distill
+    from ridgeline.spec.train_text import paragraphs, resolve_text, source_sequences, teacher_forced
     have = _take(cache.samples, args.tokens) if cache else []
     have_tokens = sum(len(s.tokens) for s in have)
     if have_tokens >= args.tokens:
@@ -116,17 +134,19 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
     if src == "replies":
         new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
                            batch=64, progress=not args.quiet, start=len(have))
+    elif src.startswith("tasks:"):
+        prompts = doc_task_prompts(paragraphs(resolve_text(src.partition(":")[2])), args.seed)
+        new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
+                           batch=64, progress=not args.quiet, start=len(have), prompts=prompts, desc=src)
     else:
         seqs = source_sequences(llm.tokenizer, src, args.seed, min(512, llm.engine.max_model_len))
         new = teacher_forced(llm, seqs[len(have):], args.tokens - have_tokens, src, progress=not args.quiet)
     out = list(have)
-    for i, s in enumerate(new):
+    for s in new:
         out.append(s)
         if cache is not None and len(out) > len(cache.samples):
-            cache.samples.append(s)
-            if i % cache.SAVE_EVERY == cache.SAVE_EVERY - 1:
-                cache.save()
-    if cache is not None:
+            cache.add(s)
+    if cache is not None and cache.saved < len(cache.samples):
         cache.save()
     return out
 
@@ -136,6 +156,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     from ridgeline.spec.eagle_io import head_config_for, head_rows, save_head, target_fingerprint
     from ridgeline.spec.train_data import frequent_tokens
     from ridgeline.spec.train_head import train_head
+    from ridgeline.utils.device import pick_dtype
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="512MiB")
     print(llm.info.summary(), file=sys.stderr)
@@ -145,13 +166,19 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     t_data = time.perf_counter() - t0
     vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
     rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
+    bf16 = pick_dtype("auto", torch.device("cpu")).dtype == torch.bfloat16
     head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
-                             args.seed, lr=args.lr, batch=args.batch, progress=not args.quiet)
+                             args.seed, lr=args.lr, batch_tokens=args.batch_tokens, ce_weight=args.ce_weight,
+                             feature_weight=args.feature_weight, unroll=args.unroll, bf16=bf16,
+                             progress=not args.quiet)
     data = "".join(f"--data {d} " for d in args.data)
     training = {"command": f"ridgeline train-draft {args.model} --out DIR {data}--tokens {args.tokens} --seed {args.seed} "
                            f"--epochs {args.epochs:g} --draft-vocab {args.draft_vocab} --max-reply-tokens "
-                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} --batch {args.batch} "
-                           f"--dtype {args.dtype}",
+                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} "
+                           f"--batch-tokens {args.batch_tokens} --unroll {args.unroll} --ce-weight {args.ce_weight:g} "
+                           f"--feature-weight {args.feature_weight:g} --dtype {args.dtype}",
+                "matmuls": "bf16 autocast" if bf16 else "fp32",
+                "top1_by_draft_position": [round(a, 4) for a in stats["top1_by_position"]],
                 "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
                 "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t0 - t_data),
                 "final_loss": round(stats["loss"], 4), "final_top1_agreement": round(stats["top1"], 4),

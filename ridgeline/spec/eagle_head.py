@@ -54,28 +54,46 @@ class EagleHead(nn.Module):
         # not saved: a function of the config
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)
+        self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
+
+    def use_kernels(self, pack) -> None:
+        """Draft with other matmul kernels: pack(weight [N, K]) -> a callable x [M, K] -> x @ W^T
+        (fp32), e.g. the engine's own packed CPU kernels (their thread pool, their weight prefetch).
+        The head's other weights and activations are then fp32. Inference only: training keeps torch."""
+        self.float()
+        self._packed = {m: pack(m.weight.detach()) for m in (self.fc, self.qkv, self.o, self.gate_up, self.down)}
+
+    def _lin(self, mod: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None or torch.is_grad_enabled():
+            return mod(x)
+        y = self._packed[mod](x)
+        return y if mod.bias is None else y + mod.bias
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         c = self.cfg
-        q, k, v = self.qkv(self.attn_norm(x)).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+        q, k, v = self._lin(self.qkv, self.attn_norm(x)).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
                                                       c.num_kv_heads * c.head_dim], -1)
         T = x.shape[0]
         ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]  # [T, 1, d/2]
-        cos, sin = ang.cos(), ang.sin()
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
         q = _rope(q.view(T, c.num_heads, c.head_dim), cos, sin)
         k = _rope(k.view(T, c.num_kv_heads, c.head_dim), cos, sin)
         return q, k, v.view(T, c.num_kv_heads, c.head_dim)
 
     def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + self.o(attn.reshape(x.shape[0], -1))
-        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, -1)
-        return x + self.down(F.silu(gate) * up)
+        x = x + self._lin(self.o, attn.reshape(x.shape[0], -1))
+        gate, up = self._lin(self.gate_up, self.mlp_norm(x)).chunk(2, -1)
+        return x + self._lin(self.down, F.silu(gate) * up)
 
     def _attend(self, q, k, v, causal_offset: int) -> torch.Tensor:
         """q [n, h, d] at the last n of the m key positions k, v [m, hkv, d] -> [n, h, d]."""
         n, m = q.shape[0], k.shape[0]
-        # one query (a drafting step) sees every key: no mask to build
-        mask = None if n == 1 else torch.ones(n, m, dtype=torch.bool, device=q.device).tril(causal_offset)
+        if n == 1:  # a drafting step: one query sees every key; in fp32 by hand (4x cheaper than bf16 SDPA here)
+            h, d, hkv = q.shape[1], q.shape[2], k.shape[1]
+            s = torch.einsum("hgd,mhd->hgm", q.reshape(hkv, h // hkv, d).float(), k.float()) * d ** -0.5
+            out = torch.einsum("hgm,mhd->hgd", torch.softmax(s, -1), v.float())
+            return out.reshape(1, h, d).to(q.dtype)
+        mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(causal_offset)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                              attn_mask=mask, enable_gqa=True)
         return out.transpose(0, 1)
@@ -83,16 +101,49 @@ class EagleHead(nn.Module):
     def forward(self, hidden: torch.Tensor, next_emb: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One sequence, whole (training): hidden, next_emb [T, H] (the target's hidden at j, the
         embedding of token j+1), positions [T] -> features [T, H] (f_j ~ hidden at j+1)."""
-        x = self.fc(torch.cat([next_emb, hidden], -1))
+        x = self._lin(self.fc, torch.cat([next_emb, hidden], -1))
         q, k, v = self._qkv(x, positions)
         return self._finish(x, self._attend(q, k, v, 0))
+
+    def unrolled(self, hidden: torch.Tensor, next_emb: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor,
+                 steps: int) -> list[torch.Tensor]:
+        """Training as drafting runs ("training-time test"): several sequences packed into rows, each
+        sequence's rows contiguous (hidden, next_emb [T, H]; positions, seq_ids [T]), unrolled `steps`
+        draft positions deep. Returns feats[s - 1] [T, H] for s = 1 .. steps: step s at row j reads
+        step s - 1's feature of row j - 1 as its hidden state (what a chain's s-th draft reads), and
+        attends to step-1 keys of positions <= j - s + 1 (fed from the target's hidden states) and to
+        step r's key at position j - s + r for r = 2 .. s (the chain's own earlier drafts), all in its
+        own sequence. Row j of step s is meaningful when positions[j] >= s - 1. feats[0] equals
+        `forward`; feats[s - 1][j] equals the s-th `step` of a chain that starts from the cache of
+        positions <= j - s + 1 (tests/test_eagle.py checks both)."""
+        bounds = (torch.nonzero(seq_ids[1:] != seq_ids[:-1]).flatten() + 1).tolist()
+        segments = list(zip([0] + bounds, bounds + [len(seq_ids)]))
+        feats, ks, vs, inp = [], [], [], hidden
+        for s in range(1, steps + 1):
+            if s > 1:  # row j reads row j - 1's feature (a sequence's first row is never meaningful at s > 1)
+                inp = torch.cat([feats[-1][:1], feats[-1][:-1]])
+            x = self._lin(self.fc, torch.cat([next_emb, inp], -1))
+            q, k, v = self._qkv(x, positions)
+            ks.append(k)
+            vs.append(v)
+            outs = []
+            for a, b in segments:  # attention within each sequence: [n, s n] keys of its s steps
+                pq, pk = positions[a:b, None], positions[None, a:b]
+                # every row sees at least its own key (r = s, or position <= itself at s = 1)
+                mask = torch.cat([pk <= pq - s + 1] + [pk == pq - s + r for r in range(2, s + 1)], 1)
+                kk = torch.cat([kr[a:b] for kr in ks]).transpose(0, 1)
+                vv = torch.cat([vr[a:b] for vr in vs]).transpose(0, 1)
+                outs.append(F.scaled_dot_product_attention(q[a:b].transpose(0, 1), kk, vv, attn_mask=mask,
+                                                           enable_gqa=True).transpose(0, 1))
+            feats.append(self._finish(x, torch.cat(outs)))
+        return feats
 
     def step(self, hidden: torch.Tensor, next_emb: torch.Tensor, positions: torch.Tensor,
              caches: list[tuple[torch.Tensor, torch.Tensor]], counts: list[int]) -> tuple[torch.Tensor, list]:
         """Drafting: new positions of several requests, concatenated (counts[i] rows of request i, in
         order, after its cache caches[i] = (K, V)). Returns (features [sum(counts), H], the caches
         with the new positions appended)."""
-        x = self.fc(torch.cat([next_emb, hidden], -1))
+        x = self._lin(self.fc, torch.cat([next_emb, hidden], -1))
         q, k, v = self._qkv(x, positions)
         outs, new_caches, row = [], [], 0
         for (ck, cv), n in zip(caches, counts):

@@ -32,22 +32,55 @@ def seed_prompts(seed: int) -> list[str]:
     return prompts
 
 
-def _encode(tok, text: str) -> list[int]:
+def _prompt_lines(name: str) -> list[str]:
+    return [t for t in (resources.files("ridgeline.spec") / "prompts" / name).read_text().splitlines() if t.strip()]
+
+
+def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[list[dict]]:
+    """Conversations over a text's paragraphs (the `tasks:FILE` source), shuffled by seed: for each
+    paragraph, every shipped document task with the paragraph pasted in (after a system prompt one
+    time in two), and one two-turn conversation (the paragraph as the assistant's first answer, then
+    a follow-up) per task, so about half the conversations of each kind."""
+    base = resources.files("ridgeline.spec") / "prompts"
+    tasks = [t.strip("\n") for t in (base / "doc_tasks.txt").read_text().split("\n---\n") if t.strip()]
+    systems, follow_ups = _prompt_lines("systems.txt"), _prompt_lines("follow_ups.txt")
+    from ridgeline.spec.train_text import ASKS
+    rng = random.Random(seed)
+    out = []
+    for title, text in paras:
+        topic = title or "this subject"
+        for task in tasks:
+            msgs = [{"role": "user", "content": task.replace("{text}", text)}]
+            if rng.random() < 0.5:
+                msgs.insert(0, {"role": "system", "content": rng.choice(systems)})
+            out.append(msgs)
+            out.append([{"role": "user", "content": rng.choice(ASKS).format(topic=topic)},
+                        {"role": "assistant", "content": text},
+                        {"role": "user", "content": rng.choice(follow_ups)}])
+    rng.shuffle(out)
+    return out
+
+
+def _encode(tok, prompt: str | list[dict]) -> list[int]:
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tok.chat_template:
-        return tok.encode_chat([{"role": "user", "content": text}])
-    return tok.encode(text)
+        return tok.encode_chat(msgs)
+    return tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:")
 
 
 def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
-                 top_p: float = 0.95, batch: int = 16, progress: bool = True, start: int = 0) -> Iterator[Sample]:
+                 top_p: float = 0.95, batch: int = 16, progress: bool = True, start: int = 0,
+                 prompts: list | None = None, desc: str = "self-distillation data") -> Iterator[Sample]:
     """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time.
     Sample n is the reply to prompt n with its own seed whatever the batching, so `start` continues
-    an earlier run that stopped after `start` samples."""
+    an earlier run that stopped after `start` samples. prompts: user turns (str) or conversations
+    (lists of messages); default the shipped seeds (seed_prompts). A prompt longer than the model's
+    context is cut to fit."""
     from tqdm import tqdm
     eng, tok = llm.engine, llm.tokenizer
-    prompts = seed_prompts(seed)
+    prompts = seed_prompts(seed) if prompts is None else prompts
     limit = eng.max_model_len - 1
-    bar = tqdm(total=num_tokens, unit="tok", desc="self-distillation data", disable=not progress)
+    bar = tqdm(total=num_tokens, unit="tok", desc=desc, disable=not progress)
     done, i = 0, start
     try:
         while done < num_tokens:
