@@ -17,11 +17,11 @@ pytestmark = pytest.mark.default_model
 KW = dict(dtype="bfloat16", quantization="none", kv_cache_memory="256MiB", max_model_len=2048, progress=False)
 CONV = [{"role": "user", "content": "Explain how a refrigerator keeps food cold."}]
 GREEDY = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-FLOOR = 0.25  # acceptance a shipped head must clear on CONV (k = 3); an untrained one stays near 0 (checked)
+FLOOR = 0.15  # acceptance a shipped head must clear on CONV (k = 1; the shipped one: 0.26); an untrained one stays near 0 (checked)
 
 
 def _eagle(head=None) -> LLM:
-    return LLM("smollm2-135m", speculative_method="eagle", draft_model=head, num_speculative_tokens=3,
+    return LLM("smollm2-135m", speculative_method="eagle", draft_model=head, num_speculative_tokens=1,
                speculative_controller="off", **KW)
 
 

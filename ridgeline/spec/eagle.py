@@ -22,6 +22,7 @@ import torch
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 512
 
@@ -47,9 +48,27 @@ class EagleProposer(Proposer):
         super().__init__(config, vocab_size)
         self.lm, self.device = target.runner.model, target.device
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
-        self.head = head.to(target.device)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
-        self.rows = head_rows(self.lm, self.vocab_ids)
+        rows = head_rows(self.lm, self.vocab_ids)
+        # On a CPU the head's matmuls (and its LM-head rows) run in the engine's own packed kernels,
+        # bf16 weights where the CPU runs them natively: torch's small matmuls right after the
+        # decoder stack's step ran 4-6x slower than alone (its thread pool and the stack's contend
+        # for the two cores, and the head's weights come back from memory). Elsewhere the head
+        # drafts in torch, in the target's activation dtype where that is bf16 and bf16 is native.
+        # Drafts are guesses: their precision never changes the verified output.
+        pack = _packer(target.device)
+        if pack is not None:
+            self.dtype = torch.float32
+            self.head = head.to(target.device)
+            self.head.use_kernels(pack)
+            self._rows_mm = None if rows is None else pack(rows)
+        else:
+            self.dtype = torch.bfloat16 if (target.act_dtype == torch.bfloat16 and pick_dtype(
+                "auto", target.device).dtype == torch.bfloat16) else torch.float32
+            self.head = head.to(target.device, self.dtype)
+            rows = None if rows is None else rows.to(self.dtype)
+            self._rows_mm = None if rows is None else (lambda x, r=rows: x @ r.T)
+        self.rows = rows
         self.states: dict[str, _State] = {}
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
@@ -93,8 +112,8 @@ class EagleProposer(Proposer):
                     out[i].append(t)
             if step + 1 == k_max:
                 break
-            feats, caches = self.head.step(feats, self.lm.model.embed(tokens), positions + step, caches,
-                                           [1] * len(live))
+            feats, caches = self.head.step(feats, self.lm.model.embed(tokens).to(self.dtype), positions + step,
+                                           caches, [1] * len(live))
         return out
 
     def _catch_up(self, states: list[_State]) -> None:
@@ -114,7 +133,8 @@ class EagleProposer(Proposer):
             counts.append(n)
         if not hs:
             return
-        feats, caches = self.head.step(torch.cat(hs), self.lm.model.embed(torch.tensor(ids, device=self.device)),
+        emb = self.lm.model.embed(torch.tensor(ids, device=self.device)).to(self.dtype)
+        feats, caches = self.head.step(torch.cat(hs).to(self.dtype), emb,
                                        torch.tensor(pos, device=self.device),
                                        [st.cache for st in states], counts)
         end = 0
@@ -125,10 +145,22 @@ class EagleProposer(Proposer):
                 st.feat = feats[end - 1]
 
     def _argmax(self, feats: torch.Tensor) -> torch.Tensor:
-        if self.rows is None:
-            return self.lm.compute_logits(feats).argmax(-1)
-        return self.vocab_ids[(feats @ self.rows.T).argmax(-1)]
+        if self._rows_mm is None:
+            return self.lm.compute_logits(feats.to(self.lm.model.act_dtype)).argmax(-1)
+        return self.vocab_ids[self._rows_mm(feats).argmax(-1)]
 
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:
             self.states.pop(rid, None)
+
+
+def _packer(device: torch.device):
+    """weight [N, K] -> the engine's packed CPU matmul (bf16 where the kernel runs it, else fp32); None
+    off the CPU or without the C library."""
+    if device.type != "cpu":
+        return None
+    from ridgeline.kernels import cpu_gemm
+    for dtype in (torch.bfloat16, torch.float32):
+        if cpu_gemm.available(dtype):
+            return lambda w, dt=dtype: cpu_gemm.PackedWeight(w.to(dt).contiguous())
+    return None
