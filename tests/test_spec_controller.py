@@ -134,3 +134,33 @@ def test_seeded_random_requests_stay_reproducible_under_the_controller(tiny_llam
     llm = LLM(str(tiny_llama), speculative_method="ngram", ngram_min=1, **kw)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, seeded, use_tqdm=False)] == plain
     assert llm.engine.spec_stats.proposed == 0
+
+
+def test_acceptance_is_estimated_per_tried_draft_not_per_proposed():
+    """Drafting 3 deep with drafts each accepted 30% of the time: a verification tries drafts only up
+    to the first rejection, so the estimate is ~0.3 (accepted / proposed would be ~0.14), and a cheap
+    draft of that quality keeps drafting at batch 1 (each drafted row costs 10% of a step)."""
+    rng = random.Random(3)
+    ctrl = SpecController(3)
+    for _ in range(3000):
+        ctrl.choose(["r"], [3], 1)  # a step: counts fade (no cost measured yet, so it drafts nothing)
+        acc = 0
+        while acc < 3 and rng.random() < 0.3:
+            acc += 1
+        ctrl.observe_acceptance("r", 3, acc)
+    assert ctrl.prior == pytest.approx(0.3, abs=0.05) and ctrl.alpha["r"] == pytest.approx(0.3, abs=0.1)
+
+    def cheap_rows(rows):
+        return 0.010 * (1 + 0.1 * (rows - 1))
+    rate, plain, ks = simulate(SpecController(3), cheap_rows, batch=1, alpha=0.35, max_k=3, steps=800)
+    assert sum(k > 0 for k in ks[400:]) > 390 and rate > 1.15 * plain
+
+
+def test_a_request_that_stopped_drafting_measures_again():
+    """Counts fade every step, so a request whose first drafts were all rejected drifts back to the
+    prior and drafts again; if its drafts are good after all, it keeps drafting."""
+    ctrl = SpecController(4)
+    for _ in range(12):
+        ctrl.observe_acceptance("r0", 4, 0)  # an unlucky start: twelve rejections in a row
+    rate, plain, ks = simulate(ctrl, bandwidth_bound, batch=1, alpha=0.7, steps=600)
+    assert sum(k > 0 for k in ks[-100:]) > 95 and rate > 1.8 * plain

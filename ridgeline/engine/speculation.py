@@ -66,7 +66,7 @@ class Speculation:
         elapsed = time.perf_counter() - t0
         self.stats.draft_time += elapsed
         if self.controller is not None:
-            self.controller.observe_draft(max(ks), elapsed)
+            self.controller.observe_draft(max(ks), max(0.0, elapsed - self.proposer.setup_time))
         for (req, pr), got in zip(want, proposals):
             req.spec_stats.draft_time += elapsed / len(want)
             draft = got if isinstance(got, Draft) else None

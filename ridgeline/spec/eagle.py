@@ -15,6 +15,7 @@ request that drafts nothing for long costs bounded memory and a bounded catch-up
 from __future__ import annotations
 
 from collections.abc import Sequence
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -95,7 +96,11 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
         states = [self.states.get(r.req_id) for r in requests]
-        self._catch_up([st for st in states if st is not None and st.pending])
+        t0 = time.perf_counter()
+        rows = self._catch_up([st for st in states if st is not None and st.pending])
+        # rows past a verification's worth per request (k + 1) are a prompt or a gap caught up once
+        steady = sum(r.k + 1 for r in requests)
+        self.setup_time = (time.perf_counter() - t0) * max(0, rows - steady) / rows if rows else 0.0
         out: list[list[int]] = [[] for _ in requests]
         live = [i for i, (r, st) in enumerate(zip(requests, states))
                 if st is not None and st.feat is not None and st.next_pos == len(r.token_ids) - 1]
@@ -116,8 +121,9 @@ class EagleProposer(Proposer):
                                            caches, [1] * len(live))
         return out
 
-    def _catch_up(self, states: list[_State]) -> None:
-        """Feed every pending (hidden, next token) pair of these requests through the head, in one call."""
+    def _catch_up(self, states: list[_State]) -> int:
+        """Feed every pending (hidden, next token) pair of these requests through the head, in one
+        call; returns how many rows that was."""
         hs, ids, pos, counts = [], [], [], []
         for st in states:
             n = 0
@@ -132,7 +138,7 @@ class EagleProposer(Proposer):
             st.pending.clear()
             counts.append(n)
         if not hs:
-            return
+            return 0
         emb = self.lm.model.embed(torch.tensor(ids, device=self.device)).to(self.dtype)
         feats, caches = self.head.step(torch.cat(hs).to(self.dtype), emb,
                                        torch.tensor(pos, device=self.device),
@@ -143,6 +149,7 @@ class EagleProposer(Proposer):
             st.cache = cache
             if n:
                 st.feat = feats[end - 1]
+        return sum(counts)
 
     def _argmax(self, feats: torch.Tensor) -> torch.Tensor:
         if self._rows_mm is None:

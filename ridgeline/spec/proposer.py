@@ -73,6 +73,10 @@ class Proposer:
     # True: the runner keeps every row's final hidden state, and observe(plan, sampled, hidden,
     # requests) is called after each step (an EAGLE head reads them)
     wants_hidden = False
+    # seconds of the last propose() that were a one-time cost per request rather than a cost per
+    # drafted position (e.g. an EAGLE head catching up on a new request's prompt): the goodput
+    # controller leaves them out of the draft cost it prices positions with
+    setup_time = 0.0
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int):
         self.config = config
