@@ -164,3 +164,15 @@ def test_a_request_that_stopped_drafting_measures_again():
         ctrl.observe_acceptance("r0", 4, 0)  # an unlucky start: twelve rejections in a row
     rate, plain, ks = simulate(ctrl, bandwidth_bound, batch=1, alpha=0.7, steps=600)
     assert sum(k > 0 for k in ks[-100:]) > 95 and rate > 1.8 * plain
+
+
+def test_one_slow_reading_does_not_stop_drafting_for_good():
+    """A 2-row step once measured three times slower (noise): drafting k = 1 then looks like a loss,
+    and nothing drafting would re-measure it; the controller probes that step size again once its
+    reading is old, and drafts again."""
+    ctrl = SpecController(1)
+    for _ in range(5):
+        ctrl.observe_step(1, bandwidth_bound(1))
+    ctrl.observe_step(2, 3 * bandwidth_bound(1))
+    rate, plain, ks = simulate(ctrl, bandwidth_bound, batch=1, alpha=0.6, max_k=1, steps=600)
+    assert sum(ks[-200:]) > 190 and rate > 1.3 * plain

@@ -67,6 +67,7 @@ class Speculation:
         self.stats.draft_time += elapsed
         if self.controller is not None:
             self.controller.observe_draft(max(ks), max(0.0, elapsed - self.proposer.setup_time))
+            self.controller.charge(self.proposer.setup_time)
         for (req, pr), got in zip(want, proposals):
             req.spec_stats.draft_time += elapsed / len(want)
             draft = got if isinstance(got, Draft) else None

@@ -8,12 +8,14 @@ controller measures it: `StepCost` keeps the time of decode steps by their row c
 drafts are the rows whose expected tokens per second beat plain decoding (B tokens in t(B)) by a
 margin, best first. Unmeasured row counts are priced pessimistically (time proportional to rows past
 the largest measured), so speculation starts only after a probe has measured a larger step. A probe
-adds a quarter more rows than the best choice, only while that reaches past what is measured, and
+adds a quarter more rows than the best choice, while that reaches past what is measured, and
 only while its budget lasts: 1% of measured step time accrues to it, and each probe spends what it
 actually cost over the choice it replaced. Where extra rows are cheap (batch 1) probes run step
 after step until k is reached; where they are dear, a probe waits until 1% of the time has paid for
 it. The costs are convex in rows (flat, then linear), so once the best choice lies inside the
-measured range, probing stops.
+measured range, probing stops, except that a step size not measured for STALE steps is probed
+again and its cost replaced: one slow reading (a noisy neighbour, a page fault) would otherwise
+stand for good, since choices that never draft that much never re-measure it.
 """
 from __future__ import annotations
 
@@ -26,21 +28,31 @@ class StepCost:
     counts (geometric, `ratio` apart), read through a running maximum so that more rows never look
     cheaper, interpolated linearly between buckets."""
 
-    def __init__(self, ratio: float = 1.2, weight: float = 0.25):
+    def __init__(self, ratio: float = 1.2, weight: float = 0.25, forget_after: int = 200):
         self.log_ratio = math.log(ratio)
         self.weight = weight
+        self.forget_after = forget_after  # steps after which a bucket's average is replaced, not updated
         self.buckets: dict[int, list[float]] = {}  # bucket -> [mean rows, mean seconds]
+        self.seen: dict[int, int] = {}  # bucket -> the step it was last measured at
         self._curve: tuple[list[float], list[float]] | None = None
 
-    def observe(self, rows: int, seconds: float) -> None:
-        key = round(math.log(rows) / self.log_ratio)
+    def observe(self, rows: int, seconds: float, now: int = 0) -> None:
+        key = self.key(rows)
         b = self.buckets.get(key)
-        if b is None:
+        if b is None or now - self.seen[key] > self.forget_after:  # new, or too old to average with
             self.buckets[key] = [float(rows), seconds]
         else:
             b[0] += self.weight * (rows - b[0])
             b[1] += self.weight * (seconds - b[1])
+        self.seen[key] = now
         self._curve = None
+
+    def key(self, rows: float) -> int:
+        return round(math.log(max(rows, 1)) / self.log_ratio)
+
+    def stale(self, rows: float, now: int, age: int) -> bool:
+        """No step of about this many rows measured in the last `age` steps (or never)."""
+        return now - self.seen.get(self.key(rows), -age - 1) > age
 
     @property
     def max_rows(self) -> float:
@@ -72,6 +84,7 @@ class StepCost:
 class SpecController:
     """Decides k per request per step from StepCost, the drafts' cost and each request's acceptance."""
     PRIOR_WEIGHT = 2.0  # trials the prior counts as, beside a request's own
+    STALE = 200  # steps after which a step size's measured cost is probed again (and replaced)
 
     def __init__(self, max_k: int, min_gain: float = 1.05, probe_budget: float = 0.01, probe_frac: float = 0.25,
                  prior: float = 0.6, alpha_weight: float = 0.3):
@@ -91,11 +104,13 @@ class SpecController:
         self.draft_pass = 0.0  # seconds the proposer takes per drafted position (one token for each request)
         self.budget = 0.0  # seconds probes may still cost over the choices they replaced
         self._probe_base: float | None = None  # predicted seconds of the choice the last probe replaced
+        self.steps = 0  # decode steps measured
 
     # ---- measurements --------------------------------------------------------------------------
     def observe_step(self, rows: int, seconds: float) -> None:
         """A step in which every scheduled sequence was a decode (with or without drafts)."""
-        self.cost.observe(rows, seconds)
+        self.steps += 1
+        self.cost.observe(rows, seconds, self.steps)
         self.budget += self.probe_budget * seconds
         if self._probe_base is not None:
             self.budget -= max(0.0, seconds - self._probe_base)
@@ -106,6 +121,12 @@ class SpecController:
         """The proposer drafted up to `positions` tokens per request in `seconds`."""
         if positions > 0:
             self.draft_pass += 0.25 * (seconds / positions - self.draft_pass)
+
+    def charge(self, seconds: float) -> None:
+        """One-time drafting work (a proposer catching up on a request it had not drafted for) is
+        paid from the probe budget: probing at a large batch, where each probe starts new requests
+        drafting, then waits until 1% of step time has paid for it."""
+        self.budget -= seconds
 
     def observe_acceptance(self, req_id: str, proposed: int, accepted: int) -> None:
         """A verification is a run of trials that stops at the first rejection: `accepted` successes,
@@ -152,7 +173,11 @@ class SpecController:
                        reverse=True)
         n = self._best(cands, len(req_ids), base_rows, t0)
         step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
-        if self.budget > 0 and n < len(cands) and base_rows + n + step > self.cost.max_rows:
+        # probe past the largest step measured, or a step size not measured for a while (a noisy
+        # reading there would otherwise stand for good: choices never drafting that much never
+        # re-measure it)
+        if self.budget > 0 and n < len(cands) and (base_rows + n + step > self.cost.max_rows or
+                                                   self.cost.stale(base_rows + n + step, self.steps, self.STALE)):
             self._probe_base = self.cost.predict(base_rows + n)
             n = min(len(cands), n + step)  # measure a step a little past the largest measured
         for _, _, i in cands[:n]:
