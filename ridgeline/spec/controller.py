@@ -92,12 +92,12 @@ class SpecController:
         self.min_gain = min_gain  # predicted goodput must beat plain decoding by this factor
         self.probe_budget, self.probe_frac = probe_budget, probe_frac
         self.alpha_weight = alpha_weight
-        self.cost = StepCost()
+        self.cost = StepCost(forget_after=self.STALE)
         self.prior = prior  # acceptance of requests not yet measured: the running mean over all requests
         self.alpha: dict[str, float] = {}
         self.prior0 = prior
-        # decayed (accepted drafts, trials) per request and over all; fading per step (alpha_weight: the
-        # share a request's counts lose each step; over all requests a tenth of it)
+        # decayed (accepted drafts, trials) per request and over all requests; each step a request's
+        # counts lose alpha_weight / 30 of their weight (~100 steps to fade), all requests' a tenth of that
         self._counts: dict[str, tuple[float, float]] = {}
         self._all = (0.0, 0.0)
         self.fade, self.fade_all = 1 - alpha_weight / 30, 1 - alpha_weight / 300

@@ -14,12 +14,13 @@ most MAX_PENDING rows wait per request (older ones are dropped: a gap, as for a 
 request that drafts nothing for long costs bounded memory and a bounded catch-up."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
@@ -52,13 +53,15 @@ class EagleProposer(Proposer):
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
         rows = head_rows(self.lm, self.vocab_ids)
         # On a CPU the head's matmuls (and its LM-head rows) run in the engine's own packed kernels,
-        # bf16 weights where the CPU runs them natively: torch's small matmuls right after the
+        # in the target's weight dtype: torch's small matmuls right after the
         # decoder stack's step ran 4-6x slower than alone (its thread pool and the stack's contend
         # for the two cores, and the head's weights come back from memory). Elsewhere the head
         # drafts in torch, in the target's activation dtype where that is bf16 and bf16 is native.
         # Drafts are guesses: their precision never changes the verified output.
-        pack = _packer(target.device)
-        if pack is not None:
+        plan = self.lm.model.plan
+        if target.device.type == "cpu" and target.dtype in plan.packed:
+            def pack(w):  # the head's weight in the target's dtype, multiplied as the target's dense layers are
+                return matmul_fn(w.to(target.dtype).contiguous(), plan)
             self.dtype = torch.float32
             self.head = head.to(target.device)
             self.head.use_kernels(pack)
@@ -69,7 +72,6 @@ class EagleProposer(Proposer):
             self.head = head.to(target.device, self.dtype)
             rows = None if rows is None else rows.to(self.dtype)
             self._rows_mm = None if rows is None else (lambda x, r=rows: x @ r.T)
-        self.rows = rows
         self.states: dict[str, _State] = {}
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
@@ -160,14 +162,3 @@ class EagleProposer(Proposer):
         for rid in req_ids:
             self.states.pop(rid, None)
 
-
-def _packer(device: torch.device):
-    """weight [N, K] -> the engine's packed CPU matmul (bf16 where the kernel runs it, else fp32); None
-    off the CPU or without the C library."""
-    if device.type != "cpu":
-        return None
-    from ridgeline.kernels import cpu_gemm
-    for dtype in (torch.bfloat16, torch.float32):
-        if cpu_gemm.available(dtype):
-            return lambda w, dt=dtype: cpu_gemm.PackedWeight(w.to(dt).contiguous())
-    return None
