@@ -65,6 +65,8 @@ def _encode(tok, prompt: str | list[dict]) -> list[int]:
     msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tok.chat_template:
         return tok.encode_chat(msgs)
+    if isinstance(prompt, str):
+        return tok.encode(prompt)  # a bare user turn stays plain text without a template
     return tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:")
 
 
