@@ -9,7 +9,9 @@ A backend is chosen per layer when its cache is bound (`Attention.bind`), never 
 - "sdpa": gathers each sequence's blocks (dequantized) into a padded view and calls SDPA. Grouped-query trick:
   the G = H / Hkv query heads that share a KV head are laid out as extra query rows, so SDPA runs
   per KV head with no KV repetition: q [B, Hkv, Q*G, D] against k [B, Hkv, L, D].
-- "auto": paged_c where the kernel plan has it and the cache format is one it reads, else sdpa.
+- "flash" (layers/attention_flash.py): FlashAttention's variable-length kernel on CUDA.
+- "auto": paged_c where the kernel plan has it and the cache format is one it reads, else flash where
+  it runs (CUDA, fp16/bf16 cache), else sdpa.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ridgeline.layers.kv_cache import LayerKV
 from ridgeline.quant.kv import hadamard
 
 BACKENDS: dict[str, type[AttentionBackend]] = {}
+AUTO_ORDER = ("paged_c", "flash", "sdpa")
 SMALL_ATTENTION = 4096  # B * Q * L below which plain matmul-softmax-matmul beats SDPA on a CPU
 
 
@@ -148,8 +151,8 @@ class PagedC(AttentionBackend):
 
 
 def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:
-    if name == "auto":
-        name = "sdpa" if PagedC.unsupported(kv, plan) else "paged_c"
+    if name == "auto":  # the first of these that can serve this cache
+        name = next(n for n in AUTO_ORDER if n in BACKENDS and not BACKENDS[n].unsupported(kv, plan))
     cls = BACKENDS.get(name)
     if cls is None:
         raise InvalidRequestError(f"unknown attention backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ridgeline.kernels import cpu, cpu_gemm, cpu_gemv, cpu_quant
+from ridgeline.kernels import cpu, cpu_gemm, cpu_gemv, cpu_quant, triton_quant
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,9 @@ _skinny_timings: dict[torch.dtype, tuple[str, str]] = {}  # per process: measure
 def choose_kernels(device: torch.device, weight_dtype: torch.dtype, act_dtype: torch.dtype) -> KernelPlan:
     """The kernels an engine with these dtypes runs on this device."""
     if device.type != "cpu":
-        return KernelPlan(device_type=device.type)
+        quant = ("quantized weights: Triton kernel (kernels/triton_quant.py)" if triton_quant.HAS_TRITON
+                 else "quantized weights dequantized per call (no triton)")
+        return KernelPlan(device_type=device.type, matmul_summary=f"torch (F.linear); {quant}")
     if cpu.lib() is None:
         return KernelPlan(matmul_summary=f"torch (F.linear); C kernels unavailable: {cpu.unavailable_reason()}")
     fused = act_dtype == torch.float32

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.kernels import cpu_quant
+from ridgeline.kernels import cpu_quant, triton_quant
 from ridgeline.layers.weight_formats import WeightFormat, register_weight_format
 from ridgeline.quant import rtn
 from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
@@ -57,13 +57,23 @@ class QuantizedFormat(WeightFormat):
         if layer.weight is None:
             return
         t = self.quantize(layer.weight.detach())
-        if self.runs_kernel(layer.weight):
-            layer.packed = self.pack(t)
-        else:
-            layer.quant = t
+        self.place(layer, t, layer.weight)
         layer.weight = None
 
+    def place(self, layer: nn.Module, t, w: torch.Tensor) -> None:
+        """Keep quantized tensor t (of weight w's device) as the layer computes with it: packed for the
+        C kernel on a CPU that has it, for the Triton kernel on CUDA, else as it is (torch dequantizes)."""
+        layer.packed = layer.quant = None
+        if self.runs_kernel(w):
+            layer.packed = self.pack(t)
+        elif triton_quant.available(w):
+            layer.packed = triton_quant.pack(t)
+        else:
+            layer.quant = t
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(layer.packed, triton_quant.TritonWeight):  # weight-only kernel: inputs rounded here
+            return layer.packed(self.activations(x)).to(x.dtype)
         if layer.packed is not None:
             return layer.packed(x).to(x.dtype)
         return F.linear(self.activations(x), layer.quant.dequantize().to(x.dtype))
@@ -73,6 +83,8 @@ class QuantizedFormat(WeightFormat):
         return x
 
     def stack_weight(self, layer: nn.Module) -> tuple[int, int, int] | str:
+        if isinstance(layer.packed, triton_quant.TritonWeight):
+            return f"{self.name} weights are on {layer.packed.code.device.type} (the Triton kernel's)"
         if layer.packed is None:
             return f"{self.name} weights have no C kernel on this CPU (it needs {cpu_quant.NEEDS[self.kind]})"
         return layer.packed.code, layer.packed.data.data_ptr(), layer.packed.scale.data_ptr()

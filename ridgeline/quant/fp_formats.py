@@ -71,10 +71,7 @@ class Fp8(QuantizedFormat):
             raise ModelLoadError(f"{layer.prefix}: an fp8 checkpoint needs every row of the weight in fp8 with its "
                                  "weight_scale (a fused projection takes all its parts in fp8)")
         t = fpq.Fp8Tensor(layer.weight.detach().to(fpq.FP8_DTYPES[self.element]), scale.contiguous())
-        if self.runs_kernel(layer.weight):
-            layer.packed = self.pack(t)
-        else:
-            layer.quant = t
+        self.place(layer, t, layer.weight)
         layer.weight = layer.ckpt_scale = None
 
 

@@ -71,7 +71,7 @@ class BlockTensor:
         return e8m0_value(self.scale)
 
     def elements(self) -> torch.Tensor:
-        return self.q.float() if self.kind == "mxfp8" else E2M1_VALUES[self.q.long()]
+        return self.q.float() if self.kind == "mxfp8" else E2M1_VALUES.to(self.q.device)[self.q.long()]
 
     def dequantize(self) -> torch.Tensor:
         N, K = self.q.shape
@@ -104,7 +104,7 @@ def check_block(kind: str, K: int, what: str = "the weight") -> None:
 
 def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     """float -> E2M1 codes (uint8), nearest value, saturating at +-6."""
-    idx = torch.bucketize(v.abs().clamp(max=6.0), _E2M1_MIDPOINTS)
+    idx = torch.bucketize(v.abs().clamp(max=6.0), _E2M1_MIDPOINTS.to(v.device))
     return (idx + 8 * (v < 0).long() * (idx > 0).long()).to(torch.uint8)
 
 
@@ -114,7 +114,7 @@ def _round_elements(v: torch.Tensor, kind: str) -> torch.Tensor:
         q = v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         return q.float(), q
     codes = round_e2m1(v)
-    return E2M1_VALUES[codes.long()], codes
+    return E2M1_VALUES.to(v.device)[codes.long()], codes
 
 
 def quantize_mx(w: torch.Tensor, kind: str) -> BlockTensor:

@@ -57,10 +57,7 @@ class PreQuantized(Int4):
         if layer.perm is not None:
             q = q[:, layer.perm].contiguous()
         t = rtn.Int4Tensor(q, layer.scales.data, None if self.symmetric else layer.qzeros.data, self.group)
-        if self.runs_kernel(q):
-            layer.packed = self.pack(t)
-        else:
-            layer.quant = t
+        self.place(layer, t, q)
         layer.qweight = layer.scales = layer.qzeros = layer.g_idx = None
 
     def _permutation(self, layer: nn.Module) -> torch.Tensor | None:
