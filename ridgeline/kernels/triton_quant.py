@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ridgeline.quant import fpq, rtn
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # optional: CUDA builds of torch bring it
 
 INT8, UINT4, FP8_E4M3, FP8_E5M2, FP4_E2M1 = range(5)
@@ -110,7 +112,6 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
 
 def pack(t) -> TritonWeight:
     """Any of the quantized tensors (quant/rtn.py, quant/fpq.py) as the kernel reads it."""
-    from ridgeline.quant import fpq, rtn
     if isinstance(t, rtn.Int8Tensor):
         N, K = t.q.shape
         return TritonWeight(t.q.view(torch.uint8).contiguous(), t.scale.float().view(N, 1).contiguous(), None,
