@@ -10,8 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-pytest.importorskip("triton")
+from ridgeline.kernels import triton_quant
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -71,7 +72,19 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_triton_kernel_matches_the_reference_under_the_interpreter():
+    pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
                        cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_where_the_kernel_cannot_run_the_reason_is_named(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(triton_quant, "HAS_TRITON", False)
+    assert "no triton" in triton_quant.unavailable_reason(torch.device("cuda"))
+    assert not triton_quant.available(torch.zeros(2))
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(triton_quant, "HAS_TRITON", True)
+        assert "compute capability 8.0" in triton_quant.unavailable_reason(torch.device("cuda"))
+        assert not triton_quant.available(torch.zeros(2))  # a CPU tensor, no interpreter

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ridgeline.quant import fpq, rtn
+from ridgeline.utils.device import nvidia_sm80
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # optional: CUDA builds of torch bring it
 
@@ -46,10 +47,20 @@ def interpreted() -> bool:
 
 
 def available(w: torch.Tensor) -> bool:
-    """Whether this weight's device runs the Triton kernel (CUDA, or the CPU under the interpreter)."""
+    """Whether this weight's device runs the Triton kernel (an NVIDIA GPU of compute capability 8.0 or
+    newer, or the CPU under the interpreter)."""
     if not HAS_TRITON:
         return False
-    return w.device.type == "cuda" or (interpreted() and w.device.type == "cpu")
+    return nvidia_sm80(w.device) or (interpreted() and w.device.type == "cpu")
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    """Why quantized weights on this (non-CPU) device dequantize per call instead, or None."""
+    if not HAS_TRITON:
+        return "no triton installed"
+    if not nvidia_sm80(device):
+        return "the Triton kernel is built for NVIDIA GPUs of compute capability 8.0 or newer"
+    return None
 
 
 def _cdiv(a: int, b: int) -> int:

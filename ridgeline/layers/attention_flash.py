@@ -22,6 +22,7 @@ from ridgeline.layers.attention import AttentionBackend, register_backend
 from ridgeline.layers.forward_context import AttnGroup
 from ridgeline.layers.kv_cache import LayerKV
 from ridgeline.layers.kernel_plan import KernelPlan
+from ridgeline.utils.device import nvidia_sm80
 
 
 def _flash_op():
@@ -34,6 +35,8 @@ class FlashVarlen(AttentionBackend):
     def unsupported(kv: LayerKV, plan: KernelPlan) -> str | None:
         if kv.k.device.type != "cuda":
             return "FlashAttention's kernel needs a CUDA device"
+        if not nvidia_sm80(kv.k.device):
+            return "FlashAttention-2 needs an NVIDIA GPU of compute capability 8.0 or newer"
         if _flash_op() is None:
             return "this torch has no aten._flash_attention_forward"
         if (kv.k.dtype not in (torch.float16, torch.bfloat16) or kv.k_scale is not None or kv.v_scale is not None

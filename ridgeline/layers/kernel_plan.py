@@ -54,8 +54,9 @@ _skinny_timings: dict[torch.dtype, tuple[str, str]] = {}  # per process: measure
 def choose_kernels(device: torch.device, weight_dtype: torch.dtype, act_dtype: torch.dtype) -> KernelPlan:
     """The kernels an engine with these dtypes runs on this device."""
     if device.type != "cpu":
-        quant = ("quantized weights: Triton kernel (kernels/triton_quant.py)" if triton_quant.HAS_TRITON
-                 else "quantized weights dequantized per call (no triton)")
+        why = triton_quant.unavailable_reason(device)
+        quant = ("quantized weights: Triton kernel (kernels/triton_quant.py)" if why is None
+                 else f"quantized weights dequantized per call ({why})")
         return KernelPlan(device_type=device.type, matmul_summary=f"torch (F.linear); {quant}")
     if cpu.lib() is None:
         return KernelPlan(matmul_summary=f"torch (F.linear); C kernels unavailable: {cpu.unavailable_reason()}")

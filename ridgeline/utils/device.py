@@ -35,6 +35,14 @@ def pick_device(spec: str) -> torch.device:
     return device
 
 
+def nvidia_sm80(device: torch.device) -> bool:
+    """An NVIDIA GPU of compute capability 8.0 or newer (Ampere, Hopper, ...): where bf16 tensor cores,
+    FlashAttention-2 and the Triton kernels here run (ROCm and older cards take the torch paths)."""
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
