@@ -131,19 +131,19 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
             const uint16_t *kp[KT], *vp[KT];
             for (int k = 0; k < KT; k++)
                 kp[k] = key_vec(s, 0, table, t0 + k, lo, hi, hk), vp[k] = key_vec(s, 1, table, t0 + k, lo, hi, hk);
-            qk_bf16(b->qt, kp, b->st, D, s->scale_qk, RV);
-            softmax_tile(b->st, b->first, b->len, t0, b->m, b->l, b->alpha, RV);
+            PF_BY_RV(qk_bf16, RV, b->qt, kp, b->st, D, s->scale_qk);
+            PF_BY_RV(softmax_tile, RV, b->st, b->first, b->len, t0, b->m, b->l, b->alpha);
             pack_p_bf16(b->st, b->pp, RP);
             pack_v_bf16(vp, (uint32_t *)b->vf, D);
-            pv_bf16(b->pp, (const uint32_t *)b->vf, b->alpha, b->o, rows4, D, RP, NE);
+            PF_BY_NE(pv_bf16, NE, b->pp, (const uint32_t *)b->vf, b->alpha, b->o, rows4, D, RP);
             continue;
         }
 #endif
         deq_tile(s, 0, table, t0, lo, hi, hk, b->kf);
-        qk_f32(b->qt, b->kf, b->st, D, s->scale_qk, RV);
-        softmax_tile(b->st, b->first, b->len, t0, b->m, b->l, b->alpha, RV);
+        PF_BY_RV(qk_f32, RV, b->qt, b->kf, b->st, D, s->scale_qk);
+        PF_BY_RV(softmax_tile, RV, b->st, b->first, b->len, t0, b->m, b->l, b->alpha);
         deq_tile(s, 1, table, t0, lo, hi, hk, b->vf);
-        pv_f32(b->st, b->vf, b->alpha, b->o, rows4, D, RP, NE);
+        PF_BY_NE(pv_f32, NE, b->st, b->vf, b->alpha, b->o, rows4, D, RP);
     }
     if (s->k0off) add_key0(s, q, t, table, window, H, b, rows);
     for (int64_t r = 0; r < rows; r++) { /* out = O / l, rotated back for a rotated V (H is its own inverse) */

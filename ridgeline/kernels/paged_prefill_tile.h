@@ -168,3 +168,44 @@ PV_KERNEL(pv_bf16, uint32_t, uint32_t, KT / 2, const __m512bh pb = as_bh(bcast_u
 PV_KERNEL(pv_f32, float, float, KT, const __m512 pb = bcast_f32(p + k * RP + r + i),
           __m512 vv[4]; for (int e = 0; e < NE; e++) vv[e] = _mm512_load_ps(v + k * D + d0 + 16 * e),
           _mm512_fmadd_ps(pb, vv[e], acc[i][e]))
+
+/* Each micro-kernel compiled on its own (noinline), one copy per row-vector count RV (and NE): inlined
+ * into one task body, the compiler hoisted the softmax's exp constants out of the tile loop and spilled
+ * the score kernel's accumulators to the stack to make room (a load and a store around every
+ * vdpbf16ps). Kept apart, each keeps its accumulators in registers; the arithmetic is the same. */
+#define PF_RV_WRAP(NAME, RV, PARAMS, ARGS) \
+    static __attribute__((noinline)) void NAME##_##RV PARAMS { NAME ARGS; }
+#ifdef __AVX512BF16__
+#define QK_BF16_WRAP(RV) PF_RV_WRAP(qk_bf16, RV, \
+    (const uint32_t *qp, const uint16_t *const *kp, float *st, int64_t D, float scale), (qp, kp, st, D, scale, RV))
+QK_BF16_WRAP(1)
+QK_BF16_WRAP(2)
+QK_BF16_WRAP(3)
+#endif
+#define QK_F32_WRAP(RV) PF_RV_WRAP(qk_f32, RV, \
+    (const float *qt, const float *kf, float *st, int64_t D, float scale), (qt, kf, st, D, scale, RV))
+QK_F32_WRAP(1)
+QK_F32_WRAP(2)
+QK_F32_WRAP(3)
+#define SOFTMAX_WRAP(RV) PF_RV_WRAP(softmax_tile, RV, \
+    (float *st, const int32_t *first, const int32_t *len, int64_t t0, float *m, float *l, float *alpha), \
+    (st, first, len, t0, m, l, alpha, RV))
+SOFTMAX_WRAP(1)
+SOFTMAX_WRAP(2)
+SOFTMAX_WRAP(3)
+#define PV_NE_WRAP(NAME, PT, VT, NE) \
+    static __attribute__((noinline)) void NAME##_##NE(const PT *p, const VT *v, const float *alpha, float *o, \
+                                                      int64_t rows4, int64_t D, int64_t RP) { \
+        NAME(p, v, alpha, o, rows4, D, RP, NE); \
+    }
+#ifdef __AVX512BF16__
+PV_NE_WRAP(pv_bf16, uint32_t, uint32_t, 1)
+PV_NE_WRAP(pv_bf16, uint32_t, uint32_t, 2)
+PV_NE_WRAP(pv_bf16, uint32_t, uint32_t, 4)
+#endif
+PV_NE_WRAP(pv_f32, float, float, 1)
+PV_NE_WRAP(pv_f32, float, float, 2)
+PV_NE_WRAP(pv_f32, float, float, 4)
+/* by the compile-time RV / NE of the caller */
+#define PF_BY_RV(NAME, RV, ...) ((RV) == 1 ? NAME##_1(__VA_ARGS__) : (RV) == 2 ? NAME##_2(__VA_ARGS__) : NAME##_3(__VA_ARGS__))
+#define PF_BY_NE(NAME, NE, ...) ((NE) == 1 ? NAME##_1(__VA_ARGS__) : (NE) == 2 ? NAME##_2(__VA_ARGS__) : NAME##_4(__VA_ARGS__))
