@@ -1,6 +1,6 @@
 """Long prompts end to end: greedy parity with transformers past 3,000 tokens (float32, a tiny random
-Llama-architecture model: the default model is too slow for a test on a loaded machine), prefilled in
-the engine's chunks through the tiled prefill kernel."""
+Llama-architecture model with one KV head; the default model's own check on held-out text is
+tests/test_default_model.py), prefilled in the engine's chunks through the tiled prefill kernel."""
 from __future__ import annotations
 
 import torch
