@@ -5,24 +5,27 @@ import triton.language as tl
 
 
 @triton.jit
+def _fp8(c, MBITS: tl.constexpr, BIAS: tl.constexpr, SUBNORMAL: tl.constexpr):
+    """fp8 codes (sign, 7 - MBITS exponent bits of bias BIAS, MBITS mantissa bits) -> fp32 built from the
+    bits; subnormals m * SUBNORMAL (2^(1 - BIAS - MBITS))."""
+    e = (c >> MBITS) & ((1 << (7 - MBITS)) - 1)
+    m = c & ((1 << MBITS) - 1)
+    normal = (((e + 127 - BIAS) << 23) | (m << (23 - MBITS))).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * SUBNORMAL, normal)
+    return tl.where((c >> 7) != 0, -mag, mag)
+
+
+@triton.jit
 def _decode(c, ELEM: tl.constexpr, OFFSET: tl.constexpr):
-    """c int32 codes -> fp32 element values, floats built from their bits."""
+    """c int32 codes -> fp32 element values, exactly."""
     if ELEM == 0:  # int8
         v = (c - ((c >> 7) << 8)).to(tl.float32)
     elif ELEM == 1:  # uint4 - offset
         v = (c - OFFSET).to(tl.float32)
-    elif ELEM == 2:  # fp8 e4m3fn -> fp32 bits (bias 127 - 7 = 120); subnormals m * 2^-9
-        e = (c >> 3) & 15
-        m = c & 7
-        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
-        v = tl.where((c >> 7) != 0, -mag, mag)
-    elif ELEM == 3:  # fp8 e5m2 -> fp32 bits (bias 127 - 15 = 112); subnormals m * 2^-16
-        e = (c >> 2) & 31
-        m = c & 3
-        normal = (((e + 112) << 23) | (m << 21)).to(tl.float32, bitcast=True)
-        mag = tl.where(e == 0, m.to(tl.float32) * 0.0000152587890625, normal)
-        v = tl.where((c >> 7) != 0, -mag, mag)
+    elif ELEM == 2:  # fp8 e4m3fn
+        v = _fp8(c, 3, 7, 0.001953125)
+    elif ELEM == 3:  # fp8 e5m2
+        v = _fp8(c, 2, 15, 0.0000152587890625)
     else:  # fp4 e2m1: twice the value is m (e = 0) or (2 + m) << (e - 1)
         e = (c >> 1) & 3
         m = c & 1
@@ -31,11 +34,12 @@ def _decode(c, ELEM: tl.constexpr, OFFSET: tl.constexpr):
         v = tl.where((c >> 3) != 0, -mag, mag)
     return v
 
+
 @triton.jit
 def qmm_kernel(x_ptr, code_ptr, scale_ptr, min_ptr, y_ptr, M, N, K, stride_xm, stride_code, stride_scale,
-                 ELEM: tl.constexpr, OFFSET: tl.constexpr, PACKED4: tl.constexpr, HAS_MIN: tl.constexpr,
-                 IEEE: tl.constexpr, GROUP: tl.constexpr, K_TILES: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+               ELEM: tl.constexpr, OFFSET: tl.constexpr, PACKED4: tl.constexpr, HAS_MIN: tl.constexpr,
+               IEEE: tl.constexpr, GROUP: tl.constexpr, K_TILES: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """The weight tile read as [BN, BK] (k contiguous, as stored), its scales once per group."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BM + tl.arange(0, BM)
