@@ -118,7 +118,8 @@ def flash(tmp: Path) -> None:
                                 window).to(DEV)
         print(f"flash kernel vs fp32 reference (prefix offsets, GQA 12/4, window {window}): max abs err "
               f"{float((got - want).abs().max()):.1e}", flush=True)
-    prompts = ["shared system prompt, then a question " * 3 + str(i) for i in range(4)] + ["a", "The quick brown fox " * 5]
+    prompts = ["shared system prompt, then a question " * 3 + str(i) for i in range(4)]
+    prompts += ["a", "The quick brown fox " * 5]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
     for arch in ("llama", "qwen2", "mistral"):
         folder = make_tiny_model(tmp / f"f-{arch}", arch)

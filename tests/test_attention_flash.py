@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
+from ridgeline.errors import InvalidRequestError
 from ridgeline.layers import attention_flash
-from ridgeline.layers.attention import resolve_backend
 
 PROMPTS = ["shared system prompt, then a question " * 3 + str(i) for i in range(4)] + ["a", "The quick brown fox " * 5]
 
@@ -36,7 +36,7 @@ def test_flash_packing_matches_the_other_backends(tiny_model, flash_on_cpu):
 
 
 def test_flash_says_why_it_cannot_run_here(tiny_llama):
-    with pytest.raises(Exception, match="CUDA"):
+    with pytest.raises(InvalidRequestError, match="CUDA"):
         LLM(str(tiny_llama), dtype="float32", kv_cache_memory="4MiB", attention_backend="flash", progress=False)
 
 

@@ -148,7 +148,7 @@ def test_acceptance_is_estimated_per_tried_draft_not_per_proposed():
         while acc < 3 and rng.random() < 0.3:
             acc += 1
         ctrl.observe_acceptance("r", 3, acc)
-    assert ctrl.prior == pytest.approx(0.3, abs=0.05) and ctrl.alpha["r"] == pytest.approx(0.3, abs=0.1)
+    assert ctrl.prior == pytest.approx(0.3, abs=0.05) and ctrl.acceptance("r") == pytest.approx(0.3, abs=0.1)
 
     def cheap_rows(rows):
         return 0.010 * (1 + 0.1 * (rows - 1))

@@ -94,7 +94,6 @@ class SpecController:
         self.alpha_weight = alpha_weight
         self.cost = StepCost(forget_after=self.STALE)
         self.prior = prior  # acceptance of requests not yet measured: the running mean over all requests
-        self.alpha: dict[str, float] = {}
         self.prior0 = prior
         # decayed (accepted drafts, trials) per request and over all requests; each step a request's
         # counts lose alpha_weight / 30 of their weight (~100 steps to fade), all requests' a tenth of that
@@ -150,13 +149,14 @@ class SpecController:
             self._counts[rid] = hits * self.fade, n * self.fade
         self._all = self._all[0] * self.fade_all, self._all[1] * self.fade_all
         self.prior = (self._all[0] + self.PRIOR_WEIGHT * self.prior0) / (self._all[1] + self.PRIOR_WEIGHT)
-        for rid in req_ids:
-            hits, n = self._counts[rid]
-            self.alpha[rid] = (hits + self.PRIOR_WEIGHT * self.prior) / (n + self.PRIOR_WEIGHT)
+
+    def acceptance(self, req_id: str) -> float:
+        """The request's per-draft acceptance: its faded counts, with the prior counted as PRIOR_WEIGHT trials."""
+        hits, n = self._counts.get(req_id, (0.0, 0.0))
+        return (hits + self.PRIOR_WEIGHT * self.prior) / (n + self.PRIOR_WEIGHT)
 
     def forget(self, req_ids) -> None:
         for rid in req_ids:
-            self.alpha.pop(rid, None)
             self._counts.pop(rid, None)
 
     # ---- the decision ----------------------------------------------------------------------------
@@ -168,7 +168,7 @@ class SpecController:
         t0 = self.cost.predict(base_rows)
         if t0 is None or not req_ids:
             return ks
-        alphas = [min(self.alpha[r], 0.99) for r in req_ids]
+        alphas = [min(self.acceptance(r), 0.99) for r in req_ids]
         cands = sorted(((alphas[i] ** j, -j, i) for i, c in enumerate(caps) for j in range(1, c + 1)),
                        reverse=True)
         n = self._best(cands, len(req_ids), base_rows, t0)

@@ -161,4 +161,3 @@ class EagleProposer(Proposer):
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:
             self.states.pop(rid, None)
-

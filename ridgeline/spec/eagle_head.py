@@ -71,8 +71,8 @@ class EagleHead(nn.Module):
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         c = self.cfg
-        q, k, v = self._lin(self.qkv, self.attn_norm(x)).split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
-                                                      c.num_kv_heads * c.head_dim], -1)
+        kv = c.num_kv_heads * c.head_dim
+        q, k, v = self._lin(self.qkv, self.attn_norm(x)).split([c.num_heads * c.head_dim, kv, kv], -1)
         T = x.shape[0]
         ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]  # [T, 1, d/2]
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)

@@ -32,8 +32,12 @@ def seed_prompts(seed: int) -> list[str]:
     return prompts
 
 
+def _prompt_text(name: str) -> str:
+    return (resources.files("ridgeline.spec") / "prompts" / name).read_text()
+
+
 def _prompt_lines(name: str) -> list[str]:
-    return [t for t in (resources.files("ridgeline.spec") / "prompts" / name).read_text().splitlines() if t.strip()]
+    return [t for t in _prompt_text(name).splitlines() if t.strip()]
 
 
 def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[list[dict]]:
@@ -41,8 +45,7 @@ def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[lis
     paragraph, every shipped document task with the paragraph pasted in (after a system prompt one
     time in two), and one two-turn conversation (the paragraph as the assistant's first answer, then
     a follow-up) per task, so about half the conversations of each kind."""
-    base = resources.files("ridgeline.spec") / "prompts"
-    tasks = [t.strip("\n") for t in (base / "doc_tasks.txt").read_text().split("\n---\n") if t.strip()]
+    tasks = [t.strip("\n") for t in _prompt_text("doc_tasks.txt").split("\n---\n") if t.strip()]
     systems, follow_ups = _prompt_lines("systems.txt"), _prompt_lines("follow_ups.txt")
     from ridgeline.spec.train_text import ASKS
     rng = random.Random(seed)
