@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not cpu_quant.available("w8a8"), reason="no AVX5
 # max |logit - float logit| / max |float logit| and the share of rows whose top token agrees, on the tiny
 # random model (weights as int8 / int4, BOUNDS of test_quant_engine.py, plus what int8 activations add)
 BOUNDS = {"w8a8": (0.05, 0.9), "w4a8": (0.35, 0.8)}
-CASES = [("w8a8", None, False), ("w4a8", 32, False), ("w4a8", 32, True), ("w4a8", 64, False), ("w4a8", 128, True)]
+CASES = [("w8a8", None, False), ("w8a8-g32", None, False), ("w4a8", 32, False), ("w4a8", 32, True), ("w4a8", 64, False), ("w4a8", 128, True)]
 
 
 def _w(N, K, seed=0):
@@ -26,7 +26,10 @@ def _packed(kind, w, group, sym):
     """(packed weight, dequantized weight, activation block)"""
     if kind == "w8a8":
         t = rtn.quantize_int8(w)
-        return cpu_quant.PackedW8A8(t), t.dequantize(), w.shape[1]
+        return cpu_quant.PackedW8A8(t), t.dequantize(), rtn.A8_BLOCK
+    if kind == "w8a8-g32":
+        t = rtn.quantize_int8_g32(w)
+        return cpu_quant.PackedW8A8G32(t), t.dequantize(), rtn.A8_BLOCK
     t = rtn.quantize_int4(w, group, sym)
     return cpu_quant.PackedW4A8(t), t.dequantize(), group
 
@@ -55,10 +58,16 @@ def test_kernel_equals_quantized_activations_times_dequantized_weights(kind, gro
         assert torch.equal(got[2], torch.zeros(N))
 
 
-def test_w8a8_takes_any_multiple_of_four_columns():
-    w, x = _w(50, 36), _x(4, 36)
+@pytest.mark.parametrize("K", [36, 4, 100])
+def test_w8a8_takes_any_multiple_of_four_columns(K):
+    """blocks of 32 and a shorter last one; each block has its own activation scale"""
+    w, x = _w(50, K), _x(4, K)
+    x[1, -1] = 300.0  # an outlier in the last block only: the blocks before keep their resolution
     p, wd, _ = _packed("w8a8", w, None, False)
-    want = rtn.fake_quantize_rows(x, 36).double() @ wd.double().T
+    xq = rtn.fake_quantize_rows(x, 32)
+    if K > 32:
+        assert float((xq[1, :32] - x[1, :32]).abs().max()) < float(x[1, :32].abs().max()) / 200
+    want = xq.double() @ wd.double().T
     torch.testing.assert_close(p(x).double(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="multiple of 4"):
         cpu_quant.PackedW8A8(rtn.quantize_int8(torch.randn(8, 30)))
@@ -79,7 +88,7 @@ def test_rows_do_not_depend_on_how_many_share_the_call(kind, group, sym, threads
 
 def test_the_activation_format_is_part_of_the_weight_format():
     cfg = EngineConfig.from_kwargs("m", quantization="w4a8", quant_group_size=64, quant_symmetric=True).model
-    assert cfg.weight_format == "w4a8-sym-g64" and cfg.format_rules == (("lm_head", "w8a8"),)
+    assert cfg.weight_format == "w4a8-sym-g64" and cfg.format_rules == (("lm_head", "w8a8-g32"),)
     assert EngineConfig.from_kwargs("m", quantization="w8a8").model.format_rules == ()
 
 

@@ -20,6 +20,7 @@ C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
 C_W8A8 = 10
 C_W4A8 = 11  # as C_INT4: codes 11..16
 C_INT8_G32 = 45  # int8 with an fp16 scale per 32 k (GGUF Q8_0's grid); 40..44: kernels/cpu_fpquant.py
+C_W8A8_G32 = 46  # the same grid against int8 activations
 KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
@@ -124,26 +125,43 @@ class PackedInt4(PackedQuant):
 
 
 class PackedW8A8(PackedQuant):
-    """int8 weights against int8 activations: data [groups][K/4][NC][4] int8; scale [groups * NC] fp32
-    then [groups * NC] int32 (128 x each column's sum of q, for the unsigned activations)."""
+    """int8 weights against int8 activations: data [groups][K/4][NC][4] uint8 (q + 128); scale
+    [groups * NC] fp32 (zero past N)."""
 
     code = C_W8A8
 
     def __init__(self, t: Int8Tensor):
-        lib = cpu.lib()
         self.N, self.K = t.q.shape
         G = _groups(self.N)
-        self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
-        both = torch.zeros(2 * G * NC, dtype=torch.int32)  # the scales' bits, then the sums
-        if lib.ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), both[G * NC:].data_ptr(),
-                                   self.N, self.K):
+        self.data = torch.empty(G * self.K * NC, dtype=torch.uint8)
+        if cpu.lib().ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
             raise ValueError(f"w8a8 packing needs K a multiple of 4, got {self.K}")
-        both[:self.N] = t.scale.float().contiguous().view(torch.int32)
-        self.scale = both.view(torch.float32)
+        self.scale = torch.zeros(G * NC, dtype=torch.float32)
+        self.scale[:self.N] = t.scale.float()
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_w8a8(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),
                                              y.data_ptr(), M, self.N, self.K, threads)
+
+
+class PackedW8A8G32(PackedQuant):
+    """int8 with an fp16 scale per 32 k against int8 activations: data as PackedW8A8's, scale
+    [groups][K/32][NC] fp16 (PackedInt8G32's)."""
+
+    code = C_W8A8_G32
+
+    def __init__(self, t: Int8GroupTensor):
+        self.N, self.K = t.q.shape
+        G = _groups(self.N)
+        self.data = torch.empty(G * self.K * NC, dtype=torch.uint8)
+        cpu.lib().ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        sc = torch.zeros(G * NC, self.K // t.group, dtype=torch.float16)
+        sc[:self.N] = t.scale
+        self.scale = sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)  # [G][K/32][NC]
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_w8a8_g32(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),
+                                                 y.data_ptr(), M, self.N, self.K, threads)
 
 
 class PackedW4A8(PackedInt4):

@@ -12,10 +12,12 @@ int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, flo
                        int64_t K, int64_t G, int sym, int nthreads);
 int ridgeline_int8_available(void);
 int ridgeline_int4_available(void);
-int ridgeline_gemm_w8a8(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+int ridgeline_gemm_w8a8(const uint8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                         int nthreads);
 int ridgeline_gemm_w4a8(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
                         int64_t K, int64_t G, int sym, int nthreads);
+int ridgeline_gemm_w8a8_g32(const uint8_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
+                            int64_t K, int nthreads);
 int ridgeline_a8_available(void);
 int ridgeline_gemm_fp8(const uint8_t *p, const void *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int mode, int nthreads);
@@ -30,11 +32,12 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
  * WF_I4_SYM_G32 (kernels/cpu_quant.py int4_code); WF_W4A8_G32..WF_W4A8_LAST the same with int8
  * activations (gemm_a8.c), WF_W8A8 int8 weights with int8 activations. WF_FP8_E4M3..WF_MXFP8: fp8
  * weights (gemm_fp8.c, in its mode order); WF_MXFP4, WF_NVFP4: fp4 weights, int8 activations (gemm_fp4.c);
- * WF_I8_G32 int8 with an fp16 scale per 32 k (GGUF Q8_0's grid, gemm_int8_g32.c) */
+ * WF_I8_G32 int8 with an fp16 scale per 32 k (GGUF Q8_0's grid, gemm_int8_g32.c), WF_W8A8_G32 the same
+ * grid with int8 activations (gemm_a8.c) */
 enum weight_format { WF_F32_PACKED = 1, WF_BF16_PACKED = 2, WF_I8_PACKED = 3, WF_I4_G32 = 4, WF_I4_SYM_G32 = 7,
                      WF_I4_LAST = 9, WF_W8A8 = 10, WF_W4A8_G32 = 11, WF_W4A8_SYM_G32 = 14, WF_W4A8_LAST = 16,
                      WF_FP8_E4M3 = 40, WF_FP8_E5M2 = 41, WF_MXFP8 = 42, WF_MXFP4 = 43, WF_NVFP4 = 44,
-                     WF_I8_G32 = 45 };
+                     WF_I8_G32 = 45, WF_W8A8_G32 = 46 };
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
@@ -45,7 +48,7 @@ int ridgeline_stack_weight_format(int64_t format) {
     if (format == WF_BF16_PACKED) return ridgeline_packed_available(1);
     if (format == WF_I8_PACKED || format == WF_I8_G32) return ridgeline_int8_available();
     if (format >= WF_I4_G32 && format <= WF_I4_LAST) return ridgeline_int4_available();
-    if (format >= WF_W8A8 && format <= WF_W4A8_LAST) return ridgeline_a8_available();
+    if ((format >= WF_W8A8 && format <= WF_W4A8_LAST) || format == WF_W8A8_G32) return ridgeline_a8_available();
     if (format >= WF_FP8_E4M3 && format <= WF_MXFP8) return ridgeline_fp8_available();
     if (format == WF_MXFP4 || format == WF_NVFP4) return ridgeline_fp4_available();
     return 0;
@@ -62,7 +65,11 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
         rc = ridgeline_gemm_i8g32(PTR(const int8_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N, K, nt);
         break;
     case WF_W8A8:
-        rc = ridgeline_gemm_w8a8(PTR(const int8_t, w[LW_DATA]), PTR(const float, w[LW_SCALE]), x, y, M, N, K, nt);
+        rc = ridgeline_gemm_w8a8(PTR(const uint8_t, w[LW_DATA]), PTR(const float, w[LW_SCALE]), x, y, M, N, K, nt);
+        break;
+    case WF_W8A8_G32:
+        rc = ridgeline_gemm_w8a8_g32(PTR(const uint8_t, w[LW_DATA]), PTR(const uint16_t, w[LW_SCALE]), x, y, M, N, K,
+                                     nt);
         break;
     case WF_FP8_E4M3: case WF_FP8_E5M2: case WF_MXFP8:
         rc = ridgeline_gemm_fp8(PTR(const uint8_t, w[LW_DATA]), PTR(const void, w[LW_SCALE]), x, y, M, N, K,

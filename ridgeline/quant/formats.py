@@ -4,8 +4,10 @@
     int8-g32                  int8 with an fp16 scale per 32 input columns (GGUF Q8_0's grid)
     int4, int4-g64, int4-g128 group-wise int4, asymmetric (fp16 scale and minimum per group, Q4_1's grid)
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
-    w8a8                      int8's weights; each linear's input quantized to int8 per row inside the call
-    w4a8, w4a8-sym, ...       int4's weights; the input quantized to int8 per row and group of G
+    w8a8                      int8's weights; each linear's input quantized to int8 per block of 32 of a row
+                              inside the call
+    w8a8-g32                  int8-g32's weights (Q8_0's grid), the input as w8a8's (w4a8's LM head)
+    w4a8, w4a8-sym, ...       int4's weights; the input quantized to int8 per group of G of a row
 
 Activations stay fp32 between layers; the a8 formats quantize a layer's input as part of its matmul
 (kernels/gemm_a8.c), whatever the number of rows, so the activation format belongs to the weight
@@ -157,7 +159,18 @@ class W8A8(Int8):
         return cpu_quant.PackedW8A8(t)
 
     def activations(self, x):
-        return rtn.fake_quantize_rows(x, x.shape[-1])
+        return rtn.fake_quantize_rows(x, rtn.A8_BLOCK)
+
+
+@register_weight_format("w8a8-g32")
+class W8A8G32(Int8G32):
+    kind = "w8a8"
+
+    def pack(self, t):
+        return cpu_quant.PackedW8A8G32(t)
+
+    def activations(self, x):
+        return rtn.fake_quantize_rows(x, rtn.A8_BLOCK)
 
 
 class W4A8(Int4):

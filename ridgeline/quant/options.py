@@ -4,7 +4,8 @@
     int8   per-output-channel symmetric int8, weight-only (round-to-nearest)
     int4   group-wise int4, weight-only (round-to-nearest); groups of 32 (default), 64 or 128 consecutive
            input columns; asymmetric (scale and minimum per group, GGUF Q4_1's grid) unless symmetric
-    w8a8   int8's weights, and each linear layer's input quantized to int8 per row (integer dot products)
+    w8a8   int8's weights, and each linear layer's input quantized to int8 per row and block of 32 (integer
+           dot products)
     w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
     fp8    E4M3 with a scale per output channel, weight-only (fp8-e5m2, fp8-tensor, fp8-e5m2-tensor: registered
            formats for layer_formats); an fp8 checkpoint loads into it as it is (quant/fp8_checkpoint.py)
@@ -67,7 +68,7 @@ def format_name(quantization: str, group_size: int | None, symmetric: bool) -> s
     return None
 
 
-HEADS = {"int4": "int8", "w4a8": "w8a8", "mxfp4": "mxfp8", "nvfp4": "fp8"}  # the LM head's format where it differs from the other layers'
+HEADS = {"int4": "int8", "w4a8": "w8a8-g32", "mxfp4": "mxfp8", "nvfp4": "fp8"}  # the LM head's format where it differs from the other layers'
 HEADS.update({q: "int8" for q in PREQUANTIZED})  # the float head of a GPTQ / AWQ folder: int8, as under int4
 
 

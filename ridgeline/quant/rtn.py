@@ -113,17 +113,21 @@ def quantize_int4(w: torch.Tensor, group: int, symmetric: bool) -> Int4Tensor:
     return Int4Tensor(q.clamp_(0, 15).to(torch.uint8).view(N, K), d, mn, group)
 
 
+A8_BLOCK = 32  # W8A8's activation block (kernels/gemm_a8.c A8_B)
+
+
 def fake_quantize_rows(x: torch.Tensor, block: int) -> torch.Tensor:
     """x [M, K] fp32 rounded as the a8 kernels quantize activations (kernels/gemm_a8.c): each block of
-    `block` consecutive k of a row (the whole row when block = K) to a * r, a = max|x| / 127,
-    r = round(x * 127 / max) in [-127, 127]. Returns the dequantized values a * r."""
+    `block` consecutive k of a row (the last one shorter when block does not divide K) to a * r,
+    a = max|x| / 127, r = round(x * 127 / max) in [-127, 127]. Returns the dequantized values a * r."""
     M, K = x.shape
-    xb = x.float().reshape(M, K // block, block)
+    pad = -K % block
+    xb = torch.nn.functional.pad(x.float(), (0, pad)).reshape(M, (K + pad) // block, block)
     mx = xb.abs().amax(-1, keepdim=True)
     # 127 / mx as one correctly rounded division, as the kernel computes it (torch's scalar / tensor
     # is 127 * (1 / mx), two roundings, which moves values next to a rounding tie across it)
     inv = torch.where(mx > 0, torch.full_like(mx, 127).div(mx), torch.zeros_like(mx))
-    return (torch.round(xb * inv) * (mx / 127)).reshape(M, K).to(x.dtype)
+    return (torch.round(xb * inv) * (mx / 127)).reshape(M, K + pad)[:, :K].to(x.dtype)
 
 
 def _fp16(x: torch.Tensor) -> torch.Tensor:
