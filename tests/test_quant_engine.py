@@ -161,7 +161,11 @@ def test_without_the_kernels_each_layer_is_named_and_runs_as_modules(tied, monke
     llm = _llm(tied, quantization="int8")
     assert all("int8 weights have no C kernel on this CPU" in p for p in llm.info.layer_paths)
     assert "layer 0: modules (model.layers.0.self_attn.qkv_proj: int8 weights have no C kernel" in llm.info.summary()
-    torch.testing.assert_close(_logits(llm), with_kernels, atol=1e-4, rtol=1e-4)  # the torch reference path
+    got = _logits(llm)  # the torch reference path: fp32 x
+    if cpu_quant.int8_rounds_activations():  # the kernel's bf16 dot products round x to bf16
+        assert float((got - with_kernels).abs().max()) < 0.02 * float(with_kernels.abs().max())
+    else:
+        torch.testing.assert_close(got, with_kernels, atol=1e-4, rtol=1e-4)
 
 
 def test_bench_decode_counts_the_quantized_bytes(tiny_llama, tmp_path):

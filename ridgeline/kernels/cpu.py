@@ -42,6 +42,8 @@ _SIGNATURES = {
     "ridgeline_int8_available": [],
     "ridgeline_int4_available": [],
     "ridgeline_pack_i8": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_pack_i8_gemm": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_int8_bf16": [],
     "ridgeline_pack_i4": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_i8p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_i8g32": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],

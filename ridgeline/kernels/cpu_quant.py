@@ -37,6 +37,13 @@ def available(kind: str) -> bool:
     return bool(fn())
 
 
+def int8_rounds_activations() -> bool:
+    """The int8 kernel rounds x to bf16 for bf16 dot products (AVX512-BF16), as int4's and the bf16
+    kernels do; without AVX512-BF16 it multiplies fp32 x."""
+    lib = cpu.lib()
+    return bool(lib is not None and lib.ridgeline_int8_bf16())
+
+
 def int4_code(group: int, symmetric: bool, base: int = C_INT4) -> int:
     return base + INT4_GROUP_SIZES.index(group) + 3 * int(symmetric)
 
@@ -65,15 +72,17 @@ class PackedQuant:
 
 
 class PackedInt8(PackedQuant):
-    """Per-channel int8: data [groups][K][NC] int8, scale [groups * NC] fp32 (zero past N)."""
+    """Per-channel int8: data int8 in kernels/gemm_int8.c's layout (with AVX512-BF16 [groups][K2/2][NC][2],
+    K2 = K rounded up to even, for bf16 dot products; else [groups][K][NC]); scale [groups * NC] fp32
+    (zero past N)."""
 
     code = C_INT8
 
     def __init__(self, t: Int8Tensor):
         lib = cpu.lib()
         self.N, self.K = t.q.shape
-        self.data = torch.empty(_groups(self.N) * self.K * NC, dtype=torch.int8)
-        lib.ridgeline_pack_i8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        self.data = torch.zeros(_groups(self.N) * (self.K + self.K % 2) * NC, dtype=torch.int8)
+        lib.ridgeline_pack_i8_gemm(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = torch.zeros(_groups(self.N) * NC)
         self.scale[:self.N] = t.scale
 

@@ -1,17 +1,21 @@
 /* y[M, N] = x[M, K] @ W^T for int8 weights with one fp32 scale per output channel, fp32 x and y
  * (weight-only: x is not quantized). w[n][k] = s[n] * q[n][k], q in [-127, 127].
- *   P[g][k][NC]  int8, NC = 48 output columns per group g, zero-padded past N
- *   s[g * NC + c] fp32, zero-padded past N
- * Per k, a group's 48 weights are one 48-byte slice of a contiguous stream; they are sign-extended
- * and converted to fp32 in registers (vpmovsxbd + vcvtdq2ps) once and shared by the tile's rows of x,
- * whose FMAs sum q * x over k in order; the scale multiplies each output once, after the last k.
- * Tiles are MR rows x one group, or for a single row two groups (six independent FMA chains instead
- * of three, to cover the FMA latency when nothing else is in flight); an output's arithmetic is the
- * same in either, and whatever M is, so a row's result does not depend on the batch it shares.
- * W8A8 later reuses q and s unchanged: vpdpbusd on u8 (x + 128) against s8 q, with the per-channel
- * 128 * sum(q) correction; only the layout of q changes, to [k/4][NC][4]. */
+ * With AVX512-BF16 (ridgeline_pack_i8_gemm picks the layout):
+ *   P[g][K2/2][NC][2] int8, NC = 48 output columns per group g, K2 = K rounded up to even: a
+ *   column's q for k = 2o, 2o + 1 side by side; zero past N and at the pad k
+ *   x is rounded to bf16 (as the bf16 and int4 kernels do); per k pair a vector's 32 weights are
+ *   sign-extended, converted to fp32 and packed into bf16 pairs (exact: |q| <= 127) once, shared by
+ *   the tile's rows, and vdpbf16ps sums q * x over k in order. Prefill and batches run at close to
+ *   the bf16 kernel's rate (the fp32 FMAs below ran at 0.56x of it).
+ * Without it: P[g][k][NC] (ridgeline_pack_i8), x fp32, per k the 48 weights sign-extended and
+ *   converted to fp32 (vpmovsxbd + vcvtdq2ps) once, FMAs summing q * x over k in order.
+ * s[g * NC + c] fp32, zero-padded past N, multiplies each output once, after the last k.
+ * Tiles are MR rows x one group, or for a single row two groups (six independent chains instead of
+ * three, to cover the latency when nothing else is in flight); an output's arithmetic is the same in
+ * either, and whatever M is, so a row's result does not depend on the batch it shares. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "omp_range.h"
 #include "quant_tile.h"
@@ -39,7 +43,124 @@ int ridgeline_pack_i8(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
     return 0;
 }
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define I8_BF16 1 /* the pair layout and bf16 dot products below; else fp32 FMAs on P[g][k][NC] */
+#else
+#define I8_BF16 0
+#endif
+
+/* 1 if ridgeline_gemm_i8p rounds x to bf16 (bf16 dot products), 0 if it multiplies in fp32 */
+int ridgeline_int8_bf16(void) { return I8_BF16; }
+
+/* the layout ridgeline_gemm_i8p reads: with AVX512-BF16, P[g][K2/2][NC][2] (K2 = K rounded up to
+ * even, the pad k zero): column c's q for k = 2o, 2o + 1 side by side; else ridgeline_pack_i8's */
+int ridgeline_pack_i8_gemm(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
+#if I8_BF16
+    const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = K + (K & 1);
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t k = 0; k < K2; k++) {
+            int8_t *dst = p + (g * K2 + k / 2 * 2) * QT_NC + k % 2;
+            for (int64_t c = 0; c < QT_NC; c++) {
+                const int64_t n = g * QT_NC + c;
+                dst[2 * c] = n < N && k < K ? q[n * K + k] : 0;
+            }
+        }
+    return 0;
+#else
+    return ridgeline_pack_i8(q, p, N, K);
+#endif
+}
+
+#if I8_BF16
+#define I8_MR 8
+#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
+
+/* mr rows of xb (bf16, stride ldx) against ng (1 or 2) consecutive groups pw [K2/2][NC][2] (group
+ * stride gs) -> y rows at columns n0..; k pairs [0, kc / 2) of this block. Per pair a vector's 32
+ * weights are sign-extended, converted to fp32 and packed to bf16 pairs (exact: |q| <= 127) once,
+ * shared by the tile's rows; vdpbf16ps sums the products over k in order. */
+static inline __attribute__((always_inline)) void
+ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const uint16_t *xb, int64_t ldx,
+       float *y, int64_t n0, int64_t N, int64_t kc, int flags) {
+    __m512 acc[I8_MR][2 * QT_NR];
+    const int nv = ng * QT_NR;
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t o = 0; o < kc / 2; o++) {
+        __m512bh wv[2 * QT_NR];
+        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + o * 2 * QT_NC, 2, mr); /* 96 bytes per pair */
+        for (int v = 0; v < nv; v++) {
+            const int8_t *src = pw + (v / QT_NR) * gs + (o * QT_NC + 16 * (v % QT_NR)) * 2;
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 16))));
+            wv[v] = _mm512_cvtne2ps_pbh(hi, lo); /* lanes 0-7 from lo's pairs, 8-15 from hi's */
+        }
+        for (int i = 0; i < mr; i++) {
+            int32_t pair;
+            memcpy(&pair, xb + i * ldx + 2 * o, 4);
+            const __m512bh xp = (__m512bh)_mm512_set1_epi32(pair);
+            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], xp, wv[v]);
+        }
+    }
+    if (flags & QT_LAST)
+        for (int v = 0; v < nv; v++) {
+            const __m512 sv = _mm512_loadu_ps(s + 16 * v);
+            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_mul_ps(acc[i][v], sv);
+        }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+#define UKR_I8(R, NG) \
+    static void ukr_i8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const uint16_t *xb, int64_t ldx, \
+                                  float *y, int64_t n0, int64_t N, int64_t kc, int flags) { \
+        ukr_i8(R, NG, pw, gs, s, xb, ldx, y, n0, N, kc, flags); \
+    }
+UKR_I8(1, 2) UKR_I8(1, 1) UKR_I8(2, 1) UKR_I8(3, 1) UKR_I8(4, 1) UKR_I8(5, 1) UKR_I8(6, 1) UKR_I8(7, 1) UKR_I8(8, 1)
+typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const uint16_t *, int64_t, float *, int64_t, int64_t,
+                          int64_t, int);
+static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3_1, ukr_i8_4_1,
+                                             ukr_i8_5_1, ukr_i8_6_1, ukr_i8_7_1, ukr_i8_8_1};
+
+typedef struct {
+    const int8_t *p;
+    const float *s;
+    const uint16_t *xb;
+    float *y;
+    int64_t N, K2;
+} i8_args;
+
+/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (k0 and kc even) */
+static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
+    const int8_t *pw = a->p + (g * a->K2 + k0) * QT_NC;
+    const float *s = a->s + g * QT_NC;
+    const uint16_t *xb = a->xb + m * a->K2 + k0;
+    float *y = a->y + m * a->N;
+    if (ng == 2)
+        ukr_i8_1_2(pw, a->K2 * QT_NC, s, xb, a->K2, y, g * QT_NC, a->N, kc, flags);
+    else
+        UKRS_I8[mr](pw, 0, s, xb, a->K2, y, g * QT_NC, a->N, kc, flags);
+}
+
+static inline int i8_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* rows of x [., K] fp32 -> xb [., K2] bf16 (round to nearest even; the pad k zero) */
+static void i8_to_bf16(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t K2) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K2; k += 32) {
+            const __mmask16 ma = qt_mask(k, K), mb = qt_mask(k + 16, K);
+            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mb, x + m * K + k + 16),
+                                                   _mm512_maskz_loadu_ps(ma, x + m * K + k));
+            const __mmask32 keep = K2 - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K2 - k)) - 1);
+            _mm512_mask_storeu_epi16(xb + m * K2 + k, keep, (__m512i)v);
+        }
+}
+#elif defined(__AVX512F__)
 #define I8_MR 8
 
 /* mr rows of x (stride ldx) against ng (1 or 2) consecutive groups pw [K][NC] (group stride gs)
@@ -100,9 +221,50 @@ static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int6
 }
 #endif
 
+/* p from ridgeline_pack_i8_gemm */
 int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads) {
-#ifdef __AVX512F__
+#if I8_BF16
+    if (M < 1 || N < 1 || K < 1) return -1;
+    const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = K + (K & 1), KC = qt_k_block(M, K2, 2, 2);
+    const int64_t rows = qt_chunk_rows(KC, 2, I8_MR);
+    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
+     * between converting and multiplying; more rows: each thread converts its share of one copy */
+    const int own = M <= I8_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
+    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K2 * 2 + 63) & ~(size_t)63);
+    if (!xb) return -3;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int64_t r0 = 0, r1 = M, g0, g1;
+        uint16_t *xbc = xb + (own ? i8_thread() : 0) * M * K2;
+        const i8_args a = {p, s, xbc, y, N, K2};
+        if (!own) omp_range(M, &r0, &r1);
+        i8_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
+        if (!own) {
+            #pragma omp barrier
+        }
+        omp_range(G, &g0, &g1);
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
+            for (int64_t k0 = 0; k0 < K2; k0 += KC) {
+                const int64_t kc = K2 - k0 < KC ? K2 - k0 : KC;
+                const int flags = (k0 ? QT_ACC : 0) | (k0 + kc == K2 ? QT_LAST : 0);
+                for (int64_t g = g0; g < g1;) {
+                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two groups per tile */
+                        tile_i8(&a, 1, 2, g, m0, k0, kc, flags);
+                        g += 2;
+                        continue;
+                    }
+                    for (int64_t m = m0; m < m1; m += I8_MR)
+                        tile_i8(&a, m1 - m < I8_MR ? (int)(m1 - m) : I8_MR, 1, g, m, k0, kc, flags);
+                    g++;
+                }
+            }
+        }
+    }
+    free(xb);
+    return 0;
+#elif defined(__AVX512F__)
     if (M < 1 || N < 1 || K < 1) return -1;
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 4, 1), rows = qt_chunk_rows(KC, 4, I8_MR);
     const i8_args a = {p, s, x, y, N, K};
