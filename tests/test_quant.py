@@ -83,14 +83,14 @@ def _packed(kind, w, group=32, sym=False):
         return cpu_quant.PackedInt8(t), t.dequantize(), cpu_quant.int8_rounds_activations()
     if kind == "int8-g32":
         t = rtn.quantize_int8_g32(w)
-        return cpu_quant.PackedInt8G32(t), t.dequantize(), False
+        return cpu_quant.PackedInt8G32(t), t.dequantize(), cpu_quant.int8_rounds_activations()
     t = rtn.quantize_int4(w, group, sym)
     return cpu_quant.PackedInt4(t), t.dequantize(), True
 
 
 def _reference(x, wd, bf16_x):
-    """fp64 x @ wd^T, x rounded to bf16 first where the kernel rounds it (int4, int8 with AVX512-BF16:
-    vdpbf16ps)."""
+    """fp64 x @ wd^T, x rounded to bf16 first where the kernel rounds it (int4, int8 and int8-g32 with
+    AVX512-BF16: vdpbf16ps)."""
     return (x.to(torch.bfloat16) if bf16_x else x).double() @ wd.double().T
 
 

@@ -38,8 +38,8 @@ def available(kind: str) -> bool:
 
 
 def int8_rounds_activations() -> bool:
-    """The int8 kernel rounds x to bf16 for bf16 dot products (AVX512-BF16), as int4's and the bf16
-    kernels do; without AVX512-BF16 it multiplies fp32 x."""
+    """The int8 and int8-g32 kernels round x to bf16 for bf16 dot products (AVX512-BF16), as int4's and
+    the bf16 kernels do; without AVX512-BF16 they multiply fp32 x."""
     lib = cpu.lib()
     return bool(lib is not None and lib.ridgeline_int8_bf16())
 
@@ -101,7 +101,7 @@ class PackedInt8G32(PackedQuant):
         self.N, self.K = t.q.shape
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
-        lib.ridgeline_pack_i8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        lib.ridgeline_pack_i8_gemm(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
         sc = torch.zeros(G * NC, self.K // t.group, dtype=torch.float16)
         sc[:self.N] = t.scale
         self.scale = sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)  # [G][K/32][NC]

@@ -19,6 +19,7 @@
 
 #include "omp_range.h"
 #include "quant_tile.h"
+#include "x_bf16.h"
 
 int ridgeline_int8_available(void) {
 #ifdef __AVX512F__
@@ -90,10 +91,7 @@ ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s,
         __m512bh wv[2 * QT_NR];
         for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + o * 2 * QT_NC, 2, mr); /* 96 bytes per pair */
         for (int v = 0; v < nv; v++) {
-            const int8_t *src = pw + (v / QT_NR) * gs + (o * QT_NC + 16 * (v % QT_NR)) * 2;
-            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
-            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 16))));
-            wv[v] = _mm512_cvtne2ps_pbh(hi, lo); /* lanes 0-7 from lo's pairs, 8-15 from hi's */
+            wv[v] = i8_pairs_to_bf16(pw + (v / QT_NR) * gs + (o * QT_NC + 16 * (v % QT_NR)) * 2);
         }
         for (int i = 0; i < mr; i++) {
             int32_t pair;
@@ -149,17 +147,6 @@ static inline int i8_thread(void) {
 #endif
 }
 
-/* rows of x [., K] fp32 -> xb [., K2] bf16 (round to nearest even; the pad k zero) */
-static void i8_to_bf16(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t K2) {
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K2; k += 32) {
-            const __mmask16 ma = qt_mask(k, K), mb = qt_mask(k + 16, K);
-            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mb, x + m * K + k + 16),
-                                                   _mm512_maskz_loadu_ps(ma, x + m * K + k));
-            const __mmask32 keep = K2 - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K2 - k)) - 1);
-            _mm512_mask_storeu_epi16(xb + m * K2 + k, keep, (__m512i)v);
-        }
-}
 #elif defined(__AVX512F__)
 #define I8_MR 8
 
@@ -239,7 +226,7 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
         uint16_t *xbc = xb + (own ? i8_thread() : 0) * M * K2;
         const i8_args a = {p, s, xbc, y, N, K2};
         if (!own) omp_range(M, &r0, &r1);
-        i8_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
+        x_rows_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
         if (!own) {
             #pragma omp barrier
         }
