@@ -19,7 +19,7 @@
 
 #include "omp_range.h"
 #include "quant_tile.h"
-#include "x_bf16.h"
+#include "int8_step.h"
 
 int ridgeline_int8_available(void) {
 #ifdef __AVX512F__
@@ -44,12 +44,6 @@ int ridgeline_pack_i8(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
     return 0;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define I8_BF16 1 /* the pair layout and bf16 dot products below; else fp32 FMAs on P[g][k][NC] */
-#else
-#define I8_BF16 0
-#endif
-
 /* 1 if ridgeline_gemm_i8p rounds x to bf16 (bf16 dot products), 0 if it multiplies in fp32 */
 int ridgeline_int8_bf16(void) { return I8_BF16; }
 
@@ -73,33 +67,19 @@ int ridgeline_pack_i8_gemm(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
 #endif
 }
 
-#if I8_BF16
+#ifdef __AVX512F__
 #define I8_MR 8
-#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
+#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
 
-/* mr rows of xb (bf16, stride ldx) against ng (1 or 2) consecutive groups pw [K2/2][NC][2] (group
- * stride gs) -> y rows at columns n0..; k pairs [0, kc / 2) of this block. Per pair a vector's 32
- * weights are sign-extended, converted to fp32 and packed to bf16 pairs (exact: |q| <= 127) once,
- * shared by the tile's rows; vdpbf16ps sums the products over k in order. */
+/* mr rows of x (stride ldx) against ng (1 or 2) consecutive groups pw (group stride gs) -> y rows
+ * at columns n0..; k in [0, kc) of this block (kc a multiple of I8_STEP) */
 static inline __attribute__((always_inline)) void
-ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const uint16_t *xb, int64_t ldx,
+ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const i8_x *x, int64_t ldx,
        float *y, int64_t n0, int64_t N, int64_t kc, int flags) {
     __m512 acc[I8_MR][2 * QT_NR];
     const int nv = ng * QT_NR;
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
-    for (int64_t o = 0; o < kc / 2; o++) {
-        __m512bh wv[2 * QT_NR];
-        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + o * 2 * QT_NC, 2, mr); /* 96 bytes per pair */
-        for (int v = 0; v < nv; v++) {
-            wv[v] = i8_pairs_to_bf16(pw + (v / QT_NR) * gs + (o * QT_NC + 16 * (v % QT_NR)) * 2);
-        }
-        for (int i = 0; i < mr; i++) {
-            int32_t pair;
-            memcpy(&pair, xb + i * ldx + 2 * o, 4);
-            const __m512bh xp = (__m512bh)_mm512_set1_epi32(pair);
-            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], xp, wv[v]);
-        }
-    }
+    for (int64_t k = 0; k < kc; k += I8_STEP) i8_step(mr, ng, pw, gs, x, ldx, k, &acc[0][0], 2 * QT_NR);
     if (flags & QT_LAST)
         for (int v = 0; v < nv; v++) {
             const __m512 sv = _mm512_loadu_ps(s + 16 * v);
@@ -109,12 +89,12 @@ ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s,
 }
 
 #define UKR_I8(R, NG) \
-    static void ukr_i8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const uint16_t *xb, int64_t ldx, \
+    static void ukr_i8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const i8_x *x, int64_t ldx, \
                                   float *y, int64_t n0, int64_t N, int64_t kc, int flags) { \
-        ukr_i8(R, NG, pw, gs, s, xb, ldx, y, n0, N, kc, flags); \
+        ukr_i8(R, NG, pw, gs, s, x, ldx, y, n0, N, kc, flags); \
     }
 UKR_I8(1, 2) UKR_I8(1, 1) UKR_I8(2, 1) UKR_I8(3, 1) UKR_I8(4, 1) UKR_I8(5, 1) UKR_I8(6, 1) UKR_I8(7, 1) UKR_I8(8, 1)
-typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const uint16_t *, int64_t, float *, int64_t, int64_t,
+typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const i8_x *, int64_t, float *, int64_t, int64_t,
                           int64_t, int);
 static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3_1, ukr_i8_4_1,
                                              ukr_i8_5_1, ukr_i8_6_1, ukr_i8_7_1, ukr_i8_8_1};
@@ -122,84 +102,16 @@ static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3
 typedef struct {
     const int8_t *p;
     const float *s;
-    const uint16_t *xb;
+    const i8_x *x;
     float *y;
-    int64_t N, K2;
+    int64_t N, K; /* K: the packed k (K rounded up to even with bf16), x's row length */
 } i8_args;
 
-/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (k0 and kc even) */
-static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
-    const int8_t *pw = a->p + (g * a->K2 + k0) * QT_NC;
-    const float *s = a->s + g * QT_NC;
-    const uint16_t *xb = a->xb + m * a->K2 + k0;
-    float *y = a->y + m * a->N;
-    if (ng == 2)
-        ukr_i8_1_2(pw, a->K2 * QT_NC, s, xb, a->K2, y, g * QT_NC, a->N, kc, flags);
-    else
-        UKRS_I8[mr](pw, 0, s, xb, a->K2, y, g * QT_NC, a->N, kc, flags);
-}
-
-static inline int i8_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-#elif defined(__AVX512F__)
-#define I8_MR 8
-
-/* mr rows of x (stride ldx) against ng (1 or 2) consecutive groups pw [K][NC] (group stride gs)
- * -> y rows at columns n0..; k in [0, kc) of this block */
-static inline __attribute__((always_inline)) void
-ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s, const float *x, int64_t ldx,
-       float *y, int64_t n0, int64_t N, int64_t kc, int flags) {
-    __m512 acc[I8_MR][2 * QT_NR];
-    const int nv = ng * QT_NR;
-    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 wv[2 * QT_NR];
-        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k * QT_NC, 1, mr); /* 48 bytes per k */
-        for (int v = 0; v < nv; v++) {
-            const int8_t *src = pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR);
-            wv[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
-        }
-        for (int i = 0; i < mr; i++) {
-            const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
-            for (int v = 0; v < nv; v++) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
-        }
-    }
-    if (flags & QT_LAST)
-        for (int v = 0; v < nv; v++) {
-            const __m512 sv = _mm512_loadu_ps(s + 16 * v);
-            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_mul_ps(acc[i][v], sv);
-        }
-    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
-}
-
-#define UKR_I8(R, NG) \
-    static void ukr_i8_##R##_##NG(const int8_t *pw, int64_t gs, const float *s, const float *x, int64_t ldx, \
-                                  float *y, int64_t n0, int64_t N, int64_t kc, int flags) { \
-        ukr_i8(R, NG, pw, gs, s, x, ldx, y, n0, N, kc, flags); \
-    }
-UKR_I8(1, 2) UKR_I8(1, 1) UKR_I8(2, 1) UKR_I8(3, 1) UKR_I8(4, 1) UKR_I8(5, 1) UKR_I8(6, 1) UKR_I8(7, 1) UKR_I8(8, 1)
-typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const float *, int64_t, float *, int64_t, int64_t,
-                          int64_t, int);
-static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3_1, ukr_i8_4_1,
-                                             ukr_i8_5_1, ukr_i8_6_1, ukr_i8_7_1, ukr_i8_8_1};
-
-typedef struct {
-    const int8_t *p;
-    const float *s, *x;
-    float *y;
-    int64_t N, K;
-} i8_args;
-
-/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) */
+/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (multiples of I8_STEP) */
 static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
     const int8_t *pw = a->p + (g * a->K + k0) * QT_NC;
-    const float *s = a->s + g * QT_NC, *x = a->x + m * a->K + k0;
+    const float *s = a->s + g * QT_NC;
+    const i8_x *x = a->x + m * a->K + k0;
     float *y = a->y + m * a->N;
     if (ng == 2)
         ukr_i8_1_2(pw, a->K * QT_NC, s, x, a->K, y, g * QT_NC, a->N, kc, flags);
@@ -211,25 +123,36 @@ static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int6
 /* p from ridgeline_pack_i8_gemm */
 int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads) {
-#if I8_BF16
+#ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = K + (K & 1), KC = qt_k_block(M, K2, 2, 2);
-    const int64_t rows = qt_chunk_rows(KC, 2, I8_MR);
+    const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = I8_STEP == 2 ? K + (K & 1) : K;
+    const int64_t KC = qt_k_block(M, K2, sizeof(i8_x), I8_STEP), rows = qt_chunk_rows(KC, sizeof(i8_x), I8_MR);
+#if I8_BF16
     /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
      * between converting and multiplying; more rows: each thread converts its share of one copy */
     const int own = M <= I8_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
     uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K2 * 2 + 63) & ~(size_t)63);
     if (!xb) return -3;
+#endif
     #pragma omp parallel num_threads(nthreads)
     {
-        int64_t r0 = 0, r1 = M, g0, g1;
-        uint16_t *xbc = xb + (own ? i8_thread() : 0) * M * K2;
+        int64_t g0, g1;
+#if I8_BF16
+        int64_t r0 = 0, r1 = M;
+#ifdef _OPENMP
+        uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K2;
+#else
+        uint16_t *xbc = xb;
+#endif
         const i8_args a = {p, s, xbc, y, N, K2};
         if (!own) omp_range(M, &r0, &r1);
         x_rows_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
         if (!own) {
             #pragma omp barrier
         }
+#else
+        const i8_args a = {p, s, x, y, N, K};
+#endif
         omp_range(G, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
@@ -249,34 +172,9 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
             }
         }
     }
+#if I8_BF16
     free(xb);
-    return 0;
-#elif defined(__AVX512F__)
-    if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 4, 1), rows = qt_chunk_rows(KC, 4, I8_MR);
-    const i8_args a = {p, s, x, y, N, K};
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t g0, g1;
-        omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                const int flags = (k0 ? QT_ACC : 0) | (k0 + kc == K ? QT_LAST : 0);
-                for (int64_t g = g0; g < g1;) {
-                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two groups per tile */
-                        tile_i8(&a, 1, 2, g, m0, k0, kc, flags);
-                        g += 2;
-                        continue;
-                    }
-                    for (int64_t m = m0; m < m1; m += I8_MR)
-                        tile_i8(&a, m1 - m < I8_MR ? (int)(m1 - m) : I8_MR, 1, g, m, k0, kc, flags);
-                    g++;
-                }
-            }
-        }
-    }
+#endif
     return 0;
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

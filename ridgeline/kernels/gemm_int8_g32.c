@@ -17,96 +17,40 @@
 
 #include "omp_range.h"
 #include "quant_tile.h"
-#include "x_bf16.h"
+#include "int8_step.h"
 
 #define I8G 32
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define I8G_BF16 1
-#else
-#define I8G_BF16 0
-#endif
-
-#if I8G_BF16
-#define I8G_MR 4
-#define I8G_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
-typedef uint16_t i8g_x; /* x as the kernel reads it: bf16 */
-
-/* mr rows of xb (bf16, stride ldx) against ng (1 or 2) column groups (pairs, stride gs bytes, scale
- * stride ss halves), kg quantization groups from this block's start -> y rows at columns n0.. */
-static inline __attribute__((always_inline)) void
-ukr_i8g(const int mr, const int ng, const int8_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, const uint16_t *x,
-        int64_t ldx, float *y, int64_t n0, int64_t N, int64_t kg, int flags) {
-    __m512 acc[I8G_MR][2 * QT_NR];
-    const int nv = ng * QT_NR;
-    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
-    for (int64_t b = 0; b < kg; b++) {
-        __m512 T[I8G_MR][2 * QT_NR];
-        for (int i = 0; i < mr; i++)
-            for (int v = 0; v < nv; v++) T[i][v] = _mm512_setzero_ps();
-        for (int64_t o = b * I8G / 2; o < (b + 1) * I8G / 2; o++) {
-            __m512bh wv[2 * QT_NR];
-            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + o * 2 * QT_NC, 2, mr); /* 96 bytes per pair */
-            for (int v = 0; v < nv; v++)
-                wv[v] = i8_pairs_to_bf16(pw + (v / QT_NR) * gs + (o * QT_NC + 16 * (v % QT_NR)) * 2);
-            for (int i = 0; i < mr; i++) {
-                int32_t pair;
-                memcpy(&pair, x + i * ldx + 2 * o, 4);
-                const __m512bh xp = (__m512bh)_mm512_set1_epi32(pair);
-                for (int v = 0; v < nv; v++) T[i][v] = _mm512_dpbf16_ps(T[i][v], xp, wv[v]);
-            }
-        }
-        for (int v = 0; v < nv; v++) {
-            const uint16_t *sv = sc + (v / QT_NR) * ss + b * QT_NC + 16 * (v % QT_NR);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
-            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_fmadd_ps(T[i][v], d, acc[i][v]);
-        }
-    }
-    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
-}
-#elif defined(__AVX512F__)
-#define I8G_MR 4
-typedef float i8g_x;
-
-/* mr rows of x (stride ldx) against ng (1 or 2) column groups (stride gs bytes, scale stride ss halves),
- * kg quantization groups from this block's start -> y rows at columns n0.. */
-static inline __attribute__((always_inline)) void
-ukr_i8g(const int mr, const int ng, const int8_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, const float *x,
-        int64_t ldx, float *y, int64_t n0, int64_t N, int64_t kg, int flags) {
-    __m512 acc[I8G_MR][2 * QT_NR];
-    const int nv = ng * QT_NR;
-    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
-    for (int64_t b = 0; b < kg; b++) {
-        __m512 T[I8G_MR][2 * QT_NR];
-        for (int i = 0; i < mr; i++)
-            for (int v = 0; v < nv; v++) T[i][v] = _mm512_setzero_ps();
-        for (int64_t k = b * I8G; k < (b + 1) * I8G; k++) {
-            __m512 wv[2 * QT_NR];
-            for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + k * QT_NC, 1, mr); /* 48 bytes per k */
-            for (int v = 0; v < nv; v++) {
-                const int8_t *src = pw + (v / QT_NR) * gs + k * QT_NC + 16 * (v % QT_NR);
-                wv[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
-            }
-            for (int i = 0; i < mr; i++) {
-                const __m512 xb = _mm512_set1_ps(x[i * ldx + k]);
-                for (int v = 0; v < nv; v++) T[i][v] = _mm512_fmadd_ps(xb, wv[v], T[i][v]);
-            }
-        }
-        for (int v = 0; v < nv; v++) {
-            const uint16_t *sv = sc + (v / QT_NR) * ss + b * QT_NC + 16 * (v % QT_NR);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
-            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_fmadd_ps(T[i][v], d, acc[i][v]);
-        }
-    }
-    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
-}
-#endif
-
 #ifdef __AVX512F__
-typedef void (*ukr_i8g_fn)(const int8_t *, int64_t, const uint16_t *, int64_t, const i8g_x *, int64_t, float *,
+#define I8G_MR 4
+#define I8G_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
+
+/* mr rows of x (stride ldx) against ng (1 or 2) column groups (stride gs bytes, scale stride ss
+ * halves), kg quantization groups from this block's start -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_i8g(const int mr, const int ng, const int8_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, const i8_x *x,
+        int64_t ldx, float *y, int64_t n0, int64_t N, int64_t kg, int flags) {
+    __m512 acc[I8G_MR][2 * QT_NR];
+    const int nv = ng * QT_NR;
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t b = 0; b < kg; b++) {
+        __m512 T[I8G_MR][2 * QT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) T[i][v] = _mm512_setzero_ps();
+        for (int64_t k = b * I8G; k < (b + 1) * I8G; k += I8_STEP) i8_step(mr, ng, pw, gs, x, ldx, k, &T[0][0], 2 * QT_NR);
+        for (int v = 0; v < nv; v++) {
+            const uint16_t *sv = sc + (v / QT_NR) * ss + b * QT_NC + 16 * (v % QT_NR);
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+            for (int i = 0; i < mr; i++) acc[i][v] = _mm512_fmadd_ps(T[i][v], d, acc[i][v]);
+        }
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+typedef void (*ukr_i8g_fn)(const int8_t *, int64_t, const uint16_t *, int64_t, const i8_x *, int64_t, float *,
                            int64_t, int64_t, int64_t, int);
 #define UKR_I8G(R, NG) \
-    static void ukr_i8g_##R##_##NG(const int8_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, const i8g_x *x, \
+    static void ukr_i8g_##R##_##NG(const int8_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, const i8_x *x, \
                                    int64_t ldx, float *y, int64_t n0, int64_t N, int64_t kg, int flags) { \
         ukr_i8g(R, NG, pw, gs, sc, ss, x, ldx, y, n0, N, kg, flags); \
     }
@@ -116,7 +60,7 @@ static const ukr_i8g_fn UKRS_I8G[I8G_MR + 1] = {0, ukr_i8g_1_1, ukr_i8g_2_1, ukr
 typedef struct {
     const int8_t *p;
     const uint16_t *s;
-    const i8g_x *x;
+    const i8_x *x;
     float *y;
     int64_t N, K;
 } i8g_args;
@@ -135,9 +79,9 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
                          int64_t K, int nthreads) {
 #ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1 || K % I8G) return -1;
-    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, sizeof(i8g_x), I8G);
-    const int64_t rows = qt_chunk_rows(KC, sizeof(i8g_x), I8G_MR);
-#if I8G_BF16
+    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, sizeof(i8_x), I8G);
+    const int64_t rows = qt_chunk_rows(KC, sizeof(i8_x), I8G_MR);
+#if I8_BF16
     /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
      * between converting and multiplying; more rows: each thread converts its share of one copy */
     const int own = M <= I8G_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
@@ -147,7 +91,7 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t g0, g1;
-#if I8G_BF16
+#if I8_BF16
         int64_t r0 = 0, r1 = M;
 #ifdef _OPENMP
         uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K;
@@ -181,7 +125,7 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
             }
         }
     }
-#if I8G_BF16
+#if I8_BF16
     free(xb);
 #endif
     return 0;
