@@ -69,8 +69,6 @@ int ridgeline_pack_i8_gemm(const int8_t *q, int8_t *p, int64_t N, int64_t K) {
 
 #ifdef __AVX512F__
 #define I8_MR 8
-#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
-
 /* mr rows of x (stride ldx) against ng (1 or 2) consecutive groups pw (group stride gs) -> y rows
  * at columns n0..; k in [0, kc) of this block (kc a multiple of I8_STEP) */
 static inline __attribute__((always_inline)) void
@@ -127,32 +125,13 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
     if (M < 1 || N < 1 || K < 1) return -1;
     const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = I8_STEP == 2 ? K + (K & 1) : K;
     const int64_t KC = qt_k_block(M, K2, sizeof(i8_x), I8_STEP), rows = qt_chunk_rows(KC, sizeof(i8_x), I8_MR);
-#if I8_BF16
-    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
-     * between converting and multiplying; more rows: each thread converts its share of one copy */
-    const int own = M <= I8_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
-    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K2 * 2 + 63) & ~(size_t)63);
-    if (!xb) return -3;
-#endif
+    int fail;
+    uint16_t *xb = i8_x_alloc(M, K2, nthreads, &fail);
+    if (fail) return -3;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t g0, g1;
-#if I8_BF16
-        int64_t r0 = 0, r1 = M;
-#ifdef _OPENMP
-        uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K2;
-#else
-        uint16_t *xbc = xb;
-#endif
-        const i8_args a = {p, s, xbc, y, N, K2};
-        if (!own) omp_range(M, &r0, &r1);
-        x_rows_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
-        if (!own) {
-            #pragma omp barrier
-        }
-#else
-        const i8_args a = {p, s, x, y, N, K};
-#endif
+        const i8_args a = {p, s, i8_x_rows(x, xb, M, K, K2), y, N, K2};
         omp_range(G, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
@@ -172,9 +151,7 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
             }
         }
     }
-#if I8_BF16
     free(xb);
-#endif
     return 0;
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

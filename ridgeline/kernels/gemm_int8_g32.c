@@ -23,7 +23,6 @@
 
 #ifdef __AVX512F__
 #define I8G_MR 4
-#define I8G_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
 
 /* mr rows of x (stride ldx) against ng (1 or 2) column groups (stride gs bytes, scale stride ss
  * halves), kg quantization groups from this block's start -> y rows at columns n0.. */
@@ -81,32 +80,13 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
     if (M < 1 || N < 1 || K < 1 || K % I8G) return -1;
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, sizeof(i8_x), I8G);
     const int64_t rows = qt_chunk_rows(KC, sizeof(i8_x), I8G_MR);
-#if I8_BF16
-    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
-     * between converting and multiplying; more rows: each thread converts its share of one copy */
-    const int own = M <= I8G_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
-    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K * 2 + 63) & ~(size_t)63);
-    if (!xb) return -3;
-#endif
+    int fail;
+    uint16_t *xb = i8_x_alloc(M, K, nthreads, &fail);
+    if (fail) return -3;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t g0, g1;
-#if I8_BF16
-        int64_t r0 = 0, r1 = M;
-#ifdef _OPENMP
-        uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K;
-#else
-        uint16_t *xbc = xb;
-#endif
-        const i8g_args a = {p, s, xbc, y, N, K};
-        if (!own) omp_range(M, &r0, &r1);
-        x_rows_to_bf16(x + r0 * K, xbc + r0 * K, r1 - r0, K, K);
-        if (!own) {
-            #pragma omp barrier
-        }
-#else
-        const i8g_args a = {p, s, x, y, N, K};
-#endif
+        const i8g_args a = {p, s, i8_x_rows(x, xb, M, K, K), y, N, K};
         omp_range(G, &g0, &g1);
         for (int64_t m0 = 0; m0 < M; m0 += rows) {
             const int64_t m1 = m0 + rows < M ? m0 + rows : M;
@@ -125,9 +105,7 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
             }
         }
     }
-#if I8_BF16
     free(xb);
-#endif
     return 0;
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

@@ -5,8 +5,10 @@
  * the layout ridgeline_pack_i8_gemm writes: [K/2][NC][2] pairs, or [K][NC]. */
 #pragma once
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "omp_range.h"
 #include "quant_tile.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -39,6 +41,47 @@ static inline __attribute__((always_inline)) __m512bh i8_pairs_to_bf16(const int
     return _mm512_cvtne2ps_pbh(hi, lo); /* lanes 0-7 from lo's pairs, 8-15 from hi's */
 }
 #endif
+
+#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
+
+/* x as the kernels read it, [M][K2] (K2: K, or K rounded up to even with bf16), in two halves:
+ * i8_x_alloc before the parallel region (a buffer for bf16 copies, or NULL: x itself is read;
+ * *fail on no memory), i8_x_rows inside it. A few rows (decode): every thread converts all of x into
+ * its own copy, with no barrier between converting and multiplying; more rows: each thread converts
+ * its share of one copy and waits for the others. */
+static inline uint16_t *i8_x_alloc(int64_t M, int64_t K2, int nthreads, int *fail) {
+    *fail = 0;
+#if I8_BF16
+    const int64_t copies = M <= I8_OWN_ROWS && nthreads > 1 ? nthreads : 1;
+    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K2 * 2 + 63) & ~(size_t)63);
+    *fail = xb == NULL;
+    return xb;
+#else
+    (void)M; (void)K2; (void)nthreads;
+    return NULL;
+#endif
+}
+
+static inline const i8_x *i8_x_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t K2) {
+#if I8_BF16
+    const int own = M <= I8_OWN_ROWS;
+    int64_t r0 = 0, r1 = M;
+#ifdef _OPENMP
+    uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K2;
+#else
+    uint16_t *xbc = xb;
+#endif
+    if (!own) omp_range(M, &r0, &r1);
+    x_rows_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
+    if (!own) {
+        #pragma omp barrier
+    }
+    return xbc;
+#else
+    (void)xb; (void)M; (void)K; (void)K2;
+    return x;
+#endif
+}
 
 #ifdef __AVX512F__
 /* step k0 (and k0 + 1 with bf16) of mr rows of x (stride ldx) against ng (1 or 2) column groups pw
