@@ -150,6 +150,9 @@ def test_sweep_settings_one_component_at_a_time():
     alone = settings[1].options
     assert alone["quantization"] == "none" and alone["layer_formats"] == (("*.qkv_proj", "int4-sym-g64"),)
     assert sweep_settings({"quantization": "none"})[0].name == "int8: all linear layers"
+    scores = settings[-1]
+    assert scores.component == "attention scores" and scores.options["quantization"] == "none"
+    assert scores.options["attention_backend"] == "sdpa-scores-int8"
 
 
 def test_eval_command_prints_table_ranking_and_json(tiny_llama, tmp_path, capsys):
@@ -164,8 +167,9 @@ def test_eval_command_prints_table_ranking_and_json(tiny_llama, tmp_path, capsys
     assert "top-1 agreement by position  KV cache int8: 0-128 " in text
     payload = json.loads(out.read_text())
     assert payload["windows"] == 2 and payload["tokens"] == 64
-    assert len(payload["results"]) == 8 and len(payload["ranking"]) == 8  # 7 weight settings + the KV cache
-    assert "KV cache int8" in payload["ranking"]
+    # 7 weight settings + the KV cache + the attention scores
+    assert len(payload["results"]) == 9 and len(payload["ranking"]) == 9
+    assert "KV cache int8" in payload["ranking"] and "attention scores int8" in payload["ranking"]
     assert all(set(r["top1_agreement_by_position"]) == {"0-128"} for r in payload["results"])  # 32-token windows
     kls = [r["mean_kl"] for r in payload["results"]]
     ranked = [next(r for r in payload["results"] if r["name"] == n)["mean_kl"] for n in payload["ranking"]]

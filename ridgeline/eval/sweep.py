@@ -4,7 +4,8 @@ has it, and rank the components by how much each alone costs (mean KL against th
 Components: the weights of all linear layers (weight-only); the weights of one kind of linear layer
 alone (q/k/v, attention output, gate/up, down, LM head), to show where the loss comes from; the same
 weights with int8 activations (w8a8 / w4a8: what activations add on top of the weights); and, where
-the engine has the option, the KV cache.
+the engine has the option, the KV cache; and the attention scores (softmax inputs) rounded to int8
+per query row and head (layers/attention_scores_q.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ridgeline.quant import options as quant_options
 LAYER_KINDS = (("q/k/v projection", "*.qkv_proj"), ("attention output", "*.o_proj"),
                ("MLP gate/up", "*.gate_up_proj"), ("MLP down", "*.down_proj"), ("LM head", "lm_head"))
 KV_SWEEP_DTYPE = "int8"
+SCORES_BACKEND = "sdpa-scores-int8"  # attention with its softmax inputs rounded to int8
 WEIGHTS_ONLY = {"none": "int8", "auto": "int8", "int8": "int8", "w8a8": "int8", "int4": "int4", "w4a8": "int4",
                 "gguf": "int4"}
 WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
@@ -46,6 +48,8 @@ def sweep_settings(options: dict) -> list[Setting]:
                        "weights + activations"))
     if engine_has_option("kv_cache_dtype"):
         out.append(Setting(f"KV cache {KV_SWEEP_DTYPE}", {**base, "kv_cache_dtype": KV_SWEEP_DTYPE}, "KV cache"))
+    out.append(Setting("attention scores int8", {**base, "attention_backend": SCORES_BACKEND},
+                       "attention scores"))
     return out
 
 

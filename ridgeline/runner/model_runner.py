@@ -12,6 +12,7 @@ from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup, ForwardContext, forward_context
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv, move_slots
 from ridgeline.layers import attention_flash  # noqa: F401  (registers the "flash" backend)
+from ridgeline.layers import attention_scores_q  # noqa: F401  (registers "sdpa-scores-int8")
 from ridgeline.layers.attention_h2o import slot_attention
 from ridgeline.runner.step_sampler import StepSampler
 from ridgeline.spec.proposer import Draft
