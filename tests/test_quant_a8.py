@@ -139,3 +139,13 @@ def test_torch_path_rounds_activations_like_the_kernel(tied, monkeypatch):
                for p in llm.info.layer_paths)
     got = llm.engine.prompt_logits(list(range(40, 90)))
     assert float((got - want).abs().max()) < 0.02 * float(want.abs().max())  # fp32 sums vs exact integer ones
+
+
+def test_w8a8_g32_names_itself_for_a_layer_it_cannot_take():
+    from ridgeline.errors import InvalidRequestError
+    from ridgeline.layers.kernel_plan import choose_kernels
+    from ridgeline.layers.linear import Linear
+    from ridgeline.layers.weight_formats import create_weight_format
+    plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
+    with pytest.raises(InvalidRequestError, match="w8a8-g32 needs input columns in multiples of 32; x.proj has 48"):
+        Linear(48, 16, create_weight_format("w8a8-g32", plan), bias=False, prefix="x.proj")

@@ -114,7 +114,7 @@ class Int8(QuantizedFormat):
 class Int8G32(Int8):
     def check_shape(self, layer: nn.Module) -> None:
         if layer.in_features % 32:
-            raise InvalidRequestError(f"int8-g32 needs input columns in multiples of 32; "
+            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 32; "
                                       f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
 
     def quantize(self, w):
