@@ -52,6 +52,14 @@ def _groups(n: int) -> int:
     return -(-n // NC)
 
 
+def _group_scales(t: Int8GroupTensor, G: int) -> torch.Tensor:
+    """An int8-g32 tensor's fp16 scales as its kernels read them: [G][K/32][NC], zero past N."""
+    N, K = t.q.shape
+    sc = torch.zeros(G * NC, K // t.group, dtype=torch.float16)
+    sc[:N] = t.scale
+    return sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)
+
+
 class PackedQuant:
     """A quantized [N, K] weight packed for its kernel: data and scale are what the decoder stack's
     descriptor points at, code its format there."""
@@ -102,9 +110,7 @@ class PackedInt8G32(PackedQuant):
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
         lib.ridgeline_pack_i8_gemm(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
-        sc = torch.zeros(G * NC, self.K // t.group, dtype=torch.float16)
-        sc[:self.N] = t.scale
-        self.scale = sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)  # [G][K/32][NC]
+        self.scale = _group_scales(t, G)
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i8g32(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),
@@ -164,9 +170,7 @@ class PackedW8A8G32(PackedQuant):
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.uint8)
         cpu.lib().ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
-        sc = torch.zeros(G * NC, self.K // t.group, dtype=torch.float16)
-        sc[:self.N] = t.scale
-        self.scale = sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1)  # [G][K/32][NC]
+        self.scale = _group_scales(t, G)
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_w8a8_g32(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(),

@@ -163,14 +163,11 @@ class W8A8(Int8):
 
 
 @register_weight_format("w8a8-g32")
-class W8A8G32(Int8G32):
-    kind = "w8a8"
+class W8A8G32(Int8G32, W8A8):
+    """int8-g32's grid and shape check, w8a8's kind and activations."""
 
     def pack(self, t):
         return cpu_quant.PackedW8A8G32(t)
-
-    def activations(self, x):
-        return rtn.fake_quantize_rows(x, rtn.A8_BLOCK)
 
 
 class W4A8(Int4):
