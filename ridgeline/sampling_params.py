@@ -201,3 +201,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON or self.top_k == 1 or self.top_p == 0
+
+    @cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that moves the argmax or asks for more than the token: no penalties,
+        logit bias, min_tokens bans or logprobs (the step sampler then takes the argmax directly)."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty and not self.logit_bias and self.min_tokens == 0
+                and self.logprobs is None)

@@ -56,3 +56,20 @@ def rope_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, s
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+EMBED_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kv_quant.h's codes
+
+
+def embed(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ids [T] int64 of table [V, H] (contiguous, one of EMBED_FORMATS) as fp32 [T, H]: torch's
+    lookup and conversion, in one C call (a step's first tensor op would otherwise walk torch's
+    dispatch on caches the previous step's weight stream flushed). IndexError for an id outside."""
+    V, H = table.shape
+    ids = ids.to(torch.int64).contiguous()  # no copy when it already is
+    T = ids.shape[0]
+    out = torch.empty(T, H, dtype=torch.float32)
+    if cpu.lib().ridgeline_embed(table.data_ptr(), EMBED_FORMATS[table.dtype], ids.data_ptr(), T, V, H,
+                                 out.data_ptr()):
+        raise IndexError(f"a token id in {ids.tolist()} is outside the embedding table's {V} rows")
+    return out

@@ -131,3 +131,25 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
     }
     return 0;
 }
+
+/* out [T, H] fp32 = rows ids [T] of table [V, H] in format fmt (KV_F32, KV_BF16 or KV_F16: kv_quant.h), the
+ * embedding lookup as torch computes it (each value converted exactly). Returns -1 for an id outside
+ * [0, V) or another format, writing nothing. */
+int ridgeline_embed(const void *table, int fmt, const int64_t *ids, int64_t T, int64_t V, int64_t H, float *out) {
+    if (fmt != KV_F32 && fmt != KV_BF16 && fmt != KV_F16) return -1;
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= V) return -1;
+    for (int64_t t = 0; t < T; t++) {
+        float *o = out + t * H;
+        if (fmt == KV_F32) {
+            memcpy(o, (const float *)table + ids[t] * H, sizeof(float) * (size_t)H);
+        } else if (fmt == KV_BF16) {
+            const uint16_t *r = (const uint16_t *)table + ids[t] * H;
+            for (int64_t i = 0; i < H; i++) o[i] = kv_bf16_to_f32(r[i]);
+        } else {
+            const uint16_t *r = (const uint16_t *)table + ids[t] * H;
+            for (int64_t i = 0; i < H; i++) o[i] = kv_f16_to_f32(r[i]);
+        }
+    }
+    return 0;
+}

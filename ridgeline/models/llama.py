@@ -127,6 +127,7 @@ class Model(nn.Module):
         self.tp = opts.tp  # TPComm: vocab-parallel embedding, all-reduce after each row-parallel projection
         self.stack = None  # models.decoder_stack.CStack once the KV cache is bound, where the plan has it
         self.segments: list[tuple[int, int, bool]] = [(0, cfg.num_layers, False)]  # (start, end, in C)
+        self.c_embed = False  # the lookup through kernels/ops.c (bind_kv decides, once the weights are in)
 
     @property
     def held_layers(self) -> list[DecoderLayer]:
@@ -142,6 +143,10 @@ class Model(nn.Module):
             layer.self_attn.attn.bind(kv, self.plan)
         reasons = CStack.layer_support(self, self.plan)
         self.stack = CStack(self) if any(r is None for r in reasons) else None
+        w = self.embed_tokens.weight if self.embed_tokens is not None else None
+        self.c_embed = (self.plan.fused_ops and self.tp is None and self.act_dtype == torch.float32 and w is not None
+                        and type(self.embed_tokens) is nn.Embedding and w.device.type == "cpu"
+                        and w.is_contiguous() and w.dtype in cpu_ops.EMBED_FORMATS)
         self.segments = []
         for i, r in enumerate(reasons):
             in_c = r is None
@@ -154,6 +159,8 @@ class Model(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
             return self.tp.embed(self.embed_tokens, input_ids, self.act_dtype)
+        if self.c_embed and input_ids.dim() == 1:
+            return cpu_ops.embed(self.embed_tokens.weight, input_ids)
         return self.embed_tokens(input_ids).to(self.act_dtype)
 
     def _reducing(self, hook: Hook | None) -> Hook | None:

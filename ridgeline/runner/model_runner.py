@@ -18,6 +18,8 @@ from ridgeline.runner.step_sampler import StepSampler
 from ridgeline.spec.proposer import Draft
 from ridgeline.weights.hf_config import ArchConfig
 
+SMALL_DECODE = 16  # steps of at most this many decodes (and nothing else) are prepared in plain Python
+
 
 class ModelRunner:
     def __init__(self, model: nn.Module, arch: ArchConfig, device: torch.device, kv_spec: KVCacheSpec,
@@ -73,7 +75,8 @@ class ModelRunner:
             result.prompt_logprobs = score_prompts(self.model, seqs, hidden)
         sampling = [s for s in seqs if s.sample]
         if sampling:
-            result.sampled = self.sample(sampling, self.model.compute_logits(hidden[sample_rows]), drafts)
+            rows = hidden if len(sample_rows) == len(hidden) else hidden[sample_rows]  # equal: every row, in order
+            result.sampled = self.sample(sampling, self.model.compute_logits(rows), drafts)
         return result
 
     @torch.inference_mode()
@@ -125,6 +128,8 @@ class ModelRunner:
         self.pipeline.reset()
 
     def _prepare(self, seqs: list[ScheduledSeq]):
+        if len(seqs) <= SMALL_DECODE and all(s.is_decode for s in seqs):
+            return self._prepare_decodes(seqs)
         bs, dev = self.block_size, self.device
         n = np.fromiter((s.num_new for s in seqs), np.int64, len(seqs))
         start = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
@@ -159,6 +164,35 @@ class ModelRunner:
         rows = [r for i, s in enumerate(seqs) if s.sample for r in range(int(cu[i]) - 1 - s.num_spec, int(cu[i]))]
         sample_rows = torch.tensor(rows, dtype=torch.long, device=dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx, sample_rows
+
+    def _prepare_decodes(self, seqs: list[ScheduledSeq]):
+        """_prepare of a step of a few decodes (one new token each), in plain Python: the same tensors
+        and one AttnGroup, with a handful of tensor constructions instead of some thirty numpy and
+        torch calls. At batch 1 a step's host work runs on caches the decoder stack's weight stream
+        has just flushed, where each of those calls costs several microseconds more."""
+        bs, dev = self.block_size, self.device
+        B = len(seqs)
+        ids, positions, slots, key_lens, sample_rows, tables = [], [], [], [], [], []
+        for i, s in enumerate(seqs):
+            ids.append(s.token_ids[0])
+            positions.append(s.start)
+            slot = s.start if s.cache_start is None else s.cache_start  # the new token's slot index
+            slots.append(s.block_table[slot // bs] * bs + slot % bs)
+            key_lens.append(slot + 1)
+            tables.append(s.block_table[:-(-(slot + 1) // bs)])
+            if s.sample:
+                sample_rows.append(i)
+        nb = max(len(t) for t in tables)
+        padded = [t + [0] * (nb - len(t)) for t in tables]
+        key_np = np.array(key_lens, dtype=np.int64)
+        group = AttnGroup(rows=slice(0, B), start=key_np - 1, n=np.ones(B, dtype=np.int64),
+                          block_tables=torch.tensor(padded, dtype=torch.long, device=dev),
+                          key_lens=torch.from_numpy(key_np).to(dev))
+        positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
+        ctx = ForwardContext(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), groups=[group],
+                             positions=positions_t)
+        return (torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx,
+                torch.tensor(sample_rows, dtype=torch.long, device=dev))
 
     def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray,
                prompt: np.ndarray | None) -> AttnGroup:

@@ -86,12 +86,15 @@ class StepSampler:
         return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device)
 
     def _match(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
-        out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
-        tokens = out.token_ids.tolist()
         lps = tops = None
-        if out.logprobs is not None:
-            lps = out.logprobs.tolist()
-            tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
+        if all(s.params.plain_greedy for s in seqs):  # the sampler's own answer, without its metadata
+            tokens = logits.argmax(-1).tolist()
+        else:
+            out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
+            tokens = out.token_ids.tolist()
+            if out.logprobs is not None:
+                lps = out.logprobs.tolist()
+                tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
         results, row = [], 0
         for s in seqs:
             proposals = _proposals(s)

@@ -1,0 +1,98 @@
+"""The host side of a small decode step, kept lean (a step's host work runs on caches the decoder
+stack's weight stream has just flushed): the plain-Python preparation of a few decodes builds exactly
+what the general path builds, the C embedding lookup is torch's, and the step sampler's argmax
+shortcut is taken only where the sampler would take the argmax itself."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ridgeline.kernels import cpu_ops
+from ridgeline.runner import model_runner
+from ridgeline.runner.model_runner import ModelRunner
+from ridgeline.sampling_params import SamplingParams
+from ridgeline.step_plan import ScheduledSeq
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+def _runner(block_size: int) -> ModelRunner:
+    r = ModelRunner.__new__(ModelRunner)  # only what _prepare reads
+    r.block_size, r.device = block_size, torch.device("cpu")
+    return r
+
+
+def _decodes(rng: random.Random, n: int, block_size: int) -> list[ScheduledSeq]:
+    seqs = []
+    for i in range(n):
+        prompt = rng.randint(1, 40)
+        start = prompt + rng.randint(0, 50)  # tokens cached before this step (past the prompt: a decode)
+        evicted = rng.random() < 0.3  # KV eviction: the new token's slot comes after the kept tokens
+        cache_start = rng.randint(1, start) if evicted else None
+        slots = (cache_start if evicted else start) + 1
+        table = rng.sample(range(1, 500), -(-slots // block_size) + rng.randint(0, 2))  # may hold spare blocks
+        seqs.append(ScheduledSeq(f"r{i}", start, [rng.randrange(1000)], table, rng.random() < 0.8, GREEDY, None,
+                                 None, prompt, cache_start=cache_start))
+    return seqs
+
+
+def _same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif hasattr(a, "__dataclass_fields__"):
+        for name in a.__dataclass_fields__:
+            _same(getattr(a, name), getattr(b, name))
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif hasattr(a, "dtype"):  # numpy
+        assert a.dtype == b.dtype and (a == b).all()
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_small_decode_preparation_builds_what_the_general_path_builds(block_size, monkeypatch):
+    rng = random.Random(block_size)
+    runner = _runner(block_size)
+    for n in (1, 2, 5, model_runner.SMALL_DECODE):
+        seqs = _decodes(rng, n, block_size)
+        fast = runner._prepare(seqs)
+        monkeypatch.setattr(model_runner, "SMALL_DECODE", 0)
+        general = runner._prepare(seqs)
+        monkeypatch.undo()
+        _same(fast, general)
+
+
+def test_a_step_with_a_prompt_chunk_takes_the_general_path(monkeypatch):
+    rng = random.Random(0)
+    seqs = _decodes(rng, 2, 16)
+    seqs.append(ScheduledSeq("p", 0, [5, 6, 7], [9], True, GREEDY, None, None, 3))
+    called = []
+    monkeypatch.setattr(ModelRunner, "_prepare_decodes", lambda self, s: called.append(s))
+    _runner(16)._prepare(seqs)
+    assert not called
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_c_embedding_lookup_is_torchs(dtype):
+    if not cpu_ops.available():
+        pytest.skip("no C kernels")
+    table = (torch.randn(300, 72) * 3).to(dtype)
+    ids = torch.tensor([0, 299, 17, 17, 150])
+    assert torch.equal(cpu_ops.embed(table, ids), torch.nn.functional.embedding(ids, table).float())
+    assert torch.equal(cpu_ops.embed(table, ids[1::2]), torch.nn.functional.embedding(ids[1::2], table).float())
+    for bad in (300, -1):
+        with pytest.raises(IndexError, match="300 rows"):
+            cpu_ops.embed(table, torch.tensor([3, bad]))
+
+
+@pytest.mark.parametrize("change", [dict(repetition_penalty=1.2), dict(presence_penalty=0.5),
+                                    dict(frequency_penalty=0.5), dict(logit_bias={3: 5.0}), dict(min_tokens=2),
+                                    dict(logprobs=1), dict(temperature=0.7)])
+def test_only_plain_greedy_requests_skip_the_sampler(change):
+    assert GREEDY.plain_greedy and SamplingParams(top_k=1, max_tokens=4).plain_greedy
+    assert not SamplingParams(**{"temperature": 0, "max_tokens": 8, **change}).plain_greedy
