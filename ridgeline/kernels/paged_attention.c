@@ -287,7 +287,9 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
     float *parts = by_split ? malloc(sizeof(float) * (size_t)(B * nsplit * part)) : NULL;
     int failed = by_split && !parts;
     const int64_t tasks = by_split ? B * nsplit : B;
-    #pragma omp parallel num_threads(nthreads)
+    /* one task (a single row with at most SPLIT keys: batch-1 decode of a short context) gains nothing from
+     * a team; the calling thread runs the same code alone, without waking the others or their buffers */
+    #pragma omp parallel num_threads(tasks > 1 ? nthreads : 1)
     {
         att_buf buf;
         void *mem = failed ? NULL : alloc_buf(&buf, H, D);
