@@ -96,3 +96,44 @@ def test_c_embedding_lookup_is_torchs(dtype):
 def test_only_plain_greedy_requests_skip_the_sampler(change):
     assert GREEDY.plain_greedy and SamplingParams(top_k=1, max_tokens=4).plain_greedy
     assert not SamplingParams(**{"temperature": 0, "max_tokens": 8, **change}).plain_greedy
+
+
+def _argmax_head(W: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the C head's logits, its choices, the packed fp32 weight's own matmul) for W [N, K], x [M, K]."""
+    from ridgeline.kernels import cpu_stack
+    from ridgeline.kernels.cpu_gemm import PackedWeight
+    from ridgeline.layers.weight_formats import C_F32_PACKED
+    packed = PackedWeight(W)
+    desc = torch.tensor([C_F32_PACKED, packed.data.data_ptr(), 0, 0], dtype=torch.int64)
+    y, ids = torch.empty(x.shape[0], W.shape[0]), torch.empty(x.shape[0], dtype=torch.int64)
+    cpu_stack.linear_argmax(desc, x, y, ids)
+    return y, ids, packed(x)
+
+
+def test_c_argmax_is_torchs_with_ties_and_nans():
+    if not cpu_ops.available():
+        pytest.skip("no C kernels")
+    K, N = 24, 100
+    W = torch.randn(N, K)
+    W[37] = W[5]  # rows 5 and 37 tie for every input: the first wins
+    x = torch.randn(6, K)
+    x[2] = 0.0  # every logit 0: index 0
+    y, ids, ref = _argmax_head(W, x)
+    assert torch.equal(y, ref) and torch.equal(ids, ref.argmax(-1))
+    for nan_at in ([3], [70, 9], [99], [0]):  # a NaN wins, the first one where there are several
+        Wn = W.clone()
+        Wn[nan_at] = float("nan")
+        y, ids, ref = _argmax_head(Wn, x)
+        assert ids.tolist() == [min(nan_at)] * 6 == ref.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_greedy_head_picks_what_the_logits_pick(tiny_llama, quantization):
+    from ridgeline import LLM
+    llm = LLM(str(tiny_llama), dtype="float32", quantization=quantization, max_model_len=256)
+    model = llm.engine.runner.model if hasattr(llm, "engine") else llm._engine.runner.model
+    hidden = torch.randn(5, model.cfg.hidden_size) * 3
+    tokens = model.greedy_tokens(hidden)
+    assert tokens is not None, "the tiny model's head runs in C"
+    assert tokens == model.compute_logits(hidden).argmax(-1).tolist()
+    assert model.greedy_tokens(hidden[:1]) == tokens[:1]  # a row's choice does not depend on the others

@@ -74,6 +74,7 @@ _SIGNATURES = {
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_embed": [_PTR, _INT, _PTR, _I64, _I64, _I64, _PTR],
+    "ridgeline_linear_argmax": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _INT],
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,

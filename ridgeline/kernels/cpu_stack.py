@@ -71,3 +71,13 @@ def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, firs
         torch.get_num_threads())
     if rc:
         raise RuntimeError(f"decoder stack failed ({rc}) in layers [{first}, {last})")
+
+
+def linear_argmax(desc: torch.Tensor, x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> None:
+    """x [M, K] fp32 contiguous -> y [M, N] = x W^T (desc: a weight descriptor, WEIGHT_FIELDS) and
+    ids [M] int64: each row's argmax as torch.argmax picks it (first on ties, a NaN wins)."""
+    M, K = x.shape
+    rc = cpu.lib().ridgeline_linear_argmax(desc.data_ptr(), x.data_ptr(), y.data_ptr(), M, y.shape[1], K,
+                                           ids.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"greedy LM head failed ({rc}): M={M} N={y.shape[1]} K={K}")

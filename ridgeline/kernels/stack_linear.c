@@ -2,6 +2,9 @@
  * matmul kernel the format names, then the bias. decoder_stack.c and moe.c (expert and router
  * matmuls) both call it, so every format runs the same code wherever a layer sits. */
 #include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads);
@@ -95,4 +98,41 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
             for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
     }
     return rc;
+}
+
+/* The index of r [n]'s largest value, the first on ties and the first NaN if it has one (torch.argmax's
+ * answer): the largest value found first, then its first position. */
+static int64_t argmax_row(const float *r, int64_t n) {
+    int64_t i = 0;
+    float mx = r[0];
+#ifdef __AVX512F__
+    if (n >= 16) {
+        __m512 vm = _mm512_loadu_ps(r);
+        __mmask16 nan = _mm512_cmp_ps_mask(vm, vm, _CMP_UNORD_Q);
+        for (i = 16; i + 16 <= n; i += 16) {
+            const __m512 v = _mm512_loadu_ps(r + i);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            vm = _mm512_max_ps(vm, v);
+        }
+        if (nan) i = 0; /* the scalar scan below finds the first NaN */
+        else mx = _mm512_reduce_max_ps(vm);
+    }
+#endif
+    for (; i < n; i++) {
+        if (r[i] != r[i]) return i;
+        if (r[i] > mx) mx = r[i];
+    }
+    for (i = 0; i < n; i++)
+        if (r[i] == mx) return i;
+    return 0;
+}
+
+/* y [M, N] = x W^T by descriptor w (ridgeline_stack_linear), then ids [M]: each row's argmax_row; a
+ * greedy LM head and its choice in one call. */
+int ridgeline_linear_argmax(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int64_t *ids,
+                            int nt) {
+    const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
+    if (rc) return rc;
+    for (int64_t m = 0; m < M; m++) ids[m] = argmax_row(y + m * N, N);
+    return 0;
 }

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ridgeline.kernels import cpu_ops
+from ridgeline.kernels import cpu_ops, cpu_stack
 from ridgeline.layers.attention import Attention
 from ridgeline.layers.forward_context import get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
@@ -205,6 +205,9 @@ class Model(nn.Module):
         return hidden, residual, captured
 
 
+GREEDY_KEPT_ROWS = 16  # greedy_tokens keeps its buffers for steps of at most this many rows
+
+
 class LlamaForCausalLM(nn.Module):
     # HF checkpoint name -> (our parameter, shard index) for the fused projections (w1/w3/w2: Mixtral's experts)
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -222,6 +225,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, opts.format_for("lm_head"), prefix="lm_head")
         if self.ties_head:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self._greedy_desc: torch.Tensor | None = None  # greedy_tokens' head descriptor, once decided
+        self._greedy_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (logits, ids) scratch
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -240,6 +245,36 @@ class LlamaForCausalLM(nn.Module):
         if any(p in name for p in (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.")) and not name.endswith(".g_idx"):
             return interleave_rows(tensor, self.cfg.head_dim)
         return tensor
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+        """hidden [S, hidden] fp32 -> each row's argmax of compute_logits(hidden), from one C call that runs
+        the LM head's own kernel and picks as torch.argmax does; None where the head has no such kernel
+        (tensor parallelism, a module-path format, another device): then compute_logits and the sampler."""
+        desc = self._greedy_head()
+        if desc is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
+            return None
+        M = hidden.shape[0]
+        bufs = self._greedy_bufs.get(M)
+        if bufs is None:
+            bufs = (torch.empty(M, self.lm_head.out_features), torch.empty(M, dtype=torch.int64))
+            if M <= GREEDY_KEPT_ROWS:  # a small step's logits and choices, kept for the next one of its size
+                self._greedy_bufs[M] = bufs
+        cpu_stack.linear_argmax(desc, hidden.contiguous(), *bufs)
+        return bufs[1].tolist()
+
+    def _greedy_head(self) -> torch.Tensor | None:
+        """The LM head's weight descriptor for kernels/stack_linear.c, decided once (the weights are final
+        by the first step); None where it cannot run there."""
+        if self._greedy_desc is not None:
+            return self._greedy_desc if self._greedy_desc.numel() else None
+        head, desc = self.lm_head, torch.empty(0, dtype=torch.int64)
+        if head is not None and self.model.tp is None and self.plan.fused_ops and cpu_ops.available():
+            w = head.format.stack_weight(head)
+            if not isinstance(w, str) and cpu_stack.runs_weight_format(w[0]) and (
+                    head.bias is None or (head.bias.dtype == torch.float32 and head.bias.is_contiguous())):
+                desc = torch.tensor([*w, 0 if head.bias is None else head.bias.data_ptr()], dtype=torch.int64)
+        self._greedy_desc, self._greedy_bufs = desc, {}
+        return desc if desc.numel() else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] (only the rows that need logits) -> logits [S, V] float32."""

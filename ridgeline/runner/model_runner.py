@@ -76,7 +76,14 @@ class ModelRunner:
         sampling = [s for s in seqs if s.sample]
         if sampling:
             rows = hidden if len(sample_rows) == len(hidden) else hidden[sample_rows]  # equal: every row, in order
-            result.sampled = self.sample(sampling, self.model.compute_logits(rows), drafts)
+            tokens = None
+            greedy = getattr(self.model, "greedy_tokens", None)
+            if greedy is not None and all(s.params.plain_greedy for s in sampling):  # head + argmax in one C call
+                tokens = greedy(rows)
+            if tokens is not None:
+                result.sampled = self.sample.matched(sampling, tokens)
+            else:
+                result.sampled = self.sample(sampling, self.model.compute_logits(rows), drafts)
         return result
 
     @torch.inference_mode()

@@ -86,15 +86,19 @@ class StepSampler:
         return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device)
 
     def _match(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
-        lps = tops = None
         if all(s.params.plain_greedy for s in seqs):  # the sampler's own answer, without its metadata
-            tokens = logits.argmax(-1).tolist()
-        else:
-            out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
-            tokens = out.token_ids.tolist()
-            if out.logprobs is not None:
-                lps = out.logprobs.tolist()
-                tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
+            return self.matched(seqs, logits.argmax(-1).tolist())
+        out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
+        lps = tops = None
+        if out.logprobs is not None:
+            lps = out.logprobs.tolist()
+            tops = list(zip(out.top_ids.tolist(), out.top_logprobs.tolist()))
+        return self.matched(seqs, out.token_ids.tolist(), lps, tops)
+
+    def matched(self, seqs: list[ScheduledSeq], tokens: list[int], lps: list | None = None,
+                tops: list | None = None) -> list[SampledSeq]:
+        """Deterministic proposals against the tokens chosen for each row (rows in seqs' order, num_spec + 1
+        each): kept while they equal them. lps, tops: the rows' logprobs and top logprobs, if asked for."""
         results, row = [], 0
         for s in seqs:
             proposals = _proposals(s)
