@@ -196,3 +196,18 @@ def test_a_missing_shard_of_a_fused_projection_is_reported(tmp_path, tiny_llama)
     save_file(weights, bad / "model.safetensors")
     with pytest.raises(ModelLoadError, match="qkv_proj.weight\\[shard 0\\]"):
         LLM(str(bad), dtype="float32")
+
+
+def test_a_missing_embedding_table_is_reported_not_left_uninitialized(tmp_path, tiny_llama):
+    """The embedding is built without a random init (the checkpoint fills it): a checkpoint without
+    it must fail to load rather than run on whatever memory the table got."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    bad = tmp_path / "noembed"
+    shutil.copytree(tiny_llama, bad)
+    weights = load_file(bad / "model.safetensors")
+    del weights["model.embed_tokens.weight"]
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="embed_tokens"):
+        LLM(str(bad), dtype="float32")

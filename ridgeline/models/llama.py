@@ -116,7 +116,10 @@ class Model(nn.Module):
         st = self.stage = opts.stage
         self.embed_tokens = None  # a middle stage, or the last one with an untied head
         if st is None or st.first or (st.last and cfg.tie_word_embeddings):  # a tied head is the table
-            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype)
+            # an uninitialized table (the checkpoint fills it; a missing tensor is a load error): the random
+            # init nn.Embedding would run costs seconds on large vocabularies (3.3 s at 128k x 4096)
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype))
             self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, opts, i) if st is None or st.holds(i) else Elsewhere(i)
                                     for i in range(cfg.num_layers))
