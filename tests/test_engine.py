@@ -185,15 +185,21 @@ def test_bfloat16_engine_agrees_with_float32_on_clear_choices(tiny_llama):
     assert [o.outputs[0].token_ids[:2] for o in f32] == [o.outputs[0].token_ids[:2] for o in b16]
 
 
-def test_a_missing_shard_of_a_fused_projection_is_reported(tmp_path, tiny_llama):
+def _without(tmp_path, folder, tensor: str):
+    """A copy of the model folder whose checkpoint lacks one tensor."""
     import shutil
 
     from safetensors.torch import load_file, save_file
-    bad = tmp_path / "noq"
-    shutil.copytree(tiny_llama, bad)
+    bad = tmp_path / "without"
+    shutil.copytree(folder, bad)
     weights = load_file(bad / "model.safetensors")
-    del weights["model.layers.0.self_attn.q_proj.weight"]
+    del weights[tensor]
     save_file(weights, bad / "model.safetensors")
+    return bad
+
+
+def test_a_missing_shard_of_a_fused_projection_is_reported(tmp_path, tiny_llama):
+    bad = _without(tmp_path, tiny_llama, "model.layers.0.self_attn.q_proj.weight")
     with pytest.raises(ModelLoadError, match="qkv_proj.weight\\[shard 0\\]"):
         LLM(str(bad), dtype="float32")
 
@@ -201,13 +207,6 @@ def test_a_missing_shard_of_a_fused_projection_is_reported(tmp_path, tiny_llama)
 def test_a_missing_embedding_table_is_reported_not_left_uninitialized(tmp_path, tiny_llama):
     """The embedding is built without a random init (the checkpoint fills it): a checkpoint without
     it must fail to load rather than run on whatever memory the table got."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-    bad = tmp_path / "noembed"
-    shutil.copytree(tiny_llama, bad)
-    weights = load_file(bad / "model.safetensors")
-    del weights["model.embed_tokens.weight"]
-    save_file(weights, bad / "model.safetensors")
+    bad = _without(tmp_path, tiny_llama, "model.embed_tokens.weight")
     with pytest.raises(ModelLoadError, match="embed_tokens"):
         LLM(str(bad), dtype="float32")
