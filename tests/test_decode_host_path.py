@@ -93,7 +93,7 @@ def test_c_embedding_lookup_is_torchs(dtype):
 @pytest.mark.parametrize("change", [dict(repetition_penalty=1.2), dict(presence_penalty=0.5),
                                     dict(frequency_penalty=0.5), dict(logit_bias={3: 5.0}), dict(min_tokens=2),
                                     dict(logprobs=1), dict(temperature=0.7)])
-def test_only_plain_greedy_requests_skip_the_sampler(change):
+def test_plain_greedy_excludes_everything_that_moves_the_argmax_or_asks_for_more(change):
     assert GREEDY.plain_greedy and SamplingParams(top_k=1, max_tokens=4).plain_greedy
     assert not SamplingParams(**{"temperature": 0, "max_tokens": 8, **change}).plain_greedy
 
@@ -115,11 +115,12 @@ def test_c_argmax_is_torchs_with_ties_and_nans():
         pytest.skip("no C kernels")
     K, N = 24, 100
     W = torch.randn(N, K)
-    W[37] = W[5]  # rows 5 and 37 tie for every input: the first wins
     x = torch.randn(6, K)
+    W[37] = W[5] = 10 * x[0]  # row 0's largest logits, tied at 5 and 37: the first wins
     x[2] = 0.0  # every logit 0: index 0
     y, ids, ref = _argmax_head(W, x)
     assert torch.equal(y, ref) and torch.equal(ids, ref.argmax(-1))
+    assert ids[0] == 5 and y[0, 5] == y[0, 37] and ids[2] == 0
     for nan_at in ([3], [70, 9], [99], [0]):  # a NaN wins, the first one where there are several
         Wn = W.clone()
         Wn[nan_at] = float("nan")

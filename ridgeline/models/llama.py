@@ -148,8 +148,7 @@ class Model(nn.Module):
         self.stack = CStack(self) if any(r is None for r in reasons) else None
         w = self.embed_tokens.weight if self.embed_tokens is not None else None
         self.c_embed = (self.plan.fused_ops and self.tp is None and self.act_dtype == torch.float32 and w is not None
-                        and type(self.embed_tokens) is nn.Embedding and w.device.type == "cpu"
-                        and w.is_contiguous() and w.dtype in cpu_ops.EMBED_FORMATS)
+                        and w.device.type == "cpu" and w.is_contiguous() and w.dtype in cpu_ops.EMBED_FORMATS)
         self.segments = []
         for i, r in enumerate(reasons):
             in_c = r is None
@@ -276,7 +275,7 @@ class LlamaForCausalLM(nn.Module):
             if not isinstance(w, str) and cpu_stack.runs_weight_format(w[0]) and (
                     head.bias is None or (head.bias.dtype == torch.float32 and head.bias.is_contiguous())):
                 desc = torch.tensor([*w, 0 if head.bias is None else head.bias.data_ptr()], dtype=torch.int64)
-        self._greedy_desc, self._greedy_bufs = desc, {}
+        self._greedy_desc = desc
         return desc if desc.numel() else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -76,10 +76,8 @@ class ModelRunner:
         sampling = [s for s in seqs if s.sample]
         if sampling:
             rows = hidden if len(sample_rows) == len(hidden) else hidden[sample_rows]  # equal: every row, in order
-            tokens = None
-            greedy = getattr(self.model, "greedy_tokens", None)
-            if greedy is not None and all(s.params.plain_greedy for s in sampling):  # head + argmax in one C call
-                tokens = greedy(rows)
+            # plain greedy rows: the head and the argmax in one C call, where the head has a C kernel
+            tokens = self.model.greedy_tokens(rows) if self.sample.takes_argmax(sampling) else None
             if tokens is not None:
                 result.sampled = self.sample.matched(sampling, tokens)
             else:

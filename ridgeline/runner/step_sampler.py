@@ -85,8 +85,13 @@ class StepSampler:
                     outputs.append([])
         return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device)
 
+    @staticmethod
+    def takes_argmax(seqs: list[ScheduledSeq]) -> bool:
+        """Every row's token is its logits' argmax (plain greedy: no penalties, bias, bans or logprobs)."""
+        return all(s.params.plain_greedy for s in seqs)
+
     def _match(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
-        if all(s.params.plain_greedy for s in seqs):  # the sampler's own answer, without its metadata
+        if self.takes_argmax(seqs):  # the sampler's own answer, without its metadata
             return self.matched(seqs, logits.argmax(-1).tolist())
         out = self.sampler(logits, self._meta(seqs, logits.shape[-1]))
         lps = tops = None
