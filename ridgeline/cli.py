@@ -6,7 +6,7 @@ import os
 import sys
 
 from ridgeline import __version__
-from ridgeline.cli_parser import RidgelineParser, positive_int
+from ridgeline.cli_parser import RidgelineParser, positive_int, speculative_method
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES
 from ridgeline.quant.options import QUANTIZATIONS
@@ -78,11 +78,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="int4, w4a8: input columns per scale (default: 32)")
     g.add_argument("--quant-symmetric", action="store_true",
                    help="int4, w4a8: a scale per group and no minimum (default: asymmetric, scale and minimum)")
-    g.add_argument("--speculative-method", default=None, choices=["ngram", "draft", "layer-skip", "eagle"],
+    g.add_argument("--speculative-method", default=None, type=speculative_method, metavar="METHOD",
                    help="propose tokens for each decoding request and verify them in the same step "
                         "(ngram: prompt lookup; draft: a draft model, --draft-model; layer-skip: the target's "
                         "first --speculative-layers layers and its head; eagle: a head trained by "
-                        "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; default: off)")
+                        "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; several "
+                        "joined by '+', e.g. ngram+eagle: each request takes the first that proposes; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",

@@ -156,7 +156,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    speculative_method: str | None = None  # a registered proposer (ridgeline.spec.proposer.PROPOSERS); None: off
+    # a registered proposer (ridgeline.spec.proposer.PROPOSERS), or several joined by "+" (spec/cascade.py:
+    # each request takes the first that proposes, e.g. "ngram+eagle"); None: off
+    speculative_method: str | None = None
     num_speculative_tokens: int = 4  # proposals per request per step, at most
     ngram_min: int = 2  # `ngram` proposer: the shortest suffix it looks up
     ngram_max: int = 4  # ... and the longest (tried first)
@@ -176,6 +178,11 @@ class SpeculativeConfig:
     def method(self) -> str | None:
         return self.speculative_method
 
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The proposers chained in speculative_method, in order (one for a single method)."""
+        return () if self.speculative_method is None else tuple(self.speculative_method.split("+"))
+
     def __post_init__(self):
         if not 1 <= self.num_speculative_tokens <= 64:
             raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
@@ -184,14 +191,19 @@ class SpeculativeConfig:
         if self.speculative_controller not in ("on", "off"):
             raise InvalidRequestError("speculative_controller must be 'on' or 'off', got "
                                       f"{self.speculative_controller!r}", "speculative_controller")
+        methods = self.methods
+        if any(not m for m in methods) or len(set(methods)) != len(methods) or {"draft", "eagle"} <= set(methods):
+            raise InvalidRequestError(f"speculative_method {self.speculative_method!r}: proposers joined by '+' must "
+                                      "be named once each, and 'draft' and 'eagle' (which would share draft_model) "
+                                      "not together", "speculative_method")
         # eagle without draft_model: the head shipped for the target (an error at start-up if none is)
-        if (self.speculative_method == "draft" and self.draft_model is None) or \
-                (self.draft_model is not None and self.speculative_method not in ("draft", "eagle")):
+        if ("draft" in methods and self.draft_model is None) or \
+                (self.draft_model is not None and not {"draft", "eagle"} & set(methods)):
             raise InvalidRequestError("speculative_method 'draft' needs draft_model (a model with the target's "
                                       "tokenizer, or 'self'), and draft_model needs speculative_method 'draft' or "
                                       "'eagle' (a head trained for the target by `ridgeline train-draft`)",
                                       "draft_model")
-        if (self.speculative_method == "layer-skip") != (self.speculative_layers is not None):
+        if ("layer-skip" in methods) != (self.speculative_layers is not None):
             raise InvalidRequestError("speculative_method 'layer-skip' needs speculative_layers (the target layers "
                                       "the draft runs), and speculative_layers needs speculative_method "
                                       "'layer-skip'", "speculative_layers")

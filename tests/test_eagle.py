@@ -76,14 +76,24 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
 
 
 def test_drafting_path_is_the_training_path():
+    """Chunks of new positions against the cache, through both attention paths (by hand up to
+    SMALL_QUERIES queries, SDPA above), agree with the whole-sequence pass."""
+    from ridgeline.spec.eagle_head import SMALL_QUERIES
     torch.manual_seed(0)
     head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
-    h, e = torch.randn(11, 32), torch.randn(11, 32)
+    chunks = [4, 7, SMALL_QUERIES + 4, 1, SMALL_QUERIES]
+    T = sum(chunks)
+    h, e = torch.randn(T, 32), torch.randn(T, 32)
     with torch.no_grad():
-        whole = head(h, e, torch.arange(11))
-        a, caches = head.step(h[:4], e[:4], torch.arange(4), [head.empty_cache()], [4])
-        b, _ = head.step(h[4:], e[4:], torch.arange(4, 11), caches, [7])
-    assert torch.allclose(torch.cat([a, b]), whole, atol=1e-5)
+        whole = head(h, e, torch.arange(T))
+        short = head(h[:11], e[:11], torch.arange(11))
+        caches, rows, at = [head.empty_cache()], [], 0
+        for n in chunks:
+            f, caches = head.step(h[at:at + n], e[at:at + n], torch.arange(at, at + n), caches, [n])
+            rows.append(f)
+            at += n
+    assert torch.allclose(torch.cat(rows), whole, atol=1e-5)
+    assert torch.allclose(short, whole[:11], atol=1e-5)
 
 
 def test_one_position_at_a_time_is_the_training_path():
@@ -140,3 +150,26 @@ def test_a_head_for_another_model_is_a_start_up_error(tiny_head, tmp_path):
         LLM(str(other), speculative_method="eagle", draft_model=str(tmp_path), **BASE)
     with pytest.raises(InvalidRequestError, match="'eagle' needs draft_model"):
         LLM(str(other), speculative_method="eagle", **BASE)
+
+
+def test_pending_rows_keep_the_newest():
+    """Rows wait for the head's next draft up to MAX_PENDING per request; beyond, the oldest go (a cut
+    through an entry keeps its tail, positions and next tokens aligned)."""
+    from ridgeline.spec.eagle import MAX_PENDING, _State
+
+    def rows(a, b):
+        return torch.arange(a, b, dtype=torch.float32)[:, None], list(range(a + 1, b + 1))
+
+    st = _State((torch.empty(0), torch.empty(0)))
+    st.add(0, *rows(0, MAX_PENDING - 10))
+    assert st.num_pending == MAX_PENDING - 10 and len(st.pending) == 1
+    st.add(MAX_PENDING - 10, *rows(MAX_PENDING - 10, MAX_PENDING + 20))
+    assert st.num_pending == MAX_PENDING
+    start, h, ids = st.pending[0]
+    assert (start, int(h[0, 0]), ids[0], h.shape[0], len(ids)) == (20, 20, 21, MAX_PENDING - 30, MAX_PENDING - 30)
+    st.add(MAX_PENDING + 20, *rows(MAX_PENDING + 20, 2 * MAX_PENDING + 40))  # more than fits on its own
+    assert st.num_pending == MAX_PENDING and len(st.pending) == 1
+    start, h, ids = st.pending[0]
+    assert (start, int(h[0, 0]), ids[-1]) == (MAX_PENDING + 40, MAX_PENDING + 40, 2 * MAX_PENDING + 40)
+    st.clear()
+    assert st.num_pending == 0 and not st.pending

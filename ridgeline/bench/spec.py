@@ -45,9 +45,10 @@ def build_engines(args: argparse.Namespace) -> dict:
         method, _, layers = label.partition(":")  # layer-skip:L (else --speculative-layers)
         kw = {**engine_kwargs(args), "speculative_method": method, "num_speculative_tokens": max(args.k),
               "speculative_controller": "on"}
-        if method not in ("draft", "eagle"):
+        parts = method.split("+")  # chained proposers (ngram+eagle)
+        if not {"draft", "eagle"} & set(parts):
             kw["draft_model"] = None
-        if method == "layer-skip":
+        if "layer-skip" in parts:
             kw["speculative_layers"] = _ints(layers)[0] if layers else kw["speculative_layers"]
         else:
             kw["speculative_layers"] = None

@@ -56,12 +56,16 @@ def spec_line(config: EngineConfig) -> str | None:
     sc = config.speculative
     if sc.method is None:
         return None
-    extra = f", n-grams {sc.ngram_max}..{sc.ngram_min}" if sc.method == "ngram" else ""
-    if sc.method == "layer-skip":
-        extra = f", the target's first {sc.speculative_layers} layers"
-    if sc.method in ("draft", "eagle"):
-        extra = f", draft model {sc.draft_model or 'shipped for this model'}" + (f" ({sc.draft_quantization})" if sc.draft_quantization != "none"
-                                                     else "")
+    extra = ""
+    if "ngram" in sc.methods:
+        extra += f", n-grams {sc.ngram_max}..{sc.ngram_min}"
+    if "layer-skip" in sc.methods:
+        extra += f", the target's first {sc.speculative_layers} layers"
+    if {"draft", "eagle"} & set(sc.methods):
+        extra += f", draft model {sc.draft_model or 'shipped for this model'}" + (
+            f" ({sc.draft_quantization})" if sc.draft_quantization != "none" else "")
+    if len(sc.methods) > 1:
+        extra += ", each request drafted by the first of them that proposes"
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
     return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
 

@@ -95,13 +95,28 @@ def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = No
     handed only to classes that set `needs_target`."""
     if config.method is None:
         return None
+    names = config.methods
+    members = [_create(name, config, vocab_size, target) for name in names]
+    if len(members) == 1:
+        return members[0]
+    from ridgeline.spec.cascade import CascadeProposer
+    return CascadeProposer(config, vocab_size, members)
+
+
+def known_methods() -> list[str]:
     import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
-    if config.method in _LAZY:
-        importlib.import_module(_LAZY[config.method])  # loads torch-side modules only when asked for
-    cls = PROPOSERS.get(config.method)
+    return sorted({*PROPOSERS, *_LAZY})
+
+
+def _create(name: str, config: SpeculativeConfig, vocab_size: int, target: Any) -> Proposer:
+    import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
+    if name in _LAZY:
+        importlib.import_module(_LAZY[name])  # loads torch-side modules only when asked for
+    cls = PROPOSERS.get(name)
     if cls is None:
-        raise InvalidRequestError(f"unknown speculative method {config.method!r}; known: "
-                                  f"{', '.join(sorted({*PROPOSERS, *_LAZY}))}", "speculative_method")
+        raise InvalidRequestError(f"unknown speculative method {name!r}; known: {', '.join(known_methods())}, "
+                                  "or several joined by '+' (each request takes the first that proposes)",
+                                  "speculative_method")
     if getattr(cls, "needs_target", False):
         return cls(config, vocab_size, target)
     return cls(config, vocab_size)
