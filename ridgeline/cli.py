@@ -6,12 +6,23 @@ import os
 import sys
 
 from ridgeline import __version__
-from ridgeline.cli_parser import RidgelineParser, positive_int, speculative_method
+from ridgeline.cli_parser import RidgelineParser, positive_int
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES
 from ridgeline.quant.options import QUANTIZATIONS
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, so pipefail scripts see the same
+
+
+def speculative_method(text: str) -> str:
+    """A proposer's name, or several joined by '+' (ngram+eagle), each a known one."""
+    from ridgeline.spec.proposer import known_methods
+    known = known_methods()
+    bad = [m for m in text.split("+") if m not in known]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown speculative method {bad[0]!r} in {text!r}: choose from "
+                                         f"{', '.join(known)}, or several joined by '+' (e.g. ngram+eagle)")
+    return text
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -60,17 +60,6 @@ def positive_int(text: str) -> int:
     return _number(int, text, 1, "a positive integer")
 
 
-def speculative_method(text: str) -> str:
-    """A proposer's name, or several joined by '+' (ngram+eagle), each a known one."""
-    from ridgeline.spec.proposer import known_methods
-    known = known_methods()
-    bad = [m for m in text.split("+") if m not in known]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown speculative method {bad[0]!r} in {text!r}: choose from "
-                                         f"{', '.join(known)}, or several joined by '+' (e.g. ngram+eagle)")
-    return text
-
-
 def non_negative_int(text: str) -> int:
     return _number(int, text, 0, "an integer >= 0")
 
