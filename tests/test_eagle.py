@@ -173,3 +173,22 @@ def test_pending_rows_keep_the_newest():
     assert (start, int(h[0, 0]), ids[-1]) == (MAX_PENDING + 40, MAX_PENDING + 40, 2 * MAX_PENDING + 40)
     st.clear()
     assert st.num_pending == 0 and not st.pending
+
+
+def test_a_chain_stops_at_an_unsure_draft(tiny_llama, tiny_head, monkeypatch):
+    """Drafts the head gives less than MIN_CONFIDENCE probability end the chain: with the bar above
+    any probability nothing is proposed, with it at 0 every chain runs k deep; output is the plain
+    engine's either way."""
+    import ridgeline.spec.eagle as eagle
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(tiny_llama), **BASE).generate(["The quick brown fox"], params, use_tqdm=False)[0]
+    runs = {}
+    for bar in (1.5, 0.0):
+        monkeypatch.setattr(eagle, "MIN_CONFIDENCE", bar)
+        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+                  speculative_controller="off", **BASE)
+        out = llm.generate(["The quick brown fox"], params, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == plain.outputs[0].token_ids
+        runs[bar] = llm.engine.spec_stats
+    assert runs[1.5].proposed == 0
+    assert runs[0.0].proposed > 0 and len(runs[0.0].proposed_at) == 3  # chains 3 deep

@@ -14,7 +14,6 @@ most MAX_PENDING rows wait per request (older ones are dropped: a gap, as for a 
 request that drafts nothing for long costs bounded memory and a bounded catch-up."""
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,7 +179,7 @@ class EagleProposer(Proposer):
         else:
             logits = self._rows_mm(feats).float()
         top, idx = logits.max(-1)
-        sure = (top - torch.logsumexp(logits, -1)) >= math.log(MIN_CONFIDENCE)  # log p(top) >= log MIN_CONFIDENCE
+        sure = (top - torch.logsumexp(logits, -1)).exp() >= MIN_CONFIDENCE  # p(top) over the rows drafted from
         return (idx if self._rows_mm is None else self.vocab_ids[idx]), sure
 
     def forget(self, req_ids: Sequence[str]) -> None:
