@@ -192,3 +192,27 @@ def test_a_chain_stops_at_an_unsure_draft(tiny_llama, tiny_head, monkeypatch):
         runs[bar] = llm.engine.spec_stats
     assert runs[1.5].proposed == 0
     assert runs[0.0].proposed > 0 and len(runs[0.0].proposed_at) == 3  # chains 3 deep
+
+
+def test_drafting_on_the_engines_kernels_is_the_torch_path():
+    """With use_kernels (matmuls handed to other kernels; norms, SiLU*up and the rotary table then
+    the engine's C ops), drafting steps agree with plain torch."""
+    import copy
+    from ridgeline.kernels import cpu_ops
+    if not cpu_ops.available():
+        pytest.skip("no C kernels on this machine")
+    torch.manual_seed(2)
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    fused = copy.deepcopy(head)
+    fused.use_kernels(lambda w: (lambda x, w=w.float(): x @ w.T))
+    h, e = torch.randn(30, 32), torch.randn(30, 32)
+    with torch.no_grad():
+        outs = []
+        for m in (head, fused):
+            caches, rows = [m.empty_cache()], []
+            for a, b in ((0, 20), (20, 23), (23, 24), (24, 30)):
+                f, caches = m.step(h[a:b], e[a:b], torch.arange(a, b), caches, [b - a])
+                rows.append(f)
+            outs.append(torch.cat(rows))
+    assert fused._table is not None and fused._table[0].shape[0] >= 30
+    assert torch.allclose(outs[0], outs[1], atol=1e-4)

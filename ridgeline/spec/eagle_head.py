@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ridgeline.kernels import cpu_ops
+
 SMALL_QUERIES = 16  # _attend computes up to this many queries by hand (a drafting step, a verification's catch-up)
 
 
@@ -57,6 +59,7 @@ class EagleHead(nn.Module):
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # drafting's cos, sin [P, 1, d/2] (fp32)
 
     def use_kernels(self, pack) -> None:
         """Draft with other matmul kernels: pack(weight [N, K]) -> a callable x [M, K] -> x @ W^T
@@ -64,6 +67,28 @@ class EagleHead(nn.Module):
         The head's other weights and activations are then fp32. Inference only: training keeps torch."""
         self.float()
         self._packed = {m: pack(m.weight.detach()) for m in (self.fc, self.qkv, self.o, self.gate_up, self.down)}
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Drafting on the engine's CPU kernels: element-wise steps in its C ops too (fp32 rows)."""
+        return self._packed is not None and not torch.is_grad_enabled() and x.dtype == torch.float32 \
+            and x.device.type == "cpu" and cpu_ops.available()
+
+    def _norm(self, mod: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            return cpu_ops.rmsnorm(x.contiguous(), mod.weight, self.cfg.rms_norm_eps)
+        return mod(x)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, d/2] of positions; drafting reads them from a table grown as positions do."""
+        if not self._fused(torch.empty(0)) or positions.numel() == 0:
+            ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]
+            return ang.cos().to(dtype), ang.sin().to(dtype)
+        need = int(positions.max()) + 1
+        if self._table is None or self._table[0].shape[0] < need:
+            size = max(need, 2 * (0 if self._table is None else self._table[0].shape[0]), 256)
+            ang = (torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq[None])[:, None]
+            self._table = (ang.cos(), ang.sin())
+        return self._table[0][positions], self._table[1][positions]
 
     def _lin(self, mod: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None or torch.is_grad_enabled():
@@ -74,17 +99,19 @@ class EagleHead(nn.Module):
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         c = self.cfg
         kv = c.num_kv_heads * c.head_dim
-        q, k, v = self._lin(self.qkv, self.attn_norm(x)).split([c.num_heads * c.head_dim, kv, kv], -1)
+        q, k, v = self._lin(self.qkv, self._norm(self.attn_norm, x)).split([c.num_heads * c.head_dim, kv, kv], -1)
         T = x.shape[0]
-        ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]  # [T, 1, d/2]
-        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        cos, sin = self._cos_sin(positions, x.dtype)  # [T, 1, d/2]
         q = _rope(q.view(T, c.num_heads, c.head_dim), cos, sin)
         k = _rope(k.view(T, c.num_kv_heads, c.head_dim), cos, sin)
         return q, k, v.view(T, c.num_kv_heads, c.head_dim)
 
     def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = x + self._lin(self.o, attn.reshape(x.shape[0], -1))
-        gate, up = self._lin(self.gate_up, self.mlp_norm(x)).chunk(2, -1)
+        gate_up = self._lin(self.gate_up, self._norm(self.mlp_norm, x))
+        if self._fused(gate_up):
+            return x + self._lin(self.down, cpu_ops.silu_mul(gate_up.contiguous()))
+        gate, up = gate_up.chunk(2, -1)
         return x + self._lin(self.down, F.silu(gate) * up)
 
     def _attend(self, q, k, v, causal_offset: int) -> torch.Tensor:
