@@ -176,15 +176,15 @@ def test_pending_rows_keep_the_newest():
 
 
 def test_a_chain_stops_at_an_unsure_draft(tiny_llama, tiny_head, monkeypatch):
-    """Drafts the head gives less than MIN_CONFIDENCE probability end the chain: with the bar above
-    any probability nothing is proposed, with it at 0 every chain runs k deep; output is the plain
-    engine's either way."""
+    """Drafts below the confidence bars end the chain: with the bars above any probability nothing
+    is proposed, with them at 0 every chain runs k deep; output is the plain engine's either way."""
     import ridgeline.spec.eagle as eagle
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = LLM(str(tiny_llama), **BASE).generate(["The quick brown fox"], params, use_tqdm=False)[0]
     runs = {}
     for bar in (1.5, 0.0):
         monkeypatch.setattr(eagle, "MIN_CONFIDENCE", bar)
+        monkeypatch.setattr(eagle, "MIN_PATH_CONFIDENCE", bar)
         llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
                   speculative_controller="off", **BASE)
         out = llm.generate(["The quick brown fox"], params, use_tqdm=False)[0]
