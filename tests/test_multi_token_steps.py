@@ -69,6 +69,23 @@ def _run(llm: LLM, params: list[SamplingParams], check=True) -> list[list[int]]:
     return [done[f"r{i}"] for i in range(len(PROMPTS))]
 
 
+def same_as_plain(llm: LLM, params: list[SamplingParams], plain: list, opts: str, after_first=None):
+    """llm's output equals the plain engine's (the KV books checked after every step) with proposals
+    verified; under forced preemption it preempted; with prefix caching, the same prompts again (now
+    from the cache, which holds only verified tokens) give the same output. after_first() runs its
+    own checks between the two runs. Returns the speculation counters of the first run."""
+    assert _run(llm, params) == plain
+    if after_first is not None:
+        after_first()
+    stats = llm.engine.spec_stats.copy()
+    assert stats.proposed > 0
+    if opts == "preempt":
+        assert llm.engine.scheduler.num_preemptions > 0
+    if llm.engine.kv.caching:
+        assert _run(llm, params) == plain
+    return stats
+
+
 def _params(seed=0):
     rng = random.Random(seed)
     return [SamplingParams(temperature=0, max_tokens=rng.randint(1, 40), ignore_eos=rng.random() < 0.5,
@@ -94,16 +111,9 @@ def test_greedy_output_is_the_plain_engines(tiny_llama, method, opts):
     REFERENCE.update({tuple(tok.encode(p)): o[0] for p, o in zip(PROMPTS, plain)})
     llm = LLM(str(tiny_llama), speculative_method=method, num_speculative_tokens=4,
               speculative_controller="off", **kw)
-    assert _run(llm, params) == plain
-    stats = llm.engine.spec_stats
-    assert stats.proposed > 0
+    stats = same_as_plain(llm, params, plain, opts)
     if method == "oracle-test":
         assert stats.accepted > stats.proposed // 3 and max(stats.accepted_at) > 0 and stats.accepted_at[-1] > 0
-    if opts == "preempt":
-        assert llm.engine.scheduler.num_preemptions > 0
-    # the prefix cache holds only verified tokens: the same prompts again hit it and give the same output
-    if llm.engine.kv.caching:
-        assert _run(llm, params) == plain
 
 
 def test_logprobs_and_penalties_per_kept_token(tiny_llama):
