@@ -59,6 +59,7 @@ class EagleHead(nn.Module):
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
+        self._c_ops = False  # use_kernels on a CPU with the engine's C ops: norms, SiLU*up and rotary table there
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # drafting's cos, sin [P, 1, d/2] (fp32)
 
     def use_kernels(self, pack) -> None:
@@ -67,20 +68,21 @@ class EagleHead(nn.Module):
         The head's other weights and activations are then fp32. Inference only: training keeps torch."""
         self.float()
         self._packed = {m: pack(m.weight.detach()) for m in (self.fc, self.qkv, self.o, self.gate_up, self.down)}
+        self._c_ops = self.fc.weight.device.type == "cpu" and cpu_ops.available()
 
-    def _fused(self, x: torch.Tensor) -> bool:
-        """Drafting on the engine's CPU kernels: element-wise steps in its C ops too (fp32 rows)."""
-        return self._packed is not None and not torch.is_grad_enabled() and x.dtype == torch.float32 \
-            and x.device.type == "cpu" and cpu_ops.available()
+    def _fused(self) -> bool:
+        """Drafting on the engine's CPU kernels (activations fp32, as the head's weights): element-wise
+        steps in its C ops too. Training (gradients on) keeps torch."""
+        return self._c_ops and not torch.is_grad_enabled()
 
     def _norm(self, mod: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        if self._fused(x):
+        if self._fused():
             return cpu_ops.rmsnorm(x.contiguous(), mod.weight, self.cfg.rms_norm_eps)
         return mod(x)
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, d/2] of positions; drafting reads them from a table grown as positions do."""
-        if not self._fused(torch.empty(0)) or positions.numel() == 0:
+        if not self._fused() or positions.numel() == 0:
             ang = (positions.float()[:, None] * self.inv_freq[None])[:, None]
             return ang.cos().to(dtype), ang.sin().to(dtype)
         need = int(positions.max()) + 1
@@ -109,7 +111,7 @@ class EagleHead(nn.Module):
     def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = x + self._lin(self.o, attn.reshape(x.shape[0], -1))
         gate_up = self._lin(self.gate_up, self._norm(self.mlp_norm, x))
-        if self._fused(gate_up):
+        if self._fused():
             return x + self._lin(self.down, cpu_ops.silu_mul(gate_up.contiguous()))
         gate, up = gate_up.chunk(2, -1)
         return x + self._lin(self.down, F.silu(gate) * up)
