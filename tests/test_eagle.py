@@ -153,7 +153,7 @@ def test_pending_rows_keep_the_newest():
     from ridgeline.spec.eagle import MAX_PENDING, _State
 
     def rows(a, b):
-        return torch.arange(a, b, dtype=torch.float32)[:, None], list(range(a + 1, b + 1))
+        return torch.arange(a, b, dtype=torch.float32)[:, None], list(range(a, b + 1))
 
     st = _State((torch.empty(0), torch.empty(0)))
     st.add(0, *rows(0, MAX_PENDING - 10))
@@ -161,7 +161,7 @@ def test_pending_rows_keep_the_newest():
     st.add(MAX_PENDING - 10, *rows(MAX_PENDING - 10, MAX_PENDING + 20))
     assert st.num_pending == MAX_PENDING
     start, h, ids = st.pending[0]
-    assert (start, int(h[0, 0]), ids[0], h.shape[0], len(ids)) == (20, 20, 21, MAX_PENDING - 30, MAX_PENDING - 30)
+    assert (start, int(h[0, 0]), ids[0], h.shape[0], len(ids)) == (20, 20, 20, MAX_PENDING - 30, MAX_PENDING - 29)
     st.add(MAX_PENDING + 20, *rows(MAX_PENDING + 20, 2 * MAX_PENDING + 40))  # more than fits on its own
     assert st.num_pending == MAX_PENDING and len(st.pending) == 1
     start, h, ids = st.pending[0]

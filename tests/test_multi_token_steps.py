@@ -95,7 +95,7 @@ def _params(seed=0):
 OPTS = {
     "plain": dict(),
     "chunked": dict(max_num_batched_tokens=7),
-    "preempt": dict(kv_cache_memory="72KiB", max_num_batched_tokens=32),
+    "preempt": dict(kv_cache_memory="48KiB", max_num_batched_tokens=32),
     "no-prefix-cache": dict(enable_prefix_caching=False),
 }
 

@@ -64,9 +64,10 @@ def weight_summary(model: nn.Module) -> tuple[str, int]:
     return ", ".join(f"{name} x {n}" for name, n in counts.most_common()), total
 
 
-def matmul_fn(w: torch.Tensor, plan: KernelPlan) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x @ w^T the way a dense Linear holding w computes it under `plan`."""
-    lin = Linear(w.shape[1], w.shape[0], create_weight_format(DENSE[w.dtype], plan))
+def matmul_fn(w: torch.Tensor, plan: KernelPlan, fmt: str | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x @ w^T the way a Linear holding w computes it under `plan`: dense in w's dtype, or in
+    weight format fmt (a registered name, e.g. "int8": w quantized as a checkpoint's would be)."""
+    lin = Linear(w.shape[1], w.shape[0], create_weight_format(fmt or DENSE[w.dtype], plan))
     lin.weight.data = w
     lin.finish_loading()
     return lin

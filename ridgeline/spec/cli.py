@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ridgeline.cli_parser import non_negative_int, positive_int
+from ridgeline.errors import InvalidRequestError
 from ridgeline.spec.train_data import Sample
 
 
@@ -58,6 +59,14 @@ def register(subparsers) -> None:
                    help="weight of the cross-entropy against the target's next-token distribution (default 1)")
     p.add_argument("--feature-weight", type=float, default=1.0, metavar="W",
                    help="weight of the smooth-L1 loss against the target's next hidden state (default 1)")
+    p.add_argument("--copy-pointer", type=non_negative_int, default=64, metavar="D",
+                   help="after the head, train a copy pointer of width D over the context's earlier positions "
+                        "(spec/eagle_pointer.py; the head frozen); 0: none (default 64)")
+    p.add_argument("--pointer-epochs", type=float, default=8.0, metavar="E",
+                   help="passes over the data for the copy pointer (default 8)")
+    p.add_argument("--from-head", type=Path, default=None, metavar="DIR",
+                   help="start from the head in DIR (trained for MODEL) instead of training one: only the copy "
+                        "pointer is trained, and DIR's record of how its head was trained is kept")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the target's dtype while generating the data (default: auto)")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -153,39 +162,91 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
     from ridgeline.entrypoints.llm import LLM
-    from ridgeline.spec.eagle_io import head_config_for, head_rows, save_head, target_fingerprint
+    from ridgeline.spec.eagle_io import head_config_for, head_rows, load_head, save_head, target_fingerprint
+    from ridgeline.spec.eagle_pointer import train_pointer
     from ridgeline.spec.train_data import frequent_tokens
     from ridgeline.spec.train_head import train_head
     from ridgeline.utils.device import pick_dtype
+    if args.from_head is not None and args.copy_pointer == 0:
+        raise InvalidRequestError("--from-head trains only a copy pointer: give --copy-pointer D > 0", "copy_pointer")
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="512MiB")
     print(llm.info.summary(), file=sys.stderr)
     eng, lm = llm.engine, llm.engine.runner.model
+    if args.from_head is not None:  # refused here, before any data is gathered, if trained for another model
+        head, vocab_ids, old = load_head(args.from_head, lm)
+        training = old["training"]
     args.data = args.data or ["replies"]
     samples = _gather(llm, args)
     t_data = time.perf_counter() - t0
-    vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
-    rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
     bf16 = pick_dtype("auto", torch.device("cpu")).dtype == torch.bfloat16
-    head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
-                             args.seed, lr=args.lr, batch_tokens=args.batch_tokens, ce_weight=args.ce_weight,
-                             feature_weight=args.feature_weight, unroll=args.unroll, bf16=bf16,
-                             progress=not args.quiet)
-    data = "".join(f"--data {d} " for d in args.data)
-    training = {"command": f"ridgeline train-draft {args.model} --out DIR {data}--tokens {args.tokens} --seed {args.seed} "
-                           f"--epochs {args.epochs:g} --draft-vocab {args.draft_vocab} --max-reply-tokens "
-                           f"{args.max_reply_tokens} --temperature {args.temperature:g} --lr {args.lr:g} "
-                           f"--batch-tokens {args.batch_tokens} --unroll {args.unroll} --ce-weight {args.ce_weight:g} "
-                           f"--feature-weight {args.feature_weight:g} --dtype {args.dtype}",
-                "matmuls": "bf16 autocast" if bf16 else "fp32",
-                "top1_by_draft_position": [round(a, 4) for a in stats["top1_by_position"]],
-                "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
-                "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t0 - t_data),
-                "final_loss": round(stats["loss"], 4), "final_top1_agreement": round(stats["top1"], 4),
-                "steps": stats["steps"]}
+    if args.from_head is None:
+        vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
+        rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
+        head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
+                                 args.seed, lr=args.lr, batch_tokens=args.batch_tokens, ce_weight=args.ce_weight,
+                                 feature_weight=args.feature_weight, unroll=args.unroll, bf16=bf16,
+                                 progress=not args.quiet)
+        training = {"command": f"ridgeline train-draft {args.model} --out DIR {_data_flags(args)}--tokens {args.tokens} "
+                               f"--seed {args.seed} --epochs {args.epochs:g} --draft-vocab {args.draft_vocab} "
+                               f"--max-reply-tokens {args.max_reply_tokens} --temperature {args.temperature:g} "
+                               f"--lr {args.lr:g} --batch-tokens {args.batch_tokens} --unroll {args.unroll} "
+                               f"--ce-weight {args.ce_weight:g} --feature-weight {args.feature_weight:g} "
+                               f"--copy-pointer 0 --dtype {args.dtype}",
+                    "matmuls": "bf16 autocast" if bf16 else "fp32",
+                    "top1_by_draft_position": [round(a, 4) for a in stats["top1_by_position"]],
+                    "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
+                    "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t0 - t_data),
+                    "final_loss": round(stats["loss"], 4), "final_top1_agreement": round(stats["top1"], 4),
+                    "steps": stats["steps"]}
+    if args.copy_pointer:
+        t1 = time.perf_counter()
+        head = _with_pointer(head, args.copy_pointer)
+        rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
+        pstats = train_pointer(head.pointer, head, lambda ids: lm.model.embed(ids), rows, vocab_ids,
+                               lambda h: _target_argmax(lm, h), samples, args.pointer_epochs, args.seed,
+                               batch_tokens=args.batch_tokens, progress=not args.quiet)
+        stage = "" if args.from_head is None else "--from-head HEAD_DIR "
+        training["pointer"] = {
+            "command": f"ridgeline train-draft {args.model} --out DIR {stage}{_data_flags(args)}--tokens {args.tokens} "
+                       f"--seed {args.seed} --max-reply-tokens {args.max_reply_tokens} --temperature "
+                       f"{args.temperature:g} --batch-tokens {args.batch_tokens} --copy-pointer {args.copy_pointer} "
+                       f"--pointer-epochs {args.pointer_epochs:g} --dtype {args.dtype}",
+            "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
+            "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t1),
+            "steps": pstats["steps"], "final_loss": round(pstats["loss"], 4),
+            "label_at_least_head_top": round(pstats["top1"], 4)}
     save_head(args.out, head, target_fingerprint(lm), vocab_ids, training, getattr(torch, args.save_dtype))
     n = sum(p.numel() for p in head.parameters())
-    print(f"wrote {args.out}: {n / 1e6:.2f}M parameters, draft vocabulary "
-          f"{lm.cfg.vocab_size if vocab_ids is None else len(vocab_ids)}, {training['tokens']} tokens of data, "
-          f"top-1 agreement with the target on it {stats['top1']:.2f}")
+    line = (f"wrote {args.out}: {n / 1e6:.2f}M parameters, draft vocabulary "
+            f"{lm.cfg.vocab_size if vocab_ids is None else len(vocab_ids)}; head: {training['tokens']} tokens of data, "
+            f"top-1 agreement with the target on it {training['final_top1_agreement']:.2f}")
+    if args.copy_pointer:
+        ptr = training["pointer"]
+        line += (f"; copy pointer (width {args.copy_pointer}): {ptr['tokens']} tokens, the target's token at least as "
+                 f"likely as the head's own top one at {ptr['label_at_least_head_top']:.2f} of positions")
+    print(line)
     return 0
+
+
+def _data_flags(args: argparse.Namespace) -> str:
+    return "".join(f"--data {d} " for d in args.data)
+
+
+def _with_pointer(head, dim: int):
+    """The head with a fresh copy pointer of width dim (its other weights kept)."""
+    from dataclasses import replace
+
+    from ridgeline.spec.eagle_head import EagleHead
+    out = EagleHead(replace(head.cfg, pointer_dim=dim))
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("pointer.")}
+    missing = out.load_state_dict(state, strict=False).missing_keys
+    assert all(k.startswith("pointer.") for k in missing), missing
+    return out.eval()
+
+
+@torch.no_grad()
+def _target_argmax(lm, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's next token from its final hidden states [T, H] (its own LM head, whole vocabulary)."""
+    return torch.cat([lm.compute_logits(hidden[i:i + 256].to(lm.model.act_dtype)).argmax(-1)
+                      for i in range(0, hidden.shape[0], 256)])

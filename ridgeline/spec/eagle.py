@@ -23,6 +23,7 @@ import torch
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
+from ridgeline.spec.eagle_pointer import CopyPointer, pick
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
@@ -43,12 +44,19 @@ class _State:
     cache: tuple[torch.Tensor, torch.Tensor]  # the head's K, V of positions fed so far
     next_pos: int = 0  # positions < next_pos are fed (or skipped)
     feat: torch.Tensor | None = None  # [H] the head's feature at next_pos - 1
-    pending: list[tuple[int, torch.Tensor, list[int]]] = field(default_factory=list)  # (pos, hidden [n, H], next ids)
+    # (pos, hidden [n, H], the n + 1 tokens at positions pos .. pos + n: each row's own and next)
+    pending: list[tuple[int, torch.Tensor, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
+    # the copy pointer's (heads that have one): keys of fed positions [m, d], those positions [m], the
+    # tokens that followed them (x_{j+2}, filled as known: all but the last), the last position's u [4H]
+    keys: torch.Tensor | None = None
+    key_pos: list[int] = field(default_factory=list)
+    payload: torch.Tensor | None = None
+    last_u: torch.Tensor | None = None
 
-    def add(self, start: int, hidden: torch.Tensor, nxt: list[int]) -> None:
+    def add(self, start: int, hidden: torch.Tensor, toks: list[int]) -> None:
         """Queue rows, keeping the newest MAX_PENDING (a cut through the oldest entry keeps its tail)."""
-        self.pending.append((start, hidden, nxt))
+        self.pending.append((start, hidden, toks))
         self.num_pending += hidden.shape[0]
         while self.num_pending > MAX_PENDING:
             start, h, ids = self.pending[0]
@@ -73,6 +81,11 @@ class EagleProposer(Proposer):
         self.lm, self.device = target.runner.model, target.device
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
+        # a token's row in the draft vocabulary (-1: none), for the copy pointer's mixture
+        self.vocab_index = None
+        if self.vocab_ids is not None:
+            self.vocab_index = torch.full((vocab_size,), -1, dtype=torch.long, device=target.device)
+            self.vocab_index[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=target.device)
         rows = head_rows(self.lm, self.vocab_ids)
         # On a CPU the head's matmuls (and its LM-head rows) run in the engine's own packed kernels,
         # in the target's weight dtype: torch's small matmuls right after the
@@ -82,8 +95,14 @@ class EagleProposer(Proposer):
         # Drafts are guesses: their precision never changes the verified output.
         plan = self.lm.model.plan
         if target.device.type == "cpu" and target.dtype in plan.packed:
-            def pack(w):  # the head's weight in the target's dtype, multiplied as the target's dense layers are
-                return matmul_fn(w.to(target.dtype).contiguous(), plan)
+            # int8 (per-channel, as `--quantization int8` rounds a checkpoint) where its kernel runs: a
+            # draft step reads the head's layer and its LM-head rows from memory, and int8 halves them
+            fmt = "int8" if "int8" in plan.quant else None
+            if fmt:
+                import ridgeline.quant.formats  # noqa: F401  (registers the int8 weight format)
+
+            def pack(w):  # the head's weight multiplied as the target's dense (or int8) layers are
+                return matmul_fn(w.to(target.dtype).contiguous(), plan, fmt)
             self.dtype = torch.float32
             self.head = head.to(target.device)
             self.head.use_kernels(pack)
@@ -94,6 +113,8 @@ class EagleProposer(Proposer):
             self.head = head.to(target.device, self.dtype)
             rows = None if rows is None else rows.to(self.dtype)
             self._rows_mm = None if rows is None else (lambda x, r=rows: x @ r.T)
+        self.pointer: CopyPointer | None = self.head.pointer
+        self._scratch = torch.zeros(vocab_size, device=target.device)  # pick()'s, kept zero
         self.states: dict[str, _State] = {}
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
@@ -105,15 +126,15 @@ class EagleProposer(Proposer):
             s = kept.get(seq.req_id)
             if s is not None:
                 valid = n - seq.num_spec + s.accepted
-                nxt = seq.token_ids[1:valid] + [s.token_ids[-1]]
+                toks = seq.token_ids[:valid] + [s.token_ids[-1]]
             else:
                 valid = n
-                nxt = seq.token_ids[1:] + [requests[seq.req_id].token_ids[start + n]]
+                toks = seq.token_ids[:n] + [requests[seq.req_id].token_ids[start + n]]
             st = self.states.get(seq.req_id)
             if st is None:
                 st = self.states[seq.req_id] = _State(self.head.empty_cache())
             if start + valid > st.next_pos:
-                st.add(start, hidden[row:row + valid].clone(), nxt)
+                st.add(start, hidden[row:row + valid].clone(), toks)
             row += n
 
     @torch.inference_mode()
@@ -133,32 +154,80 @@ class EagleProposer(Proposer):
         caches = [states[i].cache for i in live]
         positions = torch.tensor([len(requests[i].token_ids) - 1 for i in live], device=self.device)
         k_max = max(requests[i].k for i in live)
+        copy = self._copy_context([requests[i] for i in live], [states[i] for i in live])
+        if copy is not None:  # the embedding of each chain position's own token (the request's last, then drafts)
+            prev_emb = self.lm.model.embed(torch.tensor([requests[i].token_ids[-1] for i in live],
+                                                        device=self.device)).to(self.dtype)
         stopped, path = [False] * len(live), [1.0] * len(live)
         for step in range(k_max):
-            tokens, probs = self._argmax(feats)
+            tokens, probs = self._draft(feats, copy)
             for n, (i, t, p) in enumerate(zip(live, tokens.tolist(), probs.tolist())):
                 path[n] *= p
                 bar = MIN_CONFIDENCE if step == 0 else MIN_PATH_CONFIDENCE
                 stopped[n] = stopped[n] or path[n] < bar or step >= requests[i].k
                 if not stopped[n]:
                     out[i].append(t)
+                # no step of the head for a chain whose next draft could not pass the bar
+                stopped[n] = stopped[n] or path[n] < MIN_PATH_CONFIDENCE or step + 1 >= requests[i].k
             if step + 1 == k_max or all(stopped):
                 break
-            feats, caches = self.head.step(feats, self.lm.model.embed(tokens).to(self.dtype), positions + step,
-                                           caches, [1] * len(live))
+            emb = self.lm.model.embed(tokens).to(self.dtype)
+            new_feats, caches = self.head.step(feats, emb, positions + step, caches, [1] * len(live))
+            if copy is not None:  # the new position's u; its key joins once the token after it is drafted
+                us = CopyPointer.describe(emb, prev_emb, feats, new_feats)
+                prev_emb = emb
+                keys = self.pointer.k(us)
+                copy = [(torch.cat([kk, keys[n:n + 1]]), torch.cat([pay, tokens[n:n + 1]]), us[n])
+                        for n, (kk, pay, _) in enumerate(copy)]
+            feats = new_feats
         return out
+
+    def _copy_context(self, requests: list[ProposalRequest], states: list[_State]) -> list | None:
+        """Per request: (pointer keys, the tokens that followed their positions, the query position's
+        u); keys past len(tokens) have no known token yet. None: the head has no pointer."""
+        if self.pointer is None:
+            return None
+        out = []
+        for r, st in zip(requests, states):
+            n, have = len(r.token_ids), 0 if st.payload is None else st.payload.shape[0]
+            known = sum(1 for p in st.key_pos[have:] if p + 2 < n)  # positions increase: a prefix of the rest
+            if known or st.payload is None:
+                new = torch.tensor([r.token_ids[p + 2] for p in st.key_pos[have:have + known]], dtype=torch.long,
+                                   device=self.device)
+                st.payload = new if st.payload is None else torch.cat([st.payload, new])
+            out.append((st.keys, st.payload, st.last_u))
+        return out
+
+    def _draft(self, feats: torch.Tensor, copy: list | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (each row's draft token, its probability): the head's most likely token, or with a copy
+        pointer the mixture's (eagle_pointer.pick)."""
+        probs = self._head_probs(feats)
+        probs_top, itop = probs.max(-1)
+        tokens = itop if self.vocab_ids is None else self.vocab_ids[itop]
+        if copy is None:
+            return tokens, probs_top
+        tokens, ptop = tokens.tolist(), probs_top.tolist()
+        q = self.pointer.q(torch.stack([u for _, _, u in copy]))
+        for n, (keys, pay, _) in enumerate(copy):
+            if pay.numel():
+                a, g = self.pointer.attend(q[n:n + 1], keys[:pay.numel()], None, feats[n:n + 1], probs_top[n:n + 1])
+                tokens[n], ptop[n] = pick(a[0], float(g[0]), pay, probs[n], self.vocab_index, (tokens[n], ptop[n]),
+                                          self._scratch)
+        return torch.tensor(tokens, device=self.device), torch.tensor(ptop)
+        return tokens, ptop
 
     def _catch_up(self, states: list[_State]) -> int:
         """Feed every pending (hidden, next token) pair of these requests through the head, in one
         call; returns how many rows that was."""
-        hs, ids, pos, counts = [], [], [], []
+        hs, ids, own, pos, counts = [], [], [], [], []
         for st in states:
             n = 0
-            for start, h, nxt in st.pending:
+            for start, h, toks in st.pending:
                 skip = max(0, st.next_pos - start)
                 if skip < h.shape[0]:
                     hs.append(h[skip:])
-                    ids += nxt[skip:]
+                    ids += toks[skip + 1:]
+                    own += toks[skip:-1]
                     pos.extend(range(start + skip, start + h.shape[0]))
                     n += h.shape[0] - skip
                     st.next_pos = start + h.shape[0]
@@ -166,27 +235,34 @@ class EagleProposer(Proposer):
             counts.append(n)
         if not hs:
             return 0
+        hidden = torch.cat(hs).to(self.dtype)
         emb = self.lm.model.embed(torch.tensor(ids, device=self.device)).to(self.dtype)
-        feats, caches = self.head.step(torch.cat(hs).to(self.dtype), emb,
-                                       torch.tensor(pos, device=self.device),
+        feats, caches = self.head.step(hidden, emb, torch.tensor(pos, device=self.device),
                                        [st.cache for st in states], counts)
+        us = keys = None
+        if self.pointer is not None:
+            us = CopyPointer.describe(emb, self.lm.model.embed(torch.tensor(own, device=self.device)).to(self.dtype),
+                                      hidden, feats)
+            keys = self.pointer.k(us)
         end = 0
         for st, cache, n in zip(states, caches, counts):
-            end += n
             st.cache = cache
             if n:
-                st.feat = feats[end - 1]
+                st.feat = feats[end + n - 1]
+                if keys is not None:
+                    st.keys = keys[end:end + n] if st.keys is None else torch.cat([st.keys, keys[end:end + n]])
+                    st.key_pos += pos[end:end + n]
+                    st.last_u = us[end + n - 1]
+            end += n
         return sum(counts)
 
-    def _argmax(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (the head's most likely token per row, its probability over the rows drafted from)."""
+    def _head_probs(self, feats: torch.Tensor) -> torch.Tensor:
+        """The head's distribution per row [n, V'] over its draft vocabulary (or the whole one)."""
         if self._rows_mm is None:
             logits = self.lm.compute_logits(feats.to(self.lm.model.act_dtype)).float()
         else:
             logits = self._rows_mm(feats).float()
-        top, idx = logits.max(-1)
-        prob = (top - torch.logsumexp(logits, -1)).exp()
-        return (idx if self._rows_mm is None else self.vocab_ids[idx]), prob
+        return torch.softmax(logits, -1)
 
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:

@@ -2,7 +2,8 @@
 hidden state at j] -> one decoder layer (causal attention over the head's own past positions) ->
 a feature f_j that stands in for the target's hidden state at j+1; the target's own LM head (or the
 rows of it for a reduced vocabulary of frequent tokens, as FR-Spec) turns f_j into logits for token
-j+2. Drafting a chain feeds f_j back as the hidden state of position j+1.
+j+2. Drafting a chain feeds f_j back as the hidden state of position j+1. Optionally a copy pointer
+(spec/eagle_pointer.py) mixes in the tokens that followed earlier positions like this one.
 
 "Hidden state" is the target's last layer after its final norm: what its LM head reads.
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.kernels import cpu_ops
+from ridgeline.spec.eagle_pointer import CopyPointer
 
 SMALL_QUERIES = 16  # _attend computes up to this many queries by hand (a drafting step, a verification's catch-up)
 
@@ -31,6 +33,7 @@ class HeadConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
+    pointer_dim: int = 0  # a copy pointer of this width (spec/eagle_pointer.py); 0: none
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +58,7 @@ class EagleHead(nn.Module):
         self.mlp_norm = nn.RMSNorm(H, eps=cfg.rms_norm_eps)
         self.gate_up = nn.Linear(H, 2 * I, bias=False)
         self.down = nn.Linear(I, H, bias=False)
+        self.pointer = CopyPointer(H, cfg.pointer_dim) if cfg.pointer_dim else None
         # not saved: a function of the config
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)

@@ -1,0 +1,161 @@
+"""The EAGLE head's copy pointer (spec/eagle_pointer.py): the mixture's pick by hand-built numbers,
+a hand-set pointer copies what followed the matching position, training learns to copy on a
+synthetic task, the proposer keeps exactly the keys and tokens of the positions the head was fed,
+and `train-draft --from-head` adds a pointer to a trained head without touching it."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from ridgeline import LLM, SamplingParams
+from ridgeline.spec.eagle_head import EagleHead, HeadConfig
+from ridgeline.spec.eagle_pointer import CopyPointer, pick, train_pointer
+from ridgeline.spec.train_data import Sample
+
+BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
+
+
+def test_pick_takes_the_mixtures_most_likely_token():
+    head_probs = torch.tensor([0.5, 0.3, 0.2])  # draft vocabulary: tokens 10, 11, 12
+    index = torch.full((20,), -1, dtype=torch.long)
+    index[torch.tensor([10, 11, 12])] = torch.arange(3)
+    scratch = torch.zeros(20)
+    a = torch.tensor([0.25, 0.75])
+
+    def mix(a, g, payload, probs=head_probs, vocab_index=index, top=(10, 0.5)):
+        out = pick(a, g, torch.tensor(payload, dtype=torch.long), probs, vocab_index, top, scratch)
+        assert not scratch.any()  # left zero for the next call
+        return out
+    # copy mass: token 11 0.75 (+ its own 0.3), token 15 (not in the draft vocabulary) 0.25
+    t, p = mix(a, 0.5, [15, 11])
+    assert t == 11 and p == pytest.approx(0.5 * 0.75 + 0.5 * 0.3)
+    t, p = mix(a, 0.1, [15, 11])  # a nearly closed gate: the head's own top token
+    assert t == 10 and p == pytest.approx(0.9 * 0.5)
+    t, p = mix(torch.tensor([1.0, 0.0]), 0.9, [15, 11])  # a token outside the draft vocabulary
+    assert t == 15 and p == pytest.approx(0.9)
+    t, p = mix(torch.tensor([0.0, 1.0]), 0.9, [15, 10])  # the copy agrees with the head
+    assert t == 10 and p == pytest.approx(0.9 + 0.1 * 0.5)
+    t, p = mix(torch.tensor([0.5, 0.5]), 0.9, [12, 12])  # mass of repeated positions adds up
+    assert t == 12 and p == pytest.approx(0.9 + 0.1 * 0.2)
+    t, p = mix(torch.tensor([]), 0.0, [], probs=torch.tensor([0.2, 0.5, 0.3]), vocab_index=None, top=(1, 0.5))
+    assert t == 1 and p == pytest.approx(0.5)
+
+
+def _copy_by_token_pointer(H: int, vocab: int) -> CopyPointer:
+    """A pointer whose query and key read only the embedding part of u (x_{j+1}), with a gate open
+    wide: it copies the token that followed the earlier occurrence of the current token."""
+    ptr = CopyPointer(H, H)
+    with torch.no_grad():
+        for lin in (ptr.q, ptr.k):
+            lin.weight.zero_()
+            lin.bias.zero_()
+            lin.weight[:, :H] = torch.eye(H)
+        ptr.gate.weight.zero_()
+        ptr.gate.bias.fill_(20.0)
+        ptr.scale.fill_(10.0)
+    return ptr
+
+
+def test_a_hand_set_pointer_copies_what_followed():
+    H, vocab = 16, 16
+    emb = torch.eye(vocab)[:, :H]
+    x = [9, 5, 6, 7, 8, 5]  # head position j reads x_{j+1}: 5 6 7 8 5; the last 5 first came at j = 0
+    ptr = _copy_by_token_pointer(H, vocab)
+    e = emb[torch.tensor(x[1:])]
+    u = CopyPointer.describe(e, emb[torch.tensor(x[:-1])], torch.zeros(5, H), torch.zeros(5, H))
+    with torch.no_grad():
+        a, g = ptr.attend(ptr.q(u[-1:]), ptr.k(u[:-1]), None, torch.zeros(1, H), torch.tensor([0.9]))
+    payload = torch.tensor(x[2:])  # x_{j+2} for j = 0 .. 3
+    t, p = pick(a[0], float(g[0]), payload, torch.full((vocab,), 1.0 / vocab), None, (0, 1.0 / vocab),
+                torch.zeros(vocab))
+    assert t == 6 and p > 0.99
+
+
+def test_training_learns_to_copy():
+    """Sequences that repeat their first half: the head (random, frozen) cannot know the second
+    half, the pointer learns to copy it from the first."""
+    torch.manual_seed(0)
+    H, V, half = 24, 48, 12
+    table = torch.randn(V, H)
+    head = EagleHead(HeadConfig(H, 4, 2, 6, 32, 1e-5, 10000.0)).eval()
+    rng = random.Random(0)
+
+    def sample():
+        first = [rng.randrange(V) for _ in range(half)]
+        tokens = torch.tensor(first + first)
+        # the target's hidden state at j names token j+1 (it predicts perfectly): its argmax label
+        return Sample(tokens, torch.cat([table[tokens[1:]], table[:1]]))
+
+    label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
+    pointer = CopyPointer(H, 16)
+    stats = train_pointer(pointer, head, lambda ids: table[ids], table, None, label,
+                          [sample() for _ in range(64)], epochs=30, seed=0, lr=5e-3, batch_tokens=256, progress=False)
+    assert stats["steps"] > 0
+    right = total = 0
+    with torch.no_grad():
+        for _ in range(8):
+            s = sample()
+            n = len(s.tokens)
+            e = table[s.tokens[1:]]
+            f = head(s.hidden[:-1], e, torch.arange(n - 1))
+            u = CopyPointer.describe(e, table[s.tokens[:-1]], s.hidden[:-1], f)
+            probs = torch.softmax(f @ table.T, -1)
+            for t in range(half, n - 2):  # position t drafts x_{t+2}, a repeat of the first half
+                a, g = pointer.attend(pointer.q(u[t:t + 1]), pointer.k(u[:t]), None, f[t:t + 1],
+                                      probs[t:t + 1].max(-1).values)
+                top = probs[t].max(-1)
+                tok, _ = pick(a[0], float(g[0]), s.tokens[2:t + 2], probs[t], None, (int(top.indices), float(top.values)),
+                              torch.zeros(V))
+                right += tok == int(s.tokens[t + 2])
+                total += 1
+    assert right / total > 0.8
+
+
+def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
+    """Mid-run: one key per fed position, each the pointer's key of that position's u computed from
+    the target's hidden states (the training path), with the token two ahead as its payload."""
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=2,
+              speculative_controller="off", enable_prefix_caching=False, **BASE)
+    eng, proposer = llm.engine, llm.engine.proposer
+    assert proposer.pointer is not None
+    prompt = llm.tokenizer.encode("one two three four one two three four one two")
+    eng.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(6):
+        eng.step()
+    st = proposer.states["r"]
+    tokens = list(eng.requests["r"].token_ids)
+    m = len(st.key_pos)
+    assert st.key_pos == list(range(m)) and st.keys.shape[0] == m and m >= len(prompt) - 1
+    assert st.payload.tolist() == [tokens[j + 2] for j in range(len(st.payload))] and len(st.payload) >= m - 1
+    lm = eng.runner.model
+    hidden = eng.prompt_hidden(tokens[:m + 1])
+    with torch.no_grad():
+        e = lm.model.embed(torch.tensor(tokens[1:m + 1])).float()
+        f = proposer.head(hidden[:m].float(), e, torch.arange(m))
+        prev = lm.model.embed(torch.tensor(tokens[:m])).float()
+        ref = proposer.pointer.k(CopyPointer.describe(e, prev, hidden[:m].float(), f))
+    assert torch.allclose(st.keys, ref, atol=1e-3)
+    while eng.has_unfinished():
+        eng.step()
+
+
+def test_from_head_adds_a_pointer_and_keeps_the_head(tiny_llama, tiny_head, tmp_path):
+    from safetensors.torch import load_file
+
+    from ridgeline.cli import main
+    base = tmp_path / "base"
+    assert main(["train-draft", str(tiny_llama), "--out", str(base), "--from-head", str(tiny_head), "--tokens", "600",
+                 "--seed", "1", "--max-reply-tokens", "24", "--dtype", "float32", "--copy-pointer", "8",
+                 "--pointer-epochs", "1", "--quiet"]) == 0
+    before, after = load_file(str(tiny_head / "head.safetensors")), load_file(str(base / "head.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("pointer."))
+    assert after["pointer.q.weight"].shape[0] == 8
+    config, old = json.loads((base / "config.json").read_text()), json.loads((tiny_head / "config.json").read_text())
+    assert config["head"]["pointer_dim"] == 8
+    assert config["training"]["command"] == old["training"]["command"]
+    assert "--from-head HEAD_DIR" in config["training"]["pointer"]["command"]
+    assert main(["train-draft", str(tiny_llama), "--out", str(tmp_path / "x"), "--from-head", str(tiny_head),
+                 "--copy-pointer", "0", "--quiet"]) == 2
