@@ -136,7 +136,7 @@ def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
         e = lm.model.embed(torch.tensor(tokens[1:m + 1])).float()
         f = proposer.head(hidden[:m].float(), e, torch.arange(m))
         prev = lm.model.embed(torch.tensor(tokens[:m])).float()
-        ref = proposer.pointer.k(CopyPointer.describe(e, prev, hidden[:m].float(), f))
+        ref = proposer.pointer.key(CopyPointer.describe(e, prev, hidden[:m].float(), f))  # its drafting kernels
     assert torch.allclose(st.keys, ref, atol=1e-3)
     while eng.has_unfinished():
         eng.step()

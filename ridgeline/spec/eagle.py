@@ -176,7 +176,7 @@ class EagleProposer(Proposer):
             if copy is not None:  # the new position's u; its key joins once the token after it is drafted
                 us = CopyPointer.describe(emb, prev_emb, feats, new_feats)
                 prev_emb = emb
-                keys = self.pointer.k(us)
+                keys = self.pointer.key(us)
                 copy = [(torch.cat([kk, keys[n:n + 1]]), torch.cat([pay, tokens[n:n + 1]]), us[n])
                         for n, (kk, pay, _) in enumerate(copy)]
             feats = new_feats
@@ -207,7 +207,7 @@ class EagleProposer(Proposer):
         if copy is None:
             return tokens, probs_top
         tokens, ptop = tokens.tolist(), probs_top.tolist()
-        q = self.pointer.q(torch.stack([u for _, _, u in copy]))
+        q = self.pointer.query(torch.stack([u for _, _, u in copy]))
         for n, (keys, pay, _) in enumerate(copy):
             if pay.numel():
                 a, g = self.pointer.attend(q[n:n + 1], keys[:pay.numel()], None, feats[n:n + 1], probs_top[n:n + 1])
@@ -243,7 +243,7 @@ class EagleProposer(Proposer):
         if self.pointer is not None:
             us = CopyPointer.describe(emb, self.lm.model.embed(torch.tensor(own, device=self.device)).to(self.dtype),
                                       hidden, feats)
-            keys = self.pointer.k(us)
+            keys = self.pointer.key(us)
         end = 0
         for st, cache, n in zip(states, caches, counts):
             st.cache = cache

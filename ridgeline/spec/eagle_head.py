@@ -72,6 +72,8 @@ class EagleHead(nn.Module):
         The head's other weights and activations are then fp32. Inference only: training keeps torch."""
         self.float()
         self._packed = {m: pack(m.weight.detach()) for m in (self.fc, self.qkv, self.o, self.gate_up, self.down)}
+        if self.pointer is not None:
+            self.pointer.use_kernels(pack)
         self._c_ops = self.fc.weight.device.type == "cpu" and cpu_ops.available()
 
     def _fused(self) -> bool:

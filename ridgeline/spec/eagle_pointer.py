@@ -35,6 +35,24 @@ class CopyPointer(nn.Module):
         self.k = nn.Linear(4 * hidden_size, dim)
         self.gate = nn.Linear(hidden_size + dim + 3, 1)
         self.scale = nn.Parameter(torch.tensor(dim ** -0.5))
+        self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
+
+    def use_kernels(self, pack) -> None:
+        """Project queries and keys with other matmul kernels (EagleHead.use_kernels); training keeps torch."""
+        self._packed = {m: pack(m.weight.detach()) for m in (self.q, self.k)}
+
+    def _lin(self, mod: nn.Linear, u: torch.Tensor) -> torch.Tensor:
+        if self._packed is None or torch.is_grad_enabled():
+            return mod(u)
+        return self._packed[mod](u) + mod.bias
+
+    def query(self, u: torch.Tensor) -> torch.Tensor:
+        """u [n, 4H] -> [n, dim]"""
+        return self._lin(self.q, u)
+
+    def key(self, u: torch.Tensor) -> torch.Tensor:
+        """u [n, 4H] -> [n, dim]"""
+        return self._lin(self.k, u)
 
     @staticmethod
     def describe(next_emb: torch.Tensor, emb: torch.Tensor, hidden: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
@@ -48,18 +66,24 @@ class CopyPointer(nn.Module):
         head's top probability) -> (a [n, m] attention, rows of no allowed key all 0; g [n] the gate, 0
         for those rows)."""
         s = (q @ keys.T) * self.scale
-        if allowed is None:
-            has = torch.full((q.shape[0],), keys.shape[0] > 0, dtype=torch.bool, device=q.device)
-        else:
+        if allowed is None and keys.shape[0]:  # drafting: every key, no mask to apply
+            a = torch.softmax(s, -1)
+            return a, self._gate(feats, a @ keys, s.max(-1).values, a.max(-1).values, ptop)
+        has = (torch.full((q.shape[0],), keys.shape[0] > 0, dtype=torch.bool, device=q.device)
+               if allowed is None else allowed.any(-1))
+        if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
-            has = allowed.any(-1)
         s = s.masked_fill(~has[:, None], 0.0)
         a = torch.softmax(s, -1) * has[:, None]
         top = s.max(-1).values if s.shape[1] else torch.zeros(q.shape[0], device=q.device)
         peak = a.max(-1).values if s.shape[1] else top
-        g = torch.sigmoid(self.gate(torch.cat([feats.float(), a @ keys, top[:, None] * has[:, None], peak[:, None],
-                                               ptop.float()[:, None]], -1)))[:, 0]
-        return a, g * has
+        return a, self._gate(feats, a @ keys, top * has, peak, ptop) * has
+
+    def _gate(self, feats, context, top, peak, ptop) -> torch.Tensor:
+        """g [n] from the drafting feature [n, H], the attended keys [n, d], the top score, the top
+        attention weight and the head's top probability [n]."""
+        x = torch.cat([feats.float(), context, top[:, None], peak[:, None], ptop.float()[:, None]], -1)
+        return torch.sigmoid(self.gate(x))[:, 0]
 
 
 def pick(a: torch.Tensor, g: float, payload: torch.Tensor, head_probs: torch.Tensor, vocab_index: torch.Tensor | None,
@@ -158,7 +182,7 @@ def _loss(pointer: CopyPointer, batch: list[dict]) -> tuple[torch.Tensor, float]
     idx = torch.arange(T)
     allowed = (seq[:, None] == seq[None, :]) & (idx[None, :] < idx[:, None])  # earlier positions, same sample
     u = cat["u"].float()
-    a, g = pointer.attend(pointer.q(u), pointer.k(u), allowed, cat["f"], cat["ptop"])
+    a, g = pointer.attend(pointer.query(u), pointer.key(u), allowed, cat["f"], cat["ptop"])
     match = (cat["payload"][None, :] == cat["y"][:, None]) & allowed
     copy = (a * match).sum(-1)
     p = (1 - g) * cat["py"] + g * copy
