@@ -66,7 +66,8 @@ def register(subparsers) -> None:
                    help="passes over the data for the copy pointer (default 8)")
     p.add_argument("--from-head", type=Path, default=None, metavar="DIR",
                    help="start from the head in DIR (trained for MODEL) instead of training one: only the copy "
-                        "pointer is trained, and DIR's record of how its head was trained is kept")
+                        "pointer is trained, and DIR's record of how its head was trained is kept (default: none, "
+                        "train a head)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the target's dtype while generating the data (default: auto)")
     p.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float32"],
