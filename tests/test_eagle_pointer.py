@@ -12,7 +12,7 @@ import torch
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.eagle_pointer import CopyPointer, pick, train_pointer
+from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick, train_pointer
 from ridgeline.spec.train_data import Sample
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
@@ -20,8 +20,8 @@ BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
 
 def test_pick_takes_the_mixtures_most_likely_token():
     head_probs = torch.tensor([0.5, 0.3, 0.2])  # draft vocabulary: tokens 10, 11, 12
-    index = torch.full((20,), -1, dtype=torch.long)
-    index[torch.tensor([10, 11, 12])] = torch.arange(3)
+    index = draft_vocab_index(torch.tensor([10, 11, 12]), 20)
+    assert index[10] == 0 and index[12] == 2 and (index[:10] == -1).all()
     scratch = torch.zeros(20)
     a = torch.tensor([0.25, 0.75])
 
@@ -91,7 +91,7 @@ def test_training_learns_to_copy():
 
     label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
     pointer = CopyPointer(H, 16)
-    stats = train_pointer(pointer, head, lambda ids: table[ids], table, None, label,
+    stats = train_pointer(pointer, head, lambda ids: table[ids], table, None, label, V,
                           [sample() for _ in range(64)], epochs=30, seed=0, lr=5e-3, batch_tokens=256, progress=False)
     assert stats["steps"] > 0
     right = total = 0

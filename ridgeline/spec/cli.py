@@ -183,7 +183,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     bf16 = pick_dtype("auto", torch.device("cpu")).dtype == torch.bfloat16
     if args.from_head is None:
         vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
-        rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
+    rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
+    if args.from_head is None:
         head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
                                  args.seed, lr=args.lr, batch_tokens=args.batch_tokens, ce_weight=args.ce_weight,
                                  feature_weight=args.feature_weight, unroll=args.unroll, bf16=bf16,
@@ -203,9 +204,9 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     if args.copy_pointer:
         t1 = time.perf_counter()
         head = _with_pointer(head, args.copy_pointer)
-        rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
         pstats = train_pointer(head.pointer, head, lambda ids: lm.model.embed(ids), rows, vocab_ids,
-                               lambda h: _target_argmax(lm, h), samples, args.pointer_epochs, args.seed,
+                               lambda h: _target_argmax(lm, h), lm.cfg.vocab_size, samples, args.pointer_epochs,
+                               args.seed,
                                batch_tokens=args.batch_tokens, progress=not args.quiet)
         stage = "" if args.from_head is None else "--from-head HEAD_DIR "
         training["pointer"] = {

@@ -23,7 +23,7 @@ import torch
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
-from ridgeline.spec.eagle_pointer import CopyPointer, pick
+from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
@@ -81,11 +81,7 @@ class EagleProposer(Proposer):
         self.lm, self.device = target.runner.model, target.device
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
-        # a token's row in the draft vocabulary (-1: none), for the copy pointer's mixture
-        self.vocab_index = None
-        if self.vocab_ids is not None:
-            self.vocab_index = torch.full((vocab_size,), -1, dtype=torch.long, device=target.device)
-            self.vocab_index[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=target.device)
+        self.vocab_index = draft_vocab_index(self.vocab_ids, vocab_size)  # for the copy pointer's mixture
         rows = head_rows(self.lm, self.vocab_ids)
         # On a CPU the head's matmuls (and its LM-head rows) run in the engine's own packed kernels,
         # in the target's weight dtype: torch's small matmuls right after the
@@ -214,7 +210,6 @@ class EagleProposer(Proposer):
                 tokens[n], ptop[n] = pick(a[0], float(g[0]), pay, probs[n], self.vocab_index, (tokens[n], ptop[n]),
                                           self._scratch)
         return torch.tensor(tokens, device=self.device), torch.tensor(ptop)
-        return tokens, ptop
 
     def _catch_up(self, states: list[_State]) -> int:
         """Feed every pending (hidden, next token) pair of these requests through the head, in one

@@ -7,14 +7,13 @@ an 8,192-token draft vocabulary).
 Head position j reads (the target's hidden h_j, token x_{j+1}) and its feature f_j predicts x_{j+2}.
 The pointer describes position j by u_j = [embeddings of x_{j+1} and x_j, h_j, f_j] (its last two
 tokens, and the context as the target and the head see it) and, from position t, attends over the
-earlier positions j < t
-with a query and keys projected from u (`dim` wide); position j carries the token x_{j+2} that
-followed it. The draft distribution is a mixture (a pointer-generator):
+earlier positions j < t with a query and keys projected from u (`dim` wide); position j carries the
+token x_{j+2} that followed it. The draft distribution is a mixture (a pointer-generator):
 
     p(v) = (1 - g) * p_head(v) + g * sum_{j < t, x_{j+2} = v} a_tj
 
-with the gate g = sigmoid(w . [f_t, a_t K, max score, max a_t, p_head's top probability]). Trained after the
-head, with the head frozen (`train_pointer`): cross-entropy of the mixture against the target's own
+with the gate g = sigmoid(w . [f_t, a_t K, max score, max a_t, p_head's top probability]). Trained
+after the head, with the head frozen (`train_pointer`): cross-entropy of the mixture against the target's own
 next token (over the whole vocabulary), plus the copy attention's own cross-entropy where the token
 is in the context (without it the gate closes before the attention learns anything)."""
 from __future__ import annotations
@@ -86,6 +85,16 @@ class CopyPointer(nn.Module):
         return torch.sigmoid(self.gate(x))[:, 0]
 
 
+def draft_vocab_index(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
+    """[vocab_size] each token's row in the draft vocabulary vocab_ids (-1: not in it); None for the
+    whole vocabulary."""
+    if vocab_ids is None:
+        return None
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=vocab_ids.device)
+    index[vocab_ids] = torch.arange(len(vocab_ids), device=vocab_ids.device)
+    return index
+
+
 def pick(a: torch.Tensor, g: float, payload: torch.Tensor, head_probs: torch.Tensor, vocab_index: torch.Tensor | None,
          top: tuple[int, float], scratch: torch.Tensor) -> tuple[int, float]:
     """One position's draft from the mixture: a [m] attention over keys whose tokens are payload [m];
@@ -109,18 +118,20 @@ def pick(a: torch.Tensor, g: float, payload: torch.Tensor, head_probs: torch.Ten
 
 
 def train_pointer(pointer: CopyPointer, head, embed: Callable, rows: torch.Tensor, vocab_ids: torch.Tensor | None,
-                  label: Callable, samples: list, epochs: float, seed: int, lr: float = 2e-3,
+                  label: Callable, vocab_size: int, samples: list, epochs: float, seed: int, lr: float = 2e-3,
                   batch_tokens: int = 2048, progress: bool = True) -> dict:
     """Fit the pointer with the head frozen. embed(ids) -> [T, H] the target's embeddings; rows [V', H]
     the head's LM-head rows (vocab_ids their token ids, None: all); label(hidden [T, H]) -> [T] the
-    target's own next token from its hidden states (its LM head's argmax, whole vocabulary). Samples
+    target's own next token from its hidden states (its LM head's argmax, whole vocabulary), a
+    token id below vocab_size. Samples
     packed whole into steps of about batch_tokens positions (block-diagonal attention). Returns a
     summary: last loss, and how often (last 50 steps) the mixture gave the target's token at least
     the probability of the head's own top token."""
     from tqdm import tqdm
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    prepared = [_prepare(head, embed, rows, vocab_ids, label, s) for s in samples if len(s.tokens) > 2]
+    index = draft_vocab_index(vocab_ids, vocab_size)
+    prepared = [_prepare(head, embed, rows, vocab_ids, index, label, s) for s in samples if len(s.tokens) > 2]
     tokens = sum(p["y"].shape[0] for p in prepared)
     total = max(1, round(epochs * tokens / batch_tokens))
     opt = torch.optim.AdamW(pointer.parameters(), lr=lr, weight_decay=0.0)
@@ -151,7 +162,7 @@ def train_pointer(pointer: CopyPointer, head, embed: Callable, rows: torch.Tenso
 
 
 @torch.no_grad()
-def _prepare(head, embed, rows, vocab_ids, label, sample) -> dict:
+def _prepare(head, embed, rows, vocab_ids, index, label, sample) -> dict:
     """One sample's fixed inputs (the head is frozen): u, f, the head's top probability and token, the
     head's probability of the label, the label and each position's payload."""
     tokens, h = sample.tokens, sample.hidden.float()
@@ -165,14 +176,13 @@ def _prepare(head, embed, rows, vocab_ids, label, sample) -> dict:
         py = probs.gather(1, y[:, None])[:, 0]
         top_ids = itop
     else:
-        index = torch.full((int(max(int(y.max()), int(vocab_ids.max())) + 1),), -1, dtype=torch.long)
-        index[vocab_ids] = torch.arange(len(vocab_ids))
         r = index[y]
         py = torch.where(r >= 0, probs.gather(1, r.clamp(min=0)[:, None])[:, 0], torch.zeros(()))
         top_ids = vocab_ids[itop]
     payload = torch.cat([tokens[2:], tokens.new_full((1,), -1)])  # x_{j+2}; the last one unknown
-    return {"u": CopyPointer.describe(e, embed(tokens[:-1]).float(), h[:-1], f).to(torch.bfloat16), "f": f.to(torch.bfloat16), "ptop": ptop,
-            "top": top_ids, "py": py, "y": y, "payload": payload}
+    u = CopyPointer.describe(e, embed(tokens[:-1]).float(), h[:-1], f)
+    return {"u": u.to(torch.bfloat16), "f": f.to(torch.bfloat16), "ptop": ptop, "top": top_ids, "py": py, "y": y,
+            "payload": payload}
 
 
 def _loss(pointer: CopyPointer, batch: list[dict]) -> tuple[torch.Tensor, float]:
