@@ -125,11 +125,13 @@ def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
     eng.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     for _ in range(6):
         eng.step()
-    st = proposer.states["r"]
+    mem = proposer.states["r"].memory
     tokens = list(eng.requests["r"].token_ids)
-    m = len(st.key_pos)
-    assert st.key_pos == list(range(m)) and st.keys.shape[0] == m and m >= len(prompt) - 1
-    assert st.payload.tolist() == [tokens[j + 2] for j in range(len(st.payload))] and len(st.payload) >= m - 1
+    with torch.inference_mode():  # as propose() runs it
+        mem.fill(tokens)
+    m = mem.n
+    assert mem.positions == list(range(m)) and m >= len(prompt) - 1
+    assert mem.payload[:mem.known].tolist() == [tokens[j + 2] for j in range(mem.known)] and mem.known >= m - 1
     lm = eng.runner.model
     hidden = eng.prompt_hidden(tokens[:m + 1])
     with torch.no_grad():
@@ -137,7 +139,7 @@ def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
         f = proposer.head(hidden[:m].float(), e, torch.arange(m))
         prev = lm.model.embed(torch.tensor(tokens[:m])).float()
         ref = proposer.pointer.key(CopyPointer.describe(e, prev, hidden[:m].float(), f))  # its drafting kernels
-    assert torch.allclose(st.keys, ref, atol=1e-3)
+    assert torch.allclose(mem.keys[:m], ref, atol=1e-3)
     while eng.has_unfinished():
         eng.step()
 

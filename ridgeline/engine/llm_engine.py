@@ -159,7 +159,7 @@ class LLMEngine:
         self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
                                tuple(self.runner.layer_paths), max_len, num_blocks,
                                (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               caching, *weight_summary(model), spec_line(config), quantization, window, budget,
+                               caching, *weight_summary(model), spec_line(config, proposer), quantization, window, budget,
                                describe_eviction(config.cache) if evict else None, offload_line,
                                tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block),
                                pp and pp_info(pp, model, kv_spec, num_blocks, own_blocks, kv_bytes))

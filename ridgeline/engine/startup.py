@@ -52,7 +52,7 @@ def pp_info(pp, model, kv_spec, num_blocks: int, own_blocks: int, kv_bytes: int)
                   kv_bytes // whole * kv_spec.block_size, tuple(pp.workers.pids) if pp.workers else ())
 
 
-def spec_line(config: EngineConfig) -> str | None:
+def spec_line(config: EngineConfig, proposer=None) -> str | None:
     sc = config.speculative
     if sc.method is None:
         return None
@@ -67,5 +67,7 @@ def spec_line(config: EngineConfig) -> str | None:
     if len(sc.methods) > 1:
         extra += ", each request drafted by the first of them that proposes"
     k = ("k chosen per step by the goodput controller" if sc.speculative_controller == "on" else "k pinned")
+    how = proposer.summary() if proposer is not None else None
+    extra += f" [{how}]" if how else ""
     return f"{sc.method}: up to {sc.num_speculative_tokens} proposed tokens per request per step ({k}){extra}"
 

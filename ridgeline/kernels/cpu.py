@@ -13,6 +13,8 @@ gemm_a8.c: the same weights against activations quantized to int8 per row (W8A8,
 dot products. gemm_fp8.c: fp8 / MXFP8 weights converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4
 weights by table lookup into int8 lanes against int8 activations (VNNI).
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
+eagle_draft.c: an EAGLE head's step (fc, then its layer through decoder_stack.c) and its draft decision
+(its LM-head rows, softmax top, copy-pointer mixture).
 moe.c: a sparse MLP's routing and grouped per-expert matmuls (module path and decoder stack alike).
 """
 from __future__ import annotations
@@ -75,6 +77,9 @@ _SIGNATURES = {
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_embed": [_PTR, _INT, _PTR, _I64, _I64, _I64, _PTR],
     "ridgeline_linear_argmax": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _INT],
+    "ridgeline_eagle_step": [_PTR, _PTR, _PTR, _PTR, _PTR, _F32, _F32, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _INT],
+    "ridgeline_draft_pick": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _F32, _PTR,
+                             _F32, _PTR, _PTR, _PTR, _PTR, _INT],
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,

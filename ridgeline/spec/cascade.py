@@ -54,3 +54,7 @@ class CascadeProposer(Proposer):
     def forget(self, req_ids: Sequence[str]) -> None:
         for m in self.members:
             m.forget(req_ids)
+
+    def summary(self) -> str | None:
+        parts = [f"{m.name}: {m.summary()}" for m in self.members if m.summary()]
+        return "; ".join(parts) or None

@@ -23,6 +23,8 @@ import torch
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
+from ridgeline.kernels import cpu_draft, cpu_stack
+from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
@@ -41,18 +43,13 @@ MIN_PATH_CONFIDENCE = 0.2
 
 @dataclass
 class _State:
-    cache: tuple[torch.Tensor, torch.Tensor]  # the head's K, V of positions fed so far
+    cache: object  # the head's K/V of positions fed so far (EagleHead.empty_cache)
     next_pos: int = 0  # positions < next_pos are fed (or skipped)
     feat: torch.Tensor | None = None  # [H] the head's feature at next_pos - 1
     # (pos, hidden [n, H], the n + 1 tokens at positions pos .. pos + n: each row's own and next)
     pending: list[tuple[int, torch.Tensor, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
-    # the copy pointer's (heads that have one): keys of fed positions [m, d], those positions [m], the
-    # tokens that followed them (x_{j+2}, filled as known: all but the last), the last position's u [4H]
-    keys: torch.Tensor | None = None
-    key_pos: list[int] = field(default_factory=list)
-    payload: torch.Tensor | None = None
-    last_u: torch.Tensor | None = None
+    memory: PointerMemory | None = None  # the copy pointer's context (heads that have one)
 
     def add(self, start: int, hidden: torch.Tensor, toks: list[int]) -> None:
         """Queue rows, keeping the newest MAX_PENDING (a cut through the oldest entry keeps its tail)."""
@@ -111,6 +108,7 @@ class EagleProposer(Proposer):
             self._rows_mm = None if rows is None else (lambda x, r=rows: x @ r.T)
         self.pointer: CopyPointer | None = self.head.pointer
         self._scratch = torch.zeros(vocab_size, device=target.device)  # pick()'s, kept zero
+        self._pick = self._c_pick_args()  # None: drafts picked in torch
         self.states: dict[str, _State] = {}
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
@@ -129,6 +127,8 @@ class EagleProposer(Proposer):
             st = self.states.get(seq.req_id)
             if st is None:
                 st = self.states[seq.req_id] = _State(self.head.empty_cache())
+                if self.pointer is not None:
+                    st.memory = PointerMemory(self.pointer.dim, self.device, self.dtype)
             if start + valid > st.next_pos:
                 st.add(start, hidden[row:row + valid].clone(), toks)
             row += n
@@ -150,13 +150,16 @@ class EagleProposer(Proposer):
         caches = [states[i].cache for i in live]
         positions = torch.tensor([len(requests[i].token_ids) - 1 for i in live], device=self.device)
         k_max = max(requests[i].k for i in live)
-        copy = self._copy_context([requests[i] for i in live], [states[i] for i in live])
-        if copy is not None:  # the embedding of each chain position's own token (the request's last, then drafts)
-            prev_emb = self.lm.model.embed(torch.tensor([requests[i].token_ids[-1] for i in live],
-                                                        device=self.device)).to(self.dtype)
+        mems = None if self.pointer is None else [states[i].memory for i in live]
+        queries = prev_emb = None
+        if mems is not None:
+            for i, mem in zip(live, mems):
+                mem.fill(requests[i].token_ids)
+                mem.reserve(mem.n + k_max)  # the chain's scratch rows
+            queries = torch.stack([mem.query for mem in mems])
         stopped, path = [False] * len(live), [1.0] * len(live)
         for step in range(k_max):
-            tokens, probs = self._draft(feats, copy)
+            tokens, probs = self._draft(feats, queries, mems, step)
             for n, (i, t, p) in enumerate(zip(live, tokens.tolist(), probs.tolist())):
                 path[n] *= p
                 bar = MIN_CONFIDENCE if step == 0 else MIN_PATH_CONFIDENCE
@@ -169,46 +172,64 @@ class EagleProposer(Proposer):
                 break
             emb = self.lm.model.embed(tokens).to(self.dtype)
             new_feats, caches = self.head.step(feats, emb, positions + step, caches, [1] * len(live))
-            if copy is not None:  # the new position's u; its key joins once the token after it is drafted
-                us = CopyPointer.describe(emb, prev_emb, feats, new_feats)
-                prev_emb = emb
-                keys = self.pointer.key(us)
-                copy = [(torch.cat([kk, keys[n:n + 1]]), torch.cat([pay, tokens[n:n + 1]]), us[n])
-                        for n, (kk, pay, _) in enumerate(copy)]
+            if mems is not None:  # the new position's key and query; its token is the previous key's payload
+                if prev_emb is None:  # the embedding of each chain position's own token
+                    prev_emb = self.lm.model.embed(torch.tensor([requests[i].token_ids[-1] for i in live],
+                                                                device=self.device)).to(self.dtype)
+                queries, keys = self.pointer.query_key(CopyPointer.describe(emb, prev_emb, feats, new_feats))
+                for n, mem in enumerate(mems):
+                    mem.keys[mem.n + step] = keys[n]
+                    mem.payload[mem.known + step] = tokens[n]
+            prev_emb = emb
             feats = new_feats
         return out
 
-    def _copy_context(self, requests: list[ProposalRequest], states: list[_State]) -> list | None:
-        """Per request: (pointer keys, the tokens that followed their positions, the query position's
-        u); keys past len(tokens) have no known token yet. None: the head has no pointer."""
-        if self.pointer is None:
+    def _c_pick_args(self) -> dict | None:
+        """What the C draft pick needs (kernels/draft_pick.c), or None where it cannot run: not on the
+        engine's CPU kernels, or a head over the whole vocabulary (its logits are the target's)."""
+        lin = self._rows_mm
+        if not hasattr(lin, "format") or not cpu_draft.available():
             return None
-        out = []
-        for r, st in zip(requests, states):
-            n, have = len(r.token_ids), 0 if st.payload is None else st.payload.shape[0]
-            known = sum(1 for p in st.key_pos[have:] if p + 2 < n)  # positions increase: a prefix of the rest
-            if known or st.payload is None:
-                new = torch.tensor([r.token_ids[p + 2] for p in st.key_pos[have:have + known]], dtype=torch.long,
-                                   device=self.device)
-                st.payload = new if st.payload is None else torch.cat([st.payload, new])
-            out.append((st.keys, st.payload, st.last_u))
-        return out
+        desc = lin.format.stack_weight(lin)
+        if isinstance(desc, str) or not cpu_stack.runs_weight_format(desc[0]):
+            return None
+        args = {"rows": torch.tensor([*desc, 0], dtype=torch.int64), "V": len(self.vocab_ids), "gate": None,
+                "gate_b": 0.0, "scale": 0.0}
+        if self.pointer is not None:
+            args.update(gate=self.pointer.gate.weight.detach()[0].float().contiguous(),
+                        gate_b=float(self.pointer.gate.bias.detach()), scale=float(self.pointer.scale.detach()))
+        return args
 
-    def _draft(self, feats: torch.Tensor, copy: list | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft(self, feats: torch.Tensor, queries: torch.Tensor | None, mems: list[PointerMemory] | None,
+               step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (each row's draft token, its probability): the head's most likely token, or with a copy
-        pointer the mixture's (eagle_pointer.pick)."""
+        pointer the mixture's (eagle_pointer.pick), the pointer reading a row's first known + step keys."""
+        n = feats.shape[0]
+        m = [0] * n if mems is None else [mem.known + step for mem in mems]
+        if self._pick is not None:
+            a = self._pick
+            ptrs = torch.tensor([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
+                                 [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m],
+                                dtype=torch.int64)
+            tokens, probs = torch.empty(n, dtype=torch.int64), torch.empty(n)
+            d = 0 if queries is None else queries.shape[1]
+            cpu_draft.draft_pick(a["rows"], feats.contiguous(), torch.empty(n, a["V"]), self.vocab_ids,
+                                 self.vocab_index, None if queries is None else queries.contiguous(), ptrs[0], ptrs[1],
+                                 ptrs[2], a["scale"], a["gate"], a["gate_b"], self._scratch,
+                                 torch.empty(max(m) + d + 1), tokens, probs)
+            return tokens, probs
         probs = self._head_probs(feats)
         probs_top, itop = probs.max(-1)
         tokens = itop if self.vocab_ids is None else self.vocab_ids[itop]
-        if copy is None:
+        if mems is None:
             return tokens, probs_top
         tokens, ptop = tokens.tolist(), probs_top.tolist()
-        q = self.pointer.query(torch.stack([u for _, _, u in copy]))
-        for n, (keys, pay, _) in enumerate(copy):
-            if pay.numel():
-                a, g = self.pointer.attend(q[n:n + 1], keys[:pay.numel()], None, feats[n:n + 1], probs_top[n:n + 1])
-                tokens[n], ptop[n] = pick(a[0], float(g[0]), pay, probs[n], self.vocab_index, (tokens[n], ptop[n]),
-                                          self._scratch)
+        for r, mem in enumerate(mems):
+            if m[r]:
+                a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m[r]], None, feats[r:r + 1],
+                                           probs_top[r:r + 1])
+                tokens[r], ptop[r] = pick(a[0], float(g[0]), mem.payload[:m[r]], probs[r], self.vocab_index,
+                                          (tokens[r], ptop[r]), self._scratch)
         return torch.tensor(tokens, device=self.device), torch.tensor(ptop)
 
     def _catch_up(self, states: list[_State]) -> int:
@@ -231,23 +252,22 @@ class EagleProposer(Proposer):
         if not hs:
             return 0
         hidden = torch.cat(hs).to(self.dtype)
-        emb = self.lm.model.embed(torch.tensor(ids, device=self.device)).to(self.dtype)
-        feats, caches = self.head.step(hidden, emb, torch.tensor(pos, device=self.device),
+        T = hidden.shape[0]
+        # each row's next token, and (for the pointer) its own, embedded in one call
+        emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
+                                               device=self.device)).to(self.dtype)
+        feats, caches = self.head.step(hidden, emb[:T], torch.tensor(pos, device=self.device),
                                        [st.cache for st in states], counts)
-        us = keys = None
+        queries = keys = None
         if self.pointer is not None:
-            us = CopyPointer.describe(emb, self.lm.model.embed(torch.tensor(own, device=self.device)).to(self.dtype),
-                                      hidden, feats)
-            keys = self.pointer.key(us)
+            queries, keys = self.pointer.query_key(CopyPointer.describe(emb[:T], emb[T:], hidden, feats))
         end = 0
         for st, cache, n in zip(states, caches, counts):
             st.cache = cache
             if n:
                 st.feat = feats[end + n - 1]
                 if keys is not None:
-                    st.keys = keys[end:end + n] if st.keys is None else torch.cat([st.keys, keys[end:end + n]])
-                    st.key_pos += pos[end:end + n]
-                    st.last_u = us[end + n - 1]
+                    st.memory.add(keys[end:end + n], pos[end:end + n], queries[end + n - 1])
             end += n
         return sum(counts)
 
@@ -259,6 +279,16 @@ class EagleProposer(Proposer):
             logits = self._rows_mm(feats).float()
         return torch.softmax(logits, -1)
 
+    def summary(self) -> str:
+        c = self.head_config
+        vocab = "the whole vocabulary" if self.vocab_ids is None else f"{len(self.vocab_ids)} draft tokens"
+        ptr = f", a copy pointer (width {self.pointer.dim})" if self.pointer is not None else ", no copy pointer"
+        layer = "its layer on the C decoder stack" if self.head.stack is not None else "its layer in torch (slower)"
+        pick_ = "drafts picked in C" if self._pick is not None else "drafts picked in torch"
+        return f"head of {c['head']['intermediate_size']}-wide MLP over {vocab}{ptr}; {layer}, {pick_}"
+
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:
-            self.states.pop(rid, None)
+            st = self.states.pop(rid, None)
+            if st is not None:
+                self.head.release(st.cache)

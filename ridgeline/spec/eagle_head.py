@@ -20,6 +20,7 @@ from torch import nn
 
 from ridgeline.kernels import cpu_ops
 from ridgeline.spec.eagle_pointer import CopyPointer
+from ridgeline.spec.eagle_stack import HeadCache, HeadStack, interleave_rows, why_not
 
 SMALL_QUERIES = 16  # _attend computes up to this many queries by hand (a drafting step, a verification's catch-up)
 
@@ -65,6 +66,7 @@ class EagleHead(nn.Module):
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
         self._c_ops = False  # use_kernels on a CPU with the engine's C ops: norms, SiLU*up and rotary table there
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # drafting's cos, sin [P, 1, d/2] (fp32)
+        self.stack = None  # use_kernels where the C decoder stack runs the layer (spec/eagle_stack.py)
 
     def use_kernels(self, pack) -> None:
         """Draft with other matmul kernels: pack(weight [N, K]) -> a callable x [M, K] -> x @ W^T
@@ -75,6 +77,16 @@ class EagleHead(nn.Module):
         if self.pointer is not None:
             self.pointer.use_kernels(pack)
         self._c_ops = self.fc.weight.device.type == "cpu" and cpu_ops.available()
+        self.stack = None
+        if self._c_ops:
+            c = self.cfg
+            w = self.qkv.weight.detach()
+            q, k, v = w.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim])
+            qkv = pack(torch.cat([interleave_rows(q, c.num_heads, c.head_dim),
+                                  interleave_rows(k, c.num_kv_heads, c.head_dim), v]).contiguous())
+            linears = [self._packed[self.fc], qkv] + [self._packed[m] for m in (self.o, self.gate_up, self.down)]
+            if why_not(linears, c.head_dim) is None:
+                self.stack = HeadStack(self, *linears)
 
     def _fused(self) -> bool:
         """Drafting on the engine's CPU kernels (activations fp32, as the head's weights): element-wise
@@ -186,6 +198,8 @@ class EagleHead(nn.Module):
         """Drafting: new positions of several requests, concatenated (counts[i] rows of request i, in
         order, after its cache caches[i] = (K, V)). Returns (features [sum(counts), H], the caches
         with the new positions appended)."""
+        if self.stack is not None and not torch.is_grad_enabled():
+            return self.stack.step(next_emb, hidden, positions.tolist(), caches, counts)
         x = self._lin(self.fc, torch.cat([next_emb, hidden], -1))
         q, k, v = self._qkv(x, positions)
         outs, new_caches, row = [], [], 0
@@ -196,7 +210,14 @@ class EagleHead(nn.Module):
             row += n
         return self._finish(x, torch.cat(outs)), new_caches
 
-    def empty_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def empty_cache(self) -> tuple[torch.Tensor, torch.Tensor] | HeadCache:
+        if self.stack is not None:
+            return HeadCache()
         c = self.cfg
         z = torch.empty(0, c.num_kv_heads, c.head_dim, dtype=self.fc.weight.dtype, device=self.fc.weight.device)
         return z, z
+
+    def release(self, cache) -> None:
+        """A request's cache is no longer needed (its pool blocks go back)."""
+        if isinstance(cache, HeadCache) and self.stack is not None:
+            self.stack.release(cache)

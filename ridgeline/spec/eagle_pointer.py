@@ -37,8 +37,11 @@ class CopyPointer(nn.Module):
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
 
     def use_kernels(self, pack) -> None:
-        """Project queries and keys with other matmul kernels (EagleHead.use_kernels); training keeps torch."""
+        """Project queries and keys with other matmul kernels (EagleHead.use_kernels); training keeps torch.
+        Drafting projects both at once (query_key): one matmul reading both weights."""
         self._packed = {m: pack(m.weight.detach()) for m in (self.q, self.k)}
+        self._qk = pack(torch.cat([self.q.weight.detach(), self.k.weight.detach()]).contiguous())
+        self._qk_bias = torch.cat([self.q.bias.detach(), self.k.bias.detach()]).float()
 
     def _lin(self, mod: nn.Linear, u: torch.Tensor) -> torch.Tensor:
         if self._packed is None or torch.is_grad_enabled():
@@ -52,6 +55,13 @@ class CopyPointer(nn.Module):
     def key(self, u: torch.Tensor) -> torch.Tensor:
         """u [n, 4H] -> [n, dim]"""
         return self._lin(self.k, u)
+
+    def query_key(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """u [n, 4H] -> (queries, keys) [n, dim] each"""
+        if self._packed is None or torch.is_grad_enabled():
+            return self.query(u), self.key(u)
+        y = self._qk(u) + self._qk_bias
+        return y[:, :self.dim], y[:, self.dim:]
 
     @staticmethod
     def describe(next_emb: torch.Tensor, emb: torch.Tensor, hidden: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,10 @@ class Proposer:
     def forget(self, req_ids: Sequence[str]) -> None:
         """These requests finished or were aborted: drop any state kept for them."""
 
+    def summary(self) -> str | None:
+        """How it drafts, for the start-up line (e.g. which kernels a draft model runs on); None: nothing to add."""
+        return None
+
 
 def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = None) -> Proposer | None:
     """target: what a proposer that runs a model needs of the target engine (spec.draft_load.DraftTarget);

@@ -1,0 +1,115 @@
+/* An EAGLE head's drafting (spec/eagle.py) in two calls a step instead of dozens of small torch ops.
+ *
+ * ridgeline_eagle_step: the head's step for T rows: fc over [embedding, target hidden] (+ bias), then
+ * its decoder layer through decoder_stack.c (layer 0 of a one-layer descriptor, the head's own
+ * paged K/V: spec/eagle_stack.py), then the residual added: features [T, H].
+ *
+ * ridgeline_draft_pick: the draft decision (the torch reference is spec/eagle_pointer.py's
+ * CopyPointer.attend + pick): for each of n rows, the head's logits over its
+ * draft vocabulary (one matmul by the weight descriptor of its LM-head rows), their softmax's top
+ * token and probability, and where the row has a copy pointer's context, the pointer's mixture
+ *
+ *     p(v) = (1 - g) p_head(v) + g sum_{j: payload_j = v} a_j,   a = softmax(scale q.K^T)
+ *     g = sigmoid(w . [feat, a K, max score, max a, p_head's top] + b)
+ *
+ * whose best token among the head's top and the payload tokens is the draft: a payload token wins
+ * only when its mixture probability is strictly above the head's top token's (ties: the head's; among
+ * payload positions the first best), as pick() decides. Shapes: feats [n, H], logits [n, V] scratch,
+ * vocab_ids [V] (NULL: row = token), vocab_index [vocab] a token's row or -1 (NULL: identity), q
+ * [n, d], keys[i] [m_i, d] fp32 and payload[i] [m_i] int64 by pointer (m_i = 0 or q NULL: no pointer),
+ * gate [H + d + 3] and its bias, mass [vocab] fp32 zeros (left zero), work [max m_i + d] fp32. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
+typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
+typedef int (*moe_route_fn)(int64_t layer, const float *probs, int64_t T, int64_t E, int64_t k, int64_t *idx);
+int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const int64_t *layers, int64_t first,
+                            int64_t last, const float *cos_sin, const float *final_norm, float *x, float *out,
+                            int hidden_in, int64_t T, const int64_t *positions, const int64_t *slots,
+                            const int64_t *groups, int64_t ngroups, const int64_t *capture, stack_hook hook,
+                            float *buf, float *moe_buf, moe_route_fn route, int nt);
+
+#define PTR(T, v) ((T *)(intptr_t)(v))
+
+/* emb, hidden [T, H] fp32; fc: weight descriptor [2H -> H] with its bias; x [T, H] out (the features);
+ * buf: T * 3H + ridgeline_stack_scratch(dims, T) floats. The rest as ridgeline_decoder_stack, one group. */
+int ridgeline_eagle_step(const int64_t *fc, const float *emb, const float *hidden, float *x, const int64_t *dims,
+                         float eps, float scale, const int64_t *layer, const float *cos_sin, int64_t T,
+                         const int64_t *positions, const int64_t *slots, const int64_t *group, float *buf, int nt) {
+    const int64_t H = dims[1];
+    float *cat = buf, *out = cat + 2 * T * H, *stack_buf = out + T * H;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(cat + 2 * t * H, emb + t * H, sizeof(float) * (size_t)H);
+        memcpy(cat + (2 * t + 1) * H, hidden + t * H, sizeof(float) * (size_t)H);
+    }
+    int rc = ridgeline_stack_linear(fc, cat, x, T, H, 2 * H, nt);
+    if (rc) return rc;
+    rc = ridgeline_decoder_stack(dims, eps, scale, layer, 0, 1, cos_sin, NULL, x, out, 0, T, positions, slots, group, 1,
+                                 NULL, NULL, stack_buf, NULL, NULL, nt);
+    if (rc) return rc;
+    for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
+    return 0;
+}
+
+int ridgeline_draft_pick(const int64_t *rows_w, const float *feats, float *logits, int64_t n, int64_t H, int64_t V,
+                         const int64_t *vocab_ids, const int64_t *vocab_index, const float *q, const int64_t *keys,
+                         const int64_t *payload, const int64_t *m, int64_t d, float scale, const float *gate,
+                         float gate_b, float *mass, float *work, int64_t *tokens, float *probs, int nt) {
+    int rc = ridgeline_stack_linear(rows_w, feats, logits, n, V, H, nt);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) {
+        const float *l = logits + i * V;
+        int64_t top = 0;
+        float mx = l[0];
+        for (int64_t v = 1; v < V; v++)
+            if (l[v] > mx) mx = l[v], top = v;
+        double z = 0.0;
+        for (int64_t v = 0; v < V; v++) z += expf(l[v] - mx);
+        const float ptop = (float)(1.0 / z);
+        const int64_t token = vocab_ids ? vocab_ids[top] : top;
+        tokens[i] = token, probs[i] = ptop;
+        const int64_t mi = q ? m[i] : 0;
+        if (mi <= 0) continue;
+        const float *K = PTR(const float, keys[i]), *qi = q + i * d;
+        const int64_t *pay = PTR(const int64_t, payload[i]);
+        float *a = work, *ctx = work + mi, smax = -INFINITY;
+        for (int64_t j = 0; j < mi; j++) {
+            float s = 0.f;
+            for (int64_t c = 0; c < d; c++) s += qi[c] * K[j * d + c];
+            a[j] = s * scale;
+            smax = a[j] > smax ? a[j] : smax;
+        }
+        double sa = 0.0;
+        for (int64_t j = 0; j < mi; j++) sa += (a[j] = expf(a[j] - smax));
+        const float inv = (float)(1.0 / sa);
+        for (int64_t c = 0; c < d; c++) ctx[c] = 0.f;
+        for (int64_t j = 0; j < mi; j++) {
+            a[j] *= inv;
+            for (int64_t c = 0; c < d; c++) ctx[c] += a[j] * K[j * d + c];
+        }
+        float x = gate_b;
+        const float *f = feats + i * H;
+        for (int64_t c = 0; c < H; c++) x += gate[c] * f[c];
+        for (int64_t c = 0; c < d; c++) x += gate[H + c] * ctx[c];
+        x += gate[H + d] * smax + gate[H + d + 1] * inv + gate[H + d + 2] * ptop;  /* max a = exp(0) / sa */
+        const float g = 1.f / (1.f + expf(-x));
+        if (!(g > 0.f)) continue;
+        for (int64_t j = 0; j < mi; j++) mass[pay[j]] += a[j];
+        float best = -1.f, top_score = (1.f - g) * ptop + g * mass[token];
+        int64_t best_tok = -1;
+        for (int64_t j = 0; j < mi; j++) {
+            const int64_t r = vocab_index ? vocab_index[pay[j]] : pay[j];
+            const float own = r >= 0 ? expf(l[r] - mx) * ptop : 0.f;
+            const float score = g * mass[pay[j]] + (1.f - g) * own;
+            if (score > best) best = score, best_tok = pay[j];
+        }
+        for (int64_t j = 0; j < mi; j++) mass[pay[j]] = 0.f;
+        if (best > top_score)
+            tokens[i] = best_tok, probs[i] = best;
+        else
+            probs[i] = top_score;
+    }
+    return 0;
+}

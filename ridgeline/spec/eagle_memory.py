@@ -1,0 +1,49 @@
+"""One request's copy-pointer context (spec/eagle_pointer.py) while the EAGLE proposer drafts for it:
+the pointer's key of every position the head was fed, those positions, the token that followed each
+(x_{j+2}, filled in as the request's tokens arrive) and the query of the last fed position.
+
+Buffers grow by doubling (amortised O(1) per position, where concatenation copied the whole context
+every step). A draft chain writes its own positions' keys and tokens past `n` and `known`, where the
+next real positions overwrite them: only the first `known` keys (and the chain's) are ever read."""
+from __future__ import annotations
+
+import torch
+
+
+class PointerMemory:
+    def __init__(self, dim: int, device: torch.device, dtype: torch.dtype = torch.float32):
+        self.keys = torch.empty(0, dim, device=device, dtype=dtype)  # [capacity, dim]; rows < n are fed positions'
+        self.payload = torch.empty(0, dtype=torch.long, device=device)  # [capacity]; < known filled
+        self.positions: list[int] = []  # of the n fed rows, increasing
+        self.n = 0
+        self.known = 0
+        self.query: torch.Tensor | None = None  # [dim] the last fed position's query
+
+    def reserve(self, size: int) -> None:
+        """Room for `size` rows (a chain's scratch included)."""
+        cap = self.keys.shape[0]
+        if size <= cap:
+            return
+        cap = max(size, 2 * cap, 64)
+        keys = self.keys.new_empty(cap, self.keys.shape[1])
+        payload = self.payload.new_zeros(cap)
+        keys[:self.n], payload[:self.known] = self.keys[:self.n], self.payload[:self.known]
+        self.keys, self.payload = keys, payload
+
+    def add(self, keys: torch.Tensor, positions: list[int], query: torch.Tensor) -> None:
+        """Fed rows: their keys [r, dim] and positions (after every earlier one), the last one's query."""
+        r = keys.shape[0]
+        self.reserve(self.n + r)
+        self.keys[self.n:self.n + r] = keys
+        self.positions += positions
+        self.n += r
+        self.query = query
+
+    def fill(self, token_ids: list[int]) -> None:
+        """Payloads now known: x_{j+2} for fed positions j with j + 2 < len(token_ids)."""
+        new = []
+        while self.known + len(new) < self.n and self.positions[self.known + len(new)] + 2 < len(token_ids):
+            new.append(token_ids[self.positions[self.known + len(new)] + 2])
+        if new:
+            self.payload[self.known:self.known + len(new)] = torch.tensor(new, dtype=torch.long)
+            self.known += len(new)

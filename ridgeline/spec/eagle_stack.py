@@ -1,0 +1,146 @@
+"""The EAGLE head's decoder layer on the engine's C decoder stack (kernels/decoder_stack.c), with a
+paged K/V pool of its own: one C call per head step instead of ~40 small torch ops (which cost
+~0.8 ms per batch-1 step against ~0.2 ms of the head's matmuls).
+
+The head rotates q/k in the halves layout (as it was trained); the stack's rotary pairs interleaved
+dimensions. The packed q and k rows of the qkv weight are permuted into interleaved order, so q and k
+come out permuted alike and every q.k (hence the attention) is unchanged; V is untouched.
+
+A request's cache is a HeadCache: its pool blocks and how many positions it holds (slot index i of
+the request holds the i-th position the head was fed; positions may have gaps). A step appends its
+rows' K/V at the next slot indices and returns caches advanced past them; the caller keeps or drops
+those (a draft chain drops them: its K/V is overwritten when the real positions are fed)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ridgeline.kernels import cpu, cpu_draft, cpu_stack
+
+BLOCK = 16  # positions per pool block
+
+
+@dataclass
+class HeadCache:
+    blocks: list[int] = field(default_factory=list)  # shared by a chain's advanced copies
+    length: int = 0  # slot indices < length hold fed positions
+
+
+def interleave_rows(w: torch.Tensor, heads: int, d: int) -> torch.Tensor:
+    """w [heads * d, K] with each head's rows in halves order (x_0..x_{d/2-1}, y_0..) -> pairs
+    interleaved (x_0, y_0, x_1, y_1, ...)."""
+    order = torch.arange(d).view(2, d // 2).T.reshape(-1)  # 0, d/2, 1, d/2 + 1, ...
+    return w.view(heads, d, -1)[:, order].reshape(heads * d, -1)
+
+
+def why_not(linears: list, head_dim: int) -> str | None:
+    """None if the C stack can run a step of these packed linears (fc, qkv, o, gate_up, down)."""
+    if cpu.lib() is None:
+        return "no C kernels on this machine"
+    cpu_stack.check_layout()
+    if not cpu_stack.runs_kv_format(0):
+        return "the C stack cannot read fp32 KV caches"
+    if head_dim % 2:
+        return "odd head_dim"
+    for lin in linears:
+        if not hasattr(lin, "format"):
+            return "the head's matmuls are not the engine's linears"
+        desc = lin.format.stack_weight(lin)
+        if isinstance(desc, str):
+            return desc
+        if not cpu_stack.runs_weight_format(desc[0]):
+            return f"the C stack has no kernel for weight format {lin.format.name} on this CPU"
+    return None
+
+
+class HeadStack:
+    """The head's step (fc, then its layer: attn_norm, qkv, rotary, attention, o, mlp_norm, gate_up,
+    SiLU*up, down) in one C call (kernels/eagle_draft.c). head: an EagleHead in fp32; fc, qkv, o,
+    gate_up, down: the packed linears (qkv's q/k rows already interleaved, interleave_rows)."""
+
+    def __init__(self, head, fc, qkv, o, gate_up, down):
+        c = head.cfg
+        self.cfg, self.linears = c, (qkv, o, gate_up, down)  # held: the descriptors point into them
+        self.fc_linear, self.fc_bias = fc, head.fc.bias.detach().float().contiguous()
+        fmt, data, scale = fc.format.stack_weight(fc)
+        self.fc = torch.tensor([fmt, data, scale, self.fc_bias.data_ptr()], dtype=torch.int64)
+        self.norms = (head.attn_norm.weight.detach().float().contiguous(),
+                      head.mlp_norm.weight.detach().float().contiguous())
+        self.dims = torch.tensor([1, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                  BLOCK], dtype=torch.int64)
+        self.inv_freq = head.inv_freq.double()
+        self.cos_sin = torch.empty(0, c.head_dim // 2, 2)
+        self.k = self.v = torch.empty(0)
+        self.free: list[int] = []
+        self._grow(64)
+        self.scratch = torch.empty(0)
+
+    def _grow(self, blocks: int) -> None:
+        """A pool of `blocks` blocks, the old one's contents kept; refreshes the layer descriptor."""
+        c, old = self.cfg, self.k.shape[0]
+        k = torch.zeros(blocks, BLOCK, c.num_kv_heads, c.head_dim)
+        v = torch.zeros_like(k)
+        if old:
+            k[:old], v[:old] = self.k, self.v
+        self.k, self.v = k, v
+        self.free += range(blocks - 1, old - 1, -1)
+        row = [self.norms[0].data_ptr(), self.norms[1].data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0, 0]
+        for lin in self.linears:
+            fmt, data, scale = lin.format.stack_weight(lin)
+            row += [fmt, data, scale, 0]
+        self.layer = torch.tensor([row], dtype=torch.int64)
+
+    def _table(self, positions: int) -> None:
+        """cos, sin [P, d/2, 2] fp32 for positions < P (the rotary the head was trained with)."""
+        if self.cos_sin.shape[0] >= positions:
+            return
+        size = max(positions, 2 * self.cos_sin.shape[0], 1024)
+        ang = torch.outer(torch.arange(size, dtype=torch.float64), self.inv_freq)
+        self.cos_sin = torch.stack([ang.cos(), ang.sin()], -1).float().contiguous()
+
+    def _reserve(self, cache: HeadCache, length: int) -> None:
+        need = -(-length // BLOCK) - len(cache.blocks)
+        if need > len(self.free):
+            self._grow(max(2 * self.k.shape[0], self.k.shape[0] + need))
+        for _ in range(max(0, need)):
+            cache.blocks.append(self.free.pop())
+
+    def release(self, cache: HeadCache) -> None:
+        self.free += cache.blocks
+        cache.blocks = []
+        cache.length = 0
+
+    def step(self, emb: torch.Tensor, hidden: torch.Tensor, positions: list[int], caches: list[HeadCache],
+             counts: list[int]) -> tuple[torch.Tensor, list[HeadCache]]:
+        """emb, hidden [T, H]: the next tokens' embeddings and the hidden states of counts[i] rows of
+        request i in turn, at these positions -> (features [T, H], caches advanced past the rows)."""
+        T = emb.shape[0]
+        slots, row_seq, key_lens, tables, out_caches = [], [], [], [], []
+        for i, (cache, n) in enumerate(zip(caches, counts)):
+            self._reserve(cache, cache.length + n)
+            for j in range(cache.length, cache.length + n):
+                slots.append(cache.blocks[j // BLOCK] * BLOCK + j % BLOCK)
+                key_lens.append(j + 1)
+            row_seq += [i] * n
+            tables.append(cache.blocks)
+            out_caches.append(HeadCache(cache.blocks, cache.length + n))
+        nb = max(len(t) for t in tables)
+        # one int64 array: positions, slots, row_seq, key_lens, tables [requests, nb], then the group row
+        # (whose pointers are filled in below, once the array's address is known)
+        at_seq, at_lens, at_tab = 2 * T, 3 * T, 4 * T
+        at_group = at_tab + len(tables) * nb
+        meta = torch.tensor(positions + slots + row_seq + key_lens + [b for t in tables for b in t + [0] * (nb - len(t))]
+                            + [0, T, 0, nb, 0, 0, 0], dtype=torch.int64)
+        base = meta.data_ptr()
+        meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * at_tab, base + 8 * at_seq, \
+            base + 8 * at_lens
+        self._table(max(positions) + 1)
+        need = T * 3 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        x = torch.empty(T, self.cfg.hidden_size)
+        cpu_draft.eagle_step(self.fc, emb.float().contiguous(), hidden.float().contiguous(), x, self.dims,
+                             self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5, self.layer, self.cos_sin, meta,
+                             (T, at_group), self.scratch)
+        return x, out_caches

@@ -1,0 +1,141 @@
+"""The EAGLE head's layer on the C decoder stack (spec/eagle_stack.py): drafting steps give the torch
+path's features (q/k rows permuted for the stack's interleaved rotary); a chain's advanced caches
+leave the request's own untouched; the pool grows past its first size and takes blocks back."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ridgeline.layers.kernel_plan import choose_kernels
+from ridgeline.layers.linear import matmul_fn
+from ridgeline.spec.eagle_head import EagleHead, HeadConfig
+from ridgeline.spec.eagle_stack import BLOCK, HeadCache, interleave_rows
+
+
+def _heads(seed: int = 0):
+    plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
+    if not plan.c_stack or torch.float32 not in plan.packed:
+        pytest.skip("no C decoder stack with packed fp32 matmuls on this machine")
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    fused = copy.deepcopy(head)
+    fused.use_kernels(lambda w: matmul_fn(w.float().contiguous(), plan))
+    assert fused.stack is not None
+    return head, fused
+
+
+def test_interleaved_rows_rotate_as_the_halves_layout():
+    """Rotating the permuted projection pairwise (interleaved) is the halves rotation, permuted: the
+    same permutation of q and k, so every dot product is unchanged."""
+    torch.manual_seed(3)
+    d, heads = 8, 2
+    w, x = torch.randn(heads * d, 5), torch.randn(5)
+    ang = torch.randn(d // 2)
+    cos, sin = ang.cos(), ang.sin()
+    halves = (w @ x).view(heads, d)
+    a, b = halves[:, :d // 2], halves[:, d // 2:]
+    rot_halves = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    pairs = (interleave_rows(w, heads, d) @ x).view(heads, d // 2, 2)
+    rot_pairs = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin,
+                             pairs[..., 1] * cos + pairs[..., 0] * sin], -1).view(heads, d)
+    order = torch.arange(d).view(2, d // 2).T.reshape(-1)
+    assert torch.allclose(rot_pairs, rot_halves[:, order], atol=1e-6)
+
+
+def test_stack_steps_are_the_torch_path():
+    """Several requests per call, uneven chunks, gaps in positions: the stack's features agree with
+    the torch path's; an advanced cache shares the request's blocks and leaves its length alone."""
+    head, fused = _heads()
+    torch.manual_seed(4)
+    outs = []
+    for m in (head, fused):
+        torch.manual_seed(5)
+        caches, rows, lens = [m.empty_cache(), m.empty_cache()], [], [0, 0]
+        with torch.no_grad():
+            for counts in ([20, 3], [1, 1], [BLOCK + 3, 2], [1, 0], [0, 5]):
+                T = sum(counts)
+                h, e = torch.randn(T, 32), torch.randn(T, 32)
+                pos = []
+                for i, n in enumerate(counts):  # a gap of 2 positions before each chunk
+                    pos += range(lens[i] + 2, lens[i] + 2 + n)
+                    lens[i] += 2 + n
+                f, new = m.step(h, e, torch.tensor(pos), caches, counts)
+                rows.append(f)
+                caches = new
+        outs.append(torch.cat(rows))
+    assert torch.allclose(outs[0], outs[1], atol=1e-4)
+    assert all(isinstance(c, HeadCache) for c in caches)  # the last run's: the stack's
+    with torch.no_grad():
+        mine = fused.empty_cache()
+        _, (mine,) = fused.step(torch.randn(3, 32), torch.randn(3, 32), torch.arange(3), [mine], [3])
+        _, (ahead,) = fused.step(torch.randn(1, 32), torch.randn(1, 32), torch.tensor([3]), [mine], [1])
+    assert (mine.length, ahead.length) == (3, 4) and ahead.blocks is mine.blocks
+
+
+def test_the_pool_grows_and_takes_blocks_back():
+    head, fused = _heads(1)
+    stack = fused.stack
+    first = stack.k.shape[0]
+    n = first * BLOCK + 5  # more positions than the first pool holds
+    h, e = torch.randn(n, 32), torch.randn(n, 32)
+    with torch.no_grad():
+        want = head(h, e, torch.arange(n))
+        _, (cache,) = fused.step(h[:-1], e[:-1], torch.arange(n - 1), [fused.empty_cache()], [n - 1])
+        got, (cache,) = fused.step(h[-1:], e[-1:], torch.tensor([n - 1]), [cache], [1])
+    assert stack.k.shape[0] > first
+    assert torch.allclose(got, want[-1:], atol=1e-4)  # the rows written before the pool grew survive it
+    free = len(stack.free)
+    fused.release(cache)
+    assert len(stack.free) == free + -(-n // BLOCK) and cache.blocks == [] and cache.length == 0
+
+
+@pytest.mark.parametrize("gate_bias", [-30.0, 0.0, 3.0])
+def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
+    """kernels/eagle_draft.c's draft decision against the torch reference (softmax top over the draft
+    vocabulary, CopyPointer.attend, pick) on random rows: same tokens, same probabilities; a closed
+    gate leaves the head's choice, an open one copies."""
+    from ridgeline.kernels import cpu_draft
+    from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
+    plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
+    if not plan.c_stack or torch.float32 not in plan.packed:
+        pytest.skip("no C decoder stack with packed fp32 matmuls on this machine")
+    torch.manual_seed(7)
+    H, d, vocab, n = 16, 8, 50, 5
+    vocab_ids = torch.randperm(vocab)[:20].sort().values
+    index = draft_vocab_index(vocab_ids, vocab)
+    rows = torch.randn(len(vocab_ids), H)
+    lin = matmul_fn(rows.contiguous(), plan)
+    fmt, data, scale = lin.format.stack_weight(lin)
+    ptr = CopyPointer(H, d).eval()
+    with torch.no_grad():
+        ptr.gate.bias.fill_(gate_bias)
+    feats, q = torch.randn(n, H), torch.randn(n, d) * 3
+    keys = [torch.randn(m, d) for m in (0, 1, 4, 9, 9)]
+    payload = [torch.randint(0, vocab, (k.shape[0],)) for k in keys]
+    payload[4][:] = payload[4][0]  # one token at every position: masses add up
+    m = torch.tensor([k.shape[0] for k in keys])
+    ptrs_k = torch.tensor([k.data_ptr() for k in keys])
+    ptrs_p = torch.tensor([p.data_ptr() for p in payload])
+    tokens, probs, mass = torch.empty(n, dtype=torch.int64), torch.empty(n), torch.zeros(vocab)
+    cpu_draft.draft_pick(torch.tensor([fmt, data, scale, 0]), feats, torch.empty(n, len(vocab_ids)), vocab_ids, index,
+                         q, ptrs_k, ptrs_p, m, float(ptr.scale), ptr.gate.weight.detach()[0].contiguous(),
+                         float(ptr.gate.bias), mass, torch.empty(16 + d), tokens, probs)
+    assert not mass.any()
+    head = torch.softmax(feats @ rows.T, -1)
+    copied = 0
+    with torch.no_grad():
+        for i in range(n):
+            top = (int(vocab_ids[head[i].argmax()]), float(head[i].max()))
+            want = top
+            if m[i]:
+                a, g = ptr.attend(q[i:i + 1], keys[i], None, feats[i:i + 1], head[i].max()[None])
+                want = pick(a[0], float(g[0]), payload[i], head[i], index, top, torch.zeros(vocab))
+            copied += want[0] != top[0]
+            assert int(tokens[i]) == want[0]
+            assert float(probs[i]) == pytest.approx(want[1], rel=1e-4, abs=1e-6)
+    if gate_bias < -10:
+        assert copied == 0
+    if gate_bias > 0:
+        assert copied > 0
