@@ -47,17 +47,19 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
     proposer, fed = llm.engine.proposer, []
     catch_up = proposer._catch_up
 
-    def recording(states):
-        real = proposer.head.step
+    name = "step" if proposer.pointer is None else "step_pointer"  # what the catch-up feeds rows through
 
-        def step(hidden, emb, positions, caches, counts):
-            fed.append((hidden.clone(), emb.clone(), positions.clone()))
-            return real(hidden, emb, positions, caches, counts)
-        proposer.head.step = step
+    def recording(states):
+        real = getattr(proposer.head, name)
+
+        def step(hidden, emb, *rest):  # rest: (own embeddings,) positions, caches, counts
+            fed.append((hidden.clone(), emb.clone(), rest[-3].clone()))
+            return real(hidden, emb, *rest)
+        setattr(proposer.head, name, step)
         try:
             catch_up(states)
         finally:
-            del proposer.head.step
+            delattr(proposer.head, name)
     proposer._catch_up = recording
     out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
                        use_tqdm=False)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,12 +15,12 @@ from ridgeline.spec.eagle_head import EagleHead, HeadConfig
 from ridgeline.spec.eagle_stack import BLOCK, HeadCache, interleave_rows
 
 
-def _heads(seed: int = 0):
+def _heads(seed: int = 0, pointer_dim: int = 0):
     plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
     if not plan.c_stack or torch.float32 not in plan.packed:
         pytest.skip("no C decoder stack with packed fp32 matmuls on this machine")
     torch.manual_seed(seed)
-    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
+    head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0, pointer_dim)).eval()
     fused = copy.deepcopy(head)
     fused.use_kernels(lambda w: matmul_fn(w.float().contiguous(), plan))
     assert fused.stack is not None
@@ -74,6 +75,23 @@ def test_stack_steps_are_the_torch_path():
     assert (mine.length, ahead.length) == (3, 4) and ahead.blocks is mine.blocks
 
 
+def test_the_pointers_projections_come_with_the_step():
+    """step_pointer on the stack (one C call: the step, then the pointer's query and key of each row's
+    u) gives the torch path's features, queries and keys."""
+    head, fused = _heads(2, pointer_dim=8)
+    torch.manual_seed(6)
+    h, e, own = torch.randn(9, 32), torch.randn(9, 32), torch.randn(9, 32)
+    outs = []
+    with torch.no_grad():
+        for m in (head, fused):
+            caches = [m.empty_cache(), m.empty_cache()]
+            got = m.step_pointer(h[:7], e[:7], own[:7], torch.tensor([0, 1, 2, 3, 4, 0, 1]), caches, [5, 2])
+            more = m.step_pointer(h[7:], e[7:], own[7:], torch.tensor([5, 2]), got[1], [1, 1])
+            outs.append([torch.cat([a, b]) for a, b in zip((got[0], got[2], got[3]), (more[0], more[2], more[3]))])
+    for want, have in zip(*outs):
+        assert have.shape == want.shape and torch.allclose(have, want, atol=1e-4)
+
+
 def test_the_pool_grows_and_takes_blocks_back():
     head, fused = _heads(1)
     stack = fused.stack
@@ -115,9 +133,9 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
     keys = [torch.randn(m, d) for m in (0, 1, 4, 9, 9)]
     payload = [torch.randint(0, vocab, (k.shape[0],)) for k in keys]
     payload[4][:] = payload[4][0]  # one token at every position: masses add up
-    m = torch.tensor([k.shape[0] for k in keys])
-    ptrs_k = torch.tensor([k.data_ptr() for k in keys])
-    ptrs_p = torch.tensor([p.data_ptr() for p in payload])
+    m = np.array([k.shape[0] for k in keys], dtype=np.int64)
+    ptrs_k = np.array([k.data_ptr() for k in keys], dtype=np.int64)
+    ptrs_p = np.array([p.data_ptr() for p in payload], dtype=np.int64)
     tokens, probs, mass = torch.empty(n, dtype=torch.int64), torch.empty(n), torch.zeros(vocab)
     cpu_draft.draft_pick(torch.tensor([fmt, data, scale, 0]), feats, torch.empty(n, len(vocab_ids)), vocab_ids, index,
                          q, ptrs_k, ptrs_p, m, float(ptr.scale), ptr.gate.weight.detach()[0].contiguous(),

@@ -2,7 +2,8 @@
  *
  * ridgeline_eagle_step: the head's step for T rows: fc over [embedding, target hidden] (+ bias), then
  * its decoder layer through decoder_stack.c (layer 0 of a one-layer descriptor, the head's own
- * paged K/V: spec/eagle_stack.py), then the residual added: features [T, H].
+ * paged K/V: spec/eagle_stack.py), then the residual added: features [T, H]; and where asked, the
+ * copy pointer's query and key projections of the same rows.
  *
  * ridgeline_draft_pick: the draft decision (the torch reference is spec/eagle_pointer.py's
  * CopyPointer.attend + pick): for each of n rows, the head's logits over its
@@ -34,15 +35,19 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
 /* emb, hidden [T, H] fp32; fc: weight descriptor [2H -> H] with its bias; x [T, H] out (the features);
- * buf: T * 3H + ridgeline_stack_scratch(dims, T) floats. The rest as ridgeline_decoder_stack, one group. */
+ * buf: T * 5H + ridgeline_stack_scratch(dims, T) floats. The rest as ridgeline_decoder_stack, one group.
+ * With own_emb [T, H] (the embeddings of the rows' own tokens) and qk_w ([4H -> 2d] with its bias), also
+ * the copy pointer's queries and keys of the rows, qk [T, 2d], from u = [emb, own_emb, hidden, x]. */
 int ridgeline_eagle_step(const int64_t *fc, const float *emb, const float *hidden, float *x, const int64_t *dims,
                          float eps, float scale, const int64_t *layer, const float *cos_sin, int64_t T,
-                         const int64_t *positions, const int64_t *slots, const int64_t *group, float *buf, int nt) {
+                         const int64_t *positions, const int64_t *slots, const int64_t *group, const float *own_emb,
+                         const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt) {
     const int64_t H = dims[1];
-    float *cat = buf, *out = cat + 2 * T * H, *stack_buf = out + T * H;
+    const size_t row = sizeof(float) * (size_t)H;
+    float *cat = buf, *out = cat + 4 * T * H, *stack_buf = out + T * H;
     for (int64_t t = 0; t < T; t++) {
-        memcpy(cat + 2 * t * H, emb + t * H, sizeof(float) * (size_t)H);
-        memcpy(cat + (2 * t + 1) * H, hidden + t * H, sizeof(float) * (size_t)H);
+        memcpy(cat + 2 * t * H, emb + t * H, row);
+        memcpy(cat + (2 * t + 1) * H, hidden + t * H, row);
     }
     int rc = ridgeline_stack_linear(fc, cat, x, T, H, 2 * H, nt);
     if (rc) return rc;
@@ -50,7 +55,15 @@ int ridgeline_eagle_step(const int64_t *fc, const float *emb, const float *hidde
                                  NULL, NULL, stack_buf, NULL, NULL, nt);
     if (rc) return rc;
     for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
-    return 0;
+    if (!own_emb) return 0;
+    for (int64_t t = 0; t < T; t++) {
+        float *u = cat + 4 * t * H;
+        memcpy(u, emb + t * H, row);
+        memcpy(u + H, own_emb + t * H, row);
+        memcpy(u + 2 * H, hidden + t * H, row);
+        memcpy(u + 3 * H, x + t * H, row);
+    }
+    return ridgeline_stack_linear(qk_w, cat, qk, T, d2, 4 * H, nt);
 }
 
 int ridgeline_draft_pick(const int64_t *rows_w, const float *feats, float *logits, int64_t n, int64_t H, int64_t V,

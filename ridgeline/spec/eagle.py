@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ridgeline.layers.linear import matmul_fn
@@ -171,12 +172,14 @@ class EagleProposer(Proposer):
             if step + 1 == k_max or all(stopped):
                 break
             emb = self.lm.model.embed(tokens).to(self.dtype)
-            new_feats, caches = self.head.step(feats, emb, positions + step, caches, [1] * len(live))
-            if mems is not None:  # the new position's key and query; its token is the previous key's payload
+            if mems is None:
+                new_feats, caches = self.head.step(feats, emb, positions + step, caches, [1] * len(live))
+            else:  # the new position's key and query; its token is the previous key's payload
                 if prev_emb is None:  # the embedding of each chain position's own token
                     prev_emb = self.lm.model.embed(torch.tensor([requests[i].token_ids[-1] for i in live],
                                                                 device=self.device)).to(self.dtype)
-                queries, keys = self.pointer.query_key(CopyPointer.describe(emb, prev_emb, feats, new_feats))
+                new_feats, caches, queries, keys = self.head.step_pointer(feats, emb, prev_emb, positions + step,
+                                                                          caches, [1] * len(live))
                 for n, mem in enumerate(mems):
                     mem.keys[mem.n + step] = keys[n]
                     mem.payload[mem.known + step] = tokens[n]
@@ -208,9 +211,8 @@ class EagleProposer(Proposer):
         m = [0] * n if mems is None else [mem.known + step for mem in mems]
         if self._pick is not None:
             a = self._pick
-            ptrs = torch.tensor([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
-                                 [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m],
-                                dtype=torch.int64)
+            ptrs = np.array([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
+                             [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m], dtype=np.int64)
             tokens, probs = torch.empty(n, dtype=torch.int64), torch.empty(n)
             d = 0 if queries is None else queries.shape[1]
             cpu_draft.draft_pick(a["rows"], feats.contiguous(), torch.empty(n, a["V"]), self.vocab_ids,
@@ -256,11 +258,12 @@ class EagleProposer(Proposer):
         # each row's next token, and (for the pointer) its own, embedded in one call
         emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
                                                device=self.device)).to(self.dtype)
-        feats, caches = self.head.step(hidden, emb[:T], torch.tensor(pos, device=self.device),
-                                       [st.cache for st in states], counts)
+        positions, caches = torch.tensor(pos, device=self.device), [st.cache for st in states]
         queries = keys = None
-        if self.pointer is not None:
-            queries, keys = self.pointer.query_key(CopyPointer.describe(emb[:T], emb[T:], hidden, feats))
+        if self.pointer is None:
+            feats, caches = self.head.step(hidden, emb, positions, caches, counts)
+        else:
+            feats, caches, queries, keys = self.head.step_pointer(hidden, emb[:T], emb[T:], positions, caches, counts)
         end = 0
         for st, cache, n in zip(states, caches, counts):
             st.cache = cache

@@ -85,7 +85,8 @@ class EagleHead(nn.Module):
             qkv = pack(torch.cat([interleave_rows(q, c.num_heads, c.head_dim),
                                   interleave_rows(k, c.num_kv_heads, c.head_dim), v]).contiguous())
             linears = [self._packed[self.fc], qkv] + [self._packed[m] for m in (self.o, self.gate_up, self.down)]
-            if why_not(linears, c.head_dim) is None:
+            pointer = [self.pointer._qk] if self.pointer is not None else []
+            if why_not(linears + pointer, c.head_dim) is None:
                 self.stack = HeadStack(self, *linears)
 
     def _fused(self) -> bool:
@@ -199,7 +200,7 @@ class EagleHead(nn.Module):
         order, after its cache caches[i] = (K, V)). Returns (features [sum(counts), H], the caches
         with the new positions appended)."""
         if self.stack is not None and not torch.is_grad_enabled():
-            return self.stack.step(next_emb, hidden, positions.tolist(), caches, counts)
+            return self.stack.step(next_emb, hidden, positions.tolist(), caches, counts)[:2]
         x = self._lin(self.fc, torch.cat([next_emb, hidden], -1))
         q, k, v = self._qkv(x, positions)
         outs, new_caches, row = [], [], 0
@@ -209,6 +210,18 @@ class EagleHead(nn.Module):
             new_caches.append((kk, vv))
             row += n
         return self._finish(x, torch.cat(outs)), new_caches
+
+    def step_pointer(self, hidden: torch.Tensor, next_emb: torch.Tensor, own_emb: torch.Tensor, positions: torch.Tensor,
+                     caches: list, counts: list[int]) -> tuple[torch.Tensor, list, torch.Tensor, torch.Tensor]:
+        """`step`, and the copy pointer's queries and keys [T, d] of the same rows (own_emb [T, H]: the
+        embeddings of the rows' own tokens): (features, caches, queries, keys); one C call on the stack."""
+        if self.stack is not None and not torch.is_grad_enabled():
+            feats, caches, qk = self.stack.step(next_emb, hidden, positions.tolist(), caches, counts, own_emb)
+            d = self.pointer.dim
+            return feats, caches, qk[:, :d], qk[:, d:]
+        feats, caches = self.step(hidden, next_emb, positions, caches, counts)
+        q, k = self.pointer.query_key(CopyPointer.describe(next_emb, own_emb, hidden, feats))
+        return feats, caches, q, k
 
     def empty_cache(self) -> tuple[torch.Tensor, torch.Tensor] | HeadCache:
         if self.stack is not None:

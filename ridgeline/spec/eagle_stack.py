@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ridgeline.kernels import cpu, cpu_draft, cpu_stack
@@ -62,9 +63,13 @@ class HeadStack:
     def __init__(self, head, fc, qkv, o, gate_up, down):
         c = head.cfg
         self.cfg, self.linears = c, (qkv, o, gate_up, down)  # held: the descriptors point into them
-        self.fc_linear, self.fc_bias = fc, head.fc.bias.detach().float().contiguous()
-        fmt, data, scale = fc.format.stack_weight(fc)
-        self.fc = torch.tensor([fmt, data, scale, self.fc_bias.data_ptr()], dtype=torch.int64)
+        self.held = [fc, head.fc.bias.detach().float().contiguous()]
+        self.fc = self._desc(fc, self.held[1])
+        self.qk = None  # the copy pointer's query and key projections, where the head has a pointer
+        if head.pointer is not None:
+            self.held += [head.pointer._qk, head.pointer._qk_bias.contiguous()]
+            self.qk = self._desc(head.pointer._qk, self.held[3])
+            self.qk_width = self.held[3].shape[0]
         self.norms = (head.attn_norm.weight.detach().float().contiguous(),
                       head.mlp_norm.weight.detach().float().contiguous())
         self.dims = torch.tensor([1, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
@@ -75,6 +80,11 @@ class HeadStack:
         self.free: list[int] = []
         self._grow(64)
         self.scratch = torch.empty(0)
+
+    @staticmethod
+    def _desc(lin, bias: torch.Tensor) -> torch.Tensor:
+        fmt, data, scale = lin.format.stack_weight(lin)
+        return torch.tensor([fmt, data, scale, bias.data_ptr()], dtype=torch.int64)
 
     def _grow(self, blocks: int) -> None:
         """A pool of `blocks` blocks, the old one's contents kept; refreshes the layer descriptor."""
@@ -112,9 +122,11 @@ class HeadStack:
         cache.length = 0
 
     def step(self, emb: torch.Tensor, hidden: torch.Tensor, positions: list[int], caches: list[HeadCache],
-             counts: list[int]) -> tuple[torch.Tensor, list[HeadCache]]:
+             counts: list[int], own_emb: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, list[HeadCache], torch.Tensor | None]:
         """emb, hidden [T, H]: the next tokens' embeddings and the hidden states of counts[i] rows of
-        request i in turn, at these positions -> (features [T, H], caches advanced past the rows)."""
+        request i in turn, at these positions -> (features [T, H], caches advanced past the rows, and
+        with own_emb [T, H] (the rows' own tokens' embeddings) the pointer's [queries | keys] [T, 2d])."""
         T = emb.shape[0]
         slots, row_seq, key_lens, tables, out_caches = [], [], [], [], []
         for i, (cache, n) in enumerate(zip(caches, counts)):
@@ -126,21 +138,24 @@ class HeadStack:
             tables.append(cache.blocks)
             out_caches.append(HeadCache(cache.blocks, cache.length + n))
         nb = max(len(t) for t in tables)
-        # one int64 array: positions, slots, row_seq, key_lens, tables [requests, nb], then the group row
-        # (whose pointers are filled in below, once the array's address is known)
+        # one int64 array (numpy: a few microseconds where torch's indexing costs that per element):
+        # positions, slots, row_seq, key_lens, tables [requests, nb], then the group row, whose
+        # pointers into the array are filled in once its address is known
         at_seq, at_lens, at_tab = 2 * T, 3 * T, 4 * T
         at_group = at_tab + len(tables) * nb
-        meta = torch.tensor(positions + slots + row_seq + key_lens + [b for t in tables for b in t + [0] * (nb - len(t))]
-                            + [0, T, 0, nb, 0, 0, 0], dtype=torch.int64)
-        base = meta.data_ptr()
+        meta = np.array(positions + slots + row_seq + key_lens + [b for t in tables for b in t + [0] * (nb - len(t))]
+                        + [0, T, 0, nb, 0, 0, 0], dtype=np.int64)
+        base = meta.ctypes.data
         meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * at_tab, base + 8 * at_seq, \
             base + 8 * at_lens
         self._table(max(positions) + 1)
-        need = T * 3 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
+        need = T * 5 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(need)
         x = torch.empty(T, self.cfg.hidden_size)
+        qk = None if own_emb is None or self.qk is None else torch.empty(T, self.qk_width)
         cpu_draft.eagle_step(self.fc, emb.float().contiguous(), hidden.float().contiguous(), x, self.dims,
                              self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5, self.layer, self.cos_sin, meta,
-                             (T, at_group), self.scratch)
-        return x, out_caches
+                             (T, at_group), self.scratch, None if qk is None else own_emb.float().contiguous(),
+                             self.qk, qk)
+        return x, out_caches, qk
