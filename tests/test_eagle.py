@@ -5,6 +5,7 @@ token j+1) of verified positions; its cached drafting path is its training path;
 model is an error at start-up."""
 from __future__ import annotations
 
+import ctypes
 import json
 
 import pytest
@@ -47,19 +48,28 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
     proposer, fed = llm.engine.proposer, []
     catch_up = proposer._catch_up
 
-    name = "step" if proposer.pointer is None else "step_pointer"  # what the catch-up feeds rows through
+    # what the catch-up feeds rows through: the C step (hidden rows by address, tokens by id) or torch's
+    owner = proposer.head.stack if proposer._table is not None else proposer.head
+    name = "step_ids" if proposer._table is not None else "step" if proposer.pointer is None else "step_pointer"
+    H = llm.engine.runner.model.cfg.hidden_size
 
     def recording(states):
-        real = getattr(proposer.head, name)
+        real = getattr(owner, name)
 
-        def step(hidden, emb, *rest):  # rest: (own embeddings,) positions, caches, counts
-            fed.append((hidden.clone(), emb.clone(), rest[-3].clone()))
-            return real(hidden, emb, *rest)
-        setattr(proposer.head, name, step)
+        def step(*args):
+            if name == "step_ids":  # rows, ids, own, table, positions, caches, counts
+                rows, ids, _, _, positions = args[:5]
+                hidden = torch.stack([torch.frombuffer((ctypes.c_float * H).from_address(p), dtype=torch.float32)
+                                      for p in rows]).clone()
+                fed.append((hidden, llm.engine.runner.model.model.embed(torch.tensor(ids)), torch.tensor(positions)))
+            else:  # hidden, emb, (own embeddings,) positions, caches, counts
+                fed.append((args[0].clone(), args[1].clone(), args[-3].clone()))
+            return real(*args)
+        setattr(owner, name, step)
         try:
             catch_up(states)
         finally:
-            delattr(proposer.head, name)
+            delattr(owner, name)
     proposer._catch_up = recording
     out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
                        use_tqdm=False)[0]

@@ -32,22 +32,30 @@ def draft_pick(rows_desc: torch.Tensor, feats: torch.Tensor, logits: torch.Tenso
         raise RuntimeError(f"draft pick failed ({rc}): n={n} V={logits.shape[1]} H={H}")
 
 
-def eagle_step(fc_desc: torch.Tensor, emb: torch.Tensor, hidden: torch.Tensor, x: torch.Tensor, dims: torch.Tensor,
-               eps: float, scale: float, layer: torch.Tensor, cos_sin: torch.Tensor, meta: np.ndarray,
-               offsets: tuple[int, int, int], buf: torch.Tensor, own_emb: torch.Tensor | None = None,
-               qk_desc: torch.Tensor | None = None, qk: torch.Tensor | None = None) -> None:
-    """emb, hidden [T, H] fp32 contiguous -> x [T, H] the head's features. layer: its one-layer stack
-    descriptor; meta (numpy int64) holds positions [T] at 0, then slots [T], the group row at the offsets
-    given (in elements); buf: T * 5H + the stack's scratch floats. With own_emb [T, H], also the
-    pointer's projections qk [T, 2d] (qk_desc: their weight descriptor, with the bias)."""
-    T = emb.shape[0]
-    base = meta.ctypes.data
-    rc = cpu.lib().ridgeline_eagle_step(fc_desc.data_ptr(), emb.data_ptr(), hidden.data_ptr(), x.data_ptr(),
-                                        dims.data_ptr(), eps, scale, layer.data_ptr(), cos_sin.data_ptr(), T, base,
-                                        base + 8 * offsets[0], base + 8 * offsets[1],
-                                        None if own_emb is None else own_emb.data_ptr(),
-                                        None if qk_desc is None else qk_desc.data_ptr(),
-                                        None if qk is None else qk.data_ptr(), 0 if qk is None else qk.shape[1],
-                                        buf.data_ptr(), torch.get_num_threads())
+def eagle_step(fc_desc: torch.Tensor, meta: np.ndarray, at: dict, at_group: int, x: torch.Tensor,
+               dims: torch.Tensor, eps: float, scale: float, layer: torch.Tensor, cos_sin: torch.Tensor,
+               buf: torch.Tensor, emb: torch.Tensor | None = None, own_emb: torch.Tensor | None = None,
+               table: torch.Tensor | None = None, qk_desc: torch.Tensor | None = None,
+               qk: torch.Tensor | None = None) -> None:
+    """The head's step (kernels/eagle_draft.c) -> x [T, H] its features, and with qk_desc the pointer's
+    projections qk [T, 2d]. meta (numpy int64) holds at the element offsets `at` the rows' positions,
+    slots, hidden-row addresses, next and own token ids (read where emb / own_emb [T, H] fp32 are
+    None: looked up in table), and the attention group row at at_group; layer: the one-layer stack
+    descriptor; buf: T * 6H + the stack's scratch floats."""
+    from ridgeline.kernels.cpu_ops import EMBED_FORMATS
+    T, base = x.shape[0], meta.ctypes.data
+
+    def ptr(name):
+        return base + 8 * at[name]
+    rc = cpu.lib().ridgeline_eagle_step(
+        fc_desc.data_ptr(), ptr("rows"), None if emb is None else emb.data_ptr(),
+        None if own_emb is None else own_emb.data_ptr(), None if table is None else table.data_ptr(),
+        -1 if table is None else EMBED_FORMATS[table.dtype], 0 if table is None else table.shape[0], ptr("ids"),
+        ptr("own"), x.data_ptr(), dims.data_ptr(), eps, scale, layer.data_ptr(), cos_sin.data_ptr(), T,
+        ptr("positions"), ptr("slots"), base + 8 * at_group, None if qk_desc is None else qk_desc.data_ptr(),
+        None if qk is None else qk.data_ptr(), 0 if qk is None else qk.shape[1], buf.data_ptr(),
+        torch.get_num_threads())
+    if rc == -1:
+        raise IndexError("a token id is outside the embedding table")
     if rc:
         raise RuntimeError(f"EAGLE head step failed ({rc}): T={T}")

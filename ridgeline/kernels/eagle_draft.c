@@ -34,33 +34,52 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
-/* emb, hidden [T, H] fp32; fc: weight descriptor [2H -> H] with its bias; x [T, H] out (the features);
- * buf: T * 5H + ridgeline_stack_scratch(dims, T) floats. The rest as ridgeline_decoder_stack, one group.
- * With own_emb [T, H] (the embeddings of the rows' own tokens) and qk_w ([4H -> 2d] with its bias), also
- * the copy pointer's queries and keys of the rows, qk [T, 2d], from u = [emb, own_emb, hidden, x]. */
-int ridgeline_eagle_step(const int64_t *fc, const float *emb, const float *hidden, float *x, const int64_t *dims,
-                         float eps, float scale, const int64_t *layer, const float *cos_sin, int64_t T,
-                         const int64_t *positions, const int64_t *slots, const int64_t *group, const float *own_emb,
-                         const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt) {
+/* The rows' inputs: hidden [T] addresses of fp32 rows [H] (the target's hidden states, or a chain's
+ * features); their next tokens' embeddings emb [T, H] fp32, or (emb NULL) rows ids [T] of the
+ * embedding table (ridgeline_embed's formats; V rows); with a copy pointer (qk_w non-NULL) also the
+ * rows' own tokens' embeddings own_emb, or rows own [T] of the table. fc: weight descriptor [2H -> H]
+ * with its bias; x [T, H] out (the features); buf: T * 6H + ridgeline_stack_scratch(dims, T) floats.
+ * The rest as ridgeline_decoder_stack, one group. With qk_w ([4H -> 2d] with its bias), also the copy
+ * pointer's queries and keys of the rows, qk [T, 2d], from u = [emb, own_emb, hidden, x]. Returns 0,
+ * -1 for a token id outside the table, or a kernel's error. */
+int ridgeline_embed(const void *table, int fmt, const int64_t *ids, int64_t T, int64_t V, int64_t H, float *out);
+
+int ridgeline_eagle_step(const int64_t *fc, const int64_t *hidden, const float *emb, const float *own_emb,
+                         const void *table, int64_t table_fmt, int64_t V, const int64_t *ids, const int64_t *own,
+                         float *x, const int64_t *dims, float eps, float scale, const int64_t *layer,
+                         const float *cos_sin, int64_t T, const int64_t *positions, const int64_t *slots,
+                         const int64_t *group, const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt) {
     const int64_t H = dims[1];
     const size_t row = sizeof(float) * (size_t)H;
-    float *cat = buf, *out = cat + 4 * T * H, *stack_buf = out + T * H;
+    float *cat = buf, *out = cat + 4 * T * H, *e = out + T * H, *stack_buf = e + T * H;
+    if (!emb) { /* the lookups, into the scratch the stack reuses later (e then holds the own tokens') */
+        if (ridgeline_embed(table, (int)table_fmt, ids, T, V, H, e)) return -1;
+        emb = e;
+    }
     for (int64_t t = 0; t < T; t++) {
         memcpy(cat + 2 * t * H, emb + t * H, row);
-        memcpy(cat + (2 * t + 1) * H, hidden + t * H, row);
+        memcpy(cat + (2 * t + 1) * H, PTR(const float, hidden[t]), row);
     }
     int rc = ridgeline_stack_linear(fc, cat, x, T, H, 2 * H, nt);
     if (rc) return rc;
+    /* cat's first 2TH floats keep the [emb, hidden] rows the pointer reads below */
+    float *u_emb = cat;
     rc = ridgeline_decoder_stack(dims, eps, scale, layer, 0, 1, cos_sin, NULL, x, out, 0, T, positions, slots, group, 1,
                                  NULL, NULL, stack_buf, NULL, NULL, nt);
     if (rc) return rc;
     for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
-    if (!own_emb) return 0;
-    for (int64_t t = 0; t < T; t++) {
+    if (!qk_w) return 0;
+    if (!own_emb) {
+        if (ridgeline_embed(table, (int)table_fmt, own, T, V, H, e)) return -1;
+        own_emb = e;
+    }
+    /* u rows [emb, own, hidden, x] built from the last row back, so the [emb, hidden] pairs in cat's
+     * front are read before they are overwritten (row t's u starts at 4tH, its pair at 2tH) */
+    for (int64_t t = T - 1; t >= 0; t--) {
         float *u = cat + 4 * t * H;
-        memcpy(u, emb + t * H, row);
+        memmove(u + 2 * H, u_emb + (2 * t + 1) * H, row);
+        memmove(u, u_emb + 2 * t * H, row);
         memcpy(u + H, own_emb + t * H, row);
-        memcpy(u + 2 * H, hidden + t * H, row);
         memcpy(u + 3 * H, x + t * H, row);
     }
     return ridgeline_stack_linear(qk_w, cat, qk, T, d2, 4 * H, nt);

@@ -25,6 +25,7 @@ from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.kernels import cpu_draft, cpu_stack
+from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
@@ -110,6 +111,10 @@ class EagleProposer(Proposer):
         self.pointer: CopyPointer | None = self.head.pointer
         self._scratch = torch.zeros(vocab_size, device=target.device)  # pick()'s, kept zero
         self._pick = self._c_pick_args()  # None: drafts picked in torch
+        # the embedding table the head's C step looks tokens up in (None: the catch-up embeds in torch)
+        table = self.lm.model.embed_tokens.weight
+        self._table = (table.detach() if self.head.stack is not None and self.lm.model.tp is None and
+                       table.device.type == "cpu" and table.dtype in EMBED_FORMATS and table.is_contiguous() else None)
         self.states: dict[str, _State] = {}
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
@@ -130,8 +135,8 @@ class EagleProposer(Proposer):
                 st = self.states[seq.req_id] = _State(self.head.empty_cache())
                 if self.pointer is not None:
                     st.memory = PointerMemory(self.pointer.dim, self.device, self.dtype)
-            if start + valid > st.next_pos:
-                st.add(start, hidden[row:row + valid].clone(), toks)
+            if start + valid > st.next_pos:  # a copy in the head's dtype (contiguous rows: the C step reads them by address)
+                st.add(start, hidden[row:row + valid].to(self.dtype, copy=True), toks)
             row += n
 
     @torch.inference_mode()
@@ -149,19 +154,21 @@ class EagleProposer(Proposer):
             return out
         feats = torch.stack([states[i].feat for i in live])
         caches = [states[i].cache for i in live]
-        positions = torch.tensor([len(requests[i].token_ids) - 1 for i in live], device=self.device)
+        positions = [len(requests[i].token_ids) - 1 for i in live]
         k_max = max(requests[i].k for i in live)
         mems = None if self.pointer is None else [states[i].memory for i in live]
-        queries = prev_emb = None
+        queries = None
         if mems is not None:
             for i, mem in zip(live, mems):
                 mem.fill(requests[i].token_ids)
                 mem.reserve(mem.n + k_max)  # the chain's scratch rows
             queries = torch.stack([mem.query for mem in mems])
         stopped, path = [False] * len(live), [1.0] * len(live)
+        own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
         for step in range(k_max):
             tokens, probs = self._draft(feats, queries, mems, step)
-            for n, (i, t, p) in enumerate(zip(live, tokens.tolist(), probs.tolist())):
+            drafted = tokens.tolist()
+            for n, (i, t, p) in enumerate(zip(live, drafted, probs.tolist())):
                 path[n] *= p
                 bar = MIN_CONFIDENCE if step == 0 else MIN_PATH_CONFIDENCE
                 stopped[n] = stopped[n] or path[n] < bar or step >= requests[i].k
@@ -171,21 +178,33 @@ class EagleProposer(Proposer):
                 stopped[n] = stopped[n] or path[n] < MIN_PATH_CONFIDENCE or step + 1 >= requests[i].k
             if step + 1 == k_max or all(stopped):
                 break
-            emb = self.lm.model.embed(tokens).to(self.dtype)
-            if mems is None:
-                new_feats, caches = self.head.step(feats, emb, positions + step, caches, [1] * len(live))
-            else:  # the new position's key and query; its token is the previous key's payload
-                if prev_emb is None:  # the embedding of each chain position's own token
-                    prev_emb = self.lm.model.embed(torch.tensor([requests[i].token_ids[-1] for i in live],
-                                                                device=self.device)).to(self.dtype)
-                new_feats, caches, queries, keys = self.head.step_pointer(feats, emb, prev_emb, positions + step,
-                                                                          caches, [1] * len(live))
+            feats, caches, queries, keys = self._chain_step(feats, drafted, own, [p + step for p in positions], caches)
+            if mems is not None:  # the new position's key; its token is the previous key's payload
                 for n, mem in enumerate(mems):
                     mem.keys[mem.n + step] = keys[n]
-                    mem.payload[mem.known + step] = tokens[n]
-            prev_emb = emb
-            feats = new_feats
+                    mem.payload[mem.known + step] = drafted[n]
+            own = drafted
         return out
+
+    def _chain_step(self, feats: torch.Tensor, tokens: list[int], own: list[int], positions: list[int], caches: list):
+        """One head step of every chain: row n reads feats[n] as its hidden state and tokens[n] (just
+        drafted) as its next token -> (features, caches, and with a pointer the new positions' queries
+        and keys, else None, None)."""
+        ones = [1] * len(tokens)
+        if self._table is not None:
+            feats = feats.contiguous()
+            rows = [feats.data_ptr() + feats.stride(0) * feats.element_size() * n for n in range(len(tokens))]
+            new, caches, qk = self.head.stack.step_ids(rows, tokens, own if self.pointer is not None else None,
+                                                       self._table, positions, caches, ones)
+            if qk is None:
+                return new, caches, None, None
+            return new, caches, qk[:, :self.pointer.dim], qk[:, self.pointer.dim:]
+        emb = self.lm.model.embed(torch.tensor(tokens, device=self.device)).to(self.dtype)
+        pos = torch.tensor(positions, device=self.device)
+        if self.pointer is None:
+            return *self.head.step(feats, emb, pos, caches, ones), None, None
+        own_emb = self.lm.model.embed(torch.tensor(own, device=self.device)).to(self.dtype)
+        return self.head.step_pointer(feats, emb, own_emb, pos, caches, ones)
 
     def _c_pick_args(self) -> dict | None:
         """What the C draft pick needs (kernels/draft_pick.c), or None where it cannot run: not on the
@@ -253,17 +272,26 @@ class EagleProposer(Proposer):
             counts.append(n)
         if not hs:
             return 0
-        hidden = torch.cat(hs).to(self.dtype)
-        T = hidden.shape[0]
-        # each row's next token, and (for the pointer) its own, embedded in one call
-        emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
-                                               device=self.device)).to(self.dtype)
-        positions, caches = torch.tensor(pos, device=self.device), [st.cache for st in states]
+        caches = [st.cache for st in states]
         queries = keys = None
-        if self.pointer is None:
-            feats, caches = self.head.step(hidden, emb, positions, caches, counts)
+        if self._table is not None:  # one C call: the rows by address, the embeddings looked up there
+            rows = [h.data_ptr() + h.stride(0) * h.element_size() * r for h in hs for r in range(h.shape[0])]
+            feats, caches, qk = self.head.stack.step_ids(rows, ids, own if self.pointer is not None else None,
+                                                         self._table, pos, caches, counts)
+            if qk is not None:
+                queries, keys = qk[:, :self.pointer.dim], qk[:, self.pointer.dim:]
         else:
-            feats, caches, queries, keys = self.head.step_pointer(hidden, emb[:T], emb[T:], positions, caches, counts)
+            hidden = torch.cat(hs).to(self.dtype)
+            T = hidden.shape[0]
+            # each row's next token, and (for the pointer) its own, embedded in one call
+            emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
+                                                   device=self.device)).to(self.dtype)
+            positions = torch.tensor(pos, device=self.device)
+            if self.pointer is None:
+                feats, caches = self.head.step(hidden, emb, positions, caches, counts)
+            else:
+                feats, caches, queries, keys = self.head.step_pointer(hidden, emb[:T], emb[T:], positions, caches,
+                                                                      counts)
         end = 0
         for st, cache, n in zip(states, caches, counts):
             st.cache = cache

@@ -127,7 +127,22 @@ class HeadStack:
         """emb, hidden [T, H]: the next tokens' embeddings and the hidden states of counts[i] rows of
         request i in turn, at these positions -> (features [T, H], caches advanced past the rows, and
         with own_emb [T, H] (the rows' own tokens' embeddings) the pointer's [queries | keys] [T, 2d])."""
-        T = emb.shape[0]
+        hidden = hidden.float().contiguous()
+        rows = [hidden.data_ptr() + 4 * hidden.shape[1] * t for t in range(hidden.shape[0])]
+        return self._run(rows, positions, caches, counts, emb=emb.float().contiguous(),
+                         own_emb=None if own_emb is None else own_emb.float().contiguous())
+
+    def step_ids(self, rows: list[int], ids: list[int], own: list[int] | None, table: torch.Tensor, positions: list[int],
+                 caches: list[HeadCache], counts: list[int]) -> tuple[torch.Tensor, list[HeadCache], torch.Tensor | None]:
+        """`step` with the hidden states given by address (rows: fp32 [H] rows the caller keeps alive) and
+        the embeddings by token: ids (the next tokens) and own (the rows' own; None: no pointer
+        projections) looked up in table [V, H] (the target's embedding, fp32 / bf16 / fp16) in the same call."""
+        return self._run(rows, positions, caches, counts, table=table, ids=ids, own=own)
+
+    def _run(self, rows: list[int], positions: list[int], caches: list[HeadCache], counts: list[int],
+             emb: torch.Tensor | None = None, own_emb: torch.Tensor | None = None, table: torch.Tensor | None = None,
+             ids: list[int] | None = None, own: list[int] | None = None):
+        T = len(rows)
         slots, row_seq, key_lens, tables, out_caches = [], [], [], [], []
         for i, (cache, n) in enumerate(zip(caches, counts)):
             self._reserve(cache, cache.length + n)
@@ -139,23 +154,25 @@ class HeadStack:
             out_caches.append(HeadCache(cache.blocks, cache.length + n))
         nb = max(len(t) for t in tables)
         # one int64 array (numpy: a few microseconds where torch's indexing costs that per element):
-        # positions, slots, row_seq, key_lens, tables [requests, nb], then the group row, whose
-        # pointers into the array are filled in once its address is known
-        at_seq, at_lens, at_tab = 2 * T, 3 * T, 4 * T
-        at_group = at_tab + len(tables) * nb
-        meta = np.array(positions + slots + row_seq + key_lens + [b for t in tables for b in t + [0] * (nb - len(t))]
-                        + [0, T, 0, nb, 0, 0, 0], dtype=np.int64)
+        # positions, slots, row_seq, key_lens, hidden row addresses, ids, own ids [T each], tables
+        # [requests, nb], then the group row, whose pointers into the array are filled in once its
+        # address is known
+        with_pointer = self.qk is not None and (own_emb is not None or own is not None)
+        at = {name: i * T for i, name in enumerate(("positions", "slots", "seq", "lens", "rows", "ids", "own"))}
+        at_group = 7 * T + len(tables) * nb
+        meta = np.array(positions + slots + row_seq + key_lens + rows + (ids or [0] * T)
+                        + (own if own is not None and with_pointer else [0] * T)
+                        + [b for t in tables for b in t + [0] * (nb - len(t))] + [0, T, 0, nb, 0, 0, 0], dtype=np.int64)
         base = meta.ctypes.data
-        meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * at_tab, base + 8 * at_seq, \
-            base + 8 * at_lens
+        meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * 7 * T, base + 8 * at["seq"], \
+            base + 8 * at["lens"]
         self._table(max(positions) + 1)
-        need = T * 5 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
+        need = T * 6 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(need)
         x = torch.empty(T, self.cfg.hidden_size)
-        qk = None if own_emb is None or self.qk is None else torch.empty(T, self.qk_width)
-        cpu_draft.eagle_step(self.fc, emb.float().contiguous(), hidden.float().contiguous(), x, self.dims,
-                             self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5, self.layer, self.cos_sin, meta,
-                             (T, at_group), self.scratch, None if qk is None else own_emb.float().contiguous(),
-                             self.qk, qk)
+        qk = torch.empty(T, self.qk_width) if with_pointer else None
+        cpu_draft.eagle_step(self.fc, meta, at, at_group, x, self.dims, self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5,
+                             self.layer, self.cos_sin, self.scratch, emb=emb, own_emb=own_emb, table=table,
+                             qk_desc=self.qk if with_pointer else None, qk=qk)
         return x, out_caches, qk
