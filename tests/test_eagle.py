@@ -46,19 +46,20 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
     llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
               speculative_controller="off", enable_prefix_caching=False, **BASE)
     proposer, fed = llm.engine.proposer, []
-    catch_up = proposer._catch_up
-
+    impl = proposer._c or proposer  # the C path (spec/eagle_fast.py) or torch's
+    catch_up = impl.catch_up
     # what the catch-up feeds rows through: the C step (hidden rows by address, tokens by id) or torch's
-    owner = proposer.head.stack if proposer._table is not None else proposer.head
-    name = "step_ids" if proposer._table is not None else "step" if proposer.pointer is None else "step_pointer"
+    c_path = proposer._c is not None
+    owner = proposer.head.stack if c_path else proposer.head
+    name = "step_ids" if c_path else "step" if proposer.pointer is None else "step_pointer"
     H = llm.engine.runner.model.cfg.hidden_size
 
     def recording(states):
         real = getattr(owner, name)
 
         def step(*args):
-            if name == "step_ids":  # rows, ids, own, table, positions, caches, counts
-                rows, ids, _, _, positions = args[:5]
+            if c_path:  # rows, ids, own, table, table format, positions, caches, counts, dst
+                rows, ids, positions = args[0], args[1], args[5]
                 hidden = torch.stack([torch.frombuffer((ctypes.c_float * H).from_address(p), dtype=torch.float32)
                                       for p in rows]).clone()
                 fed.append((hidden, llm.engine.runner.model.model.embed(torch.tensor(ids)), torch.tensor(positions)))
@@ -67,10 +68,10 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
             return real(*args)
         setattr(owner, name, step)
         try:
-            catch_up(states)
+            return catch_up(states)
         finally:
             delattr(owner, name)
-    proposer._catch_up = recording
+    impl.catch_up = recording
     out = llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
                        use_tqdm=False)[0]
     tokens = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
@@ -172,12 +173,12 @@ def test_pending_rows_keep_the_newest():
     assert st.num_pending == MAX_PENDING - 10 and len(st.pending) == 1
     st.add(MAX_PENDING - 10, *rows(MAX_PENDING - 10, MAX_PENDING + 20))
     assert st.num_pending == MAX_PENDING
-    start, h, ids = st.pending[0]
-    assert (start, int(h[0, 0]), ids[0], h.shape[0], len(ids)) == (20, 20, 20, MAX_PENDING - 30, MAX_PENDING - 29)
+    start, h, row, ids = st.pending[0]  # rows [row, row + len(ids) - 1) of h
+    assert (start, int(h[row, 0]), ids[0], len(ids)) == (20, 20, 20, MAX_PENDING - 29)
     st.add(MAX_PENDING + 20, *rows(MAX_PENDING + 20, 2 * MAX_PENDING + 40))  # more than fits on its own
     assert st.num_pending == MAX_PENDING and len(st.pending) == 1
-    start, h, ids = st.pending[0]
-    assert (start, int(h[0, 0]), ids[-1]) == (MAX_PENDING + 40, MAX_PENDING + 40, 2 * MAX_PENDING + 40)
+    start, h, row, ids = st.pending[0]
+    assert (start, int(h[row, 0]), ids[-1]) == (MAX_PENDING + 40, MAX_PENDING + 40, 2 * MAX_PENDING + 40)
     st.clear()
     assert st.num_pending == 0 and not st.pending
 

@@ -137,9 +137,12 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
     ptrs_k = np.array([k.data_ptr() for k in keys], dtype=np.int64)
     ptrs_p = np.array([p.data_ptr() for p in payload], dtype=np.int64)
     tokens, probs, mass = torch.empty(n, dtype=torch.int64), torch.empty(n), torch.zeros(vocab)
-    cpu_draft.draft_pick(torch.tensor([fmt, data, scale, 0]), feats, torch.empty(n, len(vocab_ids)), vocab_ids, index,
-                         q, ptrs_k, ptrs_p, m, float(ptr.scale), ptr.gate.weight.detach()[0].contiguous(),
-                         float(ptr.gate.bias), mass, torch.empty(16 + d), tokens, probs)
+    rows_at = np.array([feats.data_ptr() + 4 * H * i for i in range(n)], dtype=np.int64)  # by address
+    q_at = np.array([q.data_ptr() + 4 * d * i for i in range(n)], dtype=np.int64)
+    cpu_draft.draft_pick(torch.tensor([fmt, data, scale, 0]), rows_at, torch.empty(n, H), torch.empty(n, len(vocab_ids)),
+                         vocab_ids, index, q_at, ptrs_k, ptrs_p, m, float(ptr.scale),
+                         ptr.gate.weight.detach()[0].contiguous(), float(ptr.gate.bias), mass, torch.empty(16 + d),
+                         tokens, probs)
     assert not mass.any()
     head = torch.softmax(feats @ rows.T, -1)
     copied = 0
@@ -159,11 +162,13 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
         assert copied > 0
 
 
-def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head):
+def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch):
     """The proposer on its C paths (head step with its own paged K/V, embeddings looked up in C, the C
-    draft pick) and forced onto torch's (where those kernels do not run) drafts the same tokens, and
-    both keep the plain engine's greedy output."""
+    draft pick; catch-ups split into calls of a few rows) and forced onto torch's (where those kernels
+    do not run) drafts the same tokens, and both keep the plain engine's greedy output."""
     from ridgeline import LLM
+    from ridgeline.spec import eagle_fast
+    monkeypatch.setattr(eagle_fast, "CHUNK_ROWS", 5)
     from test_eagle import BASE
     from test_multi_token_steps import _params, _run
     params = _params()
@@ -173,10 +178,10 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head):
         llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
                   speculative_controller="off", **BASE)
         prop = llm.engine.proposer
-        if prop.head.stack is None or prop._table is None or prop._pick is None:
+        if prop._c is None:
             pytest.skip("the head's C paths do not run on this machine")
         if not c_path:
-            prop.head.stack, prop._table, prop._pick = None, None, None
+            prop._c = None
         seen = []
         real = prop.propose
         prop.propose = lambda reqs, real=real, seen=seen: seen.append(out := real(reqs)) or out

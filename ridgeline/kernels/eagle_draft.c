@@ -15,9 +15,10 @@
  *
  * whose best token among the head's top and the payload tokens is the draft: a payload token wins
  * only when its mixture probability is strictly above the head's top token's (ties: the head's; among
- * payload positions the first best), as pick() decides. Shapes: feats [n, H], logits [n, V] scratch,
- * vocab_ids [V] (NULL: row = token), vocab_index [vocab] a token's row or -1 (NULL: identity), q
- * [n, d], keys[i] [m_i, d] fp32 and payload[i] [m_i] int64 by pointer (m_i = 0 or q NULL: no pointer),
+ * payload positions the first best), as pick() decides. Shapes: feat_rows [n] addresses of fp32 rows
+ * [H] (gathered into feats [n, H] scratch), logits [n, V] scratch, vocab_ids [V] (NULL: row = token),
+ * vocab_index [vocab] a token's row or -1 (NULL: identity), q_rows [n] addresses of fp32 queries [d],
+ * keys[i] [m_i, d] fp32 and payload[i] [m_i] int64 by address (m_i = 0 or q_rows NULL: no pointer),
  * gate [H + d + 3] and its bias, mass [vocab] fp32 zeros (left zero), work [max m_i + d] fp32. */
 #include <math.h>
 #include <stdint.h>
@@ -40,15 +41,41 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
  * rows' own tokens' embeddings own_emb, or rows own [T] of the table. fc: weight descriptor [2H -> H]
  * with its bias; x [T, H] out (the features); buf: T * 6H + ridgeline_stack_scratch(dims, T) floats.
  * The rest as ridgeline_decoder_stack, one group. With qk_w ([4H -> 2d] with its bias), also the copy
- * pointer's queries and keys of the rows, qk [T, 2d], from u = [emb, own_emb, hidden, x]. Returns 0,
- * -1 for a token id outside the table, or a kernel's error. */
+ * pointer's queries and keys of the rows, qk [T, 2d], from u = [emb, own_emb, hidden, x]. dst (or
+ * NULL): [3, T] addresses each row's key [d], query [d] and feature [H] are also copied to (0: not),
+ * so a caller's per-request buffers get them without another pass. Returns 0, -1 for a token id
+ * outside the table, or a kernel's error. */
 int ridgeline_embed(const void *table, int fmt, const int64_t *ids, int64_t T, int64_t V, int64_t H, float *out);
+static int eagle_step(const int64_t *fc, const int64_t *hidden, const float *emb, const float *own_emb,
+                      const void *table, int64_t table_fmt, int64_t V, const int64_t *ids, const int64_t *own,
+                      float *x, const int64_t *dims, float eps, float scale, const int64_t *layer,
+                      const float *cos_sin, int64_t T, const int64_t *positions, const int64_t *slots,
+                      const int64_t *group, const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt);
 
 int ridgeline_eagle_step(const int64_t *fc, const int64_t *hidden, const float *emb, const float *own_emb,
                          const void *table, int64_t table_fmt, int64_t V, const int64_t *ids, const int64_t *own,
                          float *x, const int64_t *dims, float eps, float scale, const int64_t *layer,
                          const float *cos_sin, int64_t T, const int64_t *positions, const int64_t *slots,
-                         const int64_t *group, const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt) {
+                         const int64_t *group, const int64_t *qk_w, float *qk, int64_t d2, const int64_t *dst,
+                         float *buf, int nt) {
+    int rc = eagle_step(fc, hidden, emb, own_emb, table, table_fmt, V, ids, own, x, dims, eps, scale, layer, cos_sin, T,
+                        positions, slots, group, qk_w, qk, d2, buf, nt);
+    if (rc || !dst) return rc;
+    /* dst [3, T]: where each row's key, query and feature go besides qk and x (0: nowhere) */
+    const int64_t H = dims[1], d = d2 / 2;
+    for (int64_t t = 0; t < T; t++) {
+        if (dst[t] && qk) memcpy(PTR(float, dst[t]), qk + t * d2 + d, sizeof(float) * (size_t)d);
+        if (dst[T + t] && qk) memcpy(PTR(float, dst[T + t]), qk + t * d2, sizeof(float) * (size_t)d);
+        if (dst[2 * T + t]) memcpy(PTR(float, dst[2 * T + t]), x + t * H, sizeof(float) * (size_t)H);
+    }
+    return 0;
+}
+
+static int eagle_step(const int64_t *fc, const int64_t *hidden, const float *emb, const float *own_emb,
+                      const void *table, int64_t table_fmt, int64_t V, const int64_t *ids, const int64_t *own,
+                      float *x, const int64_t *dims, float eps, float scale, const int64_t *layer,
+                      const float *cos_sin, int64_t T, const int64_t *positions, const int64_t *slots,
+                      const int64_t *group, const int64_t *qk_w, float *qk, int64_t d2, float *buf, int nt) {
     const int64_t H = dims[1];
     const size_t row = sizeof(float) * (size_t)H;
     float *cat = buf, *out = cat + 4 * T * H, *e = out + T * H, *stack_buf = e + T * H;
@@ -85,10 +112,12 @@ int ridgeline_eagle_step(const int64_t *fc, const int64_t *hidden, const float *
     return ridgeline_stack_linear(qk_w, cat, qk, T, d2, 4 * H, nt);
 }
 
-int ridgeline_draft_pick(const int64_t *rows_w, const float *feats, float *logits, int64_t n, int64_t H, int64_t V,
-                         const int64_t *vocab_ids, const int64_t *vocab_index, const float *q, const int64_t *keys,
-                         const int64_t *payload, const int64_t *m, int64_t d, float scale, const float *gate,
-                         float gate_b, float *mass, float *work, int64_t *tokens, float *probs, int nt) {
+int ridgeline_draft_pick(const int64_t *rows_w, const int64_t *feat_rows, float *feats, float *logits, int64_t n,
+                         int64_t H, int64_t V, const int64_t *vocab_ids, const int64_t *vocab_index,
+                         const int64_t *q_rows, const int64_t *keys, const int64_t *payload, const int64_t *m,
+                         int64_t d, float scale, const float *gate, float gate_b, float *mass, float *work,
+                         int64_t *tokens, float *probs, int nt) {
+    for (int64_t i = 0; i < n; i++) memcpy(feats + i * H, PTR(const float, feat_rows[i]), sizeof(float) * (size_t)H);
     int rc = ridgeline_stack_linear(rows_w, feats, logits, n, V, H, nt);
     if (rc) return rc;
     for (int64_t i = 0; i < n; i++) {
@@ -102,9 +131,9 @@ int ridgeline_draft_pick(const int64_t *rows_w, const float *feats, float *logit
         const float ptop = (float)(1.0 / z);
         const int64_t token = vocab_ids ? vocab_ids[top] : top;
         tokens[i] = token, probs[i] = ptop;
-        const int64_t mi = q ? m[i] : 0;
+        const int64_t mi = q_rows ? m[i] : 0;
         if (mi <= 0) continue;
-        const float *K = PTR(const float, keys[i]), *qi = q + i * d;
+        const float *K = PTR(const float, keys[i]), *qi = PTR(const float, q_rows[i]);
         const int64_t *pay = PTR(const int64_t, payload[i]);
         float *a = work, *ctx = work + mi, smax = -INFINITY;
         for (int64_t j = 0; j < mi; j++) {

@@ -26,6 +26,7 @@ from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
+from ridgeline.spec.eagle_fast import CDrafting
 from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
@@ -47,21 +48,24 @@ MIN_PATH_CONFIDENCE = 0.2
 class _State:
     cache: object  # the head's K/V of positions fed so far (EagleHead.empty_cache)
     next_pos: int = 0  # positions < next_pos are fed (or skipped)
-    feat: torch.Tensor | None = None  # [H] the head's feature at next_pos - 1
-    # (pos, hidden [n, H], the n + 1 tokens at positions pos .. pos + n: each row's own and next)
-    pending: list[tuple[int, torch.Tensor, list[int]]] = field(default_factory=list)
+    feat: torch.Tensor | None = None  # [H] the head's feature at next_pos - 1 (the C path: a kept buffer)
+    has_feat: bool = False
+    # (pos, hidden, row, the n + 1 tokens at positions pos .. pos + n: each row's own and next), the n
+    # rows being hidden[row:row + n] (a step's whole hidden states, kept rather than copied)
+    pending: list[tuple[int, torch.Tensor, int, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
     memory: PointerMemory | None = None  # the copy pointer's context (heads that have one)
 
-    def add(self, start: int, hidden: torch.Tensor, toks: list[int]) -> None:
-        """Queue rows, keeping the newest MAX_PENDING (a cut through the oldest entry keeps its tail)."""
-        self.pending.append((start, hidden, toks))
-        self.num_pending += hidden.shape[0]
+    def add(self, start: int, hidden: torch.Tensor, toks: list[int], row: int = 0) -> None:
+        """Queue rows hidden[row:row + len(toks) - 1], keeping the newest MAX_PENDING (a cut through
+        the oldest entry keeps its tail)."""
+        self.pending.append((start, hidden, row, toks))
+        self.num_pending += len(toks) - 1
         while self.num_pending > MAX_PENDING:
-            start, h, ids = self.pending[0]
-            cut = min(h.shape[0], self.num_pending - MAX_PENDING)
-            self.pending[0] = (start + cut, h[cut:], ids[cut:])
-            if cut == h.shape[0]:
+            start, h, r, ids = self.pending[0]
+            cut = min(len(ids) - 1, self.num_pending - MAX_PENDING)
+            self.pending[0] = (start + cut, h, r + cut, ids[cut:])
+            if cut == len(ids) - 1:
                 self.pending.pop(0)
             self.num_pending -= cut
 
@@ -115,11 +119,26 @@ class EagleProposer(Proposer):
         table = self.lm.model.embed_tokens.weight
         self._table = (table.detach() if self.head.stack is not None and self.lm.model.tp is None and
                        table.device.type == "cpu" and table.dtype in EMBED_FORMATS and table.is_contiguous() else None)
+        # every step's drafting in C where the head's step, its embedding lookups and its pick all run there
+        self._c = CDrafting(self) if self._table is not None and self._pick is not None else None
         self.states: dict[str, _State] = {}
+
+    def _new_state(self) -> _State:
+        st = _State(self.head.empty_cache())
+        if self._c is not None:  # the C step writes each request's last feature here
+            st.feat = torch.zeros(self.head.cfg.hidden_size)
+        if self.pointer is not None:
+            st.memory = PointerMemory(self.pointer.dim, self.device, self.dtype)
+        return st
 
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
         """After a step: keep the hidden states of its verified positions, each with its next token."""
         kept = {s.req_id: s for s in sampled}
+        # a small step's hidden states (the runner's fresh tensor) are kept whole until the head reads
+        # them: no copy, as each torch op right after the target's step costs tens of microseconds;
+        # a large step's (prefill chunks, big batches) are copied per request, so no request holds
+        # the others' rows
+        whole = hidden.shape[0] <= 16 and hidden.dtype == self.dtype
         row = 0
         for seq in plan.seqs:
             n, start = seq.num_new, seq.start
@@ -132,43 +151,41 @@ class EagleProposer(Proposer):
                 toks = seq.token_ids[:n] + [requests[seq.req_id].token_ids[start + n]]
             st = self.states.get(seq.req_id)
             if st is None:
-                st = self.states[seq.req_id] = _State(self.head.empty_cache())
-                if self.pointer is not None:
-                    st.memory = PointerMemory(self.pointer.dim, self.device, self.dtype)
-            if start + valid > st.next_pos:  # a copy in the head's dtype (contiguous rows: the C step reads them by address)
+                st = self.states[seq.req_id] = self._new_state()
+            if start + valid > st.next_pos and whole:
+                st.add(start, hidden, toks, row)
+            elif start + valid > st.next_pos:
                 st.add(start, hidden[row:row + valid].to(self.dtype, copy=True), toks)
             row += n
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
+        impl = self._c or self  # the C path (spec/eagle_fast.py) or torch's (below): the same methods
         states = [self.states.get(r.req_id) for r in requests]
         t0 = time.perf_counter()
-        rows = self._catch_up([st for st in states if st is not None and st.pending])
+        rows, _ = impl.catch_up([st for st in states if st is not None and st.pending])
         # rows past a verification's worth per request (k + 1) are a prompt or a gap caught up once
         steady = sum(r.k + 1 for r in requests)
         self.setup_time = (time.perf_counter() - t0) * max(0, rows - steady) / rows if rows else 0.0
         out: list[list[int]] = [[] for _ in requests]
         live = [i for i, (r, st) in enumerate(zip(requests, states))
-                if st is not None and st.feat is not None and st.next_pos == len(r.token_ids) - 1]
+                if st is not None and st.has_feat and st.next_pos == len(r.token_ids) - 1]
         if not live:
             return out
-        feats = torch.stack([states[i].feat for i in live])
         caches = [states[i].cache for i in live]
         positions = [len(requests[i].token_ids) - 1 for i in live]
         k_max = max(requests[i].k for i in live)
         mems = None if self.pointer is None else [states[i].memory for i in live]
-        queries = None
         if mems is not None:
             for i, mem in zip(live, mems):
                 mem.fill(requests[i].token_ids)
                 mem.reserve(mem.n + k_max)  # the chain's scratch rows
-            queries = torch.stack([mem.query for mem in mems])
+        feats, queries = impl.start([states[i] for i in live])
         stopped, path = [False] * len(live), [1.0] * len(live)
         own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
         for step in range(k_max):
-            tokens, probs = self._draft(feats, queries, mems, step)
-            drafted = tokens.tolist()
-            for n, (i, t, p) in enumerate(zip(live, drafted, probs.tolist())):
+            drafted, probs = impl.draft(feats, queries, mems, step)
+            for n, (i, t, p) in enumerate(zip(live, drafted, probs)):
                 path[n] *= p
                 bar = MIN_CONFIDENCE if step == 0 else MIN_PATH_CONFIDENCE
                 stopped[n] = stopped[n] or path[n] < bar or step >= requests[i].k
@@ -178,33 +195,36 @@ class EagleProposer(Proposer):
                 stopped[n] = stopped[n] or path[n] < MIN_PATH_CONFIDENCE or step + 1 >= requests[i].k
             if step + 1 == k_max or all(stopped):
                 break
-            feats, caches, queries, keys = self._chain_step(feats, drafted, own, [p + step for p in positions], caches)
-            if mems is not None:  # the new position's key; its token is the previous key's payload
+            feats, caches, queries = impl.chain_step(feats, drafted, own, [p + step for p in positions], caches, mems,
+                                                     step)
+            if mems is not None:  # the new position's token is the previous key's payload
                 for n, mem in enumerate(mems):
-                    mem.keys[mem.n + step] = keys[n]
-                    mem.payload[mem.known + step] = drafted[n]
+                    mem.set_payload(mem.known + step, [drafted[n]])
             own = drafted
         return out
 
-    def _chain_step(self, feats: torch.Tensor, tokens: list[int], own: list[int], positions: list[int], caches: list):
+    # The torch path (any device; the C path in spec/eagle_fast.py mirrors these four methods).
+
+    def start(self, states: list[_State]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafting rows: features [n, H] and (with a pointer) queries [n, d]."""
+        return (torch.stack([st.feat for st in states]),
+                None if self.pointer is None else torch.stack([st.memory.query for st in states]))
+
+    def chain_step(self, feats: torch.Tensor, tokens: list[int], own: list[int], positions: list[int], caches: list,
+                   mems: list[PointerMemory] | None, step: int):
         """One head step of every chain: row n reads feats[n] as its hidden state and tokens[n] (just
-        drafted) as its next token -> (features, caches, and with a pointer the new positions' queries
-        and keys, else None, None)."""
+        drafted) as its next token -> (features, caches, queries or None); the new positions' pointer
+        keys go to their memories' scratch rows."""
         ones = [1] * len(tokens)
-        if self._table is not None:
-            feats = feats.contiguous()
-            rows = [feats.data_ptr() + feats.stride(0) * feats.element_size() * n for n in range(len(tokens))]
-            new, caches, qk = self.head.stack.step_ids(rows, tokens, own if self.pointer is not None else None,
-                                                       self._table, positions, caches, ones)
-            if qk is None:
-                return new, caches, None, None
-            return new, caches, qk[:, :self.pointer.dim], qk[:, self.pointer.dim:]
         emb = self.lm.model.embed(torch.tensor(tokens, device=self.device)).to(self.dtype)
         pos = torch.tensor(positions, device=self.device)
         if self.pointer is None:
-            return *self.head.step(feats, emb, pos, caches, ones), None, None
+            return *self.head.step(feats, emb, pos, caches, ones), None
         own_emb = self.lm.model.embed(torch.tensor(own, device=self.device)).to(self.dtype)
-        return self.head.step_pointer(feats, emb, own_emb, pos, caches, ones)
+        feats, caches, queries, keys = self.head.step_pointer(feats, emb, own_emb, pos, caches, ones)
+        for n, mem in enumerate(mems):
+            mem.keys[mem.n + step] = keys[n]
+        return feats, caches, queries
 
     def _c_pick_args(self) -> dict | None:
         """What the C draft pick needs (kernels/draft_pick.c), or None where it cannot run: not on the
@@ -222,85 +242,63 @@ class EagleProposer(Proposer):
                         gate_b=float(self.pointer.gate.bias.detach()), scale=float(self.pointer.scale.detach()))
         return args
 
-    def _draft(self, feats: torch.Tensor, queries: torch.Tensor | None, mems: list[PointerMemory] | None,
-               step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft(self, feats: torch.Tensor, queries: torch.Tensor | None, mems: list[PointerMemory] | None,
+              step: int) -> tuple[list[int], list[float]]:
         """-> (each row's draft token, its probability): the head's most likely token, or with a copy
         pointer the mixture's (eagle_pointer.pick), the pointer reading a row's first known + step keys."""
-        n = feats.shape[0]
-        m = [0] * n if mems is None else [mem.known + step for mem in mems]
-        if self._pick is not None:
-            a = self._pick
-            ptrs = np.array([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
-                             [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m], dtype=np.int64)
-            tokens, probs = torch.empty(n, dtype=torch.int64), torch.empty(n)
-            d = 0 if queries is None else queries.shape[1]
-            cpu_draft.draft_pick(a["rows"], feats.contiguous(), torch.empty(n, a["V"]), self.vocab_ids,
-                                 self.vocab_index, None if queries is None else queries.contiguous(), ptrs[0], ptrs[1],
-                                 ptrs[2], a["scale"], a["gate"], a["gate_b"], self._scratch,
-                                 torch.empty(max(m) + d + 1), tokens, probs)
-            return tokens, probs
         probs = self._head_probs(feats)
         probs_top, itop = probs.max(-1)
         tokens = itop if self.vocab_ids is None else self.vocab_ids[itop]
-        if mems is None:
-            return tokens, probs_top
         tokens, ptop = tokens.tolist(), probs_top.tolist()
-        for r, mem in enumerate(mems):
-            if m[r]:
-                a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m[r]], None, feats[r:r + 1],
-                                           probs_top[r:r + 1])
-                tokens[r], ptop[r] = pick(a[0], float(g[0]), mem.payload[:m[r]], probs[r], self.vocab_index,
+        for r, mem in enumerate(mems or []):
+            m = mem.known + step
+            if m:
+                a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m], None, feats[r:r + 1], probs_top[r:r + 1])
+                tokens[r], ptop[r] = pick(a[0], float(g[0]), mem.payload[:m], probs[r], self.vocab_index,
                                           (tokens[r], ptop[r]), self._scratch)
-        return torch.tensor(tokens, device=self.device), torch.tensor(ptop)
+        return tokens, ptop
 
-    def _catch_up(self, states: list[_State]) -> int:
+    def catch_up(self, states: list[_State]) -> tuple[int, list[int]]:
         """Feed every pending (hidden, next token) pair of these requests through the head, in one
-        call; returns how many rows that was."""
+        call; returns (how many rows that was, their positions)."""
         hs, ids, own, pos, counts = [], [], [], [], []
         for st in states:
             n = 0
-            for start, h, toks in st.pending:
+            for start, h, row, toks in st.pending:
                 skip = max(0, st.next_pos - start)
-                if skip < h.shape[0]:
-                    hs.append(h[skip:])
+                k = len(toks) - 1
+                if skip < k:
+                    hs.append(h[row + skip:row + k])
                     ids += toks[skip + 1:]
                     own += toks[skip:-1]
-                    pos.extend(range(start + skip, start + h.shape[0]))
-                    n += h.shape[0] - skip
-                    st.next_pos = start + h.shape[0]
+                    pos.extend(range(start + skip, start + k))
+                    n += k - skip
+                    st.next_pos = start + k
             st.clear()
             counts.append(n)
         if not hs:
-            return 0
+            return 0, []
         caches = [st.cache for st in states]
+        hidden = torch.cat(hs).to(self.dtype)
+        T = hidden.shape[0]
+        # each row's next token, and (for the pointer) its own, embedded in one call
+        emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
+                                               device=self.device)).to(self.dtype)
+        positions = torch.tensor(pos, device=self.device)
         queries = keys = None
-        if self._table is not None:  # one C call: the rows by address, the embeddings looked up there
-            rows = [h.data_ptr() + h.stride(0) * h.element_size() * r for h in hs for r in range(h.shape[0])]
-            feats, caches, qk = self.head.stack.step_ids(rows, ids, own if self.pointer is not None else None,
-                                                         self._table, pos, caches, counts)
-            if qk is not None:
-                queries, keys = qk[:, :self.pointer.dim], qk[:, self.pointer.dim:]
+        if self.pointer is None:
+            feats, caches = self.head.step(hidden, emb, positions, caches, counts)
         else:
-            hidden = torch.cat(hs).to(self.dtype)
-            T = hidden.shape[0]
-            # each row's next token, and (for the pointer) its own, embedded in one call
-            emb = self.lm.model.embed(torch.tensor(ids + (own if self.pointer is not None else []),
-                                                   device=self.device)).to(self.dtype)
-            positions = torch.tensor(pos, device=self.device)
-            if self.pointer is None:
-                feats, caches = self.head.step(hidden, emb, positions, caches, counts)
-            else:
-                feats, caches, queries, keys = self.head.step_pointer(hidden, emb[:T], emb[T:], positions, caches,
-                                                                      counts)
+            feats, caches, queries, keys = self.head.step_pointer(hidden, emb[:T], emb[T:], positions, caches, counts)
         end = 0
         for st, cache, n in zip(states, caches, counts):
             st.cache = cache
             if n:
-                st.feat = feats[end + n - 1]
+                st.feat, st.has_feat = feats[end + n - 1], True
                 if keys is not None:
                     st.memory.add(keys[end:end + n], pos[end:end + n], queries[end + n - 1])
             end += n
-        return sum(counts)
+        return T, pos
 
     def _head_probs(self, feats: torch.Tensor) -> torch.Tensor:
         """The head's distribution per row [n, V'] over its draft vocabulary (or the whole one)."""
@@ -311,12 +309,11 @@ class EagleProposer(Proposer):
         return torch.softmax(logits, -1)
 
     def summary(self) -> str:
-        c = self.head_config
         vocab = "the whole vocabulary" if self.vocab_ids is None else f"{len(self.vocab_ids)} draft tokens"
         ptr = f", a copy pointer (width {self.pointer.dim})" if self.pointer is not None else ", no copy pointer"
-        layer = "its layer on the C decoder stack" if self.head.stack is not None else "its layer in torch (slower)"
-        pick_ = "drafts picked in C" if self._pick is not None else "drafts picked in torch"
-        return f"head of {c['head']['intermediate_size']}-wide MLP over {vocab}{ptr}; {layer}, {pick_}"
+        how = ("drafting in C (its step on the decoder stack with a paged K/V of its own, then the pick)"
+               if self._c is not None else "drafting in torch (slower: the C kernels do not run this head here)")
+        return f"head over {vocab}{ptr}; {how}"
 
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:

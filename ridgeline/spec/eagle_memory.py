@@ -14,10 +14,12 @@ class PointerMemory:
     def __init__(self, dim: int, device: torch.device, dtype: torch.dtype = torch.float32):
         self.keys = torch.empty(0, dim, device=device, dtype=dtype)  # [capacity, dim]; rows < n are fed positions'
         self.payload = torch.empty(0, dtype=torch.long, device=device)  # [capacity]; < known filled
+        self._payload_np = self.payload.numpy() if self.payload.device.type == "cpu" else None  # its memory
         self.positions: list[int] = []  # of the n fed rows, increasing
         self.n = 0
         self.known = 0
-        self.query: torch.Tensor | None = None  # [dim] the last fed position's query
+        # [dim] the last fed position's query: the C path writes into this buffer, torch's replaces it
+        self.query = torch.zeros(dim, device=device, dtype=dtype)
 
     def reserve(self, size: int) -> None:
         """Room for `size` rows (a chain's scratch included)."""
@@ -29,6 +31,14 @@ class PointerMemory:
         payload = self.payload.new_zeros(cap)
         keys[:self.n], payload[:self.known] = self.keys[:self.n], self.payload[:self.known]
         self.keys, self.payload = keys, payload
+        self._payload_np = payload.numpy() if payload.device.type == "cpu" else None
+
+    def set_payload(self, at: int, tokens: list[int]) -> None:
+        """payload[at:at + len(tokens)] = tokens (through numpy on a CPU: no torch op)"""
+        if self._payload_np is not None:
+            self._payload_np[at:at + len(tokens)] = tokens
+        else:
+            self.payload[at:at + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
 
     def add(self, keys: torch.Tensor, positions: list[int], query: torch.Tensor) -> None:
         """Fed rows: their keys [r, dim] and positions (after every earlier one), the last one's query."""
@@ -45,5 +55,5 @@ class PointerMemory:
         while self.known + len(new) < self.n and self.positions[self.known + len(new)] + 2 < len(token_ids):
             new.append(token_ids[self.positions[self.known + len(new)] + 2])
         if new:
-            self.payload[self.known:self.known + len(new)] = torch.tensor(new, dtype=torch.long)
+            self.set_payload(self.known, new)
             self.known += len(new)

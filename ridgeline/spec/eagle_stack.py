@@ -80,6 +80,7 @@ class HeadStack:
         self.free: list[int] = []
         self._grow(64)
         self.scratch = torch.empty(0)
+        self.out_x = self.out_qk = torch.empty(0, 1)  # step_ids' outputs, kept between calls
 
     @staticmethod
     def _desc(lin, bias: torch.Tensor) -> torch.Tensor:
@@ -132,16 +133,21 @@ class HeadStack:
         return self._run(rows, positions, caches, counts, emb=emb.float().contiguous(),
                          own_emb=None if own_emb is None else own_emb.float().contiguous())
 
-    def step_ids(self, rows: list[int], ids: list[int], own: list[int] | None, table: torch.Tensor, positions: list[int],
-                 caches: list[HeadCache], counts: list[int]) -> tuple[torch.Tensor, list[HeadCache], torch.Tensor | None]:
+    def step_ids(self, rows: list[int], ids: list[int], own: list[int] | None, table: torch.Tensor, table_fmt: int,
+                 positions: list[int], caches: list[HeadCache], counts: list[int], dst: list[int] | None = None
+                 ) -> tuple[torch.Tensor, list[HeadCache]]:
         """`step` with the hidden states given by address (rows: fp32 [H] rows the caller keeps alive) and
         the embeddings by token: ids (the next tokens) and own (the rows' own; None: no pointer
-        projections) looked up in table [V, H] (the target's embedding, fp32 / bf16 / fp16) in the same call."""
-        return self._run(rows, positions, caches, counts, table=table, ids=ids, own=own)
+        projections) looked up in table [V, H] (the target's embedding, in format table_fmt) in the same
+        call. dst: [3, T] addresses (flattened) each row's pointer key [d], query [d] and feature [H]
+        are copied to (0: not). Returns (features, caches): the features are rows 0..T-1 of a buffer
+        kept between calls, valid until the next call (rows of it may be the next call's `rows`)."""
+        return self._run(rows, positions, caches, counts, table=table, table_fmt=table_fmt, ids=ids, own=own, dst=dst)
 
     def _run(self, rows: list[int], positions: list[int], caches: list[HeadCache], counts: list[int],
              emb: torch.Tensor | None = None, own_emb: torch.Tensor | None = None, table: torch.Tensor | None = None,
-             ids: list[int] | None = None, own: list[int] | None = None):
+             table_fmt: int = -1, ids: list[int] | None = None, own: list[int] | None = None,
+             dst: list[int] | None = None):
         T = len(rows)
         slots, row_seq, key_lens, tables, out_caches = [], [], [], [], []
         for i, (cache, n) in enumerate(zip(caches, counts)):
@@ -153,26 +159,42 @@ class HeadStack:
             tables.append(cache.blocks)
             out_caches.append(HeadCache(cache.blocks, cache.length + n))
         nb = max(len(t) for t in tables)
-        # one int64 array (numpy: a few microseconds where torch's indexing costs that per element):
-        # positions, slots, row_seq, key_lens, hidden row addresses, ids, own ids [T each], tables
-        # [requests, nb], then the group row, whose pointers into the array are filled in once its
-        # address is known
+        # one int64 array (numpy: a microsecond where each torch op costs tens right after the target's
+        # step): positions, slots, row_seq, key_lens, hidden row addresses, ids, own ids [T each], dst
+        # [3T], tables [requests, nb], then the group row, whose pointers into the array are filled in
+        # once its address is known
         with_pointer = self.qk is not None and (own_emb is not None or own is not None)
-        at = {name: i * T for i, name in enumerate(("positions", "slots", "seq", "lens", "rows", "ids", "own"))}
-        at_group = 7 * T + len(tables) * nb
-        meta = np.array(positions + slots + row_seq + key_lens + rows + (ids or [0] * T)
-                        + (own if own is not None and with_pointer else [0] * T)
+        zeros = [0] * T
+        meta = np.array(positions + slots + row_seq + key_lens + rows + (ids or zeros)
+                        + (own if own is not None and with_pointer else zeros) + (dst or zeros * 3)
                         + [b for t in tables for b in t + [0] * (nb - len(t))] + [0, T, 0, nb, 0, 0, 0], dtype=np.int64)
-        base = meta.ctypes.data
-        meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * 7 * T, base + 8 * at["seq"], \
+        at = {"positions": 0, "slots": T, "seq": 2 * T, "lens": 3 * T, "rows": 4 * T, "ids": 5 * T, "own": 6 * T,
+              "dst": 7 * T}
+        at_group = 10 * T + len(tables) * nb
+        base = cpu_draft.addr(meta)
+        meta[at_group + 2], meta[at_group + 4], meta[at_group + 5] = base + 8 * 10 * T, base + 8 * at["seq"], \
             base + 8 * at["lens"]
         self._table(max(positions) + 1)
-        need = T * 6 * self.cfg.hidden_size + cpu_stack.scratch_floats(self.dims, T)
+        H = self.cfg.hidden_size
+        need = T * 6 * H + self._stack_floats(T)
         if self.scratch.numel() < need:
             self.scratch = torch.empty(need)
-        x = torch.empty(T, self.cfg.hidden_size)
-        qk = torch.empty(T, self.qk_width) if with_pointer else None
-        cpu_draft.eagle_step(self.fc, meta, at, at_group, x, self.dims, self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5,
+        if table is not None:  # the proposer's calls: outputs in buffers kept between calls (no torch op)
+            if self.out_x.shape[0] < T:
+                self.out_x = torch.empty(max(T, 2 * self.out_x.shape[0]), H)
+                self.out_qk = torch.empty(self.out_x.shape[0], self.qk_width if self.qk is not None else 1)
+            x, qk = self.out_x, self.out_qk if with_pointer else None
+        else:
+            x = torch.empty(T, H)
+            qk = torch.empty(T, self.qk_width) if with_pointer else None
+        cpu_draft.eagle_step(self.fc, meta, at, at_group, T, x, self.dims, self.cfg.rms_norm_eps, self.cfg.head_dim ** -0.5,
                              self.layer, self.cos_sin, self.scratch, emb=emb, own_emb=own_emb, table=table,
-                             qk_desc=self.qk if with_pointer else None, qk=qk)
-        return x, out_caches, qk
+                             table_fmt=table_fmt, qk_desc=self.qk if with_pointer else None, qk=qk,
+                             dst=dst is not None)
+        return (x, out_caches) if table is not None else (x, out_caches, qk)
+
+    def _stack_floats(self, T: int) -> int:
+        """floats of the decoder stack's scratch for T rows (its formula, kernels/decoder_stack.c)"""
+        c = self.cfg
+        return T * (2 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + 2 * c.num_heads * c.head_dim
+                    + 3 * c.intermediate_size)

@@ -1,0 +1,141 @@
+"""The EAGLE proposer's C path, on a CPU with the engine's kernels: a drafting step is two C calls
+(kernels/eagle_draft.c: the head's step, the draft pick), fed by address.
+
+Right after the target's step streams its weights through the caches, each torch op costs tens of
+microseconds (measured: a one-row copy 50-120 us, against 10 warm), so this path keeps them out of
+the per-step work: the head's features and the pointer's queries and keys are written by the C step
+straight into per-request buffers (a request's feature [H], its memory's query [d] and key rows),
+the hidden rows are read where the runner left them, indices travel in numpy arrays, and outputs
+land in buffers kept between steps. The torch path (spec/eagle.py) computes the same drafts
+(tests/test_eagle_stack.py compares them)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ridgeline.kernels import cpu_draft
+from ridgeline.kernels.cpu_ops import EMBED_FORMATS
+
+# rows of one catch-up call at most (a request holds at most MAX_PENDING, spec/eagle.py): bounds the
+# head's scratch (about 50 KB a row for the default model's head) when many prompts arrive at once
+CHUNK_ROWS = 512
+
+
+class CDrafting:
+    def __init__(self, prop):
+        self.prop, self.stack = prop, prop.head.stack
+        self.table, self.fmt = prop._table, EMBED_FORMATS[prop._table.dtype]
+        self.args = prop._pick
+        self.H = prop.head.cfg.hidden_size
+        self.d = prop.pointer.dim if prop.pointer is not None else 0
+        self.feats = self.logits = self.work = torch.empty(0)
+        self.tokens, self.probs = torch.empty(0, dtype=torch.int64), torch.empty(0)
+        self.chain_q = torch.empty(0)  # a chain's queries [n, d]
+
+    def _room(self, n: int, m: int) -> None:
+        """Output and scratch buffers for n rows, pointer contexts of up to m keys."""
+        if self.tokens.shape[0] < n:
+            n = max(n, 2 * self.tokens.shape[0], 8)
+            self.feats, self.logits = torch.empty(n, self.H), torch.empty(n, self.args["V"])
+            self.tokens, self.probs = torch.empty(n, dtype=torch.int64), torch.empty(n)
+            self.tokens_np, self.probs_np = self.tokens.numpy(), self.probs.numpy()
+            self.chain_q = torch.empty(n, max(self.d, 1))
+        if self.work.numel() < m + self.d + 1:
+            self.work = torch.empty(2 * (m + self.d + 1))
+
+    def catch_up(self, states: list) -> tuple[int, list[int]]:
+        """Feed every pending row of these requests through the head, in one call per CHUNK_ROWS rows;
+        each request's last row's feature (and the pointer's query), and every row's pointer key,
+        land in its buffers. Returns (rows fed, positions fed) like the torch path."""
+        fed, pos, group, rows = 0, [], [], 0
+        for st in states + [None]:
+            if st is None or (group and rows + st.num_pending > CHUNK_ROWS):
+                n, p = self._catch_up(group)
+                fed, pos, group, rows = fed + n, pos + p, [], 0
+            if st is not None:
+                group.append(st)
+                rows += st.num_pending
+        return fed, pos
+
+    def _catch_up(self, states: list) -> tuple[int, list[int]]:
+        rows, ids, own, pos, counts, dst_k, dst_q, dst_f = [], [], [], [], [], [], [], []
+        kb = 4 * self.d
+        for st in states:
+            n = 0
+            for start, h, row, toks in st.pending:
+                skip = max(0, st.next_pos - start)
+                k = len(toks) - 1
+                if skip < k:
+                    base, stride = h.data_ptr(), h.stride(0) * h.element_size()
+                    rows += [base + stride * (row + r) for r in range(skip, k)]
+                    ids += toks[skip + 1:]
+                    own += toks[skip:-1]
+                    pos.extend(range(start + skip, start + k))
+                    n += k - skip
+                    st.next_pos = start + k
+            counts.append(n)
+            if not n:
+                continue
+            mem = st.memory
+            if mem is not None:
+                mem.reserve(mem.n + n)
+                at = mem.keys.data_ptr() + kb * mem.n
+                dst_k += [at + kb * r for r in range(n)]
+                dst_q += [0] * (n - 1) + [mem.query.data_ptr()]
+            else:
+                dst_k += [0] * n
+                dst_q += [0] * n
+            dst_f += [0] * (n - 1) + [st.feat.data_ptr()]
+        if not rows:
+            for st in states:
+                st.clear()
+            return 0, []
+        _, caches = self.stack.step_ids(rows, ids, own if self.d else None, self.table, self.fmt, pos,
+                                        [st.cache for st in states], counts, dst_k + dst_q + dst_f)
+        end = 0
+        for st, cache, n in zip(states, caches, counts):
+            st.clear()  # after the call: the pending rows are read in place
+            st.cache = cache
+            if n:
+                st.has_feat = True
+                if st.memory is not None:
+                    st.memory.positions += pos[end:end + n]
+                    st.memory.n += n
+            end += n
+        return len(rows), pos
+
+    def start(self, states: list) -> tuple[list[int], list[int] | None]:
+        """The drafting rows: each request's feature and (with a pointer) query, by address."""
+        return ([st.feat.data_ptr() for st in states],
+                None if not self.d else [st.memory.query.data_ptr() for st in states])
+
+    def draft(self, feats: list[int], queries: list[int] | None, mems: list | None,
+              step: int) -> tuple[list[int], list[float]]:
+        n = len(feats)
+        m = [0] * n if mems is None else [mem.known + step for mem in mems]
+        self._room(n, max(m))
+        a = self.args
+        ptrs = np.array([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
+                         [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m, feats,
+                         queries or [0] * n], dtype=np.int64)
+        cpu_draft.draft_pick(a["rows"], ptrs[3], self.feats, self.logits, self.prop.vocab_ids, self.prop.vocab_index,
+                             None if queries is None else ptrs[4], ptrs[0], ptrs[1], ptrs[2], a["scale"], a["gate"],
+                             a["gate_b"], self.prop._scratch, self.work, self.tokens, self.probs)
+        return self.tokens_np[:n].tolist(), self.probs_np[:n].tolist()
+
+    def chain_step(self, feats: list[int], drafted: list[int], own: list[int], positions: list[int], caches: list,
+                   mems: list | None, step: int) -> tuple[list[int], list, list[int] | None]:
+        """One head step of every chain (row n reads feats[n] as its hidden state, drafted[n] as its
+        next token); the new positions' pointer keys go to their memories' scratch rows, their queries
+        to this path's chain buffer. Returns (features, caches, queries) by address."""
+        n, kb = len(drafted), 4 * self.d
+        self._room(n, 0)
+        if mems is not None:
+            dst = ([mem.keys.data_ptr() + kb * (mem.n + step) for mem in mems]
+                   + [self.chain_q.data_ptr() + kb * r for r in range(n)] + [0] * n)
+        else:
+            dst = [0] * (3 * n)
+        x, caches = self.stack.step_ids(feats, drafted, own if self.d else None, self.table, self.fmt, positions, caches,
+                                        [1] * n, dst)
+        rows = [x.data_ptr() + 4 * self.H * r for r in range(n)]
+        return rows, caches, None if mems is None else [self.chain_q.data_ptr() + kb * r for r in range(n)]
