@@ -164,11 +164,13 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
 
 def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch):
     """The proposer on its C paths (head step with its own paged K/V, embeddings looked up in C, the C
-    draft pick; catch-ups split into calls of a few rows) and forced onto torch's (where those kernels
+    draft pick; catch-ups split into calls of a few rows; hidden states kept whole or copied per
+    request) and forced onto torch's (where those kernels
     do not run) drafts the same tokens, and both keep the plain engine's greedy output."""
     from ridgeline import LLM
-    from ridgeline.spec import eagle_fast
+    from ridgeline.spec import eagle, eagle_fast
     monkeypatch.setattr(eagle_fast, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(eagle, "WHOLE_ROWS", 2)  # steps of more rows: hidden states copied per request
     from test_eagle import BASE
     from test_multi_token_steps import _params, _run
     params = _params()

@@ -33,6 +33,7 @@ from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 256
+WHOLE_ROWS = 64  # steps of at most this many rows keep their hidden states whole (observe)
 # How far a chain goes, by the head's confidence (its softmax over the draft vocabulary; EAGLE-2 sizes
 # its draft trees by the same products). A first draft costs one verification row more: it is
 # proposed when its probability reaches MIN_CONFIDENCE (on the bench's chat workload, first drafts
@@ -134,11 +135,14 @@ class EagleProposer(Proposer):
     def observe(self, plan, sampled, hidden: torch.Tensor, requests: dict) -> None:
         """After a step: keep the hidden states of its verified positions, each with its next token."""
         kept = {s.req_id: s for s in sampled}
-        # a small step's hidden states (the runner's fresh tensor) are kept whole until the head reads
-        # them: no copy, as each torch op right after the target's step costs tens of microseconds;
-        # a large step's (prefill chunks, big batches) are copied per request, so no request holds
-        # the others' rows
-        whole = hidden.shape[0] <= 16 and hidden.dtype == self.dtype
+        # a step's hidden states (the runner's fresh tensor) are kept whole until the head reads them,
+        # each request's pending entry naming its rows: no op per request (each torch op right after
+        # the target's step costs tens of microseconds). A large step's (prefill chunks) are copied per
+        # request instead, so no request holds the others' rows for long: at most MAX_PENDING entries
+        # of WHOLE_ROWS rows each per request
+        whole = None
+        if hidden.shape[0] <= WHOLE_ROWS:
+            whole = hidden if hidden.dtype == self.dtype else hidden.to(self.dtype)
         row = 0
         for seq in plan.seqs:
             n, start = seq.num_new, seq.start
@@ -152,8 +156,8 @@ class EagleProposer(Proposer):
             st = self.states.get(seq.req_id)
             if st is None:
                 st = self.states[seq.req_id] = self._new_state()
-            if start + valid > st.next_pos and whole:
-                st.add(start, hidden, toks, row)
+            if start + valid > st.next_pos and whole is not None:
+                st.add(start, whole, toks, row)
             elif start + valid > st.next_pos:
                 st.add(start, hidden[row:row + valid].to(self.dtype, copy=True), toks)
             row += n
