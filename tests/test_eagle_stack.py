@@ -162,7 +162,21 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
         assert copied > 0
 
 
-def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch):
+def _without_pointer(head_dir, out):
+    """A copy of a head folder with its copy pointer taken out (an older head's shape)."""
+    import json
+    from safetensors.torch import load_file, save_file
+    out.mkdir()
+    save_file({k: v for k, v in load_file(str(head_dir / "head.safetensors")).items() if not k.startswith("pointer.")},
+              str(out / "head.safetensors"))
+    config = json.loads((head_dir / "config.json").read_text())
+    config["head"]["pointer_dim"] = 0
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("pointer", [True, False], ids=["pointer", "no-pointer"])
+def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch, tmp_path, pointer):
     """The proposer on its C paths (head step with its own paged K/V, embeddings looked up in C, the C
     draft pick; catch-ups split into calls of a few rows; hidden states kept whole or copied per
     request) and forced onto torch's (where those kernels
@@ -175,11 +189,13 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
     from test_multi_token_steps import _params, _run
     params = _params()
     plain = _run(LLM(str(tiny_llama), **BASE), params)
+    head = tiny_head if pointer else _without_pointer(tiny_head, tmp_path / "head")
     drafts = []
     for c_path in (True, False):
-        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
                   speculative_controller="off", **BASE)
         prop = llm.engine.proposer
+        assert (prop.pointer is not None) == pointer
         if prop._c is None:
             pytest.skip("the head's C paths do not run on this machine")
         if not c_path:
