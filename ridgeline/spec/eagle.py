@@ -74,6 +74,22 @@ class _State:
         self.pending.clear()
         self.num_pending = 0
 
+    def unread(self) -> tuple[list[tuple[torch.Tensor, int, int]], list[int], list[int], list[int]]:
+        """The pending rows the head has not read (a preempted request's recomputed ones skipped), and
+        marks them read: (hidden row ranges (tensor, first, end), each row's next token, its own token,
+        its position). The entries stay until clear()."""
+        ranges, ids, own, pos = [], [], [], []
+        for start, h, row, toks in self.pending:
+            skip = max(0, self.next_pos - start)
+            k = len(toks) - 1
+            if skip < k:
+                ranges.append((h, row + skip, row + k))
+                ids += toks[skip + 1:]
+                own += toks[skip:-1]
+                pos.extend(range(start + skip, start + k))
+                self.next_pos = start + k
+        return ranges, ids, own, pos
+
 
 @register_proposer("eagle")
 class EagleProposer(Proposer):
@@ -267,19 +283,13 @@ class EagleProposer(Proposer):
         call; returns (how many rows that was, their positions)."""
         hs, ids, own, pos, counts = [], [], [], [], []
         for st in states:
-            n = 0
-            for start, h, row, toks in st.pending:
-                skip = max(0, st.next_pos - start)
-                k = len(toks) - 1
-                if skip < k:
-                    hs.append(h[row + skip:row + k])
-                    ids += toks[skip + 1:]
-                    own += toks[skip:-1]
-                    pos.extend(range(start + skip, start + k))
-                    n += k - skip
-                    st.next_pos = start + k
+            ranges, i, o, p = st.unread()
+            hs += [h[a:b] for h, a, b in ranges]
+            ids += i
+            own += o
+            pos += p
             st.clear()
-            counts.append(n)
+            counts.append(len(p))
         if not hs:
             return 0, []
         caches = [st.cache for st in states]

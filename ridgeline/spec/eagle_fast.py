@@ -61,18 +61,14 @@ class CDrafting:
         rows, ids, own, pos, counts, dst_k, dst_q, dst_f = [], [], [], [], [], [], [], []
         kb = 4 * self.d
         for st in states:
-            n = 0
-            for start, h, row, toks in st.pending:
-                skip = max(0, st.next_pos - start)
-                k = len(toks) - 1
-                if skip < k:
-                    base, stride = h.data_ptr(), h.stride(0) * h.element_size()
-                    rows += [base + stride * (row + r) for r in range(skip, k)]
-                    ids += toks[skip + 1:]
-                    own += toks[skip:-1]
-                    pos.extend(range(start + skip, start + k))
-                    n += k - skip
-                    st.next_pos = start + k
+            ranges, i, o, p = st.unread()
+            for h, a, b in ranges:  # read in place: the entries stay until after the call
+                base, stride = h.data_ptr(), h.stride(0) * h.element_size()
+                rows += [base + stride * r for r in range(a, b)]
+            ids += i
+            own += o
+            pos += p
+            n = len(p)
             counts.append(n)
             if not n:
                 continue
