@@ -198,8 +198,8 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
         assert (prop.pointer is not None) == pointer
         if prop._c is None:
             pytest.skip("the head's C paths do not run on this machine")
-        if not c_path:
-            prop._c = None
+        if not c_path:  # the torch path throughout: the head's layer too
+            prop._c, prop.head.stack = None, None
         seen = []
         real = prop.propose
         prop.propose = lambda reqs, real=real, seen=seen: seen.append(out := real(reqs)) or out

@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ridgeline.layers.linear import matmul_fn
@@ -247,7 +246,7 @@ class EagleProposer(Proposer):
         return feats, caches, queries
 
     def _c_pick_args(self) -> dict | None:
-        """What the C draft pick needs (kernels/draft_pick.c), or None where it cannot run: not on the
+        """What the C draft pick needs (kernels/eagle_draft.c), or None where it cannot run: not on the
         engine's CPU kernels, or a head over the whole vocabulary (its logits are the target's)."""
         lin = self._rows_mm
         if not hasattr(lin, "format") or not cpu_draft.available():
