@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ridgeline.layers.linear import matmul_fn
-from ridgeline.spec.draft_load import DraftTarget
-from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
+from ridgeline.layers.linear import matmul_fn
+from ridgeline.spec.draft_load import DraftTarget
 from ridgeline.spec.eagle_fast import CDrafting
+from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
+from ridgeline.spec.eagle_stack import weight_desc
 from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
@@ -254,7 +255,7 @@ class EagleProposer(Proposer):
         desc = lin.format.stack_weight(lin)
         if isinstance(desc, str) or not cpu_stack.runs_weight_format(desc[0]):
             return None
-        args = {"rows": torch.tensor([*desc, 0], dtype=torch.int64), "V": len(self.vocab_ids), "gate": None,
+        args = {"rows": torch.tensor(weight_desc(lin), dtype=torch.int64), "V": len(self.vocab_ids), "gate": None,
                 "gate_b": 0.0, "scale": 0.0}
         if self.pointer is not None:
             args.update(gate=self.pointer.gate.weight.detach()[0].float().contiguous(),

@@ -35,6 +35,11 @@ def interleave_rows(w: torch.Tensor, heads: int, d: int) -> torch.Tensor:
     return w.view(heads, d, -1)[:, order].reshape(heads * d, -1)
 
 
+def weight_desc(lin, bias: torch.Tensor | None = None) -> list[int]:
+    """A packed linear's C weight descriptor [format, data, scale, bias address] (cpu_stack.WEIGHT_FIELDS)."""
+    return [*lin.format.stack_weight(lin), 0 if bias is None else bias.data_ptr()]
+
+
 def why_not(linears: list, head_dim: int) -> str | None:
     """None if the C stack can run a step of these packed linears (fc, qkv, o, gate_up, down)."""
     if cpu.lib() is None:
@@ -64,11 +69,11 @@ class HeadStack:
         c = head.cfg
         self.cfg, self.linears = c, (qkv, o, gate_up, down)  # held: the descriptors point into them
         self.held = [fc, head.fc.bias.detach().float().contiguous()]
-        self.fc = self._desc(fc, self.held[1])
+        self.fc = torch.tensor(weight_desc(fc, self.held[1]), dtype=torch.int64)
         self.qk = None  # the copy pointer's query and key projections, where the head has a pointer
         if head.pointer is not None:
             self.held += [head.pointer._qk, head.pointer._qk_bias.contiguous()]
-            self.qk = self._desc(head.pointer._qk, self.held[3])
+            self.qk = torch.tensor(weight_desc(head.pointer._qk, self.held[3]), dtype=torch.int64)
             self.qk_width = self.held[3].shape[0]
         self.norms = (head.attn_norm.weight.detach().float().contiguous(),
                       head.mlp_norm.weight.detach().float().contiguous())
@@ -80,12 +85,9 @@ class HeadStack:
         self.free: list[int] = []
         self._grow(64)
         self.scratch = torch.empty(0)
+        # floats of scratch a row needs: the step's own 6H, then the decoder stack's (linear in rows)
+        self.row_floats = 6 * c.hidden_size + cpu_stack.scratch_floats(self.dims, 1)
         self.out_x = self.out_qk = torch.empty(0, 1)  # step_ids' outputs, kept between calls
-
-    @staticmethod
-    def _desc(lin, bias: torch.Tensor) -> torch.Tensor:
-        fmt, data, scale = lin.format.stack_weight(lin)
-        return torch.tensor([fmt, data, scale, bias.data_ptr()], dtype=torch.int64)
 
     def _grow(self, blocks: int) -> None:
         """A pool of `blocks` blocks, the old one's contents kept; refreshes the layer descriptor."""
@@ -98,8 +100,7 @@ class HeadStack:
         self.free += range(blocks - 1, old - 1, -1)
         row = [self.norms[0].data_ptr(), self.norms[1].data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0, 0]
         for lin in self.linears:
-            fmt, data, scale = lin.format.stack_weight(lin)
-            row += [fmt, data, scale, 0]
+            row += weight_desc(lin)
         self.layer = torch.tensor([row], dtype=torch.int64)
 
     def _table(self, positions: int) -> None:
@@ -142,7 +143,8 @@ class HeadStack:
         call. dst: [3, T] addresses (flattened) each row's pointer key [d], query [d] and feature [H]
         are copied to (0: not). Returns (features, caches): the features are rows 0..T-1 of a buffer
         kept between calls, valid until the next call (rows of it may be the next call's `rows`)."""
-        return self._run(rows, positions, caches, counts, table=table, table_fmt=table_fmt, ids=ids, own=own, dst=dst)
+        return self._run(rows, positions, caches, counts, table=table, table_fmt=table_fmt, ids=ids, own=own,
+                         dst=dst)[:2]
 
     def _run(self, rows: list[int], positions: list[int], caches: list[HeadCache], counts: list[int],
              emb: torch.Tensor | None = None, own_emb: torch.Tensor | None = None, table: torch.Tensor | None = None,
@@ -176,7 +178,7 @@ class HeadStack:
             base + 8 * at["lens"]
         self._table(max(positions) + 1)
         H = self.cfg.hidden_size
-        need = T * 6 * H + self._stack_floats(T)
+        need = T * self.row_floats
         if self.scratch.numel() < need:
             self.scratch = torch.empty(need)
         if table is not None:  # the proposer's calls: outputs in buffers kept between calls (no torch op)
@@ -191,10 +193,4 @@ class HeadStack:
                              self.layer, self.cos_sin, self.scratch, emb=emb, own_emb=own_emb, table=table,
                              table_fmt=table_fmt, qk_desc=self.qk if with_pointer else None, qk=qk,
                              dst=dst is not None)
-        return (x, out_caches) if table is not None else (x, out_caches, qk)
-
-    def _stack_floats(self, T: int) -> int:
-        """floats of the decoder stack's scratch for T rows (its formula, kernels/decoder_stack.c)"""
-        c = self.cfg
-        return T * (2 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + 2 * c.num_heads * c.head_dim
-                    + 3 * c.intermediate_size)
+        return x, out_caches, qk
