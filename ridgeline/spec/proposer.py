@@ -52,6 +52,13 @@ class Draft:
     probs: Any = None
     ids: Any = None
 
+    def on(self, device) -> "Draft":
+        """This draft with q on `device` (the target's logits'): a proposer may build q elsewhere."""
+        if self.probs is None or self.probs.device == device:
+            return self
+        ids = None if self.ids is None else self.ids.to(device)
+        return Draft(self.token_ids, self.probs.to(device), ids)
+
     def q_at(self, tokens) -> Any:
         """tokens [k] int64 tensor (k <= rows) -> [k] float32: q_j(tokens[j])."""
         k = len(tokens)

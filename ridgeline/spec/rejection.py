@@ -29,6 +29,7 @@ def rejection_verify(p: torch.Tensor, first_rows: Sequence[int], proposals: Sequ
     valid = torch.arange(K, device=dev) < k[:, None]
     toks = torch.zeros(N, K, dtype=torch.long, device=dev)
     q_x = torch.zeros(N, K, device=dev)
+    drafts = [d.on(dev) for d in drafts]
     for i, (x, d) in enumerate(zip(proposals, drafts)):
         t = torch.tensor(x, dtype=torch.long, device=dev)
         toks[i, :len(x)] = t
