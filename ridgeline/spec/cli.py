@@ -185,7 +185,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
         vocab_ids = frequent_tokens(samples, args.draft_vocab, lm.cfg.vocab_size, tuple(sorted(eng.eos_ids)))
     rows = head_rows(lm, vocab_ids if vocab_ids is not None else torch.arange(lm.cfg.vocab_size))
     if args.from_head is None:
-        head, stats = train_head(lambda ids: lm.model.embed(ids), rows, samples, head_config_for(lm), args.epochs,
+        head, stats = train_head(_embed_fn(lm), rows, samples, head_config_for(lm), args.epochs,
                                  args.seed, lr=args.lr, batch_tokens=args.batch_tokens, ce_weight=args.ce_weight,
                                  feature_weight=args.feature_weight, unroll=args.unroll, bf16=bf16,
                                  progress=not args.quiet)
@@ -204,7 +204,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     if args.copy_pointer:
         t1 = time.perf_counter()
         head = _with_pointer(head, args.copy_pointer)
-        pstats = train_pointer(head.pointer, head, lambda ids: lm.model.embed(ids), rows, vocab_ids,
+        pstats = train_pointer(head.pointer, head, _embed_fn(lm), rows, vocab_ids,
                                lambda h: _target_argmax(lm, h), lm.cfg.vocab_size, samples, args.pointer_epochs,
                                args.seed,
                                batch_tokens=args.batch_tokens, progress=not args.quiet)
@@ -248,7 +248,16 @@ def _with_pointer(head, dim: int):
 
 
 @torch.no_grad()
+def _embed_fn(lm):
+    """ids (CPU) -> the target's embeddings, on the CPU: the head trains there whatever the target's
+    device."""
+    dev = lm.model.embed_tokens.weight.device
+    return lambda ids: lm.model.embed(ids.to(dev)).cpu()
+
+
 def _target_argmax(lm, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's next token from its final hidden states [T, H] (its own LM head, whole vocabulary)."""
-    return torch.cat([lm.compute_logits(hidden[i:i + 256].to(lm.model.act_dtype)).argmax(-1)
+    """The target's next token from its final hidden states [T, H] (its own LM head, whole vocabulary),
+    on the CPU."""
+    dev = lm.model.embed_tokens.weight.device
+    return torch.cat([lm.compute_logits(hidden[i:i + 256].to(dev, lm.model.act_dtype)).argmax(-1).cpu()
                       for i in range(0, hidden.shape[0], 256)])

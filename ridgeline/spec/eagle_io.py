@@ -39,12 +39,13 @@ def head_rows(lm: nn.Module, vocab_ids: torch.Tensor | None) -> torch.Tensor | N
     other (repacked, quantized) is read back through itself: logits of the unit vectors."""
     if vocab_ids is None:
         return None
+    dev = lm.model.embed_tokens.weight.device  # the rows come back on vocab_ids' device
     if lm.ties_head:
-        return lm.model.embed_tokens.weight.detach()[vocab_ids].float().contiguous()
+        return lm.model.embed_tokens.weight.detach()[vocab_ids.to(dev)].float().to(vocab_ids.device).contiguous()
     with torch.inference_mode():
-        eye = torch.eye(lm.cfg.hidden_size, dtype=lm.model.act_dtype, device=vocab_ids.device)
-        cols = lm.compute_logits(eye)[:, vocab_ids]  # [H, len(ids)]: column i is row i of the head
-    return cols.T.float().clone()
+        eye = torch.eye(lm.cfg.hidden_size, dtype=lm.model.act_dtype, device=dev)
+        cols = lm.compute_logits(eye)[:, vocab_ids.to(dev)]  # [H, len(ids)]: column i is row i of the head
+    return cols.T.float().to(vocab_ids.device).clone()
 
 
 def save_head(folder: Path, head: EagleHead, target: dict, vocab_ids: torch.Tensor | None, training: dict,

@@ -97,7 +97,7 @@ def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, tempera
             for p, out in zip(ids, llm.generate(ids, params, use_tqdm=False)):
                 seq = p + list(out.outputs[0].token_ids)
                 hidden = eng.prompt_hidden(seq)
-                yield Sample(torch.tensor(seq), hidden.to(torch.bfloat16))
+                yield Sample(torch.tensor(seq), hidden.to("cpu", torch.bfloat16))  # trained on the CPU
                 done += len(seq)
                 bar.update(len(seq))
                 if done >= num_tokens:
