@@ -7,11 +7,12 @@ The runner hands over the hidden state of every row it computed (`wants_hidden`)
 rows up to the last accepted proposal), each with the token that follows it (for the last one, the
 token the step sampled). Before the next draft, the head feeds a request's pending pairs through its
 layer, appending to that request's K/V cache, and drafts from the feature of the last one: possible
-when that pair is (hidden at n - 2, token n - 1), n the request's length. Positions the target did
-not compute (a prefix-cache hit) are simply absent from the head's cache; a preempted request
+when that pair is (hidden at n - 2, token n - 1), n the request's length. Positions a new request
+gets from the prefix cache are read from the target's hidden rows kept beside its KV blocks
+(spec/eagle_context.py; absent there, they are absent from the head's cache); a preempted request
 recomputes positions the head already holds, which it skips (the tokens there never change). At
-most MAX_PENDING rows wait per request (older ones are dropped: a gap, as for a cache hit), so a
-request that drafts nothing for long costs bounded memory and a bounded catch-up."""
+most MAX_PENDING rows wait per request (older ones are dropped: a gap), so a request that drafts
+nothing for long costs bounded memory and a bounded catch-up."""
 from __future__ import annotations
 
 import time
@@ -24,6 +25,7 @@ from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.spec.draft_load import DraftTarget
+from ridgeline.spec.eagle_context import HiddenRows
 from ridgeline.spec.eagle_fast import CDrafting
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.eagle_memory import PointerMemory
@@ -139,6 +141,9 @@ class EagleProposer(Proposer):
         # every step's drafting in C where the head's step, its embedding lookups and its pick all run there
         self._c = CDrafting(self) if self._table is not None and self._pick is not None else None
         self.states: dict[str, _State] = {}
+        # the target's hidden rows beside its KV blocks, for positions a request gets from the prefix cache
+        self.context = (HiddenRows(target.num_blocks, target.block_size, self.lm.cfg.hidden_size, self.dtype,
+                                   target.device) if target.kv is not None and target.kv.caching else None)
 
     def _new_state(self) -> _State:
         st = _State(self.head.empty_cache())
@@ -172,11 +177,22 @@ class EagleProposer(Proposer):
             st = self.states.get(seq.req_id)
             if st is None:
                 st = self.states[seq.req_id] = self._new_state()
+                if start and self.context is not None and seq.cache_start is None:
+                    self._from_prefix_cache(st, seq, requests[seq.req_id].token_ids)
+            if self.context is not None and seq.cache_start is None:  # (KV eviction: slots are not positions)
+                self.context.write(seq.block_table, start, hidden, row, toks[:valid])
             if start + valid > st.next_pos and whole is not None:
                 st.add(start, whole, toks, row)
             elif start + valid > st.next_pos:
                 st.add(start, hidden[row:row + valid].to(self.dtype, copy=True), toks)
             row += n
+
+    def _from_prefix_cache(self, st: _State, seq, tokens: list[int]) -> None:
+        """A new request whose first seq.start positions came from the prefix cache: queue their hidden
+        rows from the blocks that hold them, read in place like a step's (each row with its next token)."""
+        runs = self.context.runs(seq.block_table, seq.start, tokens)
+        for p, slot, m in runs or ():
+            st.add(p, self.context.rows, tokens[p:p + m + 1], slot)
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
@@ -327,7 +343,10 @@ class EagleProposer(Proposer):
         ptr = f", a copy pointer (width {self.pointer.dim})" if self.pointer is not None else ", no copy pointer"
         how = ("drafting in C (its step on the decoder stack with a paged K/V of its own, then the pick)"
                if self._c is not None else "drafting in torch (slower: the C kernels do not run this head here)")
-        return f"head over {vocab}{ptr}; {how}"
+        ctx = ("" if self.context is None else
+               f"; prefix-cached positions read from the target's hidden rows kept beside its KV blocks "
+               f"({self.context.nbytes / 2**20:.0f} MiB)")
+        return f"head over {vocab}{ptr}; {how}{ctx}"
 
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:

@@ -1,0 +1,70 @@
+"""The EAGLE head's context for positions served from the prefix cache.
+
+The head reads the target's final hidden state at every position it feeds; a prompt position served
+from the prefix cache was never computed for this request, so without more the head would draft
+without it. `HiddenRows` keeps the target's final hidden state of every computed position beside
+the KV cache, at the position's own KV slot (block id * block size + offset, the same block ids):
+a block the prefix cache hands to a new request carries those rows along, and the head catches up
+on them as on freshly computed ones. A cached block's rows were written when it was computed, for
+the same tokens at the same positions (the cache matches whole prefixes), so the head's context is
+the one a fresh run gives it.
+
+Each slot also records the token its row belongs to; a run of slots whose tokens do not match the
+request's (rows never written: a block filled by an offload tier, a swap-in or another engine's
+KV) is not read, and the head goes without those positions as before. Drafts are guesses: a row
+never changes the verified output, only how often drafts are right.
+
+Memory: one row [H] in the proposer's dtype per KV slot (SmolLM2-135M, fp32 rows: 2,304 bytes per
+token beside the KV cache's 23,040 in bf16)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+
+class HiddenRows:
+    def __init__(self, num_blocks: int, block_size: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.bs = block_size
+        self.rows = torch.zeros(num_blocks * block_size, hidden_size, dtype=dtype, device=device)  # [slots, H]
+        self.tokens = np.full(num_blocks * block_size, -1, np.int64)  # the token each slot's row is of (-1: none)
+        self.row_bytes = hidden_size * self.rows.element_size()
+        self.host = device.type == "cpu"
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+    def _runs(self, table: list[int], start: int, n: int):
+        """(position, first slot, length) of the slot runs of positions start .. start + n - 1."""
+        p, end = start, start + n
+        while p < end:
+            off = p % self.bs
+            m = min(end - p, self.bs - off)
+            yield p, table[p // self.bs] * self.bs + off, m
+            p += m
+
+    def write(self, table: list[int], start: int, hidden: torch.Tensor, row: int, tokens: list[int]) -> None:
+        """The rows hidden[row:row + len(tokens)] are positions start.. of the request with this block
+        table, their tokens `tokens`."""
+        direct = self.host and hidden.dtype == self.rows.dtype and hidden.is_contiguous()
+        if direct:
+            dst, src = self.rows.data_ptr(), hidden.data_ptr()
+        for p, slot, m in self._runs(table, start, len(tokens)):
+            i = row + p - start
+            if direct:  # no torch op: each costs tens of microseconds right after the target's step
+                ctypes.memmove(dst + slot * self.row_bytes, src + i * self.row_bytes, m * self.row_bytes)
+            else:
+                self.rows[slot:slot + m].copy_(hidden[i:i + m])
+            self.tokens[slot:slot + m] = tokens[p - start:p - start + m]
+
+    def runs(self, table: list[int], n: int, tokens: list[int]) -> list[tuple[int, int, int]] | None:
+        """The slot runs (position, first slot, length) holding positions 0 .. n - 1 of a request with
+        this block table and these tokens; None unless every slot holds its position's token's row."""
+        out = list(self._runs(table, 0, n))
+        for p, slot, m in out:
+            if not np.array_equal(self.tokens[slot:slot + m], tokens[p:p + m]):
+                return None
+        return out
