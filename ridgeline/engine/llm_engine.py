@@ -352,9 +352,9 @@ class LLMEngine:
         observe_step(self.scheduler, plan, result, time.perf_counter() - t0)
         sampled = result.sampled
         if spec is not None:
-            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0, result.hidden)
-            if plan.finished_ids:
+            if plan.finished_ids:  # first: a new request may reuse a finished one's id in this very step
                 spec.forget(plan.finished_ids)
+            spec.observe(plan, sampled, self.requests, time.perf_counter() - t0, result.hidden)
         for rid, attention in result.kv_attention.items():
             self.scheduler.evictor.observe(rid, attention)
         self.scheduler.advance({s.req_id: s.accepted for s in sampled if s.accepted})
