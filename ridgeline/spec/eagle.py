@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ridgeline.kernels import cpu_draft, cpu_stack
@@ -30,8 +31,9 @@ from ridgeline.spec.eagle_fast import CDrafting
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
+from ridgeline.spec.eagle_sampling import draft_distribution, draw, samples, seed_generator
 from ridgeline.spec.eagle_stack import weight_desc
-from ridgeline.spec.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 256
@@ -58,6 +60,7 @@ class _State:
     pending: list[tuple[int, torch.Tensor, int, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
     memory: PointerMemory | None = None  # the copy pointer's context (heads that have one)
+    gen: torch.Generator | None = None  # a seeded sampling request's draft draws (spec/eagle_sampling.py)
 
     def add(self, start: int, hidden: torch.Tensor, toks: list[int], row: int = 0) -> None:
         """Queue rows hidden[row:row + len(toks) - 1], keeping the newest MAX_PENDING (a cut through
@@ -104,6 +107,9 @@ class EagleProposer(Proposer):
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
         self.vocab_index = draft_vocab_index(self.vocab_ids, vocab_size)  # for the copy pointer's mixture
+        # the same two on the host, for sampled drafts (spec/eagle_sampling.py)
+        self._vocab_np = (None, None) if self.vocab_ids is None else (self.vocab_ids.cpu().numpy(),
+                                                                       self.vocab_index.cpu().numpy())
         rows = head_rows(self.lm, self.vocab_ids)
         # On a CPU the head's matmuls (and its LM-head rows) run in the engine's own packed kernels,
         # in the target's weight dtype: torch's small matmuls right after the
@@ -195,7 +201,7 @@ class EagleProposer(Proposer):
             st.add(p, self.context.rows, tokens[p:p + m + 1], slot)
 
     @torch.inference_mode()
-    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
+    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
         impl = self._c or self  # the C path (spec/eagle_fast.py) or torch's (below): the same methods
         states = [self.states.get(r.req_id) for r in requests]
         t0 = time.perf_counter()
@@ -219,14 +225,20 @@ class EagleProposer(Proposer):
         feats, queries = impl.start([states[i] for i in live])
         stopped, path = [False] * len(live), [1.0] * len(live)
         own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
+        sampling = [n for n, i in enumerate(live) if samples(requests[i].params)]  # drafts drawn from q
+        q_rows: dict[int, list[tuple]] = {n: [] for n in sampling}
         for step in range(k_max):
             drafted, probs = impl.draft(feats, queries, mems, step)
+            q = self._draw(impl, sampling, [requests[live[n]] for n in sampling], [states[live[n]] for n in sampling],
+                           drafted, probs)
             for n, (i, t, p) in enumerate(zip(live, drafted, probs)):
                 path[n] *= p
                 bar = MIN_CONFIDENCE if step == 0 else MIN_PATH_CONFIDENCE
                 stopped[n] = stopped[n] or path[n] < bar or step >= requests[i].k
                 if not stopped[n]:
                     out[i].append(t)
+                    if n in q_rows:
+                        q_rows[n].append(q[n])
                 # no step of the head for a chain whose next draft could not pass the bar
                 stopped[n] = stopped[n] or path[n] < MIN_PATH_CONFIDENCE or step + 1 >= requests[i].k
             if step + 1 == k_max or all(stopped):
@@ -237,6 +249,49 @@ class EagleProposer(Proposer):
                 for n, mem in enumerate(mems):
                     mem.set_payload(mem.known + step, [drafted[n]])
             own = drafted
+        for n, rows in q_rows.items():
+            if rows:
+                ids_np = self._vocab_np[0]
+                ids = None if ids_np is None else torch.from_numpy(
+                    np.stack([np.append(ids_np, star) for _, star in rows])).to(self.device)
+                out[live[n]] = Draft(out[live[n]], torch.from_numpy(np.stack([q for q, _ in rows])).to(self.device), ids)
+        return out
+
+    def _draw(self, impl, rows: list[int], requests: list[ProposalRequest], states: list[_State],
+              drafted: list[int], probs: list[float]) -> dict[int, tuple[np.ndarray, int]]:
+        """For the sampling requests' chain rows: replace the head's pick with a draw from q, in place,
+        and return each row's q as (probs over the draft vocabulary then x*, x*) (the whole
+        vocabulary's: x* added in place). q mixes the pick x* (a copy pointer's, or the head's top)
+        into the head's distribution h (spec/eagle_sampling.py): q = b * [x*] + (1 - b) * h, b such
+        that q(x*) is the pick's own probability where that exceeds h(x*) (b = 0 elsewhere). The
+        chain's length rule reads q's top probability in place of the pick's: never the draw."""
+        if not rows:
+            return {}
+        logits = impl.head_logits(rows)
+        ids_np, index_np = self._vocab_np
+        out = {}
+        for j, (n, r, st) in enumerate(zip(rows, requests, states)):
+            if st.gen is None and r.seed is not None:
+                st.gen = seed_generator(r.seed)
+            h = draft_distribution(logits[j], r.params)
+            star, p_star = drafted[n], min(probs[n], 1.0)
+            at = star if index_np is None else int(index_np[star])
+            h_star = float(h[at]) if at >= 0 else 0.0
+            b = max(0.0, (p_star - h_star) / (1.0 - h_star)) if h_star < 1.0 else 0.0
+            u = torch.rand(2, generator=st.gen).tolist()
+            if u[0] < b:
+                x = star
+            else:
+                x = draw(h, u[1])
+                x = x if ids_np is None else int(ids_np[x])
+            drafted[n] = x
+            q = h * (1.0 - b)
+            probs[n] = max(p_star if b > 0 else 0.0, float(q.max()))
+            if self.vocab_ids is None:
+                q[star] += b
+            else:  # x* as one more column (it may be outside the draft vocabulary; q_at adds duplicates)
+                q = np.append(q, b)
+            out[n] = (q.astype(np.float32), star)
         return out
 
     # The torch path (any device; the C path in spec/eagle_fast.py mirrors these four methods).
@@ -330,13 +385,19 @@ class EagleProposer(Proposer):
             end += n
         return T, pos
 
-    def _head_probs(self, feats: torch.Tensor) -> torch.Tensor:
-        """The head's distribution per row [n, V'] over its draft vocabulary (or the whole one)."""
+    def _head_logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """The head's logits per row [n, V'] fp32 over its draft vocabulary (or the whole one)."""
         if self._rows_mm is None:
-            logits = self.lm.compute_logits(feats.to(self.lm.model.act_dtype)).float()
-        else:
-            logits = self._rows_mm(feats).float()
-        return torch.softmax(logits, -1)
+            return self.lm.compute_logits(feats.to(self.lm.model.act_dtype)).float()
+        return self._rows_mm(feats).float()
+
+    def _head_probs(self, feats: torch.Tensor) -> torch.Tensor:
+        self._feats = feats
+        return torch.softmax(self._head_logits(feats), -1)
+
+    def head_logits(self, rows: list[int]) -> np.ndarray:
+        """The last draft()'s logits [len(rows), V'] fp32 of these rows, on the host."""
+        return self._head_logits(self._feats[rows]).cpu().numpy()
 
     def summary(self) -> str:
         vocab = "the whole vocabulary" if self.vocab_ids is None else f"{len(self.vocab_ids)} draft tokens"

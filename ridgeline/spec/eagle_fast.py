@@ -119,6 +119,10 @@ class CDrafting:
                              a["gate_b"], self.prop._scratch, self.work, self.tokens, self.probs)
         return self.tokens_np[:n].tolist(), self.probs_np[:n].tolist()
 
+    def head_logits(self, rows: list[int]) -> np.ndarray:
+        """The last draft()'s logits [len(rows), V'] fp32 of these rows (the pick leaves them here)."""
+        return self.logits.numpy()[rows]
+
     def chain_step(self, feats: list[int], drafted: list[int], own: list[int], positions: list[int], caches: list,
                    mems: list | None, step: int) -> tuple[list[int], list, list[int] | None]:
         """One head step of every chain (row n reads feats[n] as its hidden state, drafted[n] as its
