@@ -1,6 +1,8 @@
 """The `eagle` proposer: a trained head (spec/eagle_head.py, `ridgeline train-draft`) drafts a chain of
-k tokens from the target's hidden states, greedily (its argmax: a deterministic guess, so the
-existing verification keeps the output exact for greedy and random requests alike).
+k tokens from the target's hidden states: its argmax for greedy requests (a deterministic guess the
+verification keeps while it equals the target's choice), a draw from its own distribution q for
+requests that sample (spec/eagle_sampling.py: verified against q by rejection sampling), so the
+output is exact either way.
 
 The runner hands over the hidden state of every row it computed (`wants_hidden`). After each step,
 `observe` keeps those of verified positions only (a prefill chunk's rows; a verification step's
