@@ -80,3 +80,17 @@ def test_bench_spec_compares_layer_counts(long_llama, tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [x["setting"] for x in rows] == ["off", "layer-skip:1 k=2", "off", "ngram k=2"]
     assert all(x["same_output"] for x in rows) and rows[1]["drafted"] > 0
+
+
+def test_bench_spec_samples_at_a_temperature(long_llama, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["bench", "spec", "--model", str(long_llama), *ENGINE, "--workloads", "chat", "--batch-sizes", "2",
+                 "--requests", "2", "--k", "2", "--no-controller", "--output-len", "8", "--ignore-eos", "--repeats", "1",
+                 "--temperature", "0.8", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "temperature 0.8" in printed and "greedy" not in printed
+    r = json.loads(out.read_text())
+    assert r["temperature"] == 0.8 and [x["same_output"] for x in r["rows"]] == [None, None]
+    assert r["rows"][1]["drafted"] > 0
+    with pytest.raises(SystemExit):
+        main(["bench", "spec", "--model", str(long_llama), "--temperature", "-1"])

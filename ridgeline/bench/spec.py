@@ -1,11 +1,12 @@
 """`ridgeline bench spec`: speculative decoding against no speculation, measured in the same run.
 
 For each workload (code-edit: the reply repeats the prompt; chat) and batch size, the same prompts
-run greedy through one engine per proposer: with speculation off (k = 0), with k pinned at each --k,
-and with the goodput controller (k up to the largest --k). Settings alternate within each repeat
-(the order rotates between repeats); medians over --repeats are reported, and the speed-up is the
-median of each repeat's ratio to that repeat's plain run. Greedy output is the same in every
-setting (checked), so every setting produces the same tokens. Beside each measured speed-up: the
+run greedy (or sampled at --temperature, request i seeded with i) through one engine per proposer:
+with speculation off (k = 0), with k pinned at each --k, and with the goodput controller (k up to
+the largest --k). Settings alternate within each repeat (the order rotates between repeats);
+medians over --repeats are reported, and the speed-up is the median of each repeat's ratio to that
+repeat's plain run. Greedy output is the same in every setting (checked), so every setting
+produces the same tokens; sampled outputs follow the same distribution, not the same draws. Beside each measured speed-up: the
 model E / (1 + c k), with E = (1 - a^(k+1)) / (1 - a) from the measured acceptance a, k the mean
 drafts per verification, and c the measured extra cost of a decode step per drafted token (step
 time with drafts / without - 1, over k).
@@ -31,6 +32,16 @@ def _ints(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _temperature(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 <= t < float("inf")):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a finite temperature >= 0, got {text!r}")
+    return t
 
 
 def _names(text: str) -> list[str]:
@@ -72,7 +83,7 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
         # warm-up: kernels, and the controller's first measurements
         for method, llm in engines.items():
             for s in settings_for(method, args.k, args.controller):
-                timed_run(llm, prompts[:2], s, 16, args.ignore_eos)
+                timed_run(llm, prompts[:2], s, 16, args.ignore_eos, args.temperature)
         for B in args.batch_sizes:
             for method, llm in engines.items():
                 settings = settings_for(method, args.k, args.controller)
@@ -81,13 +92,16 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
                     order = settings[rep % len(settings):] + settings[:rep % len(settings)]
                     for s in order:
                         runs[s].append(timed_runs(llm, prompts[:max(B, args.requests)], B, s, args.output_len,
-                                                  args.ignore_eos))
+                                                  args.ignore_eos, args.temperature))
                 plain = runs[settings[0]]
                 for s in settings:
-                    row = {"workload": workload, "batch": B, **summarize(s, runs[s], plain)}
+                    row = {"workload": workload, "batch": B, **summarize(s, runs[s], plain, not args.temperature)}
                     rows.append(row)
                     print_row(row)
     return rows
+
+
+SAME = {True: "yes", False: "NO", None: "-"}  # None: sampled outputs differ by setting, as they may
 
 
 def print_header() -> None:
@@ -101,7 +115,7 @@ def print_row(r: dict) -> None:
     extra = (f"{r['acceptance']:>8.2f}{r['mean_accepted_length']:>6.2f}{r['drafted']:>9}{r['draft_ms']:>9.1f}"
              f"{r['c']:>7.3f}{r['E']:>6.2f}{r['model_speedup']:>6.2f}x" if "c" in r else " " * 53)
     print(f"{r['workload']:<10}{r['batch']:>6}  {r['setting']:<16}{r['tok_s']:>8.1f}{r['decode_tok_s']:>8.1f}"
-          f"{r['speedup']:>8.2f}x{extra}  {'yes' if r['same_output'] else 'NO'}", flush=True)
+          f"{r['speedup']:>8.2f}x{extra}  {SAME[r['same_output']]}", flush=True)
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
@@ -112,7 +126,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
     engines = build_engines(args)
     info = next(iter(engines.values())).info
     print(f"\nSpeculative decoding: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
-          f"{machine['torch_threads']} threads; greedy, up to {args.output_len} tokens per request, "
+          f"{machine['torch_threads']} threads; "
+          f"{f'temperature {args.temperature:g} (request i seeded i)' if args.temperature else 'greedy'}, "
+          f"up to {args.output_len} tokens per request, "
           f"median of {args.repeats}; speed-up in decode tok/s vs speculation off, same engine, same run")
     print_header()
     rows = sweep(args, engines)
@@ -125,6 +141,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, {"command": "spec", "machine": machine, "model": args.model,
                                "dtype": dtype_name(info.dtype), "output_len": args.output_len,
+                               "temperature": args.temperature,
                                "repeats": args.repeats, "rows": rows, "wall_s": wall})
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
@@ -148,6 +165,8 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
                    help="requests per run at least: a batch size B below N runs them B at a time, one batch "
                         "after another, so batch 1 is not one prompt's luck")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
+    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+                   help="sample at T, request i seeded with i (0: greedy, every setting's output checked equal)")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
     p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of speed-up vs batch size (default: none)")

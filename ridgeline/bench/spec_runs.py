@@ -50,17 +50,20 @@ class Run:
         return self.decode_time / self.decode_steps if self.decode_steps else float("nan")
 
 
-def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, ignore_eos: bool) -> Run:
-    """Run the batch once; the prefix cache is emptied first, so every setting prefills the same."""
+def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, ignore_eos: bool,
+              temperature: float = 0.0, first_seed: int = 0) -> Run:
+    """Run the batch once; the prefix cache is emptied first, so every setting prefills the same.
+    temperature > 0: request i samples with seed first_seed + i (outputs then differ by setting: the
+    verified draws follow the target's distribution, not the plain run's stream)."""
     eng = llm.engine
     eng.spec.configure(setting.k, setting.controller)
     eng.spec.stats = SpecStats()
     eng.kv.reset_prefix_cache()
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=ignore_eos)
     reqs = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         rid = f"bench-spec-{next(_ids)}"
-        eng.add_request(rid, p, params)
+        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos,
+                                               seed=first_seed + i if temperature > 0 else None))
         reqs.append(eng.requests[rid])
     started, dec_tokens, dec_time, dec_steps = False, 0, 0.0, 0
     t0 = time.perf_counter()
@@ -81,9 +84,9 @@ def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, 
 
 
 def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,
-               ignore_eos: bool) -> Run:
+               ignore_eos: bool, temperature: float = 0.0) -> Run:
     """The prompts `batch` at a time, one batch after another, summed into one Run."""
-    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos)
+    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos, temperature, i)
              for i in range(0, len(prompts), batch)]
     spec = SpecStats()
     for r in parts:
@@ -98,14 +101,15 @@ def expected_tokens(alpha: float, k: float) -> float:
     return k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def summarize(setting: Setting, runs: list[Run], plain: list[Run]) -> dict:
-    """Medians over repeats, the speed-up against the plain runs of the same repeats, and the model."""
+def summarize(setting: Setting, runs: list[Run], plain: list[Run], greedy: bool = True) -> dict:
+    """Medians over repeats, the speed-up against the plain runs of the same repeats, and the model.
+    same_output: greedy outputs equal the plain runs' (None where requests sample)."""
     med = statistics.median
     row = {"setting": setting.label, "method": setting.method, "k": setting.k, "controller": setting.controller,
            "tok_s": med(r.tok_s for r in runs), "decode_tok_s": med(r.decode_tok_s for r in runs),
            "all_decode_tok_s": [r.decode_tok_s for r in runs],
            "speedup": med(r.decode_tok_s / p.decode_tok_s for r, p in zip(runs, plain)),
-           "same_output": all(r.outputs == p.outputs for r, p in zip(runs, plain))}
+           "same_output": all(r.outputs == p.outputs for r, p in zip(runs, plain)) if greedy else None}
     spec = SpecStats()
     for r in runs:
         spec.add(r.spec)
