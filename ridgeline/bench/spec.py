@@ -1,7 +1,7 @@
 """`ridgeline bench spec`: speculative decoding against no speculation, measured in the same run.
 
 For each workload (code-edit: the reply repeats the prompt; chat) and batch size, the same prompts
-run greedy (or sampled at --temperature, request i seeded with i) through one engine per proposer:
+run greedy (or sampled at --temperature, unseeded) through one engine per proposer:
 with speculation off (k = 0), with k pinned at each --k, and with the goodput controller (k up to
 the largest --k). Settings alternate within each repeat (the order rotates between repeats);
 medians over --repeats are reported, and the speed-up is the median of each repeat's ratio to that
@@ -127,7 +127,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     info = next(iter(engines.values())).info
     print(f"\nSpeculative decoding: {args.model} ({dtype_name(info.dtype)}) on {machine['cpu']}, "
           f"{machine['torch_threads']} threads; "
-          f"{f'temperature {args.temperature:g} (request i seeded i)' if args.temperature else 'greedy'}, "
+          f"{f'sampled at temperature {args.temperature:g}' if args.temperature else 'greedy'}, "
           f"up to {args.output_len} tokens per request, "
           f"median of {args.repeats}; speed-up in decode tok/s vs speculation off, same engine, same run")
     print_header()
@@ -166,7 +166,7 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
                         "after another, so batch 1 is not one prompt's luck")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
     p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
-                   help="sample at T, request i seeded with i (0: greedy, every setting's output checked equal)")
+                   help="sample at T, unseeded (0: greedy, every setting's output checked equal)")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
     p.add_argument("--plot", type=output_file, default=None, metavar="PNG", help="write a plot of speed-up vs batch size (default: none)")

@@ -51,19 +51,18 @@ class Run:
 
 
 def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, ignore_eos: bool,
-              temperature: float = 0.0, first_seed: int = 0) -> Run:
+              temperature: float = 0.0) -> Run:
     """Run the batch once; the prefix cache is emptied first, so every setting prefills the same.
-    temperature > 0: request i samples with seed first_seed + i (outputs then differ by setting: the
-    verified draws follow the target's distribution, not the plain run's stream)."""
+    temperature > 0: requests sample, unseeded (the goodput controller drafts for no seeded sampling
+    request: its draws would depend on the step timings); outputs then differ by setting."""
     eng = llm.engine
     eng.spec.configure(setting.k, setting.controller)
     eng.spec.stats = SpecStats()
     eng.kv.reset_prefix_cache()
     reqs = []
-    for i, p in enumerate(prompts):
+    for p in prompts:
         rid = f"bench-spec-{next(_ids)}"
-        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos,
-                                               seed=first_seed + i if temperature > 0 else None))
+        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos))
         reqs.append(eng.requests[rid])
     started, dec_tokens, dec_time, dec_steps = False, 0, 0.0, 0
     t0 = time.perf_counter()
@@ -86,7 +85,7 @@ def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, 
 def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,
                ignore_eos: bool, temperature: float = 0.0) -> Run:
     """The prompts `batch` at a time, one batch after another, summed into one Run."""
-    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos, temperature, i)
+    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos, temperature)
              for i in range(0, len(prompts), batch)]
     spec = SpecStats()
     for r in parts:
