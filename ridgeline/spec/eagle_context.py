@@ -28,7 +28,8 @@ class HiddenRows:
     def __init__(self, num_blocks: int, block_size: int, hidden_size: int, dtype: torch.dtype,
                  device: torch.device):
         self.bs = block_size
-        self.rows = torch.zeros(num_blocks * block_size, hidden_size, dtype=dtype, device=device)  # [slots, H]
+        # [slots, H]; uninitialized: a row is read only where its slot records the token it was written for
+        self.rows = torch.empty(num_blocks * block_size, hidden_size, dtype=dtype, device=device)
         self.tokens = np.full(num_blocks * block_size, -1, np.int64)  # the token each slot's row is of (-1: none)
         self.row_bytes = hidden_size * self.rows.element_size()
         self.host = device.type == "cpu"
