@@ -162,17 +162,19 @@ def test_sampled_output_follows_the_target_distribution(tiny_llama, method, pnam
         assert llm.engine.spec_stats.acceptance_rate > 0.4
 
 
-@pytest.mark.parametrize("method", ["layer-skip", "eagle"])
+@pytest.mark.parametrize("method", ["layer-skip", "eagle", "draft"])
 def test_model_proposers_keep_the_target_distribution(tiny_llama, tiny_head, method):
-    """The proposers that run (part of) the target: layer-skip's argmax drafts and the EAGLE head's
-    drafts drawn from its q (spec/eagle_sampling.py), verified, change nothing; the same seeds give
-    the same outputs (the head's draws are seeded from the request's seed)."""
+    """The proposers that run (part of) the target or a model: layer-skip's argmax drafts, and the
+    EAGLE head's and the draft model's (here the target's own weights in int8) drafts drawn from their
+    q (spec/eagle_sampling.py), verified, change nothing; the same seeds give the same outputs (the
+    draws are seeded from the request's seed)."""
     TREE.clear()
     TREE.update(target_tree(tiny_llama, PARAMS["penalties"]))
-    extra = dict(speculative_layers=1) if method == "layer-skip" else dict(draft_model=str(tiny_head))
+    extra = {"layer-skip": dict(speculative_layers=1), "eagle": dict(draft_model=str(tiny_head)),
+             "draft": dict(draft_model="self", draft_quantization="int8")}[method]
     llm = LLM(str(tiny_llama), speculative_method=method, num_speculative_tokens=3, **KW, **extra)
     with_q = []
-    if method == "eagle":
+    if method != "layer-skip":
         proposer, propose = llm.engine.proposer, llm.engine.proposer.propose
 
         def counting(reqs):
@@ -180,8 +182,10 @@ def test_model_proposers_keep_the_target_distribution(tiny_llama, tiny_head, met
             with_q.append(sum(isinstance(d, Draft) for d in out))
             return out
         proposer.propose = counting
-    _check(llm, PARAMS["penalties"], method == "layer-skip")  # the tiny head is seldom right: it may keep none
-    assert method != "eagle" or sum(with_q) > 1000
+    _check(llm, PARAMS["penalties"], method != "eagle")  # the tiny head is seldom right: it may keep none
+    assert method == "layer-skip" or sum(with_q) > 1000
+    if method == "draft":  # q close to the target's p: most drafts kept (its argmax: 38% here)
+        assert llm.engine.spec_stats.acceptance_rate > 0.8
 
 
 def test_greedy_requests_keep_the_argmax_chain_with_drafts(tiny_llama):

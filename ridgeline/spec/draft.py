@@ -6,20 +6,30 @@ Per request it remembers the tokens whose KV it holds (`fed`). Before drafting, 
 its common prefix with the request's tokens (the target rejected what follows, or the request was
 preempted and resumed: its tokens stay the same), the tail blocks are released, and the first pass
 feeds what is missing (the prompt, or the target's last accepted and sampled tokens) and yields the
-first draft token; each further pass feeds the previous draft token. The drafts are plain token ids
-(the draft's argmax): a deterministic guess, so verification keeps them while they equal what the
-target samples and the output follows the target's distribution for greedy and random requests.
-A request whose blocks do not fit the draft's cache gets no draft this step, never an error."""
+first draft token; each further pass feeds the previous draft token. For a greedy request the drafts
+are the draft's argmax, kept while they equal the target's. For a request that samples they are
+drawn from the draft's own distribution q at the request's temperature, top-k, min-p and top-p
+(spec/eagle_sampling.py), its TOP_Q most likely tokens (renormalized: so q is exactly what is drawn
+from), returned as a Draft and verified against q by rejection sampling: a draft close to the target
+(the target's own weights quantized) is then kept about as often as at temperature 0, where its
+argmax would be kept only with the target's probability of it. A request whose blocks do not fit the
+draft's cache gets no draft this step, never an error."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
+import torch
 
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.spec.draft_load import DraftTarget, load_draft_model
-from ridgeline.spec.proposer import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
+from ridgeline.spec.eagle_sampling import draft_distribution, draw, samples, seed_generator
+from ridgeline.spec.proposer import DRAFT_GREEDY, Draft, ProposalRequest, Proposer, register_proposer
 from ridgeline.step_plan import ScheduledSeq, StepPlan
+
+TOP_Q = 256  # a sampled draft's q keeps the draft's this many most likely tokens
 
 
 @register_proposer("draft")
@@ -35,9 +45,12 @@ class DraftProposer(Proposer):
         self.kv = KVCacheManager(target.num_blocks, target.block_size)
         self.runner = ModelRunner(model, arch, target.device, kv_spec, target.num_blocks, list(target.eos_ids))
         self.fed: dict[str, list[int]] = {}  # request id -> tokens whose KV the draft holds, in order
+        self.runner.keep_hidden = True  # a sampled draft's q comes from its rows' logits
+        self.gens: dict[str, torch.Generator] = {}  # seeded sampling requests' draft draws
+        self.q_rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
 
-    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in requests]
+    def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
+        out: list[list[int] | Draft] = [[] for _ in requests]
         seqs, owners = [], []
         for i, r in enumerate(requests):
             seq = self._first_pass(r)
@@ -45,13 +58,15 @@ class DraftProposer(Proposer):
                 seqs.append(seq)
                 owners.append(i)
         seqs, owners = _decodes_first(seqs, owners)
+        self.q_rows = {i: [] for i in owners if samples(requests[i].params)}
         for _ in range(max((requests[i].k for i in owners), default=0)):
             if not seqs:
                 break
-            sampled = self.runner.execute(StepPlan(seqs)).sampled
+            result = self.runner.execute(StepPlan(seqs))
+            drawn = self._draw(seqs, owners, requests, result.hidden) if self.q_rows else {}
             nxt, nxt_owners = [], []
-            for seq, i, s in zip(seqs, owners, sampled):
-                token = s.token_ids[0]
+            for seq, i, s in zip(seqs, owners, result.sampled):
+                token = drawn.get(i, s.token_ids[0])
                 out[i].append(token)
                 fed = self.fed[seq.req_id]
                 fed.extend(seq.token_ids)
@@ -60,7 +75,38 @@ class DraftProposer(Proposer):
                                             DRAFT_GREEDY, None, None, 0))
                     nxt_owners.append(i)
             seqs, owners = _decodes_first(nxt, nxt_owners)
+        for i, rows in self.q_rows.items():
+            if rows:
+                out[i] = Draft(out[i], torch.from_numpy(np.stack([q for q, _ in rows])).to(self.runner.device),
+                               torch.from_numpy(np.stack([ids for _, ids in rows])).to(self.runner.device))
         return out
+
+    def _draw(self, seqs: list[ScheduledSeq], owners: list[int], requests: Sequence[ProposalRequest],
+              hidden: torch.Tensor) -> dict[int, int]:
+        """For the sampling requests of this pass: a token drawn from q (the draft's distribution at
+        each one's sampling parameters, on its TOP_Q most likely tokens) at its last row; q kept."""
+        rows, who, end = [], [], 0
+        for seq, i in zip(seqs, owners):
+            end += seq.num_new
+            if i in self.q_rows:
+                rows.append(end - 1)
+                who.append(i)
+        if not rows:
+            return {}
+        logits = self.model.compute_logits(hidden[rows]).float().cpu().numpy()
+        drawn = {}
+        for lg, i in zip(logits, who):
+            r = requests[i]
+            gen = self.gens.get(r.req_id)
+            if gen is None and r.seed is not None:
+                gen = self.gens[r.req_id] = seed_generator(r.seed)
+            h = draft_distribution(lg, r.params)
+            top = np.argpartition(h, -TOP_Q)[-TOP_Q:] if h.size > TOP_Q else np.arange(h.size)
+            q = h[top] / h[top].sum()
+            j = draw(q, float(torch.rand(1, generator=gen)))
+            drawn[i] = int(top[j])
+            self.q_rows[i].append((q.astype(np.float32), top.astype(np.int64)))
+        return drawn
 
     def _first_pass(self, r: ProposalRequest) -> ScheduledSeq | None:
         """The request's tokens the draft has not computed, ending in its last one; None if its blocks
@@ -81,6 +127,7 @@ class DraftProposer(Proposer):
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:
             self.fed.pop(rid, None)
+            self.gens.pop(rid, None)
             self.kv.free(rid)
         self.runner.sample.forget(list(req_ids))
 
