@@ -166,7 +166,7 @@ def test_sampled_output_follows_the_target_distribution(tiny_llama, method, pnam
 def test_model_proposers_keep_the_target_distribution(tiny_llama, tiny_head, method):
     """The proposers that run (part of) the target or a model: layer-skip's argmax drafts, and the
     EAGLE head's and the draft model's (here the target's own weights in int8) drafts drawn from their
-    q (spec/eagle_sampling.py), verified, change nothing; the same seeds give the same outputs (the
+    q (spec/sampled_drafts.py), verified, change nothing; the same seeds give the same outputs (the
     draws are seeded from the request's seed)."""
     TREE.clear()
     TREE.update(target_tree(tiny_llama, PARAMS["penalties"]))

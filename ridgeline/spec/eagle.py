@@ -1,7 +1,7 @@
 """The `eagle` proposer: a trained head (spec/eagle_head.py, `ridgeline train-draft`) drafts a chain of
 k tokens from the target's hidden states: its argmax for greedy requests (a deterministic guess the
 verification keeps while it equals the target's choice), a draw from its own distribution q for
-requests that sample (spec/eagle_sampling.py: verified against q by rejection sampling), so the
+requests that sample (spec/sampled_drafts.py: verified against q by rejection sampling), so the
 output is exact either way.
 
 The runner hands over the hidden state of every row it computed (`wants_hidden`). After each step,
@@ -33,7 +33,7 @@ from ridgeline.spec.eagle_fast import CDrafting
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.eagle_memory import PointerMemory
 from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
-from ridgeline.spec.eagle_sampling import draft_distribution, draw, samples, seed_generator
+from ridgeline.spec.sampled_drafts import draft_distribution, draw, samples, seed_generator
 from ridgeline.spec.eagle_stack import weight_desc
 from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
@@ -62,7 +62,7 @@ class _State:
     pending: list[tuple[int, torch.Tensor, int, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
     memory: PointerMemory | None = None  # the copy pointer's context (heads that have one)
-    gen: torch.Generator | None = None  # a seeded sampling request's draft draws (spec/eagle_sampling.py)
+    gen: torch.Generator | None = None  # a seeded sampling request's draft draws (spec/sampled_drafts.py)
 
     def add(self, start: int, hidden: torch.Tensor, toks: list[int], row: int = 0) -> None:
         """Queue rows hidden[row:row + len(toks) - 1], keeping the newest MAX_PENDING (a cut through
@@ -109,7 +109,7 @@ class EagleProposer(Proposer):
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
         self.vocab_index = draft_vocab_index(self.vocab_ids, vocab_size)  # for the copy pointer's mixture
-        # the same two on the host, for sampled drafts (spec/eagle_sampling.py)
+        # the same two on the host, for sampled drafts (spec/sampled_drafts.py)
         self._vocab_np = (None, None) if self.vocab_ids is None else (self.vocab_ids.cpu().numpy(),
                                                                        self.vocab_index.cpu().numpy())
         rows = head_rows(self.lm, self.vocab_ids)
@@ -264,7 +264,7 @@ class EagleProposer(Proposer):
         """For the sampling requests' chain rows: replace the head's pick with a draw from q, in place,
         and return each row's q as (probs over the draft vocabulary then x*, x*) (the whole
         vocabulary's: x* added in place). q mixes the pick x* (a copy pointer's, or the head's top)
-        into the head's distribution h (spec/eagle_sampling.py): q = b * [x*] + (1 - b) * h, b such
+        into the head's distribution h (spec/sampled_drafts.py): q = b * [x*] + (1 - b) * h, b such
         that q(x*) is the pick's own probability where that exceeds h(x*) (b = 0 elsewhere). The
         chain's length rule reads q's top probability in place of the pick's: never the draw."""
         if not rows:

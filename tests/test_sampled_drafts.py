@@ -1,4 +1,4 @@
-"""Drafts drawn from the EAGLE head's q for sampling requests (spec/eagle_sampling.py): q follows the
+"""Drafts drawn from the EAGLE head's q for sampling requests (spec/sampled_drafts.py): q follows the
 request's temperature, top-k, min-p and top-p; a draw never lands on a zero; in the engine every
 sampled draft comes with q rows that sum to 1 and give its tokens q > 0, greedy requests keep the
 head's argmax, and seeded requests repeat. (That verified outputs keep the target's distribution:
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.spec.eagle_sampling import draft_distribution, draw
+from ridgeline.spec.sampled_drafts import draft_distribution, draw
 from ridgeline.spec.proposer import Draft
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=np.float32))
@@ -37,7 +37,7 @@ def test_a_draw_follows_q_and_never_lands_on_a_zero():
 
 
 @pytest.fixture
-def sampled_drafts(tiny_llama, tiny_head):
+def eagle_llm(tiny_llama, tiny_head):
     llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
               speculative_controller="off", dtype="float32", kv_cache_memory="2MiB", progress=False)
     proposer, propose, seen = llm.engine.proposer, llm.engine.proposer.propose, []
@@ -50,8 +50,8 @@ def sampled_drafts(tiny_llama, tiny_head):
     return llm, seen
 
 
-def test_sampling_requests_get_drafts_with_q(sampled_drafts):
-    llm, seen = sampled_drafts
+def test_sampling_requests_get_drafts_with_q(eagle_llm):
+    llm, seen = eagle_llm
     prompts = ["The meaning of life is", "Once upon a time"]
     params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, ignore_eos=True, seed=5),
               SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
@@ -65,8 +65,8 @@ def test_sampling_requests_get_drafts_with_q(sampled_drafts):
         assert bool((d.q_at(torch.tensor(d.token_ids)) > 0).all())
 
 
-def test_seeded_sampling_repeats_with_drafts(sampled_drafts):
-    llm, _ = sampled_drafts
+def test_seeded_sampling_repeats_with_drafts(eagle_llm):
+    llm, _ = eagle_llm
     params = [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s) for s in range(6)]
     first = [o.outputs[0].token_ids for o in llm.generate(["The quick brown fox"] * 6, params, use_tqdm=False)]
     again = [o.outputs[0].token_ids for o in llm.generate(["The quick brown fox"] * 6, params, use_tqdm=False)]

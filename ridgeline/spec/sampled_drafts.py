@@ -1,19 +1,20 @@
-"""Drafts drawn from the EAGLE head's distribution, for requests that sample.
+"""Drafts drawn from the drafter's own distribution, for requests that sample (the EAGLE head's and
+the draft model's).
 
-A greedy request is verified against the target's argmax, so the head proposes its own most likely
+A greedy request is verified against the target's argmax, so a drafter proposes its own most likely
 token. A request that samples keeps a proposed token x with probability min(1, p(x) / q(x)); with
-the head's argmax as a deterministic guess (q a point mass) that is p(x), often small at temperature
-1 (on the chat workload 19% of such drafts were kept, 53% for greedy requests). Drawing x from the
-head's own distribution q instead keeps sum_x min(p(x), q(x)) on average, near 1 where the head
-matches the target. The verification (spec/rejection.py) is exact for any q it is told, so q only
-moves acceptance: it is the head's softmax over its draft vocabulary at the request's temperature,
-then its top-k, top-p and min-p, as the target's are applied (penalties are not: they need the
-request's history over the whole vocabulary). The copy pointer is not mixed in (its mixture is
-built for a top-1 pick).
+the argmax as a deterministic guess (q a point mass) that is p(x), often small at temperature 1 (on
+the chat workload 19% of the EAGLE head's such drafts were kept, 53% for greedy requests). Drawing
+x from the drafter's own distribution q instead keeps sum_x min(p(x), q(x)) on average, near 1
+where the drafter matches the target. The verification (spec/rejection.py) is exact for any q it is
+told, so q only moves acceptance: it is the drafter's softmax at the request's temperature, then
+its top-k, min-p and top-p, as the target's are applied (penalties are not: they need the request's
+history over the whole vocabulary); each proposer then shapes it (spec/eagle.py mixes in its copy
+pointer's pick, spec/draft.py keeps the most likely tokens).
 
-Whether a chain drafts position j is decided from the head's distribution there before x_j is
-drawn (its top probability, as for greedy chains), never from x_j itself: a drawn token is always
-proposed, so each proposal is exactly a draw from the q reported for it."""
+Whether a chain drafts position j is decided before x_j is drawn (from the distribution there,
+never from x_j itself): a drawn token is always proposed, so each proposal is exactly a draw from
+the q reported for it."""
 from __future__ import annotations
 
 import numpy as np
