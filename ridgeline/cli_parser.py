@@ -64,6 +64,10 @@ def non_negative_int(text: str) -> int:
     return _number(int, text, 0, "an integer >= 0")
 
 
+def non_negative_float(text: str) -> float:
+    return _number(float, text, 0, "a number >= 0")
+
+
 def positive_float(text: str) -> float:
     value = _number(float, text, 0, "a positive number")
     if value == 0:

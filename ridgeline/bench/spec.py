@@ -21,7 +21,7 @@ from ridgeline.bench.report import write_json
 from ridgeline.bench.spec_runs import Setting, summarize, timed_run, timed_runs
 from ridgeline.bench.throughput import dtype_name
 from ridgeline.bench.workloads import make_workload
-from ridgeline.cli_parser import output_file, positive_int
+from ridgeline.cli_parser import non_negative_float, output_file, positive_int
 
 
 def _ints(text: str) -> list[int]:
@@ -32,16 +32,6 @@ def _ints(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
-
-
-def _temperature(text: str) -> float:
-    try:
-        t = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (0 <= t < float("inf")):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a finite temperature >= 0, got {text!r}")
-    return t
 
 
 def _names(text: str) -> list[str]:
@@ -165,7 +155,7 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
                    help="requests per run at least: a batch size B below N runs them B at a time, one batch "
                         "after another, so batch 1 is not one prompt's luck")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
-    p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, metavar="T",
                    help="sample at T, unseeded (0: greedy, every setting's output checked equal)")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of every setting")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
