@@ -59,20 +59,23 @@ class DraftProposer(Proposer):
                 owners.append(i)
         seqs, owners = _decodes_first(seqs, owners)
         self.q_rows = {i: [] for i in owners if samples(requests[i].params)}
+        for seq, i in zip(seqs, owners):  # a sampling request's token is drawn here, not by the runner
+            seq.sample = i not in self.q_rows
         for _ in range(max((requests[i].k for i in owners), default=0)):
             if not seqs:
                 break
             result = self.runner.execute(StepPlan(seqs))
             drawn = self._draw(seqs, owners, requests, result.hidden) if self.q_rows else {}
+            argmax = iter(result.sampled)  # the greedy requests' (runner-sampled) seqs, in order
             nxt, nxt_owners = [], []
-            for seq, i, s in zip(seqs, owners, result.sampled):
-                token = drawn.get(i, s.token_ids[0])
+            for seq, i in zip(seqs, owners):
+                token = drawn[i] if i in drawn else next(argmax).token_ids[0]
                 out[i].append(token)
                 fed = self.fed[seq.req_id]
                 fed.extend(seq.token_ids)
                 if len(out[i]) < requests[i].k:  # feed this draft token next (its slot is allocated)
-                    nxt.append(ScheduledSeq(seq.req_id, len(fed), [token], list(self.kv.tables[seq.req_id]), True,
-                                            DRAFT_GREEDY, None, None, 0))
+                    nxt.append(ScheduledSeq(seq.req_id, len(fed), [token], list(self.kv.tables[seq.req_id]),
+                                            i not in self.q_rows, DRAFT_GREEDY, None, None, 0))
                     nxt_owners.append(i)
             seqs, owners = _decodes_first(nxt, nxt_owners)
         for i, rows in self.q_rows.items():
