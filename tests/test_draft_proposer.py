@@ -67,3 +67,20 @@ def test_bad_draft_configuration_is_a_start_up_error(tiny_llama, tmp_path):
         LLM(str(tiny_llama), speculative_method="ngram", draft_model="self", **BASE)
     with pytest.raises(InvalidRequestError, match="draft_quantization"):
         LLM(str(tiny_llama), speculative_method="draft", draft_model="self", draft_quantization="int3", **BASE)
+
+
+def test_a_prompt_catch_up_is_reported_as_setup_time(tiny_llama):
+    """The draft's first pass over a new request's prompt is a one-time cost (the controller pays it
+    from its probe budget, not from the per-position draft cost); a steady step's first pass is not."""
+    llm = LLM(str(tiny_llama), speculative_method="draft", draft_model="self", draft_quantization="int8",
+              speculative_controller="off", **BASE)
+    proposer, propose, setup = llm.engine.proposer, llm.engine.proposer.propose, []
+
+    def recording(reqs):
+        out = propose(reqs)
+        setup.append(proposer.setup_time)
+        return out
+    proposer.propose = recording
+    llm.generate(["The meaning of life is " * 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                 use_tqdm=False)
+    assert setup[0] > 0 and len(setup) >= 2 and all(t == 0 for t in setup[1:])

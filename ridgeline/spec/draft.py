@@ -16,6 +16,7 @@ argmax would be kept only with the target's probability of it. A request whose b
 draft's cache gets no draft this step, never an error."""
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -61,10 +62,15 @@ class DraftProposer(Proposer):
         self.q_rows = {i: [] for i in owners if samples(requests[i].params)}
         for seq, i in zip(seqs, owners):  # a sampling request's token is drawn here, not by the runner
             seq.sample = i not in self.q_rows
-        for _ in range(max((requests[i].k for i in owners), default=0)):
+        self.setup_time = 0.0
+        for step in range(max((requests[i].k for i in owners), default=0)):
             if not seqs:
                 break
+            t0 = time.perf_counter()
             result = self.runner.execute(StepPlan(seqs))
+            if step == 0:  # rows past a verification's worth per request (k + 1): a prompt caught up once
+                rows, steady = sum(q.num_new for q in seqs), sum(requests[i].k + 1 for i in owners)
+                self.setup_time = (time.perf_counter() - t0) * max(0, rows - steady) / rows
             drawn = self._draw(seqs, owners, requests, result.hidden) if self.q_rows else {}
             argmax = iter(result.sampled)  # the greedy requests' (runner-sampled) seqs, in order
             nxt, nxt_owners = [], []
