@@ -1,6 +1,6 @@
 """The host side of a small decode step, kept lean (a step's host work runs on caches the decoder
-stack's weight stream has just flushed): the plain-Python preparation of a few decodes builds exactly
-what the general path builds, the C embedding lookup is torch's, and the step sampler's argmax
+stack's weight stream has just flushed): the plain-Python preparation of a few decodes (and
+verifications of drafted tokens, and chunks past the prompt) builds exactly what the general path builds, the C embedding lookup is torch's, and the step sampler's argmax
 shortcut is taken only where the sampler would take the argmax itself."""
 from __future__ import annotations
 
@@ -24,17 +24,22 @@ def _runner(block_size: int) -> ModelRunner:
     return r
 
 
-def _decodes(rng: random.Random, n: int, block_size: int) -> list[ScheduledSeq]:
+def _decodes(rng: random.Random, n: int, block_size: int, verify: int = 0) -> list[ScheduledSeq]:
+    """n decodes, then `verify` sequences past their prompts with several new tokens (drafts to verify,
+    or a recomputed chunk of outputs)."""
     seqs = []
-    for i in range(n):
+    for i in range(n + verify):
         prompt = rng.randint(1, 40)
-        start = prompt + rng.randint(0, 50)  # tokens cached before this step (past the prompt: a decode)
-        evicted = rng.random() < 0.3  # KV eviction: the new token's slot comes after the kept tokens
+        start = prompt + rng.randint(0, 50)  # tokens cached before this step (past the prompt)
+        new = 1 if i < n else rng.randint(2, 6)
+        spec = rng.randint(0, new - 1) if i >= n else 0
+        evicted = rng.random() < 0.3  # KV eviction: the new tokens' slots come after the kept tokens
         cache_start = rng.randint(1, start) if evicted else None
-        slots = (cache_start if evicted else start) + 1
+        slots = (cache_start if evicted else start) + new
         table = rng.sample(range(1, 500), -(-slots // block_size) + rng.randint(0, 2))  # may hold spare blocks
-        seqs.append(ScheduledSeq(f"r{i}", start, [rng.randrange(1000)], table, rng.random() < 0.8, GREEDY, None,
-                                 None, prompt, cache_start=cache_start))
+        seqs.append(ScheduledSeq(f"r{i}", start, [rng.randrange(1000) for _ in range(new)], table,
+                                 rng.random() < 0.8, GREEDY, None, None, prompt, num_spec=spec,
+                                 cache_start=cache_start))
     return seqs
 
 
@@ -55,11 +60,11 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_small_decode_preparation_builds_what_the_general_path_builds(block_size, monkeypatch):
+def test_small_step_preparation_builds_what_the_general_path_builds(block_size, monkeypatch):
     rng = random.Random(block_size)
     runner = _runner(block_size)
-    for n in (1, 2, 5, model_runner.SMALL_DECODE):
-        seqs = _decodes(rng, n, block_size)
+    for n, verify in ((1, 0), (2, 0), (5, 0), (model_runner.SMALL_DECODE, 0), (0, 1), (0, 3), (2, 2), (7, 9)):
+        seqs = _decodes(rng, n, block_size, verify)
         fast = runner._prepare(seqs)
         monkeypatch.setattr(model_runner, "SMALL_DECODE", 0)
         general = runner._prepare(seqs)
@@ -72,7 +77,7 @@ def test_a_step_with_a_prompt_chunk_takes_the_general_path(monkeypatch):
     seqs = _decodes(rng, 2, 16)
     seqs.append(ScheduledSeq("p", 0, [5, 6, 7], [9], True, GREEDY, None, None, 3))
     called = []
-    monkeypatch.setattr(ModelRunner, "_prepare_decodes", lambda self, s: called.append(s))
+    monkeypatch.setattr(ModelRunner, "_prepare_small", lambda self, s: called.append(s))
     _runner(16)._prepare(seqs)
     assert not called
 

@@ -133,8 +133,8 @@ class ModelRunner:
         self.pipeline.reset()
 
     def _prepare(self, seqs: list[ScheduledSeq]):
-        if len(seqs) <= SMALL_DECODE and all(s.is_decode for s in seqs):
-            return self._prepare_decodes(seqs)
+        if len(seqs) <= SMALL_DECODE and all(s.start >= s.num_prompt_tokens for s in seqs):
+            return self._prepare_small(seqs)
         bs, dev = self.block_size, self.device
         n = np.fromiter((s.num_new for s in seqs), np.int64, len(seqs))
         start = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
@@ -170,31 +170,50 @@ class ModelRunner:
         sample_rows = torch.tensor(rows, dtype=torch.long, device=dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx, sample_rows
 
-    def _prepare_decodes(self, seqs: list[ScheduledSeq]):
-        """_prepare of a step of a few decodes (one new token each), in plain Python: the same tensors
-        and one AttnGroup, with a handful of tensor constructions instead of some thirty numpy and
-        torch calls. At batch 1 a step's host work runs on caches the decoder stack's weight stream
-        has just flushed, where each of those calls costs several microseconds more."""
+    def _prepare_small(self, seqs: list[ScheduledSeq]):
+        """_prepare of a step of a few sequences past their prompts (decodes, and verifications of
+        drafted tokens), in plain Python: the same tensors and groups (the decodes', then the others'
+        with a row per token), with a handful of tensor constructions instead of some thirty numpy
+        and torch calls. At batch 1 a step's host work runs on caches the decoder stack's weight
+        stream has just flushed, where each of those calls costs several microseconds more."""
         bs, dev = self.block_size, self.device
-        B = len(seqs)
-        ids, positions, slots, key_lens, sample_rows, tables = [], [], [], [], [], []
-        for i, s in enumerate(seqs):
-            ids.append(s.token_ids[0])
-            positions.append(s.start)
-            slot = s.start if s.cache_start is None else s.cache_start  # the new token's slot index
-            slots.append(s.block_table[slot // bs] * bs + slot % bs)
-            key_lens.append(slot + 1)
-            tables.append(s.block_table[:-(-(slot + 1) // bs)])
+        ids, positions, slots, sample_rows = [], [], [], []
+        parts = ([], [])  # per group (decodes, the rest): (seq, slot start, n, table)
+        row = 0
+        for s in seqs:
+            n = len(s.token_ids)
+            start = s.start if s.cache_start is None else s.cache_start  # the first new token's slot index
+            table = s.block_table[:-(-(start + n) // bs)]
+            parts[not s.is_decode].append((s, start, n, table))
+            ids += s.token_ids
+            positions += range(s.start, s.start + n)
+            slots += [table[i // bs] * bs + i % bs for i in range(start, start + n)]
             if s.sample:
-                sample_rows.append(i)
-        nb = max(len(t) for t in tables)
-        padded = [t + [0] * (nb - len(t)) for t in tables]
-        key_np = np.array(key_lens, dtype=np.int64)
-        group = AttnGroup(rows=slice(0, B), start=key_np - 1, n=np.ones(B, dtype=np.int64),
-                          block_tables=torch.tensor(padded, dtype=torch.long, device=dev),
-                          key_lens=torch.from_numpy(key_np).to(dev))
+                sample_rows += range(row + n - 1 - s.num_spec, row + n)
+            row += n
+        assert all(s.is_decode for s in seqs[:len(parts[0])]), "decodes must come first in a step plan"
+        groups, row = [], 0
+        for rest, part in enumerate(parts):
+            if not part:
+                continue
+            nb = max(len(t) for _, _, _, t in part)
+            start = np.array([p[1] for p in part], dtype=np.int64)
+            n = np.array([p[2] for p in part], dtype=np.int64)
+            key_lens = start + n
+            group = AttnGroup(rows=slice(row, row + int(n.sum())), start=start, n=n,
+                              block_tables=torch.tensor([t + [0] * (nb - len(t)) for _, _, _, t in part],
+                                                        dtype=torch.long, device=dev),
+                              key_lens=torch.from_numpy(key_lens).to(dev))
+            if rest:
+                group.row_seq = torch.tensor([i for i, p in enumerate(part) for _ in range(p[2])], dtype=torch.long,
+                                             device=dev)
+                group.row_key_lens = torch.tensor([k for p in part for k in range(p[1] + 1, p[1] + p[2] + 1)],
+                                                  dtype=torch.long, device=dev)
+                group.tile_len = torch.tensor([p[0].num_prompt_tokens for p in part], dtype=torch.long, device=dev)
+            groups.append(group)
+            row += int(n.sum())
         positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        ctx = ForwardContext(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), groups=[group],
+        ctx = ForwardContext(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), groups=groups,
                              positions=positions_t)
         return (torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev))
