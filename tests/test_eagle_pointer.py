@@ -1,18 +1,22 @@
 """The EAGLE head's copy pointer (spec/eagle_pointer.py): the mixture's pick by hand-built numbers,
 a hand-set pointer copies what followed the matching position, training learns to copy on a
-synthetic task, the proposer keeps exactly the keys and tokens of the positions the head was fed,
-and `train-draft --from-head` adds a pointer to a trained head without touching it."""
+synthetic task (and, reading exact matches, to trust longer ones), match lengths by hand and the
+drafting and training computations of them agree, the proposer keeps exactly the keys and tokens of
+the positions the head was fed, and `train-draft --from-head` adds a pointer to a trained head
+without touching it."""
 from __future__ import annotations
 
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick, train_pointer
+from ridgeline.spec.eagle_pointer import (CopyPointer, draft_vocab_index, match_lengths, match_matrix, pick,
+                                         train_pointer)
 from ridgeline.spec.train_data import Sample
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
@@ -144,6 +148,108 @@ def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
         eng.step()
 
 
+def test_the_pick_reads_the_requests_tokens_and_its_keys_positions(tiny_llama, tiny_head):
+    """Every draft of a chain: the pointer's token buffer holds the request's tokens then the chain's
+    drafts so far, its key positions are the fed positions then the chain's, and the match lengths
+    they give are the training path's (match_matrix) over that same sequence."""
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+              speculative_controller="off", **BASE)
+    prop = llm.engine.proposer
+    assert prop.pointer is not None and prop.pointer.match == 8  # train-draft's default
+    impl = prop._c or prop
+    seen, checked = [], []
+    real_draft, real_propose = impl.draft, prop.propose
+
+    def draft(feats, queries, mems, step):
+        mem = mems[0]
+        seen.append((mem.ctx[:mem.ntok + step].copy(), mem.pos_np[:mem.known + step].copy(), list(mem.positions),
+                     mem.ntok, step))
+        return real_draft(feats, queries, mems, step)
+
+    def propose(reqs):
+        seen.clear()
+        out = real_propose(reqs)
+        toks = list(reqs[0].token_ids)
+        drafts = out[0].token_ids if hasattr(out[0], "token_ids") else out[0]
+        for ctx, pos, fed, N, step in seen:
+            assert N == len(toks) and ctx[:N].tolist() == toks and ctx[N:].tolist() == drafts[:step]
+            assert pos.tolist() == (fed + list(range(N - 1, N - 1 + step)))[:len(pos)]
+            if len(pos):
+                want = match_matrix(torch.tensor(ctx), 8)[N - 2 + step, pos]
+                got = match_lengths(ctx, pos + 1, N - 1 + step, 8)
+                assert got.tolist() == want.tolist()
+                checked.append(step)
+        return out
+
+    impl.draft, prop.propose = draft, propose
+    for prompt in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 9, 3, 9]):  # one request at a time: mems[0] is reqs[0]'s
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert 0 in checked and max(checked) >= 1
+
+
+def test_match_lengths_by_hand():
+    toks = np.array([5, 6, 7, 1, 5, 6, 7, 2, 6, 7], dtype=np.int64)
+    # the context ends ..., 2, 6, 7 (index 9); keys whose last token is at 2 (5, 6, 7), 6 (.., 5, 6, 7),
+    # 3 (.., 7, 1), 0 (5) and 8 (.., 2, 6)
+    ends = np.array([2, 6, 3, 0, 8], dtype=np.int64)
+    assert match_lengths(toks, ends, 9, 8).tolist() == [2, 2, 0, 0, 0]
+    assert match_lengths(toks, ends, 9, 1).tolist() == [1, 1, 0, 0, 0]
+    # a key's run stops at the sequence's start
+    assert match_lengths(np.array([7, 6, 7], dtype=np.int64), np.array([0]), 2, 8).tolist() == [1]
+
+
+def test_drafting_and_training_count_matches_alike():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        n = int(torch.randint(3, 50, (1,), generator=g))
+        tokens = torch.randint(0, 3, (n,), generator=g)
+        L = match_matrix(tokens, 4)
+        for t in range(n - 1):  # head position t's context ends at token t + 1, key j's at j + 1
+            want = match_lengths(tokens.numpy().astype(np.int64), np.arange(1, n, dtype=np.int64), t + 1, 4)
+            assert L[t].tolist() == want.tolist()
+
+
+def test_training_learns_to_trust_long_matches():
+    """A pointer too narrow (d = 2) to find the repeat by its keys alone: reading exact matches, it
+    learns a bias rising with the match length and copies the repeated half."""
+    torch.manual_seed(0)
+    H, V, half, M = 24, 6, 12, 4
+    table = torch.randn(V, H)
+    head = EagleHead(HeadConfig(H, 4, 2, 6, 32, 1e-5, 10000.0)).eval()
+    rng = random.Random(1)
+
+    def sample():
+        first = [rng.randrange(V) for _ in range(half)]
+        tokens = torch.tensor(first + first)
+        return Sample(tokens, torch.cat([table[tokens[1:]], table[:1]]))
+
+    label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
+    pointer = CopyPointer(H, 2, M)
+    train_pointer(pointer, head, lambda ids: table[ids], table, None, label, V, [sample() for _ in range(64)],
+                  epochs=20, seed=0, lr=2e-2, batch_tokens=256, progress=False)
+    bias = pointer.match_bias.detach()
+    assert bias[M] > bias[0] + 1.0 and bias[M] > bias[1]
+    right = total = 0
+    with torch.no_grad():
+        for _ in range(8):
+            s = sample()
+            n = len(s.tokens)
+            e = table[s.tokens[1:]]
+            f = head(s.hidden[:-1], e, torch.arange(n - 1))
+            u = CopyPointer.describe(e, table[s.tokens[:-1]], s.hidden[:-1], f)
+            probs = torch.softmax(f @ table.T, -1)
+            L = match_matrix(s.tokens, M)
+            for t in range(half + M, n - 2):  # inside the repeat, past its first M tokens
+                a, g = pointer.attend(pointer.q(u[t:t + 1]), pointer.k(u[:t]), None, f[t:t + 1],
+                                      probs[t:t + 1].max(-1).values, L[t:t + 1, :t])
+                top = probs[t].max(-1)
+                tok, _ = pick(a[0], float(g[0]), s.tokens[2:t + 2], probs[t], None, (int(top.indices), float(top.values)),
+                              torch.zeros(V))
+                right += tok == int(s.tokens[t + 2])
+                total += 1
+    assert right / total > 0.9
+
+
 def test_from_head_adds_a_pointer_and_keeps_the_head(tiny_llama, tiny_head, tmp_path):
     from safetensors.torch import load_file
 
@@ -157,6 +263,7 @@ def test_from_head_adds_a_pointer_and_keeps_the_head(tiny_llama, tiny_head, tmp_
     assert after["pointer.q.weight"].shape[0] == 8
     config, old = json.loads((base / "config.json").read_text()), json.loads((tiny_head / "config.json").read_text())
     assert config["head"]["pointer_dim"] == 8
+    assert config["head"]["pointer_match"] == 8 and after["pointer.match_bias"].shape == (9,)  # the default
     assert config["training"]["command"] == old["training"]["command"]
     assert "--from-head HEAD_DIR" in config["training"]["pointer"]["command"]
     assert main(["train-draft", str(tiny_llama), "--out", str(tmp_path / "x"), "--from-head", str(tiny_head),

@@ -109,13 +109,15 @@ def test_the_pool_grows_and_takes_blocks_back():
     assert len(stack.free) == free + -(-n // BLOCK) and cache.blocks == [] and cache.length == 0
 
 
+@pytest.mark.parametrize("match", [0, 3], ids=["no-match", "match"])
 @pytest.mark.parametrize("gate_bias", [-30.0, 0.0, 3.0])
-def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
+def test_the_c_draft_pick_is_the_torch_pick(gate_bias, match):
     """kernels/eagle_draft.c's draft decision against the torch reference (softmax top over the draft
     vocabulary, CopyPointer.attend, pick) on random rows: same tokens, same probabilities; a closed
-    gate leaves the head's choice, an open one copies."""
+    gate leaves the head's choice, an open one copies; a pointer reading exact matches gets the same
+    match lengths (from each row's tokens and its keys' positions) and biases in C."""
     from ridgeline.kernels import cpu_draft
-    from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
+    from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
     plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
     if not plan.c_stack or torch.float32 not in plan.packed:
         pytest.skip("no C decoder stack with packed fp32 matmuls on this machine")
@@ -126,9 +128,11 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
     rows = torch.randn(len(vocab_ids), H)
     lin = matmul_fn(rows.contiguous(), plan)
     fmt, data, scale = lin.format.stack_weight(lin)
-    ptr = CopyPointer(H, d).eval()
+    ptr = CopyPointer(H, d, match).eval()
     with torch.no_grad():
         ptr.gate.bias.fill_(gate_bias)
+        if match:
+            ptr.match_bias.copy_(torch.randn(match + 1) * 3)
     feats, q = torch.randn(n, H), torch.randn(n, d) * 3
     keys = [torch.randn(m, d) for m in (0, 1, 4, 9, 9)]
     payload = [torch.randint(0, vocab, (k.shape[0],)) for k in keys]
@@ -139,10 +143,19 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
     tokens, probs, mass = torch.empty(n, dtype=torch.int64), torch.empty(n), torch.zeros(vocab)
     rows_at = np.array([feats.data_ptr() + 4 * H * i for i in range(n)], dtype=np.int64)  # by address
     q_at = np.array([q.data_ptr() + 4 * d * i for i in range(n)], dtype=np.int64)
+    # each row's tokens (3 symbols: matches of every length) and its keys' positions, increasing with gaps
+    ctx = [np.random.default_rng(i).integers(0, 3, 40).astype(np.int64) for i in range(n)]
+    kpos = [np.sort(np.random.default_rng(10 + i).choice(30, k.shape[0], replace=False)).astype(np.int64)
+            for i, k in enumerate(keys)]
+    ends = np.array([31 + i for i in range(n)], dtype=np.int64)
+    extra = {}
+    if match:
+        extra = dict(match=np.array([[cpu_draft.addr(c) for c in ctx], [cpu_draft.addr(k) for k in kpos], ends]),
+                     match_bias=ptr.match_bias.detach().contiguous())
     cpu_draft.draft_pick(torch.tensor([fmt, data, scale, 0]), rows_at, torch.empty(n, H), torch.empty(n, len(vocab_ids)),
                          vocab_ids, index, q_at, ptrs_k, ptrs_p, m, float(ptr.scale),
                          ptr.gate.weight.detach()[0].contiguous(), float(ptr.gate.bias), mass, torch.empty(16 + d),
-                         tokens, probs)
+                         tokens, probs, **extra)
     assert not mass.any()
     head = torch.softmax(feats @ rows.T, -1)
     copied = 0
@@ -151,7 +164,9 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias):
             top = (int(vocab_ids[head[i].argmax()]), float(head[i].max()))
             want = top
             if m[i]:
-                a, g = ptr.attend(q[i:i + 1], keys[i], None, feats[i:i + 1], head[i].max()[None])
+                lengths = torch.from_numpy(match_lengths(ctx[i], kpos[i] + 1, int(ends[i]), match))[None] \
+                    if match else None
+                a, g = ptr.attend(q[i:i + 1], keys[i], None, feats[i:i + 1], head[i].max()[None], lengths)
                 want = pick(a[0], float(g[0]), payload[i], head[i], index, top, torch.zeros(vocab))
             copied += want[0] != top[0]
             assert int(tokens[i]) == want[0]
@@ -175,12 +190,29 @@ def _without_pointer(head_dir, out):
     return out
 
 
-@pytest.mark.parametrize("pointer", [True, False], ids=["pointer", "no-pointer"])
+def _without_match(head_dir, out):
+    """A copy of a head folder whose copy pointer reads no exact matches (an older pointer's shape): its
+    match bias and the gate's input for the longest match taken out."""
+    import json
+    from safetensors.torch import load_file, save_file
+    out.mkdir()
+    tensors = load_file(str(head_dir / "head.safetensors"))
+    del tensors["pointer.match_bias"]
+    tensors["pointer.gate.weight"] = tensors["pointer.gate.weight"][:, :-1].contiguous()
+    save_file(tensors, str(out / "head.safetensors"))
+    config = json.loads((head_dir / "config.json").read_text())
+    config["head"].pop("pointer_match")
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("pointer", ["match", "no-match", "none"], ids=["pointer", "pointer-no-match", "no-pointer"])
 def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch, tmp_path, pointer):
     """The proposer on its C paths (head step with its own paged K/V, embeddings looked up in C, the C
     draft pick; catch-ups split into calls of a few rows; hidden states kept whole or copied per
     request) and forced onto torch's (where those kernels
-    do not run) drafts the same tokens, and both keep the plain engine's greedy output."""
+    do not run) drafts the same tokens, and both keep the plain engine's greedy output; with a copy
+    pointer reading exact matches (the default), one reading none (an older head's), and none."""
     from ridgeline import LLM
     from ridgeline.spec import eagle, eagle_fast
     monkeypatch.setattr(eagle_fast, "CHUNK_ROWS", 5)
@@ -189,13 +221,15 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
     from test_multi_token_steps import _params, _run
     params = _params()
     plain = _run(LLM(str(tiny_llama), **BASE), params)
-    head = tiny_head if pointer else _without_pointer(tiny_head, tmp_path / "head")
+    head = {"match": lambda: tiny_head, "no-match": lambda: _without_match(tiny_head, tmp_path / "head"),
+            "none": lambda: _without_pointer(tiny_head, tmp_path / "head")}[pointer]()
     drafts = []
     for c_path in (True, False):
         llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
                   speculative_controller="off", **BASE)
         prop = llm.engine.proposer
-        assert (prop.pointer is not None) == pointer
+        assert (prop.pointer is not None) == (pointer != "none")
+        assert pointer == "none" or bool(prop.pointer.match) == (pointer == "match")
         if prop._c is None:
             pytest.skip("the head's C paths do not run on this machine")
         if not c_path:  # the torch path throughout: the head's layer too

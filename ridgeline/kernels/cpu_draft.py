@@ -23,20 +23,28 @@ def addr(a: np.ndarray) -> int:
 def draft_pick(rows_desc: torch.Tensor, feat_rows: np.ndarray, feats: torch.Tensor, logits: torch.Tensor,
                vocab_ids: torch.Tensor | None, vocab_index: torch.Tensor | None, q_rows: np.ndarray | None,
                keys: np.ndarray, payload: np.ndarray, m: np.ndarray, scale: float, gate: torch.Tensor | None,
-               gate_b: float, mass: torch.Tensor, work: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor) -> None:
+               gate_b: float, mass: torch.Tensor, work: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
+               match: np.ndarray | None = None, match_bias: torch.Tensor | None = None) -> None:
     """n = len(feat_rows) rows: feat_rows [n] int64 addresses of fp32 features [H]; feats [>= n, H] and
     logits [>= n, V] fp32 scratch; rows_desc the LM-head rows' weight descriptor (format, data, scale,
     bias); q_rows [n] addresses of the pointer's queries [d] (None: no pointer); keys, payload, m [n]
     int64: per row the address of its keys [m_i, d] fp32 and payload [m_i] int64, and m_i; gate
-    [H + d + 3]; mass [vocab] fp32 zeros; work [max m_i + d] fp32 -> tokens [>= n] int64, probs [>= n] fp32."""
+    [H + d + 3] (+ 1 for a pointer reading exact matches); mass [vocab] fp32 zeros; work [max m_i + d] fp32
+    -> tokens [>= n] int64, probs [>= n] fp32. match_bias [M + 1] fp32: the pointer's bias by match length
+    (spec/eagle_pointer.py; None: it reads none); match: [3, n] int64 rows: the address of each row's
+    tokens (int64, its chain's drafts after them), of its keys' positions (int64 [m_i]), and the index
+    of its drafting position's last token."""
     n, H = len(feat_rows), feats.shape[1]
-    d = 0 if q_rows is None else (gate.shape[0] - H - 3)
+    cap = 0 if match is None else match_bias.shape[0] - 1
+    d = 0 if q_rows is None else (gate.shape[0] - H - 3 - (match_bias is not None))
     rc = cpu.lib().ridgeline_draft_pick(
         rows_desc.data_ptr(), addr(feat_rows), feats.data_ptr(), logits.data_ptr(), n, H, logits.shape[1],
         None if vocab_ids is None else vocab_ids.data_ptr(), None if vocab_index is None else vocab_index.data_ptr(),
         None if q_rows is None else addr(q_rows), addr(keys), addr(payload), addr(m), d, scale,
         None if gate is None else gate.data_ptr(), gate_b, mass.data_ptr(), work.data_ptr(), tokens.data_ptr(),
-        probs.data_ptr(), torch.get_num_threads())
+        probs.data_ptr(), None if match is None else addr(match[0]), None if match is None else addr(match[1]),
+        None if match is None else addr(match[2]), cap, None if match is None else match_bias.data_ptr(),
+        torch.get_num_threads())
     if rc:
         raise RuntimeError(f"draft pick failed ({rc}): n={n} V={logits.shape[1]} H={H}")
 

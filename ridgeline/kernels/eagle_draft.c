@@ -19,7 +19,11 @@
  * [H] (gathered into feats [n, H] scratch), logits [n, V] scratch, vocab_ids [V] (NULL: row = token),
  * vocab_index [vocab] a token's row or -1 (NULL: identity), q_rows [n] addresses of fp32 queries [d],
  * keys[i] [m_i, d] fp32 and payload[i] [m_i] int64 by address (m_i = 0 or q_rows NULL: no pointer),
- * gate [H + d + 3] and its bias, mass [vocab] fp32 zeros (left zero), work [max m_i + d] fp32. */
+ * gate [H + d + 3] and its bias, mass [vocab] fp32 zeros (left zero), work [max m_i + d] fp32.
+ * A pointer reading exact matches (match = M > 0; spec/eagle_pointer.py): each score gets
+ * match_bias[L_j] (L_j: how many of the row's last tokens ctx[i][end_i], ctx[i][end_i - 1], ... equal
+ * those ending at key j's, ctx[i][kpos[i][j] + 1], ..., in a row, at most M), and the gate reads
+ * max_j L_j / M after its other inputs (gate [H + d + 4]); ctx, kpos [n] addresses of int64 arrays. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -148,7 +152,8 @@ int ridgeline_draft_pick(const int64_t *rows_w, const int64_t *feat_rows, float 
                          int64_t H, int64_t V, const int64_t *vocab_ids, const int64_t *vocab_index,
                          const int64_t *q_rows, const int64_t *keys, const int64_t *payload, const int64_t *m,
                          int64_t d, float scale, const float *gate, float gate_b, float *mass, float *work,
-                         int64_t *tokens, float *probs, int nt) {
+                         int64_t *tokens, float *probs, const int64_t *ctx, const int64_t *kpos, const int64_t *end,
+                         int64_t match, const float *match_bias, int nt) {
     for (int64_t i = 0; i < n; i++) memcpy(feats + i * H, PTR(const float, feat_rows[i]), sizeof(float) * (size_t)H);
     int rc = ridgeline_stack_linear(rows_w, feats, logits, n, V, H, nt);
     if (rc) return rc;
@@ -163,26 +168,36 @@ int ridgeline_draft_pick(const int64_t *rows_w, const int64_t *feat_rows, float 
         if (mi <= 0) continue;
         const float *K = PTR(const float, keys[i]), *qi = PTR(const float, q_rows[i]);
         const int64_t *pay = PTR(const int64_t, payload[i]);
-        float *a = work, *ctx = work + mi, smax = -INFINITY;
+        float *a = work, *ctx_v = work + mi, smax = -INFINITY;
+        const int64_t *tok = match ? PTR(const int64_t, ctx[i]) : NULL, *kp = match ? PTR(const int64_t, kpos[i]) : NULL;
+        int64_t longest = 0;
         for (int64_t j = 0; j < mi; j++) {
             float s = 0.f;
             for (int64_t c = 0; c < d; c++) s += qi[c] * K[j * d + c];
             a[j] = s * scale;
+            if (match) { /* the match length with the row's context, its bias */
+                const int64_t e = end[i], k = kp[j] + 1;
+                int64_t L = 0;
+                while (L < match && k - L >= 0 && e - L >= 0 && tok[k - L] == tok[e - L]) L++;
+                a[j] += match_bias[L];
+                longest = L > longest ? L : longest;
+            }
             smax = a[j] > smax ? a[j] : smax;
         }
         double sa = 0.0;
         for (int64_t j = 0; j < mi; j++) sa += (a[j] = expf(a[j] - smax));
         const float inv = (float)(1.0 / sa);
-        for (int64_t c = 0; c < d; c++) ctx[c] = 0.f;
+        for (int64_t c = 0; c < d; c++) ctx_v[c] = 0.f;
         for (int64_t j = 0; j < mi; j++) {
             a[j] *= inv;
-            for (int64_t c = 0; c < d; c++) ctx[c] += a[j] * K[j * d + c];
+            for (int64_t c = 0; c < d; c++) ctx_v[c] += a[j] * K[j * d + c];
         }
         float x = gate_b;
         const float *f = feats + i * H;
         for (int64_t c = 0; c < H; c++) x += gate[c] * f[c];
-        for (int64_t c = 0; c < d; c++) x += gate[H + c] * ctx[c];
+        for (int64_t c = 0; c < d; c++) x += gate[H + c] * ctx_v[c];
         x += gate[H + d] * smax + gate[H + d + 1] * inv + gate[H + d + 2] * ptop;  /* max a = exp(0) / sa */
+        if (match) x += gate[H + d + 3] * ((float)longest / (float)match);
         const float g = 1.f / (1.f + expf(-x));
         if (!(g > 0.f)) continue;
         for (int64_t j = 0; j < mi; j++) mass[pay[j]] += a[j];

@@ -64,6 +64,9 @@ def register(subparsers) -> None:
                         "(spec/eagle_pointer.py; the head frozen); 0: none (default 64)")
     p.add_argument("--pointer-epochs", type=float, default=8.0, metavar="E",
                    help="passes over the data for the copy pointer (default 8)")
+    p.add_argument("--pointer-match", type=non_negative_int, default=8, metavar="M",
+                   help="the copy pointer also reads exact matches: a learned score bias by how many of the "
+                        "context's last tokens (up to M) repeat before each earlier position; 0: none (default 8)")
     p.add_argument("--from-head", type=Path, default=None, metavar="DIR",
                    help="start from the head in DIR (trained for MODEL) instead of training one: only the copy "
                         "pointer is trained, and DIR's record of how its head was trained is kept (default: none, "
@@ -203,7 +206,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
                     "steps": stats["steps"]}
     if args.copy_pointer:
         t1 = time.perf_counter()
-        head = _with_pointer(head, args.copy_pointer)
+        head = _with_pointer(head, args.copy_pointer, args.pointer_match)
         pstats = train_pointer(head.pointer, head, _embed_fn(lm), rows, vocab_ids,
                                lambda h: _target_argmax(lm, h), lm.cfg.vocab_size, samples, args.pointer_epochs,
                                args.seed,
@@ -213,7 +216,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             "command": f"ridgeline train-draft {args.model} --out DIR {stage}{_data_flags(args)}--tokens {args.tokens} "
                        f"--seed {args.seed} --max-reply-tokens {args.max_reply_tokens} --temperature "
                        f"{args.temperature:g} --batch-tokens {args.batch_tokens} --copy-pointer {args.copy_pointer} "
-                       f"--pointer-epochs {args.pointer_epochs:g} --dtype {args.dtype}",
+                       f"--pointer-epochs {args.pointer_epochs:g} --pointer-match {args.pointer_match} "
+                       f"--dtype {args.dtype}",
             "samples": len(samples), "tokens": int(sum(len(s.tokens) for s in samples)),
             "data_seconds": round(t_data), "train_seconds": round(time.perf_counter() - t1),
             "steps": pstats["steps"], "final_loss": round(pstats["loss"], 4),
@@ -225,7 +229,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
             f"top-1 agreement with the target on it {training['final_top1_agreement']:.2f}")
     if args.copy_pointer:
         ptr = training["pointer"]
-        line += (f"; copy pointer (width {args.copy_pointer}): {ptr['tokens']} tokens, the target's token at least as "
+        line += (f"; copy pointer (width {args.copy_pointer}, exact matches up to {args.pointer_match}): "
+                 f"{ptr['tokens']} tokens, the target's token at least as "
                  f"likely as the head's own top one at {ptr['label_at_least_head_top']:.2f} of positions")
     print(line)
     return 0
@@ -235,12 +240,13 @@ def _data_flags(args: argparse.Namespace) -> str:
     return "".join(f"--data {d} " for d in args.data)
 
 
-def _with_pointer(head, dim: int):
-    """The head with a fresh copy pointer of width dim (its other weights kept)."""
+def _with_pointer(head, dim: int, match: int = 0):
+    """The head with a fresh copy pointer of width dim, reading exact matches up to `match` tokens (its
+    other weights kept)."""
     from dataclasses import replace
 
     from ridgeline.spec.eagle_head import EagleHead
-    out = EagleHead(replace(head.cfg, pointer_dim=dim))
+    out = EagleHead(replace(head.cfg, pointer_dim=dim, pointer_match=match))
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("pointer.")}
     missing = out.load_state_dict(state, strict=False).missing_keys
     assert all(k.startswith("pointer.") for k in missing), missing

@@ -32,7 +32,7 @@ from ridgeline.spec.eagle_context import HiddenRows
 from ridgeline.spec.eagle_fast import CDrafting
 from ridgeline.spec.eagle_io import head_rows, load_head
 from ridgeline.spec.eagle_memory import PointerMemory
-from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, pick
+from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
 from ridgeline.spec.sampled_drafts import draft_distribution, draw, samples, seed_generator
 from ridgeline.spec.eagle_stack import weight_desc
 from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer, register_proposer
@@ -220,10 +220,13 @@ class EagleProposer(Proposer):
         positions = [len(requests[i].token_ids) - 1 for i in live]
         k_max = max(requests[i].k for i in live)
         mems = None if self.pointer is None else [states[i].memory for i in live]
+        match = self.pointer is not None and self.pointer.match
         if mems is not None:
             for i, mem in zip(live, mems):
                 mem.fill(requests[i].token_ids)
                 mem.reserve(mem.n + k_max)  # the chain's scratch rows
+                if match:
+                    mem.tokens(requests[i].token_ids, k_max)
         feats, queries = impl.start([states[i] for i in live])
         stopped, path = [False] * len(live), [1.0] * len(live)
         own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
@@ -250,6 +253,8 @@ class EagleProposer(Proposer):
             if mems is not None:  # the new position's token is the previous key's payload
                 for n, mem in enumerate(mems):
                     mem.set_payload(mem.known + step, [drafted[n]])
+                    if match:  # the key just written is the chain's position p + step; its token drafted[n]
+                        mem.chain(mem.n + step, positions[n] + step, positions[n] + 1 + step, drafted[n])
             own = drafted
         for n, rows in q_rows.items():
             if rows:
@@ -329,10 +334,13 @@ class EagleProposer(Proposer):
         if isinstance(desc, str) or not cpu_stack.runs_weight_format(desc[0]):
             return None
         args = {"rows": torch.tensor(weight_desc(lin), dtype=torch.int64), "V": len(self.vocab_ids), "gate": None,
-                "gate_b": 0.0, "scale": 0.0}
+                "gate_b": 0.0, "scale": 0.0, "match": 0, "match_bias": None}
         if self.pointer is not None:
             args.update(gate=self.pointer.gate.weight.detach()[0].float().contiguous(),
                         gate_b=float(self.pointer.gate.bias.detach()), scale=float(self.pointer.scale.detach()))
+            if self.pointer.match:
+                args.update(match=self.pointer.match,
+                            match_bias=self.pointer.match_bias.detach().float().contiguous())
         return args
 
     def draft(self, feats: torch.Tensor, queries: torch.Tensor | None, mems: list[PointerMemory] | None,
@@ -346,7 +354,12 @@ class EagleProposer(Proposer):
         for r, mem in enumerate(mems or []):
             m = mem.known + step
             if m:
-                a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m], None, feats[r:r + 1], probs_top[r:r + 1])
+                lengths = None
+                if self.pointer.match:  # the pointer's exact-match lengths, on the host (spec/eagle_pointer.py)
+                    lengths = torch.from_numpy(match_lengths(mem.ctx, mem.pos_np[:m] + 1, mem.ntok - 1 + step,
+                                                             self.pointer.match)).to(self.device)[None]
+                a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m], None, feats[r:r + 1], probs_top[r:r + 1],
+                                           lengths)
                 tokens[r], ptop[r] = pick(a[0], float(g[0]), mem.payload[:m], probs[r], self.vocab_index,
                                           (tokens[r], ptop[r]), self._scratch)
         return tokens, ptop
@@ -403,7 +416,8 @@ class EagleProposer(Proposer):
 
     def summary(self) -> str:
         vocab = "the whole vocabulary" if self.vocab_ids is None else f"{len(self.vocab_ids)} draft tokens"
-        ptr = f", a copy pointer (width {self.pointer.dim})" if self.pointer is not None else ", no copy pointer"
+        ptr = (", no copy pointer" if self.pointer is None else f", a copy pointer (width {self.pointer.dim}"
+               + (f", exact matches up to {self.pointer.match} tokens)" if self.pointer.match else ")"))
         how = ("drafting in C (its step on the decoder stack with a paged K/V of its own, then the pick)"
                if self._c is not None else "drafting in torch (slower: the C kernels do not run this head here)")
         ctx = ("" if self.context is None else

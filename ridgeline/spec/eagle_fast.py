@@ -95,8 +95,7 @@ class CDrafting:
             if n:
                 st.has_feat = True
                 if st.memory is not None:
-                    st.memory.positions += pos[end:end + n]
-                    st.memory.n += n
+                    st.memory.fed(pos[end:end + n])
             end += n
         return len(rows), pos
 
@@ -111,12 +110,17 @@ class CDrafting:
         m = [0] * n if mems is None else [mem.known + step for mem in mems]
         self._room(n, max(m))
         a = self.args
+        match = mems is not None and a["match"]
         ptrs = np.array([[0] * n if mems is None else [mem.keys.data_ptr() for mem in mems],
                          [0] * n if mems is None else [mem.payload.data_ptr() for mem in mems], m, feats,
-                         queries or [0] * n], dtype=np.int64)
+                         queries or [0] * n,
+                         [cpu_draft.addr(mem.ctx) for mem in mems] if match else [0] * n,
+                         [cpu_draft.addr(mem.pos_np) for mem in mems] if match else [0] * n,
+                         [mem.ntok - 1 + step for mem in mems] if match else [0] * n], dtype=np.int64)
         cpu_draft.draft_pick(a["rows"], ptrs[3], self.feats, self.logits, self.prop.vocab_ids, self.prop.vocab_index,
                              None if queries is None else ptrs[4], ptrs[0], ptrs[1], ptrs[2], a["scale"], a["gate"],
-                             a["gate_b"], self.prop._scratch, self.work, self.tokens, self.probs)
+                             a["gate_b"], self.prop._scratch, self.work, self.tokens, self.probs,
+                             match=ptrs[5:8] if match else None, match_bias=a["match_bias"])
         return self.tokens_np[:n].tolist(), self.probs_np[:n].tolist()
 
     def head_logits(self, rows: list[int]) -> np.ndarray:

@@ -35,6 +35,7 @@ class HeadConfig:
     rms_norm_eps: float
     rope_theta: float
     pointer_dim: int = 0  # a copy pointer of this width (spec/eagle_pointer.py); 0: none
+    pointer_match: int = 0  # its exact-match lengths read up to this many tokens; 0: none
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +60,7 @@ class EagleHead(nn.Module):
         self.mlp_norm = nn.RMSNorm(H, eps=cfg.rms_norm_eps)
         self.gate_up = nn.Linear(H, 2 * I, bias=False)
         self.down = nn.Linear(I, H, bias=False)
-        self.pointer = CopyPointer(H, cfg.pointer_dim) if cfg.pointer_dim else None
+        self.pointer = CopyPointer(H, cfg.pointer_dim, cfg.pointer_match) if cfg.pointer_dim else None
         # not saved: a function of the config
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         self.register_buffer("inv_freq", inv, persistent=False)

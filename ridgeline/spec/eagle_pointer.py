@@ -15,7 +15,14 @@ token x_{j+2} that followed it. The draft distribution is a mixture (a pointer-g
 with the gate g = sigmoid(w . [f_t, a_t K, max score, max a_t, p_head's top probability]). Trained
 after the head, with the head frozen (`train_pointer`): cross-entropy of the mixture against the target's own
 next token (over the whole vocabulary), plus the copy attention's own cross-entropy where the token
-is in the context (without it the gate closes before the attention learns anything)."""
+is in the context (without it the gate closes before the attention learns anything).
+
+Exact matches (`match` = M > 0): the keys see two tokens of each position, and a repeat's best
+evidence is longer: where the last 4 tokens occur earlier, the token that followed them was the
+target's next one 91% of the time on the bench's chat workload, where a pointer without this was
+right far less often. Each score gets a learned bias by the match length L_tj: how many of the
+context's last tokens (x_{t+1}, x_t, ...) equal those before position j's payload (x_{j+1}, x_j, ...),
+at most M; and the gate reads the longest L_t / M as one more input."""
 from __future__ import annotations
 
 import math
@@ -26,14 +33,45 @@ import torch
 from torch import nn
 
 
+def match_lengths(tokens, key_ends, end: int, cap: int):
+    """[m] numpy int64: for each key j, how many of tokens[end], tokens[end - 1], ... equal
+    tokens[key_ends[j]], tokens[key_ends[j] - 1], ... in a row (an index below 0 ends it), at most
+    cap. tokens: numpy int64 (a request's tokens, a chain's drafts after them); key_ends [m] int64."""
+    import numpy as np
+    L = np.zeros(len(key_ends), dtype=np.int64)
+    alive = np.ones(len(key_ends), dtype=bool)
+    for i in range(min(cap, end + 1)):
+        idx = key_ends - i
+        alive &= idx >= 0
+        alive[alive] &= tokens[idx[alive]] == tokens[end - i]
+        L += alive
+    return L
+
+
+def match_matrix(tokens: torch.Tensor, cap: int) -> torch.Tensor:
+    """L [n - 1, n - 1] int64 for one sequence of n tokens (training): L[t, j] = match_lengths of
+    position j's context (x_{j+1}, x_j, ...) against position t's (x_{t+1}, x_t, ...)."""
+    eq = tokens[:, None] == tokens[None, :]  # [n, n]: x_a == x_b
+    L = torch.zeros(eq.shape, dtype=torch.int64)
+    run = torch.ones(eq.shape, dtype=torch.bool)
+    for i in range(min(cap, eq.shape[0])):  # row a, column b: x_{a-i} == x_{b-i} (both indices >= 0)
+        shifted = torch.zeros_like(eq)
+        shifted[i:, i:] = eq[:eq.shape[0] - i, :eq.shape[1] - i]
+        run &= shifted
+        L += run
+    return L[1:, 1:]
+
+
 class CopyPointer(nn.Module):
-    def __init__(self, hidden_size: int, dim: int):
+    def __init__(self, hidden_size: int, dim: int, match: int = 0):
         super().__init__()
-        self.dim = dim
+        self.dim, self.match = dim, match
         self.q = nn.Linear(4 * hidden_size, dim)
         self.k = nn.Linear(4 * hidden_size, dim)
-        self.gate = nn.Linear(hidden_size + dim + 3, 1)
+        self.gate = nn.Linear(hidden_size + dim + 3 + (1 if match else 0), 1)
         self.scale = nn.Parameter(torch.tensor(dim ** -0.5))
+        # score bias by match length 0..match (the match option above); none without
+        self.match_bias = nn.Parameter(torch.zeros(match + 1)) if match else None
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
 
     def use_kernels(self, pack) -> None:
@@ -70,14 +108,19 @@ class CopyPointer(nn.Module):
         return torch.cat([next_emb, emb, hidden, feats], -1).float()
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, allowed: torch.Tensor | None, feats: torch.Tensor,
-               ptop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               ptop: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """q [n, d] queries, keys [m, d], allowed [n, m] bool (None: all), feats [n, H], ptop [n] (the
-        head's top probability) -> (a [n, m] attention, rows of no allowed key all 0; g [n] the gate, 0
-        for those rows)."""
+        head's top probability), lengths [n, m] int64 match lengths (with `match`) -> (a [n, m]
+        attention, rows of no allowed key all 0; g [n] the gate, 0 for those rows)."""
         s = (q @ keys.T) * self.scale
+        longest = None
+        if self.match:
+            s = s + self.match_bias[lengths]
+            longest = (lengths if allowed is None else lengths * allowed).amax(-1).float() / self.match \
+                if lengths.shape[-1] else torch.zeros(q.shape[0], device=q.device)
         if allowed is None and keys.shape[0]:  # drafting: every key, no mask to apply
             a = torch.softmax(s, -1)
-            return a, self._gate(feats, a @ keys, s.max(-1).values, a.max(-1).values, ptop)
+            return a, self._gate(feats, a @ keys, s.max(-1).values, a.max(-1).values, ptop, longest)
         has = (torch.full((q.shape[0],), keys.shape[0] > 0, dtype=torch.bool, device=q.device)
                if allowed is None else allowed.any(-1))
         if allowed is not None:
@@ -86,13 +129,15 @@ class CopyPointer(nn.Module):
         a = torch.softmax(s, -1) * has[:, None]
         top = s.max(-1).values if s.shape[1] else torch.zeros(q.shape[0], device=q.device)
         peak = a.max(-1).values if s.shape[1] else top
-        return a, self._gate(feats, a @ keys, top * has, peak, ptop) * has
+        return a, self._gate(feats, a @ keys, top * has, peak, ptop, longest) * has
 
-    def _gate(self, feats, context, top, peak, ptop) -> torch.Tensor:
+    def _gate(self, feats, context, top, peak, ptop, longest=None) -> torch.Tensor:
         """g [n] from the drafting feature [n, H], the attended keys [n, d], the top score, the top
-        attention weight and the head's top probability [n]."""
-        x = torch.cat([feats.float(), context, top[:, None], peak[:, None], ptop.float()[:, None]], -1)
-        return torch.sigmoid(self.gate(x))[:, 0]
+        attention weight, the head's top probability [n] (and with `match` the longest match / match)."""
+        parts = [feats.float(), context, top[:, None], peak[:, None], ptop.float()[:, None]]
+        if self.match:
+            parts.append(longest[:, None])
+        return torch.sigmoid(self.gate(torch.cat(parts, -1)))[:, 0]
 
 
 def draft_vocab_index(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
@@ -141,7 +186,8 @@ def train_pointer(pointer: CopyPointer, head, embed: Callable, rows: torch.Tenso
     torch.manual_seed(seed)
     rng = random.Random(seed)
     index = draft_vocab_index(vocab_ids, vocab_size)
-    prepared = [_prepare(head, embed, rows, vocab_ids, index, label, s) for s in samples if len(s.tokens) > 2]
+    prepared = [_prepare(head, embed, rows, vocab_ids, index, label, s, pointer.match) for s in samples
+                if len(s.tokens) > 2]
     tokens = sum(p["y"].shape[0] for p in prepared)
     total = max(1, round(epochs * tokens / batch_tokens))
     opt = torch.optim.AdamW(pointer.parameters(), lr=lr, weight_decay=0.0)
@@ -172,7 +218,7 @@ def train_pointer(pointer: CopyPointer, head, embed: Callable, rows: torch.Tenso
 
 
 @torch.no_grad()
-def _prepare(head, embed, rows, vocab_ids, index, label, sample) -> dict:
+def _prepare(head, embed, rows, vocab_ids, index, label, sample, match: int = 0) -> dict:
     """One sample's fixed inputs (the head is frozen): u, f, the head's top probability and token, the
     head's probability of the label, the label and each position's payload."""
     tokens, h = sample.tokens, sample.hidden.float()
@@ -191,18 +237,22 @@ def _prepare(head, embed, rows, vocab_ids, index, label, sample) -> dict:
         top_ids = vocab_ids[itop]
     payload = torch.cat([tokens[2:], tokens.new_full((1,), -1)])  # x_{j+2}; the last one unknown
     u = CopyPointer.describe(e, embed(tokens[:-1]).float(), h[:-1], f)
-    return {"u": u.to(torch.bfloat16), "f": f.to(torch.bfloat16), "ptop": ptop, "top": top_ids, "py": py, "y": y,
-            "payload": payload}
+    out = {"u": u.to(torch.bfloat16), "f": f.to(torch.bfloat16), "ptop": ptop, "top": top_ids, "py": py, "y": y,
+           "payload": payload}
+    if match:
+        out["L"] = match_matrix(tokens, match).to(torch.int8)
+    return out
 
 
 def _loss(pointer: CopyPointer, batch: list[dict]) -> tuple[torch.Tensor, float]:
-    cat = {k: torch.cat([b[k] for b in batch]) for k in batch[0]}
+    cat = {k: torch.cat([b[k] for b in batch]) for k in batch[0] if k != "L"}
     seq = torch.cat([torch.full((b["y"].shape[0],), i) for i, b in enumerate(batch)])
     T = seq.shape[0]
     idx = torch.arange(T)
     allowed = (seq[:, None] == seq[None, :]) & (idx[None, :] < idx[:, None])  # earlier positions, same sample
+    lengths = torch.block_diag(*[b["L"].long() for b in batch]) if pointer.match else None
     u = cat["u"].float()
-    a, g = pointer.attend(pointer.query(u), pointer.key(u), allowed, cat["f"], cat["ptop"])
+    a, g = pointer.attend(pointer.query(u), pointer.key(u), allowed, cat["f"], cat["ptop"], lengths)
     match = (cat["payload"][None, :] == cat["y"][:, None]) & allowed
     copy = (a * match).sum(-1)
     p = (1 - g) * cat["py"] + g * copy
