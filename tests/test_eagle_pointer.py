@@ -78,27 +78,25 @@ def test_a_hand_set_pointer_copies_what_followed():
     assert t == 6 and p > 0.99
 
 
-def test_training_learns_to_copy():
-    """Sequences that repeat their first half: the head (random, frozen) cannot know the second
-    half, the pointer learns to copy it from the first."""
-    torch.manual_seed(0)
-    H, V, half = 24, 48, 12
+def _repeats(V: int, half: int, H: int = 24, seed: int = 0):
+    """(table, head, sample): sequences that repeat their first half; the target's hidden state at j
+    names token j+1 (it predicts perfectly: its argmax label), the head random and frozen."""
     table = torch.randn(V, H)
     head = EagleHead(HeadConfig(H, 4, 2, 6, 32, 1e-5, 10000.0)).eval()
-    rng = random.Random(0)
+    rng = random.Random(seed)
 
     def sample():
         first = [rng.randrange(V) for _ in range(half)]
         tokens = torch.tensor(first + first)
-        # the target's hidden state at j names token j+1 (it predicts perfectly): its argmax label
         return Sample(tokens, torch.cat([table[tokens[1:]], table[:1]]))
+    return table, head, sample
 
-    label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
-    pointer = CopyPointer(H, 16)
-    stats = train_pointer(pointer, head, lambda ids: table[ids], table, None, label, V,
-                          [sample() for _ in range(64)], epochs=30, seed=0, lr=5e-3, batch_tokens=256, progress=False)
-    assert stats["steps"] > 0
+
+def _copy_accuracy(pointer, head, table, sample, start: int) -> float:
+    """How often the mixture's pick is the next token, at positions start.. of 8 fresh samples
+    (position t drafts x_{t+2}); with exact matches read as training reads them."""
     right = total = 0
+    V = table.shape[0]
     with torch.no_grad():
         for _ in range(8):
             s = sample()
@@ -107,15 +105,30 @@ def test_training_learns_to_copy():
             f = head(s.hidden[:-1], e, torch.arange(n - 1))
             u = CopyPointer.describe(e, table[s.tokens[:-1]], s.hidden[:-1], f)
             probs = torch.softmax(f @ table.T, -1)
-            for t in range(half, n - 2):  # position t drafts x_{t+2}, a repeat of the first half
+            L = match_matrix(s.tokens, pointer.match) if pointer.match else None
+            for t in range(start, n - 2):
                 a, g = pointer.attend(pointer.q(u[t:t + 1]), pointer.k(u[:t]), None, f[t:t + 1],
-                                      probs[t:t + 1].max(-1).values)
+                                      probs[t:t + 1].max(-1).values, None if L is None else L[t:t + 1, :t])
                 top = probs[t].max(-1)
                 tok, _ = pick(a[0], float(g[0]), s.tokens[2:t + 2], probs[t], None, (int(top.indices), float(top.values)),
                               torch.zeros(V))
                 right += tok == int(s.tokens[t + 2])
                 total += 1
-    assert right / total > 0.8
+    return right / total
+
+
+def test_training_learns_to_copy():
+    """Sequences that repeat their first half: the head (random, frozen) cannot know the second
+    half, the pointer learns to copy it from the first."""
+    torch.manual_seed(0)
+    V, half = 48, 12
+    table, head, sample = _repeats(V, half)
+    label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
+    pointer = CopyPointer(24, 16)
+    stats = train_pointer(pointer, head, lambda ids: table[ids], table, None, label, V,
+                          [sample() for _ in range(64)], epochs=30, seed=0, lr=5e-3, batch_tokens=256, progress=False)
+    assert stats["steps"] > 0
+    assert _copy_accuracy(pointer, head, table, sample, half) > 0.8  # inside the repeat
 
 
 def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
@@ -213,41 +226,15 @@ def test_training_learns_to_trust_long_matches():
     """A pointer too narrow (d = 2) to find the repeat by its keys alone: reading exact matches, it
     learns a bias rising with the match length and copies the repeated half."""
     torch.manual_seed(0)
-    H, V, half, M = 24, 6, 12, 4
-    table = torch.randn(V, H)
-    head = EagleHead(HeadConfig(H, 4, 2, 6, 32, 1e-5, 10000.0)).eval()
-    rng = random.Random(1)
-
-    def sample():
-        first = [rng.randrange(V) for _ in range(half)]
-        tokens = torch.tensor(first + first)
-        return Sample(tokens, torch.cat([table[tokens[1:]], table[:1]]))
-
+    V, half, M = 6, 12, 4
+    table, head, sample = _repeats(V, half, seed=1)
     label = lambda h: (h @ table.T).argmax(-1)  # noqa: E731
-    pointer = CopyPointer(H, 2, M)
+    pointer = CopyPointer(24, 2, M)
     train_pointer(pointer, head, lambda ids: table[ids], table, None, label, V, [sample() for _ in range(64)],
                   epochs=20, seed=0, lr=2e-2, batch_tokens=256, progress=False)
     bias = pointer.match_bias.detach()
     assert bias[M] > bias[0] + 1.0 and bias[M] > bias[1]
-    right = total = 0
-    with torch.no_grad():
-        for _ in range(8):
-            s = sample()
-            n = len(s.tokens)
-            e = table[s.tokens[1:]]
-            f = head(s.hidden[:-1], e, torch.arange(n - 1))
-            u = CopyPointer.describe(e, table[s.tokens[:-1]], s.hidden[:-1], f)
-            probs = torch.softmax(f @ table.T, -1)
-            L = match_matrix(s.tokens, M)
-            for t in range(half + M, n - 2):  # inside the repeat, past its first M tokens
-                a, g = pointer.attend(pointer.q(u[t:t + 1]), pointer.k(u[:t]), None, f[t:t + 1],
-                                      probs[t:t + 1].max(-1).values, L[t:t + 1, :t])
-                top = probs[t].max(-1)
-                tok, _ = pick(a[0], float(g[0]), s.tokens[2:t + 2], probs[t], None, (int(top.indices), float(top.values)),
-                              torch.zeros(V))
-                right += tok == int(s.tokens[t + 2])
-                total += 1
-    assert right / total > 0.9
+    assert _copy_accuracy(pointer, head, table, sample, half + M) > 0.9  # inside the repeat, past its first M
 
 
 def test_from_head_adds_a_pointer_and_keeps_the_head(tiny_llama, tiny_head, tmp_path):
