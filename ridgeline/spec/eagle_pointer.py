@@ -19,8 +19,8 @@ is in the context (without it the gate closes before the attention learns anythi
 
 Exact matches (`match` = M > 0): the keys see two tokens of each position, and a repeat's best
 evidence is longer: where the last 4 tokens occur earlier, the token that followed them was the
-target's next one 91% of the time on the bench's chat workload, where a pointer without this was
-right far less often. Each score gets a learned bias by the match length L_tj: how many of the
+target's next one 91% of the time on the bench's chat workload; where that token is right, the
+pointer's pick was right 78% of the time before it read matches (89% since). Each score gets a learned bias by the match length L_tj: how many of the
 context's last tokens (x_{t+1}, x_t, ...) equal those before position j's payload (x_{j+1}, x_j, ...),
 at most M; and the gate reads the longest L_t / M as one more input."""
 from __future__ import annotations
@@ -29,6 +29,7 @@ import math
 import random
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -37,7 +38,6 @@ def match_lengths(tokens, key_ends, end: int, cap: int):
     """[m] numpy int64: for each key j, how many of tokens[end], tokens[end - 1], ... equal
     tokens[key_ends[j]], tokens[key_ends[j] - 1], ... in a row (an index below 0 ends it), at most
     cap. tokens: numpy int64 (a request's tokens, a chain's drafts after them); key_ends [m] int64."""
-    import numpy as np
     L = np.zeros(len(key_ends), dtype=np.int64)
     alive = np.ones(len(key_ends), dtype=bool)
     for i in range(min(cap, end + 1)):
