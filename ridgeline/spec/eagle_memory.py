@@ -18,8 +18,7 @@ class PointerMemory:
         self.keys = torch.empty(0, dim, device=device, dtype=dtype)  # [capacity, dim]; rows < n are fed positions'
         self.payload = torch.empty(0, dtype=torch.long, device=device)  # [capacity]; < known filled
         self._payload_np = self.payload.numpy() if self.payload.device.type == "cpu" else None  # its memory
-        self.positions: list[int] = []  # of the n fed rows, increasing
-        self.pos_np = np.zeros(0, dtype=np.int64)  # [capacity]: row i's position (< n fed, then a chain's)
+        self.pos_np = np.zeros(0, dtype=np.int64)  # [capacity]: row i's position (< n fed, increasing; then a chain's)
         self.ctx = np.zeros(0, dtype=np.int64)  # the request's tokens (< ntok), then a chain's drafts
         self.ntok = 0
         self.n = 0
@@ -60,8 +59,12 @@ class PointerMemory:
     def fed(self, positions: list[int]) -> None:
         """Rows n.. now hold the keys of these positions (written by the caller, room reserved)."""
         self.pos_np[self.n:self.n + len(positions)] = positions
-        self.positions += positions
         self.n += len(positions)
+
+    @property
+    def positions(self) -> list[int]:
+        """The n fed rows' positions."""
+        return self.pos_np[:self.n].tolist()
 
     def chain(self, row: int, position: int, at: int, token: int) -> None:
         """A chain's scratch: key row `row` is at `position`; ctx[at] = a drafted token (room reserved)."""
@@ -82,9 +85,9 @@ class PointerMemory:
 
     def fill(self, token_ids: list[int]) -> None:
         """Payloads now known: x_{j+2} for fed positions j with j + 2 < len(token_ids)."""
-        new = []
-        while self.known + len(new) < self.n and self.positions[self.known + len(new)] + 2 < len(token_ids):
-            new.append(token_ids[self.positions[self.known + len(new)] + 2])
+        new, pos = [], self.pos_np
+        while self.known + len(new) < self.n and pos[self.known + len(new)] + 2 < len(token_ids):
+            new.append(token_ids[pos[self.known + len(new)] + 2])
         if new:
             self.set_payload(self.known, new)
             self.known += len(new)
