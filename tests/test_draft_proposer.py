@@ -84,3 +84,15 @@ def test_a_prompt_catch_up_is_reported_as_setup_time(tiny_llama):
     llm.generate(["The meaning of life is " * 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
                  use_tqdm=False)
     assert setup[0] > 0 and len(setup) >= 2 and all(t == 0 for t in setup[1:])
+
+
+def test_backlog_counts_the_tokens_the_draft_has_not_computed(tiny_llama, other_draft):
+    llm = LLM(str(tiny_llama), speculative_method="draft", draft_model=str(other_draft), num_speculative_tokens=2,
+              speculative_controller="off", **BASE)
+    eng, prop = llm.engine, llm.engine.proposer
+    eng.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng.step(emit_unfinished=False)  # prefill (the draft drafts from the next step on)
+    n = eng.requests["b"].num_tokens
+    assert prop.backlog("b", n) == n
+    eng.step(emit_unfinished=False)
+    assert prop.setup_rows == n - 3 and prop.backlog("b", eng.requests["b"].num_tokens) <= 3

@@ -224,3 +224,21 @@ def test_drafting_on_the_engines_kernels_is_the_torch_path():
             outs.append(torch.cat(rows))
     assert fused._table is not None and fused._table[0].shape[0] >= 30
     assert torch.allclose(outs[0], outs[1], atol=1e-4)
+
+
+def test_backlog_counts_the_rows_the_head_has_not_read(tiny_llama, tiny_head):
+    """What the controller prices a restart with: after a prompt's prefill the head owes its rows;
+    a catch-up pays them (the rows past a verification's worth measured as setup)."""
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=2,
+              speculative_controller="off", enable_prefix_caching=False, **BASE)
+    eng, prop = llm.engine, llm.engine.proposer
+    eng.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng.spec.configure(0, controller=False)  # prefill, then one plain step: nothing drafted yet
+    eng.step(emit_unfinished=False)
+    eng.step(emit_unfinished=False)
+    n = eng.requests["b"].num_tokens
+    assert prop.backlog("b", n) == n - 1  # every position but the last, whose successor is unknown
+    eng.spec.configure(2, controller=False)
+    eng.step(emit_unfinished=False)
+    assert prop.setup_rows == n - 1 - 3 and prop.setup_time > 0
+    assert prop.backlog("b", eng.requests["b"].num_tokens) <= 3  # only the verified rows of that step

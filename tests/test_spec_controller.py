@@ -176,3 +176,35 @@ def test_one_slow_reading_does_not_stop_drafting_for_good():
     ctrl.observe_step(2, 3 * bandwidth_bound(1))
     rate, plain, ks = simulate(ctrl, bandwidth_bound, batch=1, alpha=0.6, max_k=1, steps=600)
     assert sum(ks[-200:]) > 190 and rate > 1.3 * plain
+
+
+def _measured(ctrl: SpecController, cost, batch: int, alpha: float) -> None:
+    """Warm the controller: step costs measured over the rows it may choose, acceptance alpha."""
+    simulate(ctrl, cost, batch, alpha, steps=300)
+
+
+def test_a_catch_up_is_priced_over_the_steps_a_request_has_left():
+    # drafting pays a little here (rows cost a quarter of their share): with no backlog every
+    # request drafts; a backlog whose catch-up, spread over the steps left, outweighs that gain
+    # starts none, and the same backlog spread over a long reply is worth paying
+    def cost(rows, batch=16):
+        return 0.0004 * batch + 0.0001 * max(0, rows - batch)
+    ctrl = SpecController(max_k=2)
+    _measured(ctrl, cost, 16, 0.8)
+    ids = [f"r{i}" for i in range(16)]
+    assert sum(ctrl.choose(ids, [2] * 16, 16)) > 0
+    ctrl.charge(0.05, 1000)  # 50 us per catch-up row
+    assert ctrl.setup_row == pytest.approx(5e-5)
+    assert sum(ctrl.choose(ids, [2] * 16, 16, [0] * 16, [8] * 16)) > 0  # nothing to catch up
+    assert sum(ctrl.choose(ids, [2] * 16, 16, [200] * 16, [8] * 16)) == 0  # 10 ms over ~5 steps each
+    assert sum(ctrl.choose(ids, [2] * 16, 16, [200] * 16, [4000] * 16)) > 0  # over HORIZON steps
+    # a mix: the requests already caught up draft, those with a backlog and a short reply wait
+    ks = ctrl.choose(ids, [2] * 16, 16, [0] * 8 + [200] * 8, [8] * 16)
+    assert sum(ks[:8]) > 0 and sum(ks[8:]) == 0
+
+
+def test_a_new_prompt_at_batch_1_still_drafts():
+    ctrl = SpecController(max_k=2)
+    _measured(ctrl, bandwidth_bound, 1, 0.6)
+    ctrl.charge(0.004, 200)  # a 200-row prompt caught up in 4 ms
+    assert ctrl.choose(["new"], [2], 1, [200], [127])[0] > 0

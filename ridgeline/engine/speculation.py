@@ -56,7 +56,10 @@ class Speculation:
             return
         ks = caps
         if self.controller is not None:
-            ks = self.controller.choose([r.request_id for r in decoding], caps, len(decoding))
+            # rows past a verification's worth (k + 1) are a catch-up the request's first draft pays
+            backlog = [max(0, self.proposer.backlog(r.request_id, r.num_tokens) - self.max_k - 1) for r in decoding]
+            left = [r.max_tokens - r.num_output_tokens for r in decoding]
+            ks = self.controller.choose([r.request_id for r in decoding], caps, len(decoding), backlog, left)
         want = [(req, ProposalRequest(req.request_id, req.token_ids, k, req.params, req.seed, req.num_prompt_tokens))
                 for req, k in zip(decoding, ks) if k > 0]
         if not want:
@@ -67,7 +70,7 @@ class Speculation:
         self.stats.draft_time += elapsed
         if self.controller is not None:
             self.controller.observe_draft(max(ks), max(0.0, elapsed - self.proposer.setup_time))
-            self.controller.charge(self.proposer.setup_time)
+            self.controller.charge(self.proposer.setup_time, self.proposer.setup_rows)
         for (req, pr), got in zip(want, proposals):
             req.spec_stats.draft_time += elapsed / len(want)
             draft = got if isinstance(got, Draft) else None

@@ -31,12 +31,13 @@ class CascadeProposer(Proposer):
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
         out: list[list[int] | Draft] = [[] for _ in requests]
         left = list(range(len(requests)))
-        self.setup_time = 0.0
+        self.setup_time, self.setup_rows = 0.0, 0
         for member in self.members:
             if not left:
                 break
             got = member.propose([requests[i] for i in left])
             self.setup_time += member.setup_time
+            self.setup_rows += member.setup_rows
             rest = []
             for i, g in zip(left, got):
                 if (g.token_ids if isinstance(g, Draft) else g):
@@ -45,6 +46,9 @@ class CascadeProposer(Proposer):
                     rest.append(i)
             left = rest
         return out
+
+    def backlog(self, req_id: str, num_tokens: int) -> int:
+        return sum(m.backlog(req_id, num_tokens) for m in self.members)
 
     def observe(self, plan, sampled, hidden, requests: dict) -> None:
         for m in self.members:

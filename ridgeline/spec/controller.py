@@ -16,6 +16,13 @@ it. The costs are convex in rows (flat, then linear), so once the best choice li
 measured range, probing stops, except that a step size not measured for STALE steps is probed
 again and its cost replaced: one slow reading (a noisy neighbour, a page fault) would otherwise
 stand for good, since choices that never draft that much never re-measure it.
+
+A request the proposer has not drafted for lately first costs a catch-up (an EAGLE head feeding the
+rows it missed, a draft model prefilling them): its backlog rows times the measured seconds per
+catch-up row. That one-time cost is spread over the steps the request has left (its remaining
+tokens over its expected tokens per step, at most HORIZON) and priced into the step that would
+start it, so a large batch does not pay a long catch-up for one step of drafting it then drops
+(at batch 1 a new prompt's catch-up spread over its reply is about 1% of a step).
 """
 from __future__ import annotations
 
@@ -85,6 +92,7 @@ class SpecController:
     """Decides k per request per step from StepCost, the drafts' cost and each request's acceptance."""
     PRIOR_WEIGHT = 2.0  # trials the prior counts as, beside a request's own
     STALE = 200  # steps after which a step size's measured cost is probed again (and replaced)
+    HORIZON = 128  # steps a catch-up is spread over at most (a request's tokens left may be its max_tokens)
 
     def __init__(self, max_k: int, min_gain: float = 1.05, probe_budget: float = 0.01, probe_frac: float = 0.25,
                  prior: float = 0.6, alpha_weight: float = 0.3):
@@ -101,6 +109,7 @@ class SpecController:
         self._all = (0.0, 0.0)
         self.fade, self.fade_all = 1 - alpha_weight / 30, 1 - alpha_weight / 300
         self.draft_pass = 0.0  # seconds the proposer takes per drafted position (one token for each request)
+        self.setup_row = 0.0  # seconds the proposer takes per catch-up row (0: not measured yet)
         self.budget = 0.0  # seconds probes may still cost over the choices they replaced
         self._probe_base: float | None = None  # predicted seconds of the choice the last probe replaced
         self.steps = 0  # decode steps measured
@@ -121,11 +130,15 @@ class SpecController:
         if positions > 0:
             self.draft_pass += 0.25 * (seconds / positions - self.draft_pass)
 
-    def charge(self, seconds: float) -> None:
-        """One-time drafting work (a proposer catching up on a request it had not drafted for) is
-        paid from the probe budget: probing at a large batch, where each probe starts new requests
-        drafting, then waits until 1% of step time has paid for it."""
+    def charge(self, seconds: float, rows: int = 0) -> None:
+        """One-time drafting work (a proposer catching up on `rows` rows of requests it had not
+        drafted for) is paid from the probe budget: probing at a large batch, where each probe
+        starts new requests drafting, then waits until 1% of step time has paid for it. It also
+        measures the seconds per catch-up row that choose() prices a backlog with."""
         self.budget -= seconds
+        if rows > 0:
+            per = seconds / rows
+            self.setup_row = per if not self.setup_row else self.setup_row + 0.25 * (per - self.setup_row)
 
     def observe_acceptance(self, req_id: str, proposed: int, accepted: int) -> None:
         """A verification is a run of trials that stops at the first rejection: `accepted` successes,
@@ -160,8 +173,11 @@ class SpecController:
             self._counts.pop(rid, None)
 
     # ---- the decision ----------------------------------------------------------------------------
-    def choose(self, req_ids: list[str], caps: list[int], base_rows: int) -> list[int]:
-        """k for each decoding request (at most caps[i]) in a step of base_rows rows without drafts."""
+    def choose(self, req_ids: list[str], caps: list[int], base_rows: int, backlog: list[int] | None = None,
+               left: list[int] | None = None) -> list[int]:
+        """k for each decoding request (at most caps[i]) in a step of base_rows rows without drafts.
+        backlog[i]: rows the proposer must catch up on before drafting for request i (None: none);
+        left[i]: tokens request i may still generate (None: HORIZON steps' worth)."""
         self._probe_base = None
         self._age(req_ids)
         ks = [0] * len(req_ids)
@@ -169,9 +185,12 @@ class SpecController:
         if t0 is None or not req_ids:
             return ks
         alphas = [min(self.acceptance(r), 0.99) for r in req_ids]
-        cands = sorted(((alphas[i] ** j, -j, i) for i, c in enumerate(caps) for j in range(1, c + 1)),
+        setup = self._setup(alphas, backlog, left)
+        # best first: expected tokens, less a catch-up's share in tokens of plain decoding
+        less = [0.0] * len(req_ids) if setup is None else [x * base_rows / t0 for x in setup]
+        cands = sorted(((alphas[i] ** j - less[i], -j, i) for i, c in enumerate(caps) for j in range(1, c + 1)),
                        reverse=True)
-        n = self._best(cands, len(req_ids), base_rows, t0)
+        n = self._best(cands, len(req_ids), base_rows, t0, setup, alphas)
         step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
         # probe past the largest step measured, or a step size not measured for a while (a noisy
         # reading there would otherwise stand for good: choices never drafting that much never
@@ -184,16 +203,30 @@ class SpecController:
             ks[i] += 1
         return ks
 
-    def _best(self, cands: list[tuple[float, int, int]], B: int, base_rows: int, t0: float) -> int:
+    def _setup(self, alphas: list[float], backlog: list[int] | None, left: list[int] | None) -> list[float] | None:
+        """Per request, its catch-up's seconds spread over the steps it has left (None: no backlog)."""
+        if not backlog or not self.setup_row or not any(backlog):
+            return None
+        out = []
+        for i, rows in enumerate(backlog):
+            steps = self.HORIZON if left is None else min(self.HORIZON, max(1.0, left[i] / (1 + alphas[i])))
+            out.append(rows * self.setup_row / steps)
+        return out
+
+    def _best(self, cands: list[tuple[float, int, int]], B: int, base_rows: int, t0: float,
+              setup: list[float] | None = None, alphas: list[float] | None = None) -> int:
         """How many of the candidates (best first) maximise expected tokens per second; 0 unless that
-        beats plain decoding by min_gain."""
+        beats plain decoding by min_gain. setup[i]: seconds per step request i's catch-up adds once
+        it drafts (then a candidate's key is not its gain: alphas[i] ** j is)."""
         best_n, best_rate = 0, B / t0
-        gained, kmax, counts = 0.0, 0, [0] * B
-        for n, (g, _, i) in enumerate(cands, 1):
-            gained += g
+        gained, kmax, counts, started = 0.0, 0, [0] * B, 0.0
+        for n, (g, j, i) in enumerate(cands, 1):
+            gained += g if setup is None else alphas[i] ** -j
             counts[i] += 1
             kmax = max(kmax, counts[i])
-            rate = (B + gained) / (self.cost.predict(base_rows + n) + self.draft_pass * kmax)
+            if setup is not None and counts[i] == 1:
+                started += setup[i]
+            rate = (B + gained) / (self.cost.predict(base_rows + n) + self.draft_pass * kmax + started)
             if rate > best_rate:
                 best_n, best_rate = n, rate
             elif rate < 0.8 * best_rate:

@@ -62,7 +62,7 @@ class DraftProposer(Proposer):
         self.q_rows = {i: [] for i in owners if samples(requests[i].params)}
         for seq, i in zip(seqs, owners):  # a sampling request's token is drawn here, not by the runner
             seq.sample = i not in self.q_rows
-        self.setup_time = 0.0
+        self.setup_time, self.setup_rows = 0.0, 0
         for step in range(max((requests[i].k for i in owners), default=0)):
             if not seqs:
                 break
@@ -70,7 +70,8 @@ class DraftProposer(Proposer):
             result = self.runner.execute(StepPlan(seqs))
             if step == 0:  # rows past a verification's worth per request (k + 1): a prompt caught up once
                 rows, steady = sum(q.num_new for q in seqs), sum(requests[i].k + 1 for i in owners)
-                self.setup_time = (time.perf_counter() - t0) * max(0, rows - steady) / rows
+                self.setup_rows = max(0, rows - steady)
+                self.setup_time = (time.perf_counter() - t0) * self.setup_rows / rows
             drawn = self._draw(seqs, owners, requests, result.hidden) if self.q_rows else {}
             argmax = iter(result.sampled)  # the greedy requests' (runner-sampled) seqs, in order
             nxt, nxt_owners = [], []
@@ -132,6 +133,10 @@ class DraftProposer(Proposer):
             return None
         return ScheduledSeq(r.req_id, keep, list(tokens[keep:]), list(self.kv.tables[r.req_id]), True, DRAFT_GREEDY,
                             None, None, 0)
+
+    def backlog(self, req_id: str, num_tokens: int) -> int:
+        """The request's tokens whose KV the draft model does not hold yet."""
+        return max(0, num_tokens - len(self.fed.get(req_id, ())))
 
     def forget(self, req_ids: Sequence[str]) -> None:
         for rid in req_ids:

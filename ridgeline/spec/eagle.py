@@ -210,7 +210,8 @@ class EagleProposer(Proposer):
         rows, _ = impl.catch_up([st for st in states if st is not None and st.pending])
         # rows past a verification's worth per request (k + 1) are a prompt or a gap caught up once
         steady = sum(r.k + 1 for r in requests)
-        self.setup_time = (time.perf_counter() - t0) * max(0, rows - steady) / rows if rows else 0.0
+        self.setup_rows = max(0, rows - steady)
+        self.setup_time = (time.perf_counter() - t0) * self.setup_rows / rows if rows else 0.0
         out: list[list[int]] = [[] for _ in requests]
         live = [i for i, (r, st) in enumerate(zip(requests, states))
                 if st is not None and st.has_feat and st.next_pos == len(r.token_ids) - 1]
@@ -263,6 +264,11 @@ class EagleProposer(Proposer):
                     np.stack([np.append(ids_np, star) for _, star in rows])).to(self.device)
                 out[live[n]] = Draft(out[live[n]], torch.from_numpy(np.stack([q for q, _ in rows])).to(self.device), ids)
         return out
+
+    def backlog(self, req_id: str, num_tokens: int) -> int:
+        """The rows queued for the head (verified positions it has not read yet)."""
+        st = self.states.get(req_id)
+        return 0 if st is None else st.num_pending
 
     def _draw(self, impl, rows: list[int], requests: list[ProposalRequest], states: list[_State],
               drafted: list[int], probs: list[float]) -> dict[int, tuple[np.ndarray, int]]:

@@ -84,6 +84,12 @@ class Proposer:
     # drafted position (e.g. an EAGLE head catching up on a new request's prompt): the goodput
     # controller leaves them out of the draft cost it prices positions with
     setup_time = 0.0
+    setup_rows = 0  # the rows that setup_time caught up on
+
+    def backlog(self, req_id: str, num_tokens: int) -> int:
+        """Rows this proposer would catch up on before drafting for the request (now num_tokens
+        long): what the controller prices a restart with. 0: drafting costs the same every step."""
+        return 0
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int):
         self.config = config
