@@ -201,6 +201,10 @@ static int paged_prefill(const float *q, const att_src *src, const int64_t *tabl
     if (!tasks) return -1;
     const int64_t n = make_tasks(row_seq, key_lens, tile_len, B, src->Hkv, RP_MAX / src->G, tasks);
     int failed = 0;
+    if (!n) { /* no prompt row (a verification's rows only): no team, no buffers */
+        free(tasks);
+        return 0;
+    }
     #pragma omp parallel num_threads(nthreads)
     {
         pf_buf buf;

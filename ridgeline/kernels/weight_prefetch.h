@@ -11,7 +11,13 @@
 #endif
 
 #ifndef W_PF_BYTES
-#define W_PF_BYTES 2048
+#if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+/* AMD Zen (GCC 12 tunes a Zen 5 as znver3): on a Zen 5, 2- and 3-row tiles (a verification's rows)
+ * ran ~5% faster 8 KB ahead than 2 KB, one row the same (docs/BENCHMARKS.md) */
+#define W_PF_BYTES 8192
+#else
+#define W_PF_BYTES 2048 /* measured on the Xeon */
+#endif
 #endif
 #define W_PF_ROWS 4
 
