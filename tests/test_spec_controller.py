@@ -21,8 +21,14 @@ def test_step_cost_interpolates_never_falls_and_prices_the_unmeasured_pessimisti
     assert c.predict(8) == pytest.approx(0.013)
     assert 0.010 < c.predict(2) < 0.013
     assert c.predict(16) == pytest.approx(0.026)  # past the data: proportional to rows
-    c.observe(8, 0.020)  # a moving average per bucket
-    assert 0.013 < c.predict(8) < 0.020
+    c.observe(8, 0.024)  # a moving average per bucket, each reading clipped to x1.25 of it
+    assert c.buckets[c.key(8)][1] == pytest.approx(0.012 + 0.25 * (0.015 - 0.012))
+    for _ in range(20):  # a lasting change still gets through
+        c.observe(8, 0.020)
+    assert 0.019 < c.predict(8) <= 0.020
+    before = c.predict(8)
+    c.observe(8, 0.001)  # and a lucky one is clipped too: to /1.25, a quarter of the way
+    assert c.predict(8) == pytest.approx(before * (1 - 0.25 * (1 - 1 / 1.25)))
 
 
 def simulate(ctrl: SpecController, cost, batch: int, alpha: float, steps: int = 600, max_k: int = 4, seed: int = 0):
@@ -208,3 +214,13 @@ def test_a_new_prompt_at_batch_1_still_drafts():
     _measured(ctrl, bandwidth_bound, 1, 0.6)
     ctrl.charge(0.004, 200)  # a 200-row prompt caught up in 4 ms
     assert ctrl.choose(["new"], [2], 1, [200], [127])[0] > 0
+
+
+def test_one_stalled_step_does_not_price_a_row_count_out():
+    """At batch 1 a step that stalls (2x: a page fault, a neighbour's burst) must not make 3-row steps
+    look dear enough to draft one token where two pay: the reading enters the average clipped."""
+    ctrl = SpecController(max_k=2)
+    simulate(ctrl, bandwidth_bound, batch=1, alpha=0.6, steps=300, max_k=2)
+    assert ctrl.choose(["r0"], [2], 1) == [2]
+    ctrl.observe_step(3, 2 * bandwidth_bound(3))
+    assert ctrl.choose(["r0"], [2], 1) == [2]

@@ -33,11 +33,15 @@ import math
 class StepCost:
     """Seconds per step vs rows (tokens computed): an exponential moving average per bucket of row
     counts (geometric, `ratio` apart), read through a running maximum so that more rows never look
-    cheaper, interpolated linearly between buckets."""
+    cheaper, interpolated linearly between buckets. A reading enters the average clipped to within
+    `clip` of it (x 1/clip .. x clip): one stalled step (a page fault, a neighbour's burst: 2x a step
+    at batch 1) would otherwise raise a row count's cost by a quarter, and a row count priced too
+    dear is chosen rarely, so re-measured rarely; a real change still moves it, a few steps on."""
 
-    def __init__(self, ratio: float = 1.2, weight: float = 0.25, forget_after: int = 200):
+    def __init__(self, ratio: float = 1.2, weight: float = 0.25, forget_after: int = 200, clip: float = 1.25):
         self.log_ratio = math.log(ratio)
         self.weight = weight
+        self.clip = clip
         self.forget_after = forget_after  # steps after which a bucket's average is replaced, not updated
         self.buckets: dict[int, list[float]] = {}  # bucket -> [mean rows, mean seconds]
         self.seen: dict[int, int] = {}  # bucket -> the step it was last measured at
@@ -50,7 +54,7 @@ class StepCost:
             self.buckets[key] = [float(rows), seconds]
         else:
             b[0] += self.weight * (rows - b[0])
-            b[1] += self.weight * (seconds - b[1])
+            b[1] += self.weight * (min(max(seconds, b[1] / self.clip), b[1] * self.clip) - b[1])
         self.seen[key] = now
         self._curve = None
 
