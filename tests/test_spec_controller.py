@@ -224,3 +224,33 @@ def test_one_stalled_step_does_not_price_a_row_count_out():
     assert ctrl.choose(["r0"], [2], 1) == [2]
     ctrl.observe_step(3, 2 * bandwidth_bound(3))
     assert ctrl.choose(["r0"], [2], 1) == [2]
+
+
+def test_the_cost_curve_is_convex_so_rows_past_a_high_reading_are_not_free():
+    """One high bucket (11 rows read 13.4 ms where 13-15 rows read 12.5-13) left a flat stretch under
+    a running maximum, and drafting rows there looked free although each costs its share."""
+    c = StepCost()
+    for rows, ms in ((1, 4.3), (3, 5.4), (5, 6.6), (7, 7.1), (9, 10.3), (11, 13.4), (14, 12.8), (16, 13.0),
+                     (20, 15.9)):
+        c.observe(rows, ms / 1e3)
+    xs, ys = c.curve()
+    slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)]
+    assert all(b >= a - 1e-12 for a, b in zip(slopes, slopes[1:]))  # convex
+    assert ys[0] == pytest.approx(0.0043) and ys[-1] == pytest.approx(0.0159)  # through the ends
+    assert c.predict(16) - c.predict(13) > 3 * 0.0004  # 3 rows past 13 cost what rows cost here
+    assert all(c.predict(r) <= c.predict(r + 1) for r in range(1, 20))
+
+
+def test_does_not_draft_into_a_flat_stretch_left_by_one_high_reading():
+    def cost(rows):  # compute-bound past 8 rows: each row costs its share
+        return 0.004 * max(1.0, rows / 8)
+    ctrl = SpecController(max_k=2)
+    simulate(ctrl, cost, batch=13, alpha=0.6, steps=300, max_k=2)
+    for rows in (1, 3, 5, 7, 9, 16):  # the batch's tail, and a larger step, measured too
+        ctrl.observe_step(rows, cost(rows))
+    for _ in range(30):  # 11-row steps slowed for a while: above what 13-15 rows measured
+        ctrl.observe_step(11, 1.4 * cost(11))
+    assert ctrl.cost.buckets[ctrl.cost.key(11)][1] > ctrl.cost.buckets[ctrl.cost.key(13)][1]
+    ctrl.budget = -1.0  # no probe: the choice itself
+    ids = [f"r{i}" for i in range(13)]
+    assert sum(ctrl.choose(ids, [2] * 13, 13)) == 0

@@ -70,14 +70,19 @@ class StepCost:
         return max((b[0] for b in self.buckets.values()), default=0.0)
 
     def curve(self) -> tuple[list[float], list[float]]:
-        """(rows ascending, seconds): the buckets, seconds made non-decreasing in rows."""
+        """(rows ascending, seconds): the buckets, seconds made non-decreasing in rows, then convex
+        (each row costing at least what the rows before it did: the roofline's shape). A running
+        maximum alone leaves a flat stretch after one high bucket (a step at 11 rows read 13.4 ms,
+        those at 13-15 rows 12.5-13: all 13.4), where extra rows look free although each costs its
+        share; spreading the rise over the stretch (the slopes pooled until they never fall) prices
+        them at the stretch's mean slope."""
         if self._curve is None:
             rows, secs, top = [], [], 0.0
             for r, s in sorted(self.buckets.values()):
                 top = max(top, s)
                 rows.append(r)
                 secs.append(top)
-            self._curve = rows, secs
+            self._curve = rows, _convex(rows, secs)
         return self._curve
 
     def predict(self, rows: float) -> float | None:
@@ -90,6 +95,25 @@ class StepCost:
         if i == len(xs):
             return ys[-1] * rows / xs[-1]  # past the data: as if every row cost its share (compute-bound)
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+def _convex(xs: list[float], ys: list[float]) -> list[float]:
+    """ys (non-decreasing in xs) refitted convex through the same first and last point: adjacent
+    segments whose slopes fall are pooled into one of their mean slope (pool adjacent violators,
+    weighted by width), so every later segment rises at least as steeply as every earlier one."""
+    blocks: list[list[float]] = []  # [width, rise, segments] per pooled run of segments
+    for i in range(1, len(xs)):
+        blocks.append([xs[i] - xs[i - 1], ys[i] - ys[i - 1], 1])
+        while len(blocks) > 1 and blocks[-2][1] * blocks[-1][0] > blocks[-1][1] * blocks[-2][0]:
+            w, r, n = blocks.pop()
+            blocks[-1][0] += w
+            blocks[-1][1] += r
+            blocks[-1][2] += n
+    slopes = [r / w if w > 0 else 0.0 for w, r, n in blocks for _ in range(n)]
+    out = list(ys[:1])
+    for i, slope in enumerate(slopes, 1):
+        out.append(out[-1] + slope * (xs[i] - xs[i - 1]))
+    return out
 
 
 class SpecController:
