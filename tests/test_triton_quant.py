@@ -65,8 +65,13 @@ SCRIPT = textwrap.dedent("""
             runs.append([(c.token_ids, [lp.logprob for lp in c.logprobs])
                          for o in llm.generate(["Hello there", "The quick brown fox"], params, use_tqdm=False)
                          for c in o.outputs])
+        # int4 is weight-only: the two sums differ by float rounding. nvfp4 rounds each layer's
+        # input to int8 blocks, and a one-ulp difference between the kernel's sum and torch's (whose
+        # order depends on the CPU's BLAS) can move a rounded input by a code: a few hundredths of a
+        # logprob on this random model, where a wrongly wired kernel gives another distribution
+        tol = 1e-4 if q == "int4" else 0.1
         for (a, la), (b, lb) in zip(*runs):
-            assert a == b and max(abs(x - y) for x, y in zip(la, lb)) < 1e-4, q
+            assert a == b and max(abs(x - y) for x, y in zip(la, lb)) < tol, q
     print("ok")
 """)
 
