@@ -54,6 +54,20 @@ SCRIPT = textwrap.dedent("""
     from ridgeline.quant.formats import QuantizedFormat
     QuantizedFormat.runs_kernel = lambda self, w: False
     folder = make_tiny_model(Path(tempfile.mkdtemp()) / "m", "llama")
+    # every kernel call inside the engine checked against the dequantized weight on the very input it
+    # got (its rounded activations): the wiring exactly, whatever the rounding does between layers
+    made, checked, real_pack, real_call = {}, [0], tq.pack, tq.TritonWeight.__call__
+    def pack(t):
+        w = real_pack(t)
+        made[id(w)] = t
+        return w
+    def call(self, x):
+        y = real_call(self, x)
+        ref = x.float() @ made[id(self)].dequantize().T
+        assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5, "engine call"
+        checked[0] += 1
+        return y
+    tq.pack, tq.TritonWeight.__call__ = pack, call
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
     for q in ("int4", "nvfp4"):
         runs = []
@@ -70,6 +84,8 @@ SCRIPT = textwrap.dedent("""
         # order depends on the CPU's BLAS) can move a rounded input by a code: a few hundredths of a
         # logprob on this random model, where a wrongly wired kernel gives another distribution
         tol = 1e-4 if q == "int4" else 0.1
+        assert checked[0] > 0, q
+        checked[0] = 0
         for (a, la), (b, lb) in zip(*runs):
             assert a == b and max(abs(x - y) for x, y in zip(la, lb)) < tol, q
     print("ok")

@@ -216,9 +216,10 @@ class SpecController:
         setup = self._setup(alphas, backlog, left)
         # best first: expected tokens, less a catch-up's share in tokens of plain decoding
         less = [0.0] * len(req_ids) if setup is None else [x * base_rows / t0 for x in setup]
-        cands = sorted(((alphas[i] ** j - less[i], -j, i) for i, c in enumerate(caps) for j in range(1, c + 1)),
-                       reverse=True)
-        n = self._best(cands, len(req_ids), base_rows, t0, setup, alphas)
+        # (order key, -j, request, expected tokens of its j-th draft)
+        cands = sorted(((alphas[i] ** j - less[i], -j, i, alphas[i] ** j) for i, c in enumerate(caps)
+                        for j in range(1, c + 1)), reverse=True)
+        n = self._best(cands, len(req_ids), base_rows, t0, setup)
         step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
         # probe past the largest step measured, or a step size not measured for a while (a noisy
         # reading there would otherwise stand for good: choices never drafting that much never
@@ -227,7 +228,7 @@ class SpecController:
                                                    self.cost.stale(base_rows + n + step, self.steps, self.STALE)):
             self._probe_base = self.cost.predict(base_rows + n)
             n = min(len(cands), n + step)  # measure a step a little past the largest measured
-        for _, _, i in cands[:n]:
+        for _, _, i, _ in cands[:n]:
             ks[i] += 1
         return ks
 
@@ -241,15 +242,15 @@ class SpecController:
             out.append(rows * self.setup_row / steps)
         return out
 
-    def _best(self, cands: list[tuple[float, int, int]], B: int, base_rows: int, t0: float,
-              setup: list[float] | None = None, alphas: list[float] | None = None) -> int:
+    def _best(self, cands: list[tuple[float, int, int, float]], B: int, base_rows: int, t0: float,
+              setup: list[float] | None = None) -> int:
         """How many of the candidates (best first) maximise expected tokens per second; 0 unless that
         beats plain decoding by min_gain. setup[i]: seconds per step request i's catch-up adds once
-        it drafts (then a candidate's key is not its gain: alphas[i] ** j is)."""
+        it drafts."""
         best_n, best_rate = 0, B / t0
         gained, kmax, counts, started = 0.0, 0, [0] * B, 0.0
-        for n, (g, j, i) in enumerate(cands, 1):
-            gained += g if setup is None else alphas[i] ** -j
+        for n, (_, _, i, g) in enumerate(cands, 1):
+            gained += g
             counts[i] += 1
             kmax = max(kmax, counts[i])
             if setup is not None and counts[i] == 1:

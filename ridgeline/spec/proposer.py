@@ -86,11 +86,6 @@ class Proposer:
     setup_time = 0.0
     setup_rows = 0  # the rows that setup_time caught up on
 
-    def backlog(self, req_id: str, num_tokens: int) -> int:
-        """Rows this proposer would catch up on before drafting for the request (now num_tokens
-        long): what the controller prices a restart with. 0: drafting costs the same every step."""
-        return 0
-
     def __init__(self, config: SpeculativeConfig, vocab_size: int):
         self.config = config
         self.vocab_size = vocab_size
@@ -98,6 +93,11 @@ class Proposer:
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
         """Up to r.k token ids for each request (fewer, or none, is fine), or a Draft with them."""
         raise NotImplementedError
+
+    def backlog(self, req_id: str, num_tokens: int) -> int:
+        """Rows this proposer would catch up on before drafting for the request (now num_tokens
+        long): what the controller prices a restart with. 0: drafting costs the same every step."""
+        return 0
 
     def forget(self, req_ids: Sequence[str]) -> None:
         """These requests finished or were aborted: drop any state kept for them."""
