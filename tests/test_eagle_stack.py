@@ -243,3 +243,47 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
     # another token, so the check is agreement, not identity (identical on the machines seen)
     pairs = [(a, b) for sa, sb in zip(*drafts) for da, db in zip(sa, sb) for a, b in zip(da, db)]
     assert len(pairs) > 20 and sum(a == b for a, b in pairs) >= 0.95 * len(pairs)
+
+
+@pytest.mark.parametrize("bars", ["default", "off"])
+@pytest.mark.parametrize("pointer", ["match", "no-match", "none"], ids=["pointer", "pointer-no-match", "no-pointer"])
+def test_the_fused_c_chain_drafts_what_the_per_call_c_path_does(tiny_llama, tiny_head, tmp_path, monkeypatch,
+                                                                pointer, bars):
+    """Greedy chains in one C call (ridgeline_eagle_chain) and the same chains as a C call per pick and
+    per head step, driven from Python, draft exactly the same tokens, step by step, requests batched,
+    k = 3 (so chains step the head twice), and keep the plain engine's output; with the confidence
+    bars as shipped, and off (the random head is seldom sure: every chain then goes the whole way)."""
+    from ridgeline import LLM
+    from ridgeline.spec import eagle
+    if bars == "off":
+        monkeypatch.setattr(eagle, "MIN_CONFIDENCE", 0.0)
+        monkeypatch.setattr(eagle, "MIN_PATH_CONFIDENCE", 0.0)
+    from test_eagle import BASE
+    from test_multi_token_steps import _params, _run
+    params = _params()
+    plain = _run(LLM(str(tiny_llama), **BASE), params)
+    head = {"match": lambda: tiny_head, "no-match": lambda: _without_match(tiny_head, tmp_path / "head"),
+            "none": lambda: _without_pointer(tiny_head, tmp_path / "head")}[pointer]()
+    drafts = []
+    for fused in (True, False):
+        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
+                  speculative_controller="off", **BASE)
+        prop = llm.engine.proposer
+        if prop._c is None:
+            pytest.skip("the head's C paths do not run on this machine")
+        prop.fused_chain = fused
+        calls = []
+        real = prop._c.chain
+        prop._c.chain = lambda *a, real=real, calls=calls: calls.append(1) or real(*a)
+        seen = []
+        propose = prop.propose
+        prop.propose = lambda reqs, real=propose, seen=seen: seen.append(out := real(reqs)) or out
+        assert _run(llm, params) == plain
+        assert bool(calls) == fused
+        drafts.append(seen)
+    assert drafts[0] == drafts[1]
+    chains = [len(d) for step in drafts[0] for d in step]
+    if bars == "off":  # chains that stepped the head twice
+        assert sum(n == 3 for n in chains) >= 20
+    elif pointer != "none":  # the pointer's copies are sure enough to chain
+        assert sum(n > 1 for n in chains) >= 2

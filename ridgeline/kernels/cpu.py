@@ -81,6 +81,8 @@ _SIGNATURES = {
                              _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _INT],
     "ridgeline_draft_pick": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _F32,
                              _PTR, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _INT],
+    "ridgeline_chain_fields": [_INT],
+    "ridgeline_eagle_chain": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT],
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,

@@ -75,3 +75,34 @@ def eagle_step(fc_desc: torch.Tensor, meta: np.ndarray, at: dict, at_group: int,
         raise IndexError("a token id is outside the embedding table")
     if rc:
         raise RuntimeError(f"EAGLE head step failed ({rc}): T={T}")
+
+
+# the layout of ridgeline_eagle_chain's arguments (kernels/eagle_draft.c): its int64 fields, its double
+# fields, and the per-row fields (each [n], then the rows' head-cache tables [n, nb])
+CHAIN_FIELDS = ("rows_w", "feats", "logits", "H", "V", "vocab_ids", "vocab_index", "d", "gate", "mass", "work",
+                "match", "match_bias", "fc", "table", "table_fmt", "table_v", "dims", "layer", "cos_sin", "qk_w",
+                "qk", "d2", "x", "buf", "chain_q", "n", "k_max", "nb")
+CHAIN_FLOATS = ("scale", "gate_b", "eps", "attn_scale", "min_first", "min_path")
+CHAIN_ROWS = ("feat", "query", "keys", "payload", "known", "ctx", "kpos", "end", "own", "pos", "k", "mem_n",
+              "cache_len")
+
+
+def eagle_chain(args: np.ndarray, floats: np.ndarray, rows: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> None:
+    """A greedy drafting chain in one call: args [len(CHAIN_FIELDS)] int64 (pointers as integers),
+    floats [len(CHAIN_FLOATS)] float64, rows [len(CHAIN_ROWS) * n + n * nb] int64 -> tokens [n, k_max]
+    int64 (row i's first counts[i] are its drafts), counts [n] int64. Each array C-contiguous."""
+    lib = cpu.lib()
+    if not _chain_checked:
+        got = tuple(lib.ridgeline_chain_fields(i) for i in range(3))
+        if got != (len(CHAIN_FIELDS), len(CHAIN_FLOATS), len(CHAIN_ROWS)):
+            raise RuntimeError(f"the C drafting chain's layout {got} is not this module's")
+        _chain_checked.append(True)
+    rc = lib.ridgeline_eagle_chain(addr(args), addr(floats), addr(rows), addr(tokens), addr(counts),
+                                   torch.get_num_threads())
+    if rc == -1:
+        raise IndexError("a token id is outside the embedding table")
+    if rc:
+        raise RuntimeError(f"the C drafting chain failed ({rc})")
+
+
+_chain_checked: list[bool] = []

@@ -26,6 +26,7 @@
  * max_j L_j / M after its other inputs (gate [H + d + 4]); ctx, kpos [n] addresses of int64 arrays. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include "vexp.h"
@@ -216,4 +217,113 @@ int ridgeline_draft_pick(const int64_t *rows_w, const int64_t *feat_rows, float 
             probs[i] = top_score;
     }
     return 0;
+}
+
+/* A greedy drafting chain for n requests in one call: what EagleProposer.propose does for greedy
+ * requests by calling the pick and the head's step in turn from Python (spec/eagle.py), the same
+ * calls on the same data in the same order (so the same drafts), without the interpreter between
+ * them. Each step: the pick for every row; each row's chain goes on while its probabilities pass
+ * the bars (a first draft's own probability min_first; the chain's product min_path, which the next
+ * draft must also be able to pass) and it has drafted fewer than its k; then, unless every chain
+ * stopped or k_max drafts were picked, the head's step for every row on its draft (its K/V at the
+ * row's next head-cache slot, its pointer key at the memory's scratch row mem_n + s, its query into
+ * chain_q), and the memory's scratch updated as spec/eagle_memory.py's set_payload and chain do.
+ *
+ * a [CH_FIELDS] int64: the pick's and the step's arguments (pointers as integers; see the enum);
+ * f [CF_FIELDS] double: scale, gate bias, eps, the head attention's scale, min_first, min_path;
+ * rows [CR_FIELDS][n] int64: per row its first feature [H] and query [d] (addresses), its memory's
+ * keys, payload, known, tokens (ctx), key positions (kpos), last token index (end), its last token,
+ * its position, its k, mem_n, its head cache's length, then tables [n][nb] (its head cache's blocks,
+ * enough for the chain's steps); -> tokens [n][k_max] (a row's first counts[i] are its drafts),
+ * counts [n]. Returns 0, -2 out of memory, or a kernel's error. */
+enum { CH_ROWS_W, CH_FEATS, CH_LOGITS, CH_H, CH_V, CH_VOCAB_IDS, CH_VOCAB_INDEX, CH_D, CH_GATE, CH_MASS, CH_WORK,
+       CH_MATCH, CH_MATCH_BIAS, CH_FC, CH_TABLE, CH_TABLE_FMT, CH_TABLE_V, CH_DIMS, CH_LAYER, CH_COS_SIN, CH_QK_W,
+       CH_QK, CH_D2, CH_X, CH_BUF, CH_CHAIN_Q, CH_N, CH_K_MAX, CH_NB, CH_FIELDS };
+enum { CF_SCALE, CF_GATE_B, CF_EPS, CF_ATTN_SCALE, CF_MIN_FIRST, CF_MIN_PATH, CF_FIELDS };
+enum { CR_FEAT, CR_QUERY, CR_KEYS, CR_PAYLOAD, CR_KNOWN, CR_CTX, CR_KPOS, CR_END, CR_OWN, CR_POS, CR_K, CR_MEM_N,
+       CR_CACHE_LEN, CR_FIELDS };
+
+int ridgeline_chain_fields(int which) { return which == 0 ? CH_FIELDS : which == 1 ? CF_FIELDS : which == 2 ? CR_FIELDS : -1; }
+
+int ridgeline_eagle_chain(const int64_t *a, const double *f, const int64_t *rows, int64_t *tokens, int64_t *counts,
+                          int nt) {
+    const int64_t n = a[CH_N], k_max = a[CH_K_MAX], nb = a[CH_NB], H = a[CH_H], d = a[CH_D], match = a[CH_MATCH];
+    const int pointer = d > 0; /* a copy pointer: queries, keys, payloads */
+    const int64_t *feat0 = rows + CR_FEAT * n, *q0 = rows + CR_QUERY * n, *known = rows + CR_KNOWN * n,
+                  *end0 = rows + CR_END * n, *own0 = rows + CR_OWN * n, *pos0 = rows + CR_POS * n, *kk = rows + CR_K * n,
+                  *mem_n = rows + CR_MEM_N * n, *clen = rows + CR_CACHE_LEN * n, *tables = rows + CR_FIELDS * n;
+    /* per step: feat_rows, q_rows, m, end, picked, own, positions, slots, row_seq, key_lens [n each], dst [3n], group */
+    int64_t *w = malloc(sizeof(int64_t) * (size_t)(13 * n + 8));
+    double *path = malloc(sizeof(double) * (size_t)n);
+    char *stopped = malloc((size_t)n);
+    float *probs = malloc(sizeof(float) * (size_t)n);
+    int rc = (!w || !path || !stopped || !probs) ? -2 : 0;
+    int64_t *feat_rows = w, *q_rows = w + n, *m = w + 2 * n, *end = w + 3 * n, *picked = w + 4 * n, *own = w + 5 * n,
+            *positions = w + 6 * n, *slots = w + 7 * n, *row_seq = w + 8 * n, *key_lens = w + 9 * n, *dst = w + 10 * n,
+            *group = w + 13 * n;
+    const float *x = PTR(const float, a[CH_X]), *chain_q = PTR(const float, a[CH_CHAIN_Q]);
+    for (int64_t i = 0; i < n && !rc; i++) {
+        path[i] = 1.0, stopped[i] = 0, counts[i] = 0;
+        feat_rows[i] = feat0[i], q_rows[i] = q0[i], own[i] = own0[i], row_seq[i] = i;
+    }
+    for (int64_t s = 0; s < k_max && !rc; s++) {
+        for (int64_t i = 0; i < n; i++) {
+            m[i] = pointer ? known[i] + s : 0;
+            end[i] = end0[i] + s;
+        }
+        rc = ridgeline_draft_pick(PTR(const int64_t, a[CH_ROWS_W]), feat_rows, PTR(float, a[CH_FEATS]),
+                                  PTR(float, a[CH_LOGITS]), n, H, a[CH_V], PTR(const int64_t, a[CH_VOCAB_IDS]),
+                                  PTR(const int64_t, a[CH_VOCAB_INDEX]), pointer ? q_rows : NULL,
+                                  rows + CR_KEYS * n, rows + CR_PAYLOAD * n, m, d, (float)f[CF_SCALE],
+                                  PTR(const float, a[CH_GATE]), (float)f[CF_GATE_B], PTR(float, a[CH_MASS]),
+                                  PTR(float, a[CH_WORK]), picked, probs, match ? rows + CR_CTX * n : NULL,
+                                  match ? rows + CR_KPOS * n : NULL, match ? end : NULL, match,
+                                  PTR(const float, a[CH_MATCH_BIAS]), nt);
+        if (rc) break;
+        int going = 0;
+        for (int64_t i = 0; i < n; i++) { /* the gating of spec/eagle.py's propose, in the same double arithmetic */
+            path[i] *= (double)probs[i];
+            const double bar = s == 0 ? f[CF_MIN_FIRST] : f[CF_MIN_PATH];
+            stopped[i] = stopped[i] || path[i] < bar || s >= kk[i];
+            if (!stopped[i]) tokens[i * k_max + counts[i]++] = picked[i];
+            stopped[i] = stopped[i] || path[i] < f[CF_MIN_PATH] || s + 1 >= kk[i];
+            going |= !stopped[i];
+        }
+        if (s + 1 == k_max || !going) break;
+        /* the head's step on every row's draft (HeadStack._run's arguments for one row each) */
+        const int64_t bs = PTR(const int64_t, a[CH_DIMS])[6], kb = 4 * d;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = clen[i] + s, *tb = tables + i * nb;
+            positions[i] = pos0[i] + s;
+            slots[i] = tb[j / bs] * bs + j % bs;
+            key_lens[i] = j + 1;
+            dst[i] = pointer ? rows[CR_KEYS * n + i] + kb * (mem_n[i] + s) : 0;
+            dst[n + i] = pointer ? (int64_t)(intptr_t)(chain_q + d * i) : 0;
+            dst[2 * n + i] = 0;
+        }
+        group[0] = 0, group[1] = n, group[2] = (int64_t)(intptr_t)tables, group[3] = nb;
+        group[4] = (int64_t)(intptr_t)row_seq, group[5] = (int64_t)(intptr_t)key_lens, group[6] = 0;
+        rc = ridgeline_eagle_step(PTR(const int64_t, a[CH_FC]), feat_rows, NULL, NULL, PTR(const void, a[CH_TABLE]),
+                                  a[CH_TABLE_FMT], a[CH_TABLE_V], picked, pointer ? own : NULL, PTR(float, a[CH_X]),
+                                  PTR(const int64_t, a[CH_DIMS]), (float)f[CF_EPS], (float)f[CF_ATTN_SCALE],
+                                  PTR(const int64_t, a[CH_LAYER]), PTR(const float, a[CH_COS_SIN]), n, positions, slots,
+                                  group, pointer ? PTR(const int64_t, a[CH_QK_W]) : NULL,
+                                  pointer ? PTR(float, a[CH_QK]) : NULL, pointer ? a[CH_D2] : 0, dst,
+                                  PTR(float, a[CH_BUF]), nt);
+        if (rc) break;
+        for (int64_t i = 0; i < n; i++) {
+            if (pointer) { /* the new position's token is the previous key's payload; the key's position, the chain's token */
+                PTR(int64_t, rows[CR_PAYLOAD * n + i])[known[i] + s] = picked[i];
+                if (match) {
+                    PTR(int64_t, rows[CR_KPOS * n + i])[mem_n[i] + s] = pos0[i] + s;
+                    PTR(int64_t, rows[CR_CTX * n + i])[pos0[i] + 1 + s] = picked[i];
+                }
+            }
+            feat_rows[i] = (int64_t)(intptr_t)(x + H * i);
+            q_rows[i] = (int64_t)(intptr_t)(chain_q + d * i);
+            own[i] = picked[i];
+        }
+    }
+    free(w), free(path), free(stopped), free(probs);
+    return rc;
 }

@@ -148,6 +148,7 @@ class EagleProposer(Proposer):
                        table.device.type == "cpu" and table.dtype in EMBED_FORMATS and table.is_contiguous() else None)
         # every step's drafting in C where the head's step, its embedding lookups and its pick all run there
         self._c = CDrafting(self) if self._table is not None and self._pick is not None else None
+        self.fused_chain = True  # on the C path, greedy chains in one call (False: a call per pick and step)
         self.states: dict[str, _State] = {}
         # the target's hidden rows beside its KV blocks, for positions a request gets from the prefix cache
         self.context = (HiddenRows(target.num_blocks, target.block_size, self.lm.cfg.hidden_size, self.dtype,
@@ -232,6 +233,12 @@ class EagleProposer(Proposer):
         stopped, path = [False] * len(live), [1.0] * len(live)
         own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
         sampling = [n for n, i in enumerate(live) if samples(requests[i].params)]  # drafts drawn from q
+        if impl is self._c and not sampling and self.fused_chain:  # the loop below in one C call
+            drafts = impl.chain(feats, queries, mems, own, positions, caches, [requests[i].k for i in live], k_max,
+                                MIN_CONFIDENCE, MIN_PATH_CONFIDENCE)
+            for i, d in zip(live, drafts):
+                out[i] = d
+            return out
         q_rows: dict[int, list[tuple]] = {n: [] for n in sampling}
         for step in range(k_max):
             drafted, probs = impl.draft(feats, queries, mems, step)

@@ -143,3 +143,41 @@ class CDrafting:
                                         [1] * n, dst)
         rows = [x.data_ptr() + 4 * self.H * r for r in range(n)]
         return rows, caches, None if mems is None else [self.chain_q.data_ptr() + kb * r for r in range(n)]
+
+    def chain(self, feats: list[int], queries: list[int] | None, mems: list | None, own: list[int],
+              positions: list[int], caches: list, ks: list[int], k_max: int, min_first: float,
+              min_path: float) -> list[list[int]]:
+        """Greedy requests' whole chains in one C call (kernels/eagle_draft.c's ridgeline_eagle_chain):
+        the draft() and chain_step() calls EagleProposer.propose makes in turn, with its bars, on the
+        same data, so the same drafts. feats, queries: start()'s; own: each row's last token; ks: each
+        row's k. Returns each row's drafts."""
+        n, stack, a = len(feats), self.stack, self.args
+        pointer = mems is not None
+        known = [mem.known for mem in mems] if pointer else [0] * n
+        self._room(n, max(known) + k_max)
+        nb = stack.prepare_chain(caches, positions, k_max - 1)
+        match = a["match"] if pointer and a["match"] else 0
+        zeros = [0] * n
+        rows = np.array(
+            feats + (queries if pointer else zeros)
+            + ([mem.keys.data_ptr() for mem in mems] + [mem.payload.data_ptr() for mem in mems] if pointer else zeros * 2)
+            + known
+            + ([cpu_draft.addr(mem.ctx) for mem in mems] + [cpu_draft.addr(mem.pos_np) for mem in mems]
+               + [mem.ntok - 1 for mem in mems] if match else zeros * 3)
+            + own + positions + ks + ([mem.n for mem in mems] if pointer else zeros) + [c.length for c in caches]
+            + [b for c in caches for b in c.blocks + [0] * (nb - len(c.blocks))], dtype=np.int64)
+        ids, index, bias = self.prop.vocab_ids, self.prop.vocab_index, a["match_bias"]
+        args = np.array([
+            a["rows"].data_ptr(), self.feats.data_ptr(), self.logits.data_ptr(), self.H, self.logits.shape[1],
+            0 if ids is None else ids.data_ptr(), 0 if index is None else index.data_ptr(), self.d if pointer else 0,
+            0 if a["gate"] is None else a["gate"].data_ptr(), self.prop._scratch.data_ptr(), self.work.data_ptr(),
+            match, 0 if not match else bias.data_ptr(), stack.fc.data_ptr(), self.table.data_ptr(), self.fmt,
+            self.table.shape[0], stack.dims.data_ptr(), stack.layer.data_ptr(), stack.cos_sin.data_ptr(),
+            0 if stack.qk is None or not pointer else stack.qk.data_ptr(), stack.out_qk.data_ptr(),
+            stack.out_qk.shape[1], stack.out_x.data_ptr(), stack.scratch.data_ptr(), self.chain_q.data_ptr(),
+            n, k_max, nb], dtype=np.int64)
+        floats = np.array([a["scale"], a["gate_b"], stack.cfg.rms_norm_eps, stack.cfg.head_dim ** -0.5, min_first,
+                           min_path], dtype=np.float64)
+        tokens, counts = np.empty((n, k_max), dtype=np.int64), np.empty(n, dtype=np.int64)
+        cpu_draft.eagle_chain(args, floats, rows, tokens, counts)
+        return [tokens[i, :c].tolist() for i, c in enumerate(counts.tolist())]

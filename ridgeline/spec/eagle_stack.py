@@ -118,6 +118,26 @@ class HeadStack:
         for _ in range(max(0, need)):
             cache.blocks.append(self.free.pop())
 
+    def room(self, T: int, outputs: bool = True) -> None:
+        """Scratch for steps of up to T rows, and (outputs) the kept output buffers out_x [>= T, H]
+        and out_qk [>= T, pointer width]."""
+        need = T * self.row_floats
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        if outputs and self.out_x.shape[0] < T:
+            self.out_x = torch.empty(max(T, 2 * self.out_x.shape[0]), self.cfg.hidden_size)
+            self.out_qk = torch.empty(self.out_x.shape[0], self.qk_width if self.qk is not None else 1)
+
+    def prepare_chain(self, caches: list[HeadCache], positions: list[int], steps: int) -> int:
+        """Before a chain of `steps` one-row steps per cache run in C (kernels/eagle_draft.c's chain):
+        each cache's slots for them, the rotary table past its last position, scratch and outputs.
+        Returns the widest block table (the pool may have grown: read self.layer after this)."""
+        for cache in caches:
+            self._reserve(cache, cache.length + steps)
+        self._table(max(positions) + steps + 1)
+        self.room(len(caches))
+        return max(len(cache.blocks) for cache in caches)
+
     def release(self, cache: HeadCache) -> None:
         self.free += cache.blocks
         cache.blocks = []
@@ -178,13 +198,8 @@ class HeadStack:
             base + 8 * at["lens"]
         self._table(max(positions) + 1)
         H = self.cfg.hidden_size
-        need = T * self.row_floats
-        if self.scratch.numel() < need:
-            self.scratch = torch.empty(need)
+        self.room(T, outputs=table is not None)
         if table is not None:  # the proposer's calls: outputs in buffers kept between calls (no torch op)
-            if self.out_x.shape[0] < T:
-                self.out_x = torch.empty(max(T, 2 * self.out_x.shape[0]), H)
-                self.out_qk = torch.empty(self.out_x.shape[0], self.qk_width if self.qk is not None else 1)
             x, qk = self.out_x, self.out_qk if with_pointer else None
         else:
             x = torch.empty(T, H)
