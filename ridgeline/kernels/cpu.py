@@ -13,8 +13,8 @@ gemm_a8.c: the same weights against activations quantized to int8 per row (W8A8,
 dot products. gemm_fp8.c: fp8 / MXFP8 weights converted to fp32 in registers; gemm_fp4.c: MXFP4 / NVFP4
 weights by table lookup into int8 lanes against int8 activations (VNNI).
 decoder_stack.c: every layer of a step through the kernels above in one call from Python.
-eagle_draft.c: an EAGLE head's step (fc, then its layer through decoder_stack.c) and its draft decision
-(its LM-head rows, softmax top, copy-pointer mixture).
+eagle_draft.c: an EAGLE head's step (fc, then its layer through decoder_stack.c), its draft decision
+(its LM-head rows, softmax top, copy-pointer mixture), and a greedy chain of the two in one call.
 moe.c: a sparse MLP's routing and grouped per-expert matmuls (module path and decoder stack alike).
 """
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The EAGLE proposer's C path, on a CPU with the engine's kernels: a drafting step is two C calls
-(kernels/eagle_draft.c: the head's step, the draft pick), fed by address.
+"""The EAGLE proposer's C path, on a CPU with the engine's kernels: a drafting step is C calls fed by
+address (kernels/eagle_draft.c): the head's step over the verified rows (catch_up), then the chain,
+a draft pick and a head step at a time (draft, chain_step: what a request that samples needs, its
+draws made in Python between them), or for greedy requests the whole chain in one call (chain).
 
 Right after the target's step streams its weights through the caches, each torch op costs tens of
 microseconds (measured: a one-row copy 50-120 us, against 10 warm), so this path keeps them out of
