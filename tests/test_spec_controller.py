@@ -254,3 +254,32 @@ def test_does_not_draft_into_a_flat_stretch_left_by_one_high_reading():
     ctrl.budget = -1.0  # no probe: the choice itself
     ids = [f"r{i}" for i in range(13)]
     assert sum(ctrl.choose(ids, [2] * 13, 13)) == 0
+
+
+def test_catch_ups_outside_probes_leave_the_probe_budget_alone():
+    """A chained proposer (lookup, then the EAGLE head) makes the head catch up after every run of
+    lookup drafts. Charged to the probe budget, those catch-ups kept it below zero and a batch-1
+    request never probed past 2 rows: it drafted 1 token a step for good where 3 pay. Only a probe
+    step's catch-ups are its cost; the others were priced by the choice that started them."""
+    def cost(rows):  # batch 1: extra rows cost a tenth of a step each
+        return 0.005 + 0.0005 * (rows - 1)
+    ctrl = SpecController(max_k=3)
+    rng = random.Random(0)
+    ks = []
+    for step in range(300):
+        k = ctrl.choose(["r0"], [3], 1, [0], [1000])[0]
+        ctrl.charge(0.002 if step % 3 == 0 else 0.0, 40 if step % 3 == 0 else 0)  # a catch-up every 3rd step
+        ctrl.observe_step(1 + k, cost(1 + k))
+        acc = 0
+        while acc < k and rng.random() < 0.9:
+            acc += 1
+        ctrl.observe_acceptance("r0", k, acc)
+        ks.append(k)
+    assert sum(k == 3 for k in ks[100:]) > 150
+    before = ctrl.budget
+    ctrl._probe_base = None
+    ctrl.charge(0.002, 40)  # outside a probe: only the per-row cost is measured
+    assert ctrl.budget == before
+    ctrl._probe_base = cost(1)
+    ctrl.charge(0.002, 40)  # a probe's catch-up is the probe's cost
+    assert ctrl.budget == pytest.approx(before - 0.002)
