@@ -206,6 +206,37 @@ def _without_match(head_dir, out):
     return out
 
 
+def _head(pointer: str, tiny_head, tmp_path):
+    """The tiny head with a copy pointer reading exact matches, one reading none, or none."""
+    return {"match": lambda: tiny_head, "no-match": lambda: _without_match(tiny_head, tmp_path / "head"),
+            "none": lambda: _without_pointer(tiny_head, tmp_path / "head")}[pointer]()
+
+
+def _drafts_two_ways(tiny_llama, head, setup) -> list[list]:
+    """The test prompts through the EAGLE proposer (k = 3, pinned) twice, setup(proposer, True) then
+    setup(proposer, False) applied to a fresh engine each time: each run's output must be the plain
+    engine's; returns each run's proposals, step by step."""
+    from ridgeline import LLM
+    from test_eagle import BASE
+    from test_multi_token_steps import _params, _run
+    params = _params()
+    plain = _run(LLM(str(tiny_llama), **BASE), params)
+    drafts = []
+    for first in (True, False):
+        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
+                  speculative_controller="off", **BASE)
+        prop = llm.engine.proposer
+        if prop._c is None:
+            pytest.skip("the head's C paths do not run on this machine")
+        setup(prop, first)
+        seen = []
+        real = prop.propose
+        prop.propose = lambda reqs, real=real, seen=seen: seen.append(out := real(reqs)) or out
+        assert _run(llm, params) == plain
+        drafts.append(seen)
+    return drafts
+
+
 @pytest.mark.parametrize("pointer", ["match", "no-match", "none"], ids=["pointer", "pointer-no-match", "no-pointer"])
 def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monkeypatch, tmp_path, pointer):
     """The proposer on its C paths (head step with its own paged K/V, embeddings looked up in C, the C
@@ -213,32 +244,17 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
     request) and forced onto torch's (where those kernels
     do not run) drafts the same tokens, and both keep the plain engine's greedy output; with a copy
     pointer reading exact matches (the default), one reading none (an older head's), and none."""
-    from ridgeline import LLM
     from ridgeline.spec import eagle, eagle_fast
     monkeypatch.setattr(eagle_fast, "CHUNK_ROWS", 5)
     monkeypatch.setattr(eagle, "WHOLE_ROWS", 2)  # steps of more rows: hidden states copied per request
-    from test_eagle import BASE
-    from test_multi_token_steps import _params, _run
-    params = _params()
-    plain = _run(LLM(str(tiny_llama), **BASE), params)
-    head = {"match": lambda: tiny_head, "no-match": lambda: _without_match(tiny_head, tmp_path / "head"),
-            "none": lambda: _without_pointer(tiny_head, tmp_path / "head")}[pointer]()
-    drafts = []
-    for c_path in (True, False):
-        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
-                  speculative_controller="off", **BASE)
-        prop = llm.engine.proposer
+
+    def torch_path(prop, c_path):
         assert (prop.pointer is not None) == (pointer != "none")
         assert pointer == "none" or bool(prop.pointer.match) == (pointer == "match")
-        if prop._c is None:
-            pytest.skip("the head's C paths do not run on this machine")
         if not c_path:  # the torch path throughout: the head's layer too
             prop._c, prop.head.stack = None, None
-        seen = []
-        real = prop.propose
-        prop.propose = lambda reqs, real=real, seen=seen: seen.append(out := real(reqs)) or out
-        assert _run(llm, params) == plain
-        drafts.append(seen)
+
+    drafts = _drafts_two_ways(tiny_llama, _head(pointer, tiny_head, tmp_path), torch_path)
     # the paths round differently (fp32 attention order, the pick's softmax): a near tie may draft
     # another token, so the check is agreement, not identity (identical on the machines seen)
     pairs = [(a, b) for sa, sb in zip(*drafts) for da, db in zip(sa, sb) for a, b in zip(da, db)]
@@ -253,34 +269,19 @@ def test_the_fused_c_chain_drafts_what_the_per_call_c_path_does(tiny_llama, tiny
     per head step, driven from Python, draft exactly the same tokens, step by step, requests batched,
     k = 3 (so chains step the head twice), and keep the plain engine's output; with the confidence
     bars as shipped, and off (the random head is seldom sure: every chain then goes the whole way)."""
-    from ridgeline import LLM
     from ridgeline.spec import eagle
     if bars == "off":
         monkeypatch.setattr(eagle, "MIN_CONFIDENCE", 0.0)
         monkeypatch.setattr(eagle, "MIN_PATH_CONFIDENCE", 0.0)
-    from test_eagle import BASE
-    from test_multi_token_steps import _params, _run
-    params = _params()
-    plain = _run(LLM(str(tiny_llama), **BASE), params)
-    head = {"match": lambda: tiny_head, "no-match": lambda: _without_match(tiny_head, tmp_path / "head"),
-            "none": lambda: _without_pointer(tiny_head, tmp_path / "head")}[pointer]()
-    drafts = []
-    for fused in (True, False):
-        llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(head), num_speculative_tokens=3,
-                  speculative_controller="off", **BASE)
-        prop = llm.engine.proposer
-        if prop._c is None:
-            pytest.skip("the head's C paths do not run on this machine")
+    calls = []
+
+    def fused_or_not(prop, fused):
         prop.fused_chain = fused
-        calls = []
         real = prop._c.chain
-        prop._c.chain = lambda *a, real=real, calls=calls: calls.append(1) or real(*a)
-        seen = []
-        propose = prop.propose
-        prop.propose = lambda reqs, real=propose, seen=seen: seen.append(out := real(reqs)) or out
-        assert _run(llm, params) == plain
-        assert bool(calls) == fused
-        drafts.append(seen)
+        prop._c.chain = lambda *a: calls.append(fused) or real(*a)
+
+    drafts = _drafts_two_ways(tiny_llama, _head(pointer, tiny_head, tmp_path), fused_or_not)
+    assert calls and all(calls)  # the fused path called it, the per-call one never
     assert drafts[0] == drafts[1]
     chains = [len(d) for step in drafts[0] for d in step]
     if bars == "off":  # chains that stepped the head twice
