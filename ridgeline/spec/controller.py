@@ -165,8 +165,8 @@ class SpecController:
         Outside probes the choice already priced the catch-ups it starts (choose()), so they leave
         the budget alone: charged there too, a chained proposer's head catching up after each run of
         lookup drafts kept the budget below zero, so a batch-1 request never probed past 2 rows and
-        drafted 1 token a step for good (1.46x against 1.56x with 3 pinned). It also measures the
-        seconds per catch-up row that choose() prices a backlog with."""
+        drafted 1 token a step for good (docs/BENCHMARKS.md). It also measures the seconds per
+        catch-up row that choose() prices a backlog with."""
         if self._probe_base is not None:
             self.budget -= seconds
         if rows > 0:

@@ -230,7 +230,6 @@ class EagleProposer(Proposer):
                 if match:
                     mem.tokens(requests[i].token_ids, k_max)
         feats, queries = impl.start([states[i] for i in live])
-        stopped, path = [False] * len(live), [1.0] * len(live)
         own = [requests[i].token_ids[-1] for i in live]  # each chain position's own token
         sampling = [n for n, i in enumerate(live) if samples(requests[i].params)]  # drafts drawn from q
         if impl is self._c and not sampling and self.fused_chain:  # the loop below in one C call
@@ -239,6 +238,7 @@ class EagleProposer(Proposer):
             for i, d in zip(live, drafts):
                 out[i] = d
             return out
+        stopped, path = [False] * len(live), [1.0] * len(live)
         q_rows: dict[int, list[tuple]] = {n: [] for n in sampling}
         for step in range(k_max):
             drafted, probs = impl.draft(feats, queries, mems, step)
