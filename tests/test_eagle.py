@@ -80,7 +80,9 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
     assert pos.tolist() == list(range(m)) and len(out.prompt_token_ids) - 1 <= m < len(tokens)
     ref = llm.engine.prompt_hidden(tokens)
     assert torch.allclose(hidden, ref[:m], atol=1e-4)
-    assert torch.equal(emb, llm.engine.runner.model.model.embed(torch.tensor(tokens[1:m + 1])))
+    model = llm.engine.runner.model.model
+    dev = model.embed_tokens.weight.device  # the target's device (the C path's rows were made there too)
+    assert torch.equal(emb.to(dev), model.embed(torch.tensor(tokens[1:m + 1], device=dev)))
 
 
 def test_drafting_path_is_the_training_path():

@@ -152,11 +152,12 @@ def test_the_proposer_keeps_the_fed_positions_keys(tiny_llama, tiny_head):
     lm = eng.runner.model
     hidden = eng.prompt_hidden(tokens[:m + 1])
     with torch.no_grad():
-        e = lm.model.embed(torch.tensor(tokens[1:m + 1])).float()
-        f = proposer.head(hidden[:m].float(), e, torch.arange(m))
-        prev = lm.model.embed(torch.tensor(tokens[:m])).float()
+        dev = lm.model.embed_tokens.weight.device
+        e = lm.model.embed(torch.tensor(tokens[1:m + 1], device=dev)).float()
+        f = proposer.head(hidden[:m].float(), e, torch.arange(m, device=dev))
+        prev = lm.model.embed(torch.tensor(tokens[:m], device=dev)).float()
         ref = proposer.pointer.key(CopyPointer.describe(e, prev, hidden[:m].float(), f))  # its drafting kernels
-    assert torch.allclose(mem.keys[:m], ref, atol=1e-3)
+    assert torch.allclose(mem.keys[:m], ref.to(mem.keys.device), atol=1e-3)
     while eng.has_unfinished():
         eng.step()
 

@@ -61,8 +61,8 @@ def test_sampling_requests_get_drafts_with_q(eagle_llm):
     assert sampled and all(isinstance(d, Draft) for d in sampled)
     assert greedy and not any(isinstance(d, Draft) for d in greedy)
     for d in sampled:
-        assert torch.allclose(d.probs.sum(-1), torch.ones(len(d.probs)), atol=1e-5)
-        assert bool((d.q_at(torch.tensor(d.token_ids)) > 0).all())
+        assert torch.allclose(d.probs.sum(-1), torch.ones(len(d.probs), device=d.probs.device), atol=1e-5)
+        assert bool((d.q_at(torch.tensor(d.token_ids, device=d.probs.device)) > 0).all())
 
 
 def test_seeded_sampling_repeats_with_drafts(eagle_llm):

@@ -22,7 +22,8 @@ FORMAT = "ridgeline-eagle-1"
 def target_fingerprint(lm: nn.Module) -> dict:
     """lm: a loaded LlamaForCausalLM-like model (cfg, model.embed_tokens)."""
     cfg, emb = lm.cfg, lm.model.embed_tokens.weight
-    digest = hashlib.sha256(emb.detach().float().to(torch.bfloat16).view(torch.int16).contiguous().numpy()).hexdigest()
+    bits = emb.detach().to("cpu", torch.float32).to(torch.bfloat16).view(torch.int16).contiguous()  # any device
+    digest = hashlib.sha256(bits.numpy()).hexdigest()
     return {"architecture": cfg.architecture, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
             "num_layers": cfg.num_layers, "embedding_sha256": digest}
 

@@ -100,6 +100,6 @@ def teacher_forced(llm, seqs: list[list[int]], num_tokens: int, desc: str, progr
             if done >= num_tokens:
                 return
             hidden = eng.prompt_hidden(ids)
-            yield Sample(torch.tensor(ids), hidden.to(torch.bfloat16))
+            yield Sample(torch.tensor(ids), hidden.to("cpu", torch.bfloat16))  # trained on the CPU
             done += len(ids)
             bar.update(len(ids))
