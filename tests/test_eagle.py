@@ -42,6 +42,34 @@ def test_greedy_output_is_the_plain_engines(tiny_llama, tiny_head, opts):
     assert not llm.engine.proposer.states
 
 
+def test_a_bf16_head_drafts_in_torch(tiny_llama, tiny_head, monkeypatch):
+    """As on a GPU: bf16 activations and no C kernels, so the head, its copy pointer and the pick run
+    in torch in bf16 (the pointer's fp32 inputs and the pick's scratch meet bf16 weights there).
+    Greedy output is the plain engine's; a request that samples drafts too."""
+    import dataclasses
+
+    import ridgeline.engine.llm_engine as llm_engine
+    from ridgeline.layers.kernel_plan import KernelPlan
+    monkeypatch.setattr(llm_engine, "choose_kernels", lambda *a: KernelPlan())
+    target = llm_engine.DraftTarget
+    monkeypatch.setattr(llm_engine, "DraftTarget",
+                        lambda *a, **k: dataclasses.replace(target(*a, **k), act_dtype=torch.bfloat16))
+    kw = dict(BASE, dtype="bfloat16")
+    params = _params() + [SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)]
+    prompts = ["one two three one two three one two", "The quick brown fox"]
+    plain = LLM(str(tiny_llama), **kw).generate(prompts, params[:2], use_tqdm=False)
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
+              speculative_controller="off", **kw)
+    prop = llm.engine.proposer
+    assert prop._c is None and prop.head.fc.weight.dtype == torch.bfloat16 and prop.pointer is not None
+    out = llm.generate(prompts, params[:2], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.spec_stats.proposed > 0
+    proposed = llm.engine.spec_stats.proposed
+    llm.generate(prompts[1:], params[-1:], use_tqdm=False)
+    assert llm.engine.spec_stats.proposed > proposed
+
+
 def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
     llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=3,
               speculative_controller="off", enable_prefix_caching=False, **BASE)

@@ -83,7 +83,7 @@ class CopyPointer(nn.Module):
 
     def _lin(self, mod: nn.Linear, u: torch.Tensor) -> torch.Tensor:
         if self._packed is None or torch.is_grad_enabled():
-            return mod(u)
+            return mod(u.to(mod.weight.dtype))  # describe()'s fp32 rows into a bf16 head's (a GPU's) dtype
         return self._packed[mod](u) + mod.bias
 
     def query(self, u: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,8 @@ class CopyPointer(nn.Module):
         parts = [feats.float(), context, top[:, None], peak[:, None], ptop.float()[:, None]]
         if self.match:
             parts.append(longest[:, None])
-        return torch.sigmoid(self.gate(torch.cat(parts, -1)))[:, 0]
+        dt = self.gate.weight.dtype  # a bf16 head's (drafting in torch on a GPU), else fp32
+        return torch.sigmoid(self.gate(torch.cat([x.to(dt) for x in parts], -1)).float())[:, 0]
 
 
 def draft_vocab_index(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | None:
@@ -159,7 +160,7 @@ def pick(a: torch.Tensor, g: float, payload: torch.Tensor, head_probs: torch.Ten
     token, ptop = top
     if g <= 0.0 or payload.numel() == 0:
         return token, ptop
-    mass = scratch.index_add_(0, payload, a)[payload]  # [m]: the copy mass of each position's token
+    mass = scratch.index_add_(0, payload, a.to(scratch.dtype))[payload]  # [m]: the copy mass of each position's token
     top_mass = float(scratch[token])
     scratch.index_fill_(0, payload, 0.0)
     rows = payload if vocab_index is None else vocab_index[payload]
