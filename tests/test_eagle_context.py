@@ -88,8 +88,18 @@ def test_hidden_rows_land_at_their_slots():
     assert ctx.runs(table, 2, tokens) is None  # positions 0, 1 were never written
     ctx.write(table, 0, hidden, 0, [8, 9])
     assert ctx.runs(table, 7, tokens) == [(0, 8, 4), (4, 0, 3)]
-    ctx.write(table, 0, hidden.to(torch.float64), 0, [8, 9])  # another dtype: copied by torch, the same rows
-    assert torch.equal(ctx.rows[[8, 9]], hidden[:2]) and np.array_equal(ctx.tokens[8:10], [8, 9])
+    ctx.rows.zero_()
+    wide = hidden.to(torch.float64)  # another dtype (as a GPU's rows): queued, then copied by torch in one op
+    ctx.write(table, 0, wide, 0, [8, 9])
+    ctx.write(table, 4, wide, 5, [20, 21, 22])
+    assert not ctx.rows.any() and np.array_equal(ctx.tokens[8:10], [8, 9])
+    ctx.flush()
+    assert torch.equal(ctx.rows[[8, 9, 0, 1, 2]], hidden[[0, 1, 5, 6, 7]])
+    assert np.array_equal(ctx.tokens[0:3], [20, 21, 22])
+    ctx.write(table, 0, wide, 0, [8, 9])
+    ctx.write(table, 2, hidden.to(torch.float64), 3, [1, 2])  # another step's rows: the queued ones land first
+    ctx.flush()
+    assert torch.equal(ctx.rows[[8, 9, 10, 11]], hidden[[0, 1, 3, 4]])
 
 
 def test_a_reused_request_id_gets_a_fresh_head_state(tiny_llama, tiny_head):

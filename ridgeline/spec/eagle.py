@@ -195,6 +195,8 @@ class EagleProposer(Proposer):
             elif start + valid > st.next_pos:
                 st.add(start, hidden[row:row + valid].to(self.dtype, copy=True), toks)
             row += n
+        if self.context is not None:
+            self.context.flush()
 
     def _from_prefix_cache(self, st: _State, seq, tokens: list[int]) -> None:
         """A new request whose first seq.start positions came from the prefix cache: queue their hidden

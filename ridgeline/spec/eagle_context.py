@@ -33,6 +33,9 @@ class HiddenRows:
         self.tokens = np.full(num_blocks * block_size, -1, np.int64)  # the token each slot's row is of (-1: none)
         self.row_bytes = hidden_size * self.rows.element_size()
         self.host = device.type == "cpu"
+        self._from: torch.Tensor | None = None  # flush()'s: the queued rows' source, their slots and rows
+        self._slots: list[int] = []
+        self._rows: list[int] = []
 
     @property
     def nbytes(self) -> int:
@@ -49,17 +52,31 @@ class HiddenRows:
 
     def write(self, table: list[int], start: int, hidden: torch.Tensor, row: int, tokens: list[int]) -> None:
         """The rows hidden[row:row + len(tokens)] are positions start.. of the request with this block
-        table, their tokens `tokens`."""
+        table, their tokens `tokens`. On the host the rows are copied now; elsewhere (a GPU) they are
+        queued, and flush() copies a step's rows of every request in one op (an op per request cost
+        a kernel launch each)."""
         direct = self.host and hidden.dtype == self.rows.dtype and hidden.is_contiguous()
         if direct:
             dst, src = self.rows.data_ptr(), hidden.data_ptr()
+        elif self._from is not None and self._from is not hidden:
+            self.flush()
         for p, slot, m in self._runs(table, start, len(tokens)):
             i = row + p - start
             if direct:  # no torch op: each costs tens of microseconds right after the target's step
                 ctypes.memmove(dst + slot * self.row_bytes, src + i * self.row_bytes, m * self.row_bytes)
             else:
-                self.rows[slot:slot + m].copy_(hidden[i:i + m])
+                self._from = hidden
+                self._slots.extend(range(slot, slot + m))
+                self._rows.extend(range(i, i + m))
             self.tokens[slot:slot + m] = tokens[p - start:p - start + m]
+
+    def flush(self) -> None:
+        """Copy the queued rows (write()) into place."""
+        if self._slots:
+            dev, hidden = self.rows.device, self._from
+            src = hidden.index_select(0, torch.tensor(self._rows, device=hidden.device)).to(dev, self.rows.dtype)
+            self.rows.index_copy_(0, torch.tensor(self._slots, device=dev), src)
+        self._from, self._slots, self._rows = None, [], []
 
     def runs(self, table: list[int], n: int, tokens: list[int]) -> list[tuple[int, int, int]] | None:
         """The slot runs (position, first slot, length) holding positions 0 .. n - 1 of a request with
