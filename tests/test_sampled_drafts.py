@@ -71,3 +71,16 @@ def test_seeded_sampling_repeats_with_drafts(eagle_llm):
     first = [o.outputs[0].token_ids for o in llm.generate(["The quick brown fox"] * 6, params, use_tqdm=False)]
     again = [o.outputs[0].token_ids for o in llm.generate(["The quick brown fox"] * 6, params, use_tqdm=False)]
     assert first == again and llm.engine.spec_stats.proposed > 0
+
+
+def test_a_seeded_request_repeats_whatever_runs_beside_it(eagle_llm):
+    """Its draws follow its own chain only: a chain of another request that runs longer (a greedy
+    one here) takes none of its generator's numbers."""
+    llm, _ = eagle_llm
+    prompts = ["The quick brown fox", "one two three one two three one two three", "Once upon a time"]
+    seeded = [SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=s) for s in range(4)]
+    alone = [llm.generate(prompts[:1], [p], use_tqdm=False)[0].outputs[0].token_ids for p in seeded]
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for p, want in zip(seeded, alone):
+        out = llm.generate(prompts, [p, greedy, greedy], use_tqdm=False)
+        assert out[0].outputs[0].token_ids == want

@@ -244,7 +244,9 @@ class EagleProposer(Proposer):
         q_rows: dict[int, list[tuple]] = {n: [] for n in sampling}
         for step in range(k_max):
             drafted, probs = impl.draft(feats, queries, mems, step)
-            q = self._draw(impl, sampling, [requests[live[n]] for n in sampling], [states[live[n]] for n in sampling],
+            # draws only for chains still going: a request's generator never pays for another's longer chain
+            going = [n for n in sampling if not stopped[n]]
+            q = self._draw(impl, going, [requests[live[n]] for n in going], [states[live[n]] for n in going],
                            drafted, probs)
             for n, (i, t, p) in enumerate(zip(live, drafted, probs)):
                 path[n] *= p
