@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
-from ridgeline import LLM
+from ridgeline import LLM, SamplingParams
 from ridgeline.errors import InvalidRequestError
 from test_multi_token_steps import OPTS, _params, _run, same_as_plain
 
@@ -81,3 +81,27 @@ def test_command_line_flags_reach_the_config():
     args = build_parser().parse_args(["serve", "--speculative-method", "eagle", "--draft-model", "/heads/x"])
     spec = EngineConfig.from_kwargs("m", **engine_kwargs(args)).speculative
     assert (spec.method, spec.draft_model) == ("eagle", "/heads/x")
+
+
+def test_a_kv_tier_keeps_blocks_the_drafts_grow_into(tiny_llama):
+    """A cached block evicted to the CPU tier by a request's table growing for its drafts is stored
+    before the drafts write their lookahead KV into it (the step would store it only after), so a
+    later prefix hit from the tier gives the plain engine's output."""
+    kw = dict(BASE, kv_cache_memory="64KiB", kv_offload="cpu", kv_offload_size="1MiB")
+    first = "The meaning of life is " * 4  # its full blocks go to the prefix cache
+    others = ["zz " * 10, "Hello hello hello hello", "abcdefghijklmnopqrstuvwxyz"]  # their growth evicts them
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+
+    def session(llm):
+        outs = [llm.generate([p], params, use_tqdm=False)[0] for p in [first, *others, first]]
+        assert outs[-1].num_tier_cached_tokens > 0  # the second `first` came from the tier
+        eng = llm.engine
+        eng.kv.check_integrity()
+        assert eng.kv.num_free_blocks == eng.kv.num_usable_blocks
+        return [o.outputs[0].token_ids for o in outs]
+
+    plain = session(LLM(str(tiny_llama), **kw))
+    for k in (3, 8):
+        llm = LLM(str(tiny_llama), speculative_method="layer-skip", speculative_layers=1, num_speculative_tokens=k,
+                  speculative_controller="off", **kw)
+        assert session(llm) == plain

@@ -23,6 +23,8 @@ import torch
 from ridgeline.disagg.blocks import scatter
 from ridgeline.disagg.payload import KVPayload, spec_key, unusable
 from ridgeline.engine.request import Request, Status
+from ridgeline.engine.kv_tier import store_now
+from ridgeline.runner.kv_store import KVStoreError
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,10 @@ class Adoptions:
                 continue
             del self.pending[rid]
             copied += n
+            try:  # blocks the allocation evicted go to the KV tier before the payload is written over them
+                store_now(kv, eng.runner.store)
+            except KVStoreError as e:
+                eng._lose_tier(None, e)
             try:
                 scatter(eng.runner.kv, kv.tables[rid][:kv.blocks_for(n)], payload.data)
                 self._restore_generator(req, payload)

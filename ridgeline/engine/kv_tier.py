@@ -219,3 +219,16 @@ class SwapCosts:
         if self.mode != "auto":
             return self.mode == "swap"
         return self.swap_seconds(nbytes) < self.recompute_seconds(num_tokens)
+
+
+def store_now(kv, store) -> None:
+    """Run the tier's stores queued so far (cached blocks an allocation just evicted) before anything
+    writes into the pool outside a step's forward: the blocks they copy may already belong to the
+    allocation that evicted them (an adopted request's KV, a layer-skip draft's lookahead writes), and
+    the step would store them only after those writes. Loads stay queued for the step. KVStoreError
+    (runner/kv_store.py) if a copy fails."""
+    tier = kv.tier
+    if tier is None or store is None or not tier.copies.stores:
+        return
+    stores, tier.copies.stores = tier.copies.stores, []
+    store.run(TierCopies(stores=stores))

@@ -335,7 +335,10 @@ class LLMEngine:
             clock.adopted()
         spec = self.spec
         if spec is not None:
-            spec.propose(self.scheduler.running)
+            try:
+                spec.propose(self.scheduler.running)
+            except KVStoreError as e:  # a proposer's early tier stores (layer-skip): no drafts this step
+                self._lose_tier(None, e)
         plan = self.scheduler.schedule()
         t0 = time.perf_counter()
         clock.mark()
@@ -394,10 +397,11 @@ class LLMEngine:
         return outputs
 
     def _lose_tier(self, plan, error: KVStoreError) -> None:
-        """The step did not run: go on without the tier, recomputing what depended on it."""
-        n = drop_tier(self.scheduler, plan.kv_copies)
+        """The step did not run (plan; None: a copy made before the step's plan failed, nothing loaded):
+        go on without the tier, recomputing what depended on it."""
+        n = drop_tier(self.scheduler, plan.kv_copies if plan is not None else None)
         self.runner.store = None
-        if self.spec is not None and plan.finished_ids:
+        if self.spec is not None and plan is not None and plan.finished_ids:
             self.spec.forget(plan.finished_ids)
         log.warning("%s; the KV offload tier is off from now on, %d request(s) recompute their KV", error, n)
 

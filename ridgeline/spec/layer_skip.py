@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ridgeline.engine.kv_tier import store_now
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.spec.draft_load import DraftTarget
@@ -54,6 +55,8 @@ class LayerSkipProposer(Proposer):
                 continue  # no room to spare: no draft this step
             seqs.append(self._seq(r.req_id, n - 1, r.token_ids[-1]))
             owners.append(i)
+        if seqs:  # blocks the growth evicted go to the KV tier before the drafts write into them
+            store_now(self.kv, self.runner.store)
         while seqs:
             tokens = self._draft(seqs)
             nxt, nxt_owners = [], []
