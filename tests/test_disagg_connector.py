@@ -200,3 +200,37 @@ def test_adoption_copies_a_bounded_number_of_tokens_per_step(trio, link, tiny_ll
         assert got[f"burst{i}"] == _colocated(trio[2], f"burst{i}", prompt, GREEDY)
     decode.kv.check_integrity()
     assert decode.kv.num_used_blocks == 0
+
+
+def test_adopted_kv_lands_after_the_tier_stored_what_it_evicts(tiny_llama):
+    """A decode engine with a CPU tier: adopting transferred requests evicts a cached prompt's blocks
+    to the tier, which stores them before the payloads are written over them, so that prompt again
+    (served from the tier) gives the co-located output."""
+    def engine(**kw):
+        return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", progress=False, **kw))
+    prefill, colocated = engine(kv_cache_memory="2MiB"), engine(kv_cache_memory="2MiB")
+    decode = engine(kv_cache_memory="64KiB", kv_offload="cpu", kv_offload_size="1MiB")
+    sender, receiver = create_connector("tcp", timeout=SAFETY_S), create_connector("tcp", timeout=SAFETY_S)
+    receiver.listen()
+    exports = Exports(prefill, sender)
+    try:
+        first = "The meaning of life is " * 4
+        want = _colocated(colocated, "a", first, GREEDY)
+        assert _colocated(decode, "a", first, GREEDY) == want  # its full blocks stay cached
+        for i, prompt in enumerate(["zz " * 30, "q" * 90, "the quick brown fox " * 5]):
+            fut = exports.expect(f"t{i}", f"t-t{i}", receiver.address)
+            prefill.add_request(f"t{i}", prompt, replace(GREEDY, max_tokens=1))
+            _run(prefill)
+            fut.result(SAFETY_S)
+            payload = receiver.inbox.take(f"t-t{i}", SAFETY_S)
+            got = _decode((prefill, decode, colocated), f"t{i}", prompt, GREEDY, payload)
+            assert got == _colocated(colocated, f"c{i}", prompt, GREEDY)
+        assert decode.adoptions.stats.adopted == 3 and decode.kv.tier.stats.stores > 0
+        decode.add_request("again", first, GREEDY)
+        out = _run(decode)[0]
+        assert out.num_tier_cached_tokens > 0 and out.outputs[0].token_ids == want
+        decode.kv.check_integrity()
+    finally:
+        exports.close()
+        sender.close()
+        receiver.close()
