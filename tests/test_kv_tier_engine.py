@@ -191,3 +191,36 @@ def test_server_reports_the_tier_in_usage_and_metrics(tiny_llama, tmp_path):
     assert values['ridgeline_kv_tier_loads_total{tier="disk"}'] > 0
     assert values['ridgeline_kv_tier_stored_bytes_total{tier="disk"}'] == \
         values['ridgeline_kv_tier_stores_total{tier="disk"}'] * engine.kv_spec.bytes_per_block
+
+
+@pytest.mark.parametrize("method", ["layer-skip", "draft"])
+def test_a_request_whose_reuse_outgrows_the_pool_starts_over(tmp_path, method):
+    """Sliding window, swap preemption, 8 drafted tokens, a pool of 5 blocks: a request comes back
+    to a prefix (its swapped blocks or a prefix-cache hit, a table without the window's holes) that
+    with its next tokens needs more than the whole pool. Alone, it starts from its first token instead
+    of waiting forever with every request behind it; greedy output is the plain engine's."""
+    folder = make_tiny_model(tmp_path / "mistral", "mistral")  # a sliding window of 24
+    prompts = ["Once upon a time", "The meaning of life is " * 3, "x", "abcdefghijklmnopqrstuvwxyz",
+               "Hello hello hello hello", "1 2 3 4 5 6 7 8", "The quick brown fox", "zz " * 20]
+    params = SamplingParams(max_tokens=150, **GREEDY)
+    kw = dict(dtype="float32", progress=False, kv_cache_memory="40KiB", max_num_batched_tokens=32,
+              preemption_mode="swap", kv_offload="cpu", kv_offload_size="1MiB")
+
+    def run(llm):
+        eng, done = llm.engine, {}
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", p, params)
+        for _ in range(5000):  # the plain engine takes ~1,100 steps
+            for out in eng.step(emit_unfinished=False):  # finished requests, whole
+                done[out.request_id] = out.outputs[0].token_ids
+            if not eng.has_unfinished():
+                break
+        assert not eng.has_unfinished(), [(r.request_id, r.num_tokens) for r in eng.scheduler.waiting]
+        eng.kv.check_integrity()
+        return [done[f"r{i}"] for i in range(len(prompts))], eng.scheduler.num_preemptions
+
+    plain, _ = run(LLM(str(folder), **kw))
+    spec = dict(speculative_method="layer-skip", speculative_layers=1) if method == "layer-skip" else \
+        dict(speculative_method="draft", draft_model=str(folder))
+    out, preempted = run(LLM(str(folder), num_speculative_tokens=8, speculative_controller="off", **spec, **kw))
+    assert out == plain and preempted > 0

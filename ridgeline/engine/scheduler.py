@@ -152,10 +152,26 @@ class Scheduler:
             rest = self.kv.blocks_for(req.num_tokens) - self.kv.blocks_for(reused + n) \
                 if req.request_id in self._dropped else 0
             if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark + rest, prefix=match):
-                if self.running or scheduled or not self.kv.allocate(req.request_id, reused + n, prefix=match):
+                alone = not self.running and not scheduled
+                if not alone or not self.kv.allocate(req.request_id, reused + n, prefix=match):
                     self.kv.free(req.request_id)  # drop shared blocks: a waiting request holds none
-                    self.waiting.appendleft(req)
-                    break
+                    if not (alone and reused):
+                        self.waiting.appendleft(req)
+                        break
+                    # alone, what it would reuse (its swapped blocks, a prefix-cache hit: a table
+                    # without a sliding window's holes) and its next chunk exceed the whole pool: it
+                    # would wait forever, and everything behind it. It starts from its first token.
+                    if match is not None and match.swapped:
+                        self.kv.drop_swapped(req.request_id)
+                        self._dropped[req.request_id] = req.num_computed_tokens
+                    match, reused = None, 0
+                    n = min(req.num_tokens, budget)
+                    if self.evictor is not None:
+                        n = self.evictor.cap(req.request_id, n)
+                    if not self.kv.allocate(req.request_id, n):
+                        self.kv.free(req.request_id)
+                        self.waiting.appendleft(req)
+                        break
             req.num_computed_tokens = reused
             if self._dropped:
                 self.num_recomputed_tokens += max(0, self._dropped.pop(req.request_id, 0) - reused)
