@@ -164,10 +164,8 @@ class Scheduler:
                     if match is not None and match.swapped:
                         self.kv.drop_swapped(req.request_id)
                         self._dropped[req.request_id] = req.num_computed_tokens
-                    match, reused = None, 0
+                    match, reused = None, 0  # (never under KV eviction: it reuses nothing)
                     n = min(req.num_tokens, budget)
-                    if self.evictor is not None:
-                        n = self.evictor.cap(req.request_id, n)
                     if not self.kv.allocate(req.request_id, n):
                         self.kv.free(req.request_id)
                         self.waiting.appendleft(req)
