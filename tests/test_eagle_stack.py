@@ -288,3 +288,16 @@ def test_the_fused_c_chain_drafts_what_the_per_call_c_path_does(tiny_llama, tiny
         assert sum(n == 3 for n in chains) >= 20
     elif pointer != "none":  # the pointer's copies are sure enough to chain
         assert sum(n > 1 for n in chains) >= 2
+
+
+def test_the_head_packs_in_the_fewest_bytes_a_kernel_here_multiplies():
+    """The head's weights go to group-wise int4 in the largest group dividing every input width (its
+    fc reads 2H, the copy pointer's projection 4H), else per-channel int8, else the target's dtype."""
+    from ridgeline.spec.eagle import head_format
+
+    default = HeadConfig(576, 9, 3, 64, 1536, 1e-5, 1e5, 128, 8)  # the shipped head's shape
+    assert head_format(frozenset({"int4", "int8"}), default) == "int4-g64"  # 576 = 9 * 64, not 128
+    assert head_format(frozenset({"int8"}), default) == "int8"
+    assert head_format(frozenset(), default) is None
+    assert head_format(frozenset({"int4", "int8"}), HeadConfig(4096, 32, 8, 128, 11008, 1e-5, 1e4)) == "int4-g128"
+    assert head_format(frozenset({"int4", "int8"}), HeadConfig(48, 4, 2, 12, 100, 1e-5, 1e4)) == "int8"  # 100 % 32
