@@ -283,3 +283,33 @@ def test_catch_ups_outside_probes_leave_the_probe_budget_alone():
     ctrl._probe_base = cost(1)
     ctrl.charge(0.002, 40)  # a probe's catch-up is the probe's cost
     assert ctrl.budget == pytest.approx(before - 0.002)
+
+
+def test_a_proposer_that_stops_chains_short_is_priced_by_the_slots_it_fills():
+    """An EAGLE-like proposer: allowed two drafts, it makes the second only where it is sure (a quarter
+    of the time), and such second drafts are accepted 90% of the time after an accepted first (first
+    drafts: 50%). Each row costs a quarter of a step. Expected tokens per second: k = 1 1.5 / 13.3 ms
+    = 112.8; k = 2 1.6125 / 14.0 ms = 115.0 (2.25 rows). Pricing every allowed slot as a full row
+    accepted at the pooled acceptance (0.54, geometric) predicts k = 2 at 115.7 against k = 1 at 119.2
+    and drafts one; priced by the rows its slots fill and the acceptance of the drafts made there, the
+    controller allows two."""
+    rng = random.Random(5)
+    ctrl = SpecController(2)
+
+    def cost(rows):
+        return 0.010 + 0.0025 * (rows - 1)
+    ks_seen = []
+    for _ in range(1500):
+        k = ctrl.choose(["r"], [2], 1)[0]
+        ks_seen.append(k)
+        drafted = min(k, 1 + (rng.random() < 0.25))
+        if k:
+            ctrl.observe_draft(k, 0.0008 + 0.0004 * (drafted - 1))
+            ctrl.observe_use([k], [drafted])
+        ctrl.observe_step(1 + drafted, cost(1 + drafted))
+        acc = 0
+        if drafted and rng.random() < 0.5:
+            acc = 1 + (drafted == 2 and rng.random() < 0.9)
+        if drafted:
+            ctrl.observe_acceptance("r", drafted, acc)
+    assert sum(k == 2 for k in ks_seen[-300:]) > 270

@@ -71,6 +71,7 @@ class Speculation:
         if self.controller is not None:
             self.controller.observe_draft(max(ks), max(0.0, elapsed - self.proposer.setup_time))
             self.controller.charge(self.proposer.setup_time, self.proposer.setup_rows)
+        drafted = []
         for (req, pr), got in zip(want, proposals):
             req.spec_stats.draft_time += elapsed / len(want)
             draft = got if isinstance(got, Draft) else None
@@ -78,8 +79,11 @@ class Speculation:
             if any(not 0 <= t < self.vocab_size for t in tokens):
                 raise RuntimeError(f"proposer {self.proposer.name} proposed a token outside the vocabulary")
             req.spec_token_ids = tokens
+            drafted.append(len(tokens))
             if draft is not None and draft.probs is not None and tokens:
                 self.drafts[req.request_id] = draft
+        if self.controller is not None:
+            self.controller.observe_use([pr.k for _, pr in want], drafted)
 
     def observe(self, plan: StepPlan, sampled: list[SampledSeq], requests: dict[str, Request],
                 seconds: float, hidden=None) -> None:

@@ -17,6 +17,12 @@ measured range, probing stops, except that a step size not measured for STALE st
 again and its cost replaced: one slow reading (a noisy neighbour, a page fault) would otherwise
 stand for good, since choices that never draft that much never re-measure it.
 
+A proposer may fill fewer slots than allowed (EAGLE's confidence bars stop a chain, lookup finds no
+match), and the drafts it does make deep in a chain are the confident ones: so each draft position
+is priced by the share of allowed slots filled (its expected rows) and by the acceptance of drafts
+made there after accepted ones, relative to the first position's (its expected tokens), both
+counted over all requests; a request's own acceptance scales them.
+
 A request the proposer has not drafted for lately first costs a catch-up (an EAGLE head feeding the
 rows it missed, a draft model prefilling them): its backlog rows times the measured seconds per
 catch-up row. That one-time cost is spread over the steps the request has left (its remaining
@@ -27,7 +33,9 @@ start it, so a large batch does not pay a long catch-up for one step of drafting
 from __future__ import annotations
 
 import bisect
+import collections
 import math
+import statistics
 
 
 class StepCost:
@@ -116,11 +124,20 @@ def _convex(xs: list[float], ys: list[float]) -> list[float]:
     return out
 
 
+def _count(stats: list[list[float]], j: int, success: bool) -> None:
+    """One trial at position j of per-position [trials, successes] counts (grown as needed)."""
+    while len(stats) <= j:
+        stats.append([0.0, 0.0])
+    stats[j][0] += 1
+    stats[j][1] += success
+
+
 class SpecController:
     """Decides k per request per step from StepCost, the drafts' cost and each request's acceptance."""
     PRIOR_WEIGHT = 2.0  # trials the prior counts as, beside a request's own
     STALE = 200  # steps after which a step size's measured cost is probed again (and replaced)
     HORIZON = 128  # steps a catch-up is spread over at most (a request's tokens left may be its max_tokens)
+    DRAFT_READINGS = 15  # drafting readings per k the proposer's cost is the median of
 
     def __init__(self, max_k: int, min_gain: float = 1.05, probe_budget: float = 0.01, probe_frac: float = 0.25,
                  prior: float = 0.6, alpha_weight: float = 0.3):
@@ -136,7 +153,17 @@ class SpecController:
         self._counts: dict[str, tuple[float, float]] = {}
         self._all = (0.0, 0.0)
         self.fade, self.fade_all = 1 - alpha_weight / 30, 1 - alpha_weight / 300
-        self.draft_pass = 0.0  # seconds the proposer takes per drafted position (one token for each request)
+        # per draft position j (0-based), decayed over all requests as the prior is: [slots allowed,
+        # slots the proposer drafted into] (a proposer may stop short of k: EAGLE's confidence bars)
+        # and [drafts at j tried (every one before it accepted), accepted] (observe_use, observe_acceptance)
+        self._use: list[list[float]] = []
+        self._deep: list[list[float]] = []
+        # seconds the proposer takes for a step drafting up to k tokens per request, by k (its catch-up
+        # and first pick are paid whatever k, a chain that stops short costs less than k passes): the
+        # median of the last DRAFT_READINGS readings per k, so one stalled reading (a garbage
+        # collection: 2.1 ms against 0.32 typical at batch 1) does not price a rarely chosen k out; a
+        # k not measured is priced in proportion from the nearest one measured
+        self.draft_cost: dict[int, collections.deque] = {}
         self.setup_row = 0.0  # seconds the proposer takes per catch-up row (0: not measured yet)
         self.budget = 0.0  # seconds probes may still cost over the choices they replaced
         self._probe_base: float | None = None  # predicted seconds of the choice the last probe replaced
@@ -156,7 +183,14 @@ class SpecController:
     def observe_draft(self, positions: int, seconds: float) -> None:
         """The proposer drafted up to `positions` tokens per request in `seconds`."""
         if positions > 0:
-            self.draft_pass += 0.25 * (seconds / positions - self.draft_pass)
+            self.draft_cost.setdefault(positions, collections.deque(maxlen=self.DRAFT_READINGS)).append(seconds)
+
+    def draft_seconds(self, k: int) -> float:
+        """The proposer's predicted seconds for a step drafting up to k tokens per request."""
+        if k <= 0 or not self.draft_cost:
+            return 0.0
+        near = k if k in self.draft_cost else min(self.draft_cost, key=lambda j: (abs(j - k), -j))
+        return statistics.median(self.draft_cost[near]) * k / near
 
     def charge(self, seconds: float, rows: int = 0) -> None:
         """One-time drafting work (a proposer catching up on `rows` rows of requests it had not
@@ -184,6 +218,36 @@ class SpecController:
             hits, n = self._counts.get(req_id, (0.0, 0.0))
             self._counts[req_id] = hits + accepted, n + trials
             self._all = self._all[0] + accepted, self._all[1] + trials
+            for j in range(trials):
+                _count(self._deep, j, accepted > j)
+
+    def observe_use(self, allowed: list[int], drafted: list[int]) -> None:
+        """The proposer drafted drafted[i] tokens where this step's choice allowed allowed[i]. A proposer
+        that stops a chain where its own confidence falls (the EAGLE head's bars) leaves later slots
+        empty: they cost no row, and the drafts it does make there are better than the geometric
+        model's alpha^j (the chain went on only where the head was sure), so choose() prices a slot
+        at the rows it is used for and the tokens it has yielded (on the chat workload, batch 1, k = 2:
+        the head drafted a second token at about half the steps that allowed one)."""
+        for a, d in zip(allowed, drafted):
+            for j in range(a):
+                _count(self._use, j, j < d)
+
+    def _slots(self, n: int) -> tuple[list[float], list[float]]:
+        """Per draft position j < n: (the share of allowed slots the proposer drafted into, the
+        acceptance of a draft at j whose predecessors were all accepted, relative to the first
+        position's), each with PRIOR_WEIGHT trials of the geometric model (every slot used, every
+        position accepted alike) beside its counts."""
+        w = self.PRIOR_WEIGHT
+        counts = lambda stats, j: stats[j] if j < len(stats) else (0.0, 0.0)  # noqa: E731
+        use, rel = [], []
+        tried, hit = counts(self._deep, 0)
+        first = (hit + w * self.prior0) / (tried + w)
+        for j in range(n):
+            allowed, made = counts(self._use, j)
+            use.append(min((made + w) / (allowed + w), use[-1] if use else 1.0))  # a slot follows the one before
+            tried, hit = counts(self._deep, j)
+            rel.append((hit + w * first) / (tried + w) / first if j and first > 0 else 1.0)
+        return use, rel
 
     def _age(self, req_ids: list[str]) -> None:
         """Once per step: every count fades (per request, and over all requests for the prior of new
@@ -194,6 +258,9 @@ class SpecController:
             hits, n = self._counts.get(rid, (0.0, 0.0))
             self._counts[rid] = hits * self.fade, n * self.fade
         self._all = self._all[0] * self.fade_all, self._all[1] * self.fade_all
+        for pair in self._use + self._deep:
+            pair[0] *= self.fade_all
+            pair[1] *= self.fade_all
         self.prior = (self._all[0] + self.PRIOR_WEIGHT * self.prior0) / (self._all[1] + self.PRIOR_WEIGHT)
 
     def acceptance(self, req_id: str) -> float:
@@ -219,22 +286,32 @@ class SpecController:
             return ks
         alphas = [min(self.acceptance(r), 0.99) for r in req_ids]
         setup = self._setup(alphas, backlog, left)
-        # best first: expected tokens, less a catch-up's share in tokens of plain decoding
+        # best first: expected tokens per row, less a catch-up's share in tokens of plain decoding
         less = [0.0] * len(req_ids) if setup is None else [x * base_rows / t0 for x in setup]
-        # (order key, -j, request, expected tokens of its j-th draft)
-        cands = sorted(((alphas[i] ** j - less[i], -j, i, alphas[i] ** j) for i, c in enumerate(caps)
-                        for j in range(1, c + 1)), reverse=True)
-        n = self._best(cands, len(req_ids), base_rows, t0, setup)
+        use, rel = self._slots(max(caps, default=0))
+        cands = []  # (order key, -j, request, expected tokens of its j-th draft, expected rows)
+        for i, c in enumerate(caps):
+            through = 1.0  # the chance that drafts 1 .. j are all accepted, where all are made
+            for j in range(1, c + 1):
+                through *= min(0.99, alphas[i] * rel[j - 1])
+                cands.append((through - less[i], -j, i, use[j - 1] * through, use[j - 1]))
+        cands.sort(reverse=True)
+        rows = [float(base_rows)]  # expected rows of a step with the first n candidates
+        for cand in cands:
+            rows.append(rows[-1] + cand[4])
+        n = self._best(cands, len(req_ids), rows, t0, setup)
         step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
         # probe past the largest step measured, or a step size not measured for a while (a noisy
         # reading there would otherwise stand for good: choices never drafting that much never
         # re-measure it)
-        if self.budget > 0 and n < len(cands) and (base_rows + n + step > self.cost.max_rows or
-                                                   self.cost.stale(base_rows + n + step, self.steps, self.STALE)):
-            self._probe_base = self.cost.predict(base_rows + n)
-            n = min(len(cands), n + step)  # measure a step a little past the largest measured
-        for _, _, i, _ in cands[:n]:
-            ks[i] += 1
+        probe = min(len(cands), n + step)
+        most = math.ceil(rows[probe] - 1e-9)  # the rows that step may reach (slots are used a share of the time)
+        if self.budget > 0 and n < len(cands) and (most > self.cost.max_rows or
+                                                   self.cost.stale(most, self.steps, self.STALE)):
+            self._probe_base = self.cost.predict(rows[n])
+            n = probe  # measure a step a little past the largest measured
+        for cand in cands[:n]:
+            ks[cand[2]] += 1
         return ks
 
     def _setup(self, alphas: list[float], backlog: list[int] | None, left: list[int] | None) -> list[float] | None:
@@ -247,20 +324,20 @@ class SpecController:
             out.append(rows * self.setup_row / steps)
         return out
 
-    def _best(self, cands: list[tuple[float, int, int, float]], B: int, base_rows: int, t0: float,
+    def _best(self, cands: list[tuple], B: int, rows: list[float], t0: float,
               setup: list[float] | None = None) -> int:
         """How many of the candidates (best first) maximise expected tokens per second; 0 unless that
-        beats plain decoding by min_gain. setup[i]: seconds per step request i's catch-up adds once
-        it drafts."""
+        beats plain decoding by min_gain. rows[n]: the expected rows of a step with the first n;
+        setup[i]: seconds per step request i's catch-up adds once it drafts."""
         best_n, best_rate = 0, B / t0
         gained, kmax, counts, started = 0.0, 0, [0] * B, 0.0
-        for n, (_, _, i, g) in enumerate(cands, 1):
+        for n, (_, _, i, g, _) in enumerate(cands, 1):
             gained += g
             counts[i] += 1
             kmax = max(kmax, counts[i])
             if setup is not None and counts[i] == 1:
                 started += setup[i]
-            rate = (B + gained) / (self.cost.predict(base_rows + n) + self.draft_pass * kmax + started)
+            rate = (B + gained) / (self.cost.predict(rows[n]) + self.draft_seconds(kmax) + started)
             if rate > best_rate:
                 best_n, best_rate = n, rate
             elif rate < 0.8 * best_rate:
