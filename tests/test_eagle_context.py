@@ -82,17 +82,20 @@ def test_hidden_rows_land_at_their_slots():
     hidden = torch.arange(30, dtype=torch.float32).reshape(10, 3)
     ctx.write(table, 2, hidden, 1, [10, 11, 12, 13, 14, 15, 16])  # positions 2..8 <- rows 1..7
     slots = [2 * 4 + 2, 2 * 4 + 3, 0, 1, 2, 3, 3 * 4]
-    assert torch.equal(ctx.rows[slots], hidden[1:8])
+    assert ctx.tokens[slots].tolist() == [-1] * 7  # queued: a step's rows land together
+    ctx.write(table, 9, hidden, 9, [17])  # a decode row: position 9 <- row 9
+    ctx.flush()
+    assert torch.equal(ctx.rows[slots + [13]], hidden[[1, 2, 3, 4, 5, 6, 7, 9]]) and ctx.tokens[13] == 17
     assert ctx.tokens[slots].tolist() == [10, 11, 12, 13, 14, 15, 16]
     tokens = [8, 9, 10, 11, 12, 13, 14]
     assert ctx.runs(table, 2, tokens) is None  # positions 0, 1 were never written
     ctx.write(table, 0, hidden, 0, [8, 9])
-    assert ctx.runs(table, 7, tokens) == [(0, 8, 4), (4, 0, 3)]
+    assert ctx.runs(table, 7, tokens) == [(0, 8, 4), (4, 0, 3)]  # reading flushes what is queued
     ctx.rows.zero_()
     wide = hidden.to(torch.float64)  # another dtype (as a GPU's rows): queued, then copied by torch in one op
     ctx.write(table, 0, wide, 0, [8, 9])
     ctx.write(table, 4, wide, 5, [20, 21, 22])
-    assert not ctx.rows.any() and np.array_equal(ctx.tokens[8:10], [8, 9])
+    assert not ctx.rows.any()
     ctx.flush()
     assert torch.equal(ctx.rows[[8, 9, 0, 1, 2]], hidden[[0, 1, 5, 6, 7]])
     assert np.array_equal(ctx.tokens[0:3], [20, 21, 22])

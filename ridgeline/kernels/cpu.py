@@ -83,6 +83,7 @@ _SIGNATURES = {
                              _PTR, _F32, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _INT],
     "ridgeline_chain_fields": [_INT],
     "ridgeline_eagle_chain": [_PTR, _PTR, _PTR, _PTR, _PTR, _INT],
+    "ridgeline_copy_rows": [_PTR, _PTR, _PTR, _PTR, _I64, _I64],
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
@@ -92,7 +93,7 @@ _SIGNATURES = {
                                   _I64, _I64, _I64, _I64, _F32, _INT],
 }
 
-_RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64}
+_RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ridgeline_copy_rows": None}
 
 
 def _build() -> ctypes.CDLL:

@@ -106,3 +106,11 @@ def eagle_chain(args: np.ndarray, floats: np.ndarray, rows: np.ndarray, tokens: 
 
 
 _chain_checked: list[bool] = []
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, dst_rows: np.ndarray, src_rows: np.ndarray) -> None:
+    """dst[dst_rows[i]] = src[src_rows[i]]: contiguous host tensors of one dtype and row size, int64 indices."""
+    row_bytes = dst.stride(0) * dst.element_size()
+    assert src.stride(0) * src.element_size() == row_bytes and len(dst_rows) == len(src_rows)
+    cpu.lib().ridgeline_copy_rows(dst.data_ptr(), src.data_ptr(), addr(dst_rows), addr(src_rows), len(dst_rows),
+                                  row_bytes)

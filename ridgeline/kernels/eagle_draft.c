@@ -327,3 +327,11 @@ int ridgeline_eagle_chain(const int64_t *a, const double *f, const int64_t *rows
     free(w), free(path), free(stopped), free(probs);
     return rc;
 }
+
+/* dst row dst_rows[i] = src row src_rows[i] for i < n, rows of row_bytes bytes (the target's hidden
+ * rows an EAGLE head keeps beside the KV cache, spec/eagle_context.py: a step's rows in one call) */
+void ridgeline_copy_rows(char *dst, const char *src, const int64_t *dst_rows, const int64_t *src_rows, int64_t n,
+                         int64_t row_bytes) {
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + dst_rows[i] * row_bytes, src + src_rows[i] * row_bytes, (size_t)row_bytes);
+}
