@@ -299,7 +299,8 @@ class SpecController:
         rows = [float(base_rows)]  # expected rows of a step with the first n candidates
         for cand in cands:
             rows.append(rows[-1] + cand[4])
-        n = self._best(cands, len(req_ids), rows, t0, setup)
+        drafting = [self.draft_seconds(k) for k in range(max(caps, default=0) + 1)]  # by the deepest k
+        n = self._best(cands, len(req_ids), rows, drafting, t0, setup)
         step = max(1, math.ceil(self.probe_frac * (base_rows + n)))
         # probe past the largest step measured, or a step size not measured for a while (a noisy
         # reading there would otherwise stand for good: choices never drafting that much never
@@ -324,11 +325,12 @@ class SpecController:
             out.append(rows * self.setup_row / steps)
         return out
 
-    def _best(self, cands: list[tuple], B: int, rows: list[float], t0: float,
+    def _best(self, cands: list[tuple], B: int, rows: list[float], drafting: list[float], t0: float,
               setup: list[float] | None = None) -> int:
         """How many of the candidates (best first) maximise expected tokens per second; 0 unless that
         beats plain decoding by min_gain. rows[n]: the expected rows of a step with the first n;
-        setup[i]: seconds per step request i's catch-up adds once it drafts."""
+        drafting[k]: the proposer's seconds for a step drafting up to k; setup[i]: seconds per step
+        request i's catch-up adds once it drafts."""
         best_n, best_rate = 0, B / t0
         gained, kmax, counts, started = 0.0, 0, [0] * B, 0.0
         for n, (_, _, i, g, _) in enumerate(cands, 1):
@@ -337,7 +339,7 @@ class SpecController:
             kmax = max(kmax, counts[i])
             if setup is not None and counts[i] == 1:
                 started += setup[i]
-            rate = (B + gained) / (self.cost.predict(rows[n]) + self.draft_seconds(kmax) + started)
+            rate = (B + gained) / (self.cost.predict(rows[n]) + drafting[kmax] + started)
             if rate > best_rate:
                 best_n, best_rate = n, rate
             elif rate < 0.8 * best_rate:
