@@ -260,11 +260,11 @@ def test_backlog_counts_the_rows_the_head_has_not_read(tiny_llama, tiny_head):
     """What the controller prices a restart with: after a prompt's prefill the head owes its rows;
     a catch-up pays them (the rows past a verification's worth measured as setup)."""
     llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=2,
-              speculative_controller="off", enable_prefix_caching=False, **BASE)
+              speculative_controller="on", enable_prefix_caching=False, **BASE)
     eng, prop = llm.engine, llm.engine.proposer
     eng.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    eng.spec.configure(0, controller=False)  # prefill, then one plain step: nothing drafted yet
-    eng.step(emit_unfinished=False)
+    eng.spec.controller.choose = lambda ids, *a: [0] * len(ids)  # the controller drafts nothing yet
+    eng.step(emit_unfinished=False)  # prefill, then one step without drafts
     eng.step(emit_unfinished=False)
     n = eng.requests["b"].num_tokens
     assert prop.backlog("b", n) == n - 1  # every position but the last, whose successor is unknown
@@ -272,3 +272,23 @@ def test_backlog_counts_the_rows_the_head_has_not_read(tiny_llama, tiny_head):
     eng.step(emit_unfinished=False)
     assert prop.setup_rows == n - 1 - 3 and prop.setup_time > 0
     assert prop.backlog("b", eng.requests["b"].num_tokens) <= 3  # only the verified rows of that step
+
+
+def test_speculation_pinned_off_runs_as_a_plain_engine(tiny_llama, tiny_head):
+    """k = 0 with the controller off (a benchmark's "off"): the head is not fed at all; drafting
+    turned on again later starts from the rows after the gap, and greedy output stays exact."""
+    plain = LLM(str(tiny_llama), enable_prefix_caching=False, **BASE)
+    want = plain.generate([list(range(5, 25))], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    llm = LLM(str(tiny_llama), speculative_method="eagle", draft_model=str(tiny_head), num_speculative_tokens=2,
+              speculative_controller="off", enable_prefix_caching=False, **BASE)
+    eng, prop = llm.engine, llm.engine.proposer
+    eng.spec.configure(0, controller=False)
+    eng.add_request("c", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    for _ in range(4):
+        eng.step(emit_unfinished=False)
+    assert prop.backlog("c", eng.requests["c"].num_tokens) == 0 and "c" not in prop.states
+    eng.spec.configure(2, controller=False)
+    done = []
+    while eng.has_unfinished():
+        done += eng.step(emit_unfinished=False)
+    assert done[0].outputs[0].token_ids == want[0].outputs[0].token_ids and eng.spec.stats.proposed > 0

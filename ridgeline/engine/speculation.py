@@ -89,7 +89,9 @@ class Speculation:
                 seconds: float, hidden=None) -> None:
         """After the runner ran plan in `seconds`: count drafts, feed the controller, and hand a
         proposer that reads the target's hidden states (`wants_hidden`) this step's."""
-        if hidden is not None:
+        if hidden is not None and (self.max_k or self.controller is not None):
+            # (pinned off, configure(0, False), the engine runs as a plain one: a benchmark's "off" pays
+            # no head bookkeeping; drafting turned on later starts after a gap, as a dropped backlog does)
             t0 = time.perf_counter()
             self.proposer.observe(plan, sampled, hidden, requests)
             self.stats.draft_time += time.perf_counter() - t0
