@@ -241,3 +241,22 @@ def test_validate_quant_rows_predict_and_measure_int8_and_int4(tiny_llama):
     (_, p8, m8, note8), (_, p4, m4, _) = rows
     assert 1.8 < p8 < 2.0 < 3.0 < p4 < 4.0 and m8 > 0 and m4 > 0  # KV and host calls keep it under 2x / 4x
     assert "MB of linear weights stored" in note8
+
+
+def test_spec_validate_prints_predicted_beside_measured(capsys, monkeypatch, tiny_llama, tiny_head):
+    """`advise spec --validate`: per batch size the measured acceptance, drafts per verification and
+    draft cost, the roofline's predicted speed-up from them and the measured one (the profile: a
+    table device here, so no machine profile runs in the test)."""
+    from ridgeline.advisor import local_profile
+    from ridgeline.advisor.hardware import lookup_hardware
+    monkeypatch.setattr(local_profile, "local_hardware", lambda **kw: lookup_hardware("H100"))
+    rc, out, err = run(capsys, "spec", "--validate", "--model", str(tiny_llama), "--speculative-method", "eagle",
+                       "--draft-model", str(tiny_head), "--draft-len", "2", "--batch-sizes", "1,2", "--requests", "2",
+                       "--repeats", "1", "--output-len", "12", "--dtype", "float32")
+    assert rc == 0, err
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    assert [r[0] for r in rows] == ["1", "2"]
+    for r in rows:  # batch, alpha, k_eff, c_draft, verify/decode, predicted, measured, error
+        assert len(r) == 8 and r[5].endswith("x") and r[6].endswith("x") and 1 <= float(r[2]) <= 2
+    rc, _, err = run(capsys, "spec", "--validate", "--batch-sizes", "0,x")
+    assert rc == 2 and "--batch-sizes needs positive batch sizes" in err

@@ -11,7 +11,8 @@ DESCRIPTION = """Diagnose the binding wall (capacity, bandwidth, compute, networ
 hardware under a workload, and rank the techniques that pay off, with the arithmetic shown.
   ridgeline advise --model Llama-3.1-70B --hardware H100 --prompt-len 2000 --concurrency 64
   ridgeline advise kv | gpus | spec | disagg | quant ...   one calculator
-  ridgeline advise --validate                         predicted vs measured on this machine"""
+  ridgeline advise --validate                         predicted vs measured on this machine
+  ridgeline advise spec --validate --draft-len 2      speculative gain by batch size, predicted vs measured"""
 
 SUBCOMMANDS = {
     "kv": "KV cache sizing: bytes per token, capacity, maximum concurrency by context",
@@ -80,6 +81,9 @@ def register(subparsers) -> None:
         if name == "disagg":
             from ridgeline.advisor.disagg_advice import add_disagg_args
             add_disagg_args(sp)
+        if name == "spec":
+            from ridgeline.advisor.validate_spec import add_spec_validate_args
+            add_spec_validate_args(sp)
     p.set_defaults(func=run, advise_command=None)
 
 
@@ -109,6 +113,9 @@ def scenario_from_args(args, spec=None):
 
 
 def run(args) -> int:
+    if args.advise_command == "spec" and getattr(args, "spec_validate", False):
+        from ridgeline.advisor.validate_spec import run_spec_validate
+        return run_spec_validate(args)
     if getattr(args, "validate", False) and getattr(args, "tensor_parallel_size", 1) > 1:
         from ridgeline.advisor.validate_tp import run_tp_validate
         return run_tp_validate(args)
