@@ -23,6 +23,12 @@ SUBCOMMANDS = {
 }
 
 
+# `advise CALC --validate` for calculators whose check runs the engine, registered by the package that
+# measures (bench/spec_validate.py: `spec`) before this parser is built: CALC -> (add_args(subparser)
+# adding a --validate with dest calc_validate, run(args) -> exit code). The advisor runs no engine for them.
+VALIDATORS: dict[str, tuple] = {}
+
+
 def _common(p: argparse.ArgumentParser, sub: bool) -> None:
     def add(group, flag: str, default, text: str, **kw) -> None:
         if sub:  # a subcommand keeps the values given before it: its own defaults are only shown
@@ -81,9 +87,8 @@ def register(subparsers) -> None:
         if name == "disagg":
             from ridgeline.advisor.disagg_advice import add_disagg_args
             add_disagg_args(sp)
-        if name == "spec":
-            from ridgeline.advisor.validate_spec import add_spec_validate_args
-            add_spec_validate_args(sp)
+        if name in VALIDATORS:
+            VALIDATORS[name][0](sp)
     p.set_defaults(func=run, advise_command=None)
 
 
@@ -113,9 +118,8 @@ def scenario_from_args(args, spec=None):
 
 
 def run(args) -> int:
-    if args.advise_command == "spec" and getattr(args, "spec_validate", False):
-        from ridgeline.advisor.validate_spec import run_spec_validate
-        return run_spec_validate(args)
+    if args.advise_command in VALIDATORS and getattr(args, "calc_validate", False):
+        return VALIDATORS[args.advise_command][1](args)
     if getattr(args, "validate", False) and getattr(args, "tensor_parallel_size", 1) > 1:
         from ridgeline.advisor.validate_tp import run_tp_validate
         return run_tp_validate(args)

@@ -11,6 +11,10 @@ def register(subparsers) -> None:
     from ridgeline.bench.spec import add_spec_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.cli import add_engine_args
+    from ridgeline.advisor.cli import VALIDATORS
+    from ridgeline.bench.spec_validate import add_spec_validate_args, run_spec_validate
+
+    VALIDATORS["spec"] = (add_spec_validate_args, run_spec_validate)  # `advise spec --validate` measures here
 
     p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online), "
                                             "speculative decoding, the quantization ladder, long context, "

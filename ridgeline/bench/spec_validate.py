@@ -1,5 +1,6 @@
 """`ridgeline advise spec --validate`: the speculative gain the roofline predicts by batch size beside
-the gain measured on this machine.
+the gain measured on this machine (registered into the advisor's CLI by bench/cli.py: the
+measuring lives here, the arithmetic in advisor/speculative.py and advisor/roofline.py).
 
 For each batch size the engine decodes the workload's prompts with speculation pinned off and at k
 (the same engine, alternated), as `ridgeline bench spec` does. From the drafted runs it takes what
@@ -25,7 +26,7 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def add_spec_validate_args(p) -> None:
     g = p.add_argument_group("validation (runs the engine on this machine)")
-    g.add_argument("--validate", dest="spec_validate", action="store_true",
+    g.add_argument("--validate", dest="calc_validate", action="store_true",
                    help="measure speculative decoding by batch size now and print it beside the roofline's "
                         "prediction from the measured acceptance and draft cost (--model, default the shipped "
                         "smollm2-135m; --draft-len is k)")
@@ -52,7 +53,7 @@ def _batches(text: str) -> list[int]:
 
 
 def run_spec_validate(args) -> int:
-    from ridgeline import LLM
+    from ridgeline.entrypoints.llm import LLM
     from ridgeline.advisor.local_profile import local_hardware
     from ridgeline.advisor.model_config import spec_from_arch
     from ridgeline.bench.spec_runs import Setting, expected_tokens, summarize, timed_run, timed_runs
