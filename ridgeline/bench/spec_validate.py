@@ -33,7 +33,7 @@ def add_spec_validate_args(p) -> None:
     g.add_argument("--speculative-method", default="eagle", metavar="METHOD",
                    help="--validate: the proposer (ngram, eagle, layer-skip, draft, chains as ngram+eagle)")
     g.add_argument("--draft-model", default=None, metavar="PATH",
-                   help="--validate: the draft model or head (default: none; eagle finds the head shipped for the model)")
+                   help="--validate: the draft model or head (default: none; eagle finds the model's shipped head)")
     g.add_argument("--workload", default="chat", choices=["chat", "code-edit", "text-edit"],
                    help="--validate: the prompts (as `ridgeline bench spec`)")
     g.add_argument("--batch-sizes", default="1,4,16,64", metavar="B,B,...", help="--validate: batch sizes")
