@@ -40,8 +40,7 @@ class HiddenRows:
             self.rows.zero_()
         else:
             self.rows = torch.empty(slots, hidden_size, dtype=dtype, device=device)
-        self.tokens = np.full(num_blocks * block_size, -1, np.int64)  # the token each slot's row is of (-1: none)
-        self.row_bytes = hidden_size * self.rows.element_size()
+        self.tokens = np.full(slots, -1, np.int64)  # the token each slot's row is of (-1: none)
         self.host = device.type == "cpu"
         self._from: torch.Tensor | None = None  # flush()'s: the queued rows' source, their slots and rows
         self._slots: list[int] = []
