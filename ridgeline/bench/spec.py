@@ -18,7 +18,7 @@ import sys
 import time
 
 from ridgeline.bench.report import write_json
-from ridgeline.bench.spec_runs import Setting, summarize, timed_run, timed_runs
+from ridgeline.bench.spec_runs import Setting, repeated_runs, summarize, timed_run
 from ridgeline.bench.throughput import dtype_name
 from ridgeline.bench.workloads import make_workload
 from ridgeline.cli_parser import non_negative_float, output_file, positive_int
@@ -77,12 +77,8 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
         for B in args.batch_sizes:
             for method, llm in engines.items():
                 settings = settings_for(method, args.k, args.controller)
-                runs = {s: [] for s in settings}
-                for rep in range(args.repeats):
-                    order = settings[rep % len(settings):] + settings[:rep % len(settings)]
-                    for s in order:
-                        runs[s].append(timed_runs(llm, prompts[:max(B, args.requests)], B, s, args.output_len,
-                                                  args.ignore_eos, args.temperature))
+                runs = repeated_runs(llm, prompts[:max(B, args.requests)], B, settings, args.repeats,
+                                     args.output_len, args.ignore_eos, args.temperature)
                 plain = runs[settings[0]]
                 for s in settings:
                     row = {"workload": workload, "batch": B, **summarize(s, runs[s], plain, not args.temperature)}

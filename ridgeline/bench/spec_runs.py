@@ -95,6 +95,17 @@ def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, outp
                [o for r in parts for o in r.outputs])
 
 
+def repeated_runs(llm, prompts: list[list[int]], batch: int, settings: list[Setting], repeats: int, output_len: int,
+                  ignore_eos: bool, temperature: float = 0.0) -> dict[Setting, list[Run]]:
+    """Every setting `repeats` times over the prompts (timed_runs), the order rotated each repeat so
+    that no setting always runs first (the machine's speed drifts within an invocation)."""
+    runs: dict[Setting, list[Run]] = {s: [] for s in settings}
+    for rep in range(repeats):
+        for s in settings[rep % len(settings):] + settings[:rep % len(settings)]:
+            runs[s].append(timed_runs(llm, prompts, batch, s, output_len, ignore_eos, temperature))
+    return runs
+
+
 def expected_tokens(alpha: float, k: float) -> float:
     """E = (1 - a^(k+1)) / (1 - a): tokens per verification with k drafts each accepted with probability a."""
     return k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)

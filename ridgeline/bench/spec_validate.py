@@ -57,7 +57,7 @@ def run_spec_validate(args) -> int:
     from ridgeline.entrypoints.llm import LLM
     from ridgeline.advisor.local_profile import local_hardware
     from ridgeline.advisor.model_config import spec_from_arch
-    from ridgeline.bench.spec_runs import Setting, expected_tokens, summarize, timed_run, timed_runs
+    from ridgeline.bench.spec_runs import Setting, expected_tokens, repeated_runs, summarize, timed_run
     from ridgeline.bench.workloads import make_workload
 
     batches, k = _batches(args.batch_sizes), args.draft_len
@@ -84,11 +84,7 @@ def run_spec_validate(args) -> int:
     print(f"{'batch':>5} {'alpha':>6} {'k_eff':>6} {'c_draft':>8} {'verify/decode':>14} {'predicted':>10} "
           f"{'measured':>9} {'error':>7}")
     for B in batches:
-        n = max(B, args.requests)
-        runs = {off: [], on: []}
-        for rep in range(args.repeats):
-            for s in ((off, on) if rep % 2 == 0 else (on, off)):
-                runs[s].append(timed_runs(llm, prompts[:n], B, s, out_len, True))
+        runs = repeated_runs(llm, prompts[:max(B, args.requests)], B, [off, on], args.repeats, out_len, True)
         row = summarize(on, runs[on], runs[off])
         if "acceptance" not in row:
             print(f"{B:>5}  nothing drafted: no prediction")
