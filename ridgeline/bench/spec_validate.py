@@ -20,9 +20,7 @@ import statistics
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.advisor.roofline import Platform, decode_step, verify_step
 from ridgeline.advisor.speculative import gain
-
-DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
+from ridgeline.advisor.units import precision
 
 def add_spec_validate_args(p) -> None:
     g = p.add_argument_group("validation (runs the engine on this machine)")
@@ -40,7 +38,8 @@ def add_spec_validate_args(p) -> None:
     g.add_argument("--requests", type=int, default=8, metavar="N",
                    help="--validate: prompts per batch size at least (batches run one after another)")
     g.add_argument("--repeats", type=int, default=2, metavar="N", help="--validate: runs per setting (median)")
-    g.add_argument("--dtype", dest="spec_dtype", default="bfloat16", choices=sorted(DTYPES), help="--validate: dtype")
+    g.add_argument("--dtype", dest="spec_dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="--validate: dtype")
 
 
 def _batches(text: str) -> list[int]:
@@ -68,8 +67,8 @@ def run_spec_validate(args) -> int:
               draft_model=args.draft_model, num_speculative_tokens=k, speculative_controller="off",
               max_num_seqs=max(256, batches[-1]))
     eng, info = llm.engine, llm.info
-    kv = DTYPES.get(str(info.kv_dtype).removeprefix("torch."), "bf16")
-    pl = Platform(spec_from_arch(eng.arch, str(args.model)), hw, DTYPES[args.spec_dtype], kv, ops_per_step=0)
+    weights, kv = precision(args.spec_dtype), precision(str(info.kv_dtype).removeprefix("torch."))
+    pl = Platform(spec_from_arch(eng.arch, str(args.model)), hw, weights, kv, ops_per_step=0)
     print(info.summary())
     print(f"profile    {hw.name}: read {hw.bandwidth / 1e9:.1f} GB/s, {pl.weights} GEMM "
           f"{hw.flops.get(pl.weights, 0) / 1e9:.0f} GFLOP/s ({hw.source})")
