@@ -129,6 +129,10 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                    help="address of rank 0's rendezvous store (default: $MASTER_ADDR, else 127.0.0.1)")
     g.add_argument("--master-port", type=int, default=None, metavar="PORT",
                    help="its port (default: $MASTER_PORT, else a free port, so two servers on a host never collide)")
+    g.add_argument("--internal-secret-file", default=None, metavar="FILE",
+                   help="ranks started by torchrun (and workers started apart): a file holding the secret every "
+                        "process of the deployment shares, readable by its owner only; internal channels "
+                        "authenticate with it (default: $RIDGELINE_INTERNAL_SECRET; a one-machine launch makes its own)")
     g.add_argument("--dist-timeout", type=float, default=60.0, metavar="S",
                    help="seconds the ranks wait for each other (rendezvous, a collective) before giving up")
     g.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",
@@ -157,7 +161,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
     parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores",
-                "pipeline_parallel_size", "pipeline_microbatches"]
+                "pipeline_parallel_size", "pipeline_microbatches", "internal_secret_file"]
     kw = {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
     if getattr(args, "expert_parallel", False):
         kw["expert_parallel"] = True

@@ -225,6 +225,8 @@ class ParallelConfig:
     master_addr: str | None = None  # None: $MASTER_ADDR, else 127.0.0.1
     master_port: int | None = None  # None: $MASTER_PORT, else a free port
     dist_timeout: float = 60.0  # seconds a rendezvous or a collective may take before the ranks give up
+    # torchrun: the file with the secret every rank shares (utils/internal_auth.py); one machine: a new one each launch
+    internal_secret_file: str | None = None
     pin_cores: bool = True  # one machine: each rank pinned to its share of the cores, with as many threads
     # stages holding contiguous layer ranges (ridgeline/distributed/stages.py); started like the ranks above
     pipeline_parallel_size: int = 1

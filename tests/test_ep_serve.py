@@ -127,10 +127,14 @@ def _in_flight(url: str) -> float:
                                                       re.M))
 
 
-def test_torchrun_launch_serves_the_same_text(moe, reference):
+def test_torchrun_launch_serves_the_same_text(moe, reference, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef" * 2)
+    secret.chmod(0o600)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "-m", "ridgeline.cli", "serve", str(moe), "--port", "0",
-           "--dtype", "float32", "--kv-cache-memory", "24MiB", "--served-model-name", "tiny", *EP]
+           "--dtype", "float32", "--kv-cache-memory", "24MiB", "--served-model-name", "tiny",
+           "--internal-secret-file", str(secret), *EP]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ranks: list[int] = []
     try:

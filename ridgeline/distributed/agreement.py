@@ -7,14 +7,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
 import ridgeline
+from ridgeline.distributed.frames import all_gather
 from ridgeline.errors import InvalidRequestError
 
 # options that may differ between ranks: progress bars, where a node keeps the model files, and the
 # rendezvous address (the rendezvous itself has already agreed on it)
-RANK_LOCAL = frozenset({"progress", "model.model", "parallel.master_addr", "parallel.master_port"})
+RANK_LOCAL = frozenset({"progress", "model.model", "parallel.master_addr", "parallel.master_port",
+                        "parallel.internal_secret_file"})
 SHOWN = 4  # differences named in the error
 
 
@@ -49,8 +50,10 @@ def differences(prints: list[dict[str, str]]) -> list[str]:
 
 def check_agreement(config, arch, size: int) -> None:
     """Collective: every rank calls it after joining; every rank raises if any two disagree."""
-    prints: list = [None] * size
-    dist.all_gather_object(prints, fingerprint(config, arch))
+    prints = all_gather(fingerprint(config, arch))
+    if not all(isinstance(p, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in p.items())
+               for p in prints):
+        raise InvalidRequestError("a rank sent a fingerprint that is not a table of strings", "parallel")
     found = differences(prints)
     if found:
         more = f" and {len(found) - SHOWN} more" if len(found) > SHOWN else ""

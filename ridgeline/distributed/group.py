@@ -1,10 +1,17 @@
 """Who this process is in a tensor-parallel group and how it joins it: rank and size from the engine
-(ranks it spawned) or from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); the master address
-and port from the configuration, else MASTER_ADDR / MASTER_PORT, else 127.0.0.1 and a free port (two
-servers on one host never share one). One TCPStore, hosted by rank 0 (or by torchrun's agent), carries
-the process group's rendezvous and rank 0's step plans; gloo on CPU, NCCL on CUDA."""
+(ranks it spawned) or from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); gloo on CPU, NCCL on
+CUDA.
+
+On one machine (the engine spawned its ranks) the rendezvous is a FileStore in a folder only this
+user can read, and gloo / NCCL bind loopback: the group opens no port outside 127.0.0.1. Under
+torchrun the rendezvous is torchrun's store (or, without its agent, a TCPStore rank 0 hosts on the
+master address given, never the wildcard): that store and the collectives' own connections trust
+whoever reaches them, so such a launch belongs on a private network (the plan channel is
+authenticated either way: plan_channel.py). The master address and port come from the
+configuration, else MASTER_ADDR / MASTER_PORT, else 127.0.0.1 and a free port."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
@@ -15,17 +22,19 @@ import torch.distributed as dist
 
 from ridgeline.errors import InvalidRequestError
 
-PLAN_TIMEOUT = timedelta(days=7)  # a follower waits for the next plan this long: idle servers are not failures
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}  # one machine: collectives on loopback
 
 
 @dataclass(frozen=True)
 class RankContext:
     rank: int
     size: int
-    addr: str
-    port: int
+    addr: str  # torchrun: the store's (and rank 0's plan listener's) address
+    port: int  # torchrun: the store's port
     cores: tuple[int, ...] | None = None  # CPU cores this rank is pinned to (one-machine launch); None: as is
     spawned: bool = False  # rank 0 spawned the others (one machine); else torchrun started every rank
+    store_path: str | None = None  # one machine: the rendezvous FileStore, in a folder only this user reads
+    plan_fd: int | None = None  # one machine, a follower: its end of rank 0's plan socket pair
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -82,24 +91,65 @@ def unpin(before: tuple[set[int], int]) -> None:
 
 
 def join(ctx: RankContext, timeout_s: float, device: torch.device) -> dist.Store:
-    """Join the default process group; returns the shared store (its client) for the plan channel."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts the store
-    try:
-        store = dist.TCPStore(ctx.addr, ctx.port, ctx.size, ctx.rank == 0 and not agent,
-                              timeout=timedelta(seconds=timeout_s))
-    except (RuntimeError, OSError) as e:
-        raise InvalidRequestError(f"rank {ctx.rank}: the rendezvous at {ctx.addr}:{ctx.port} did not gather all "
-                                  f"{ctx.size} ranks within {timeout_s:g} s ({e}); check --master-addr / --master-port "
-                                  f"and that all {ctx.size} ranks were started") from None
+    """Join the default process group; returns the rendezvous store (torchrun: where rank 0 names its
+    plan listener's port)."""
+    if ctx.store_path is not None:
+        store = dist.FileStore(ctx.store_path, ctx.size)
+    else:
+        store = _tcp_store(ctx, timeout_s)
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
-        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=ctx.rank, world_size=ctx.size,
-                                timeout=timedelta(seconds=timeout_s))
+        with _env(LOOPBACK_ENV if ctx.store_path is not None else {}):
+            dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=ctx.rank,
+                                    world_size=ctx.size, timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, dist.DistError) as e:
         raise InvalidRequestError(f"rank {ctx.rank}: the {ctx.size} ranks did not all join within "
                                   f"{timeout_s:g} s ({e}); is the world size larger than the processes "
                                   "started?") from None
     return store
+
+
+def _tcp_store(ctx: RankContext, timeout_s: float) -> dist.Store:
+    """torchrun's agent store (a client of it), or one rank 0 hosts on a socket bound to the master address."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        if ctx.rank == 0 and not agent:
+            fd = _bound(ctx.addr, ctx.port).detach()  # the store serves on it from now on, and owns it
+            return dist.TCPStore(ctx.addr, ctx.port, ctx.size, True, timeout=timeout, master_listen_fd=fd)
+        return dist.TCPStore(ctx.addr, ctx.port, ctx.size, False, timeout=timeout)
+    except (RuntimeError, OSError) as e:
+        raise InvalidRequestError(f"rank {ctx.rank}: the rendezvous at {ctx.addr}:{ctx.port} did not gather all "
+                                  f"{ctx.size} ranks within {timeout_s:g} s ({e}); check --master-addr / --master-port "
+                                  f"and that all {ctx.size} ranks were started") from None
+
+
+def _bound(addr: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(512)
+    return sock
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]):
+    """os.environ with `values` set, restored after (gloo and NCCL read their interface at group creation)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def leave() -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import threading
 import time
 
+from ridgeline.distributed import wire, wire_types  # noqa: F401  (registers the config and RankContext)
 from ridgeline.distributed.group import RankContext
+from ridgeline.utils.internal_auth import env_with_secret
 
 log = logging.getLogger(__name__)
 EXIT_RANK_FAILED = 3
@@ -22,18 +23,21 @@ FAILURE_GRACE_S = 2.0  # callbacks get this long to fail requests before the pro
 class Workers:
     """Ranks 1..N-1 of a one-machine group, and the watchdog over them."""
 
-    def __init__(self, config, contexts: list[RankContext], what: str = "tensor-parallel rank"):
+    def __init__(self, config, contexts: list[RankContext], secret: bytes, what: str = "tensor-parallel rank"):
+        """Each worker gets (config, its RankContext) on stdin in wire.py's codec, the launch's secret
+        in its environment, and its end of the plan socket pair (ctx.plan_fd) as an inherited fd."""
         self.closing = False
         self.what = what  # how a rank is named in messages ("pipeline stage" for a pipeline)
         self.failed: str | None = None
         self.callbacks: list = []
         self.procs: list[subprocess.Popen] = []
-        env = dict(os.environ)
+        env = env_with_secret(secret)
         for ctx in contexts:
             env["OMP_NUM_THREADS"] = str(len(ctx.cores)) if ctx.cores else env.get("OMP_NUM_THREADS", "")
             p = subprocess.Popen([sys.executable, "-m", "ridgeline.distributed.worker"], stdin=subprocess.PIPE,
-                                 env={k: v for k, v in env.items() if v != ""})
-            p.stdin.write(pickle.dumps((config, ctx)))
+                                 env={k: v for k, v in env.items() if v != ""},
+                                 pass_fds=() if ctx.plan_fd is None else (ctx.plan_fd,))
+            p.stdin.write(wire.encode((config, ctx)))
             p.stdin.close()
             self.procs.append(p)
         for rank, p in enumerate(self.procs, start=1):

@@ -4,7 +4,7 @@ stage runs its layer range through the model's `run_layers` (the C decoder stack
 and sends (hidden, residual) fp32 [rows, hidden] to the next stage with torch.distributed isend, so
 it goes on with the next micro-batch while the next stage computes this one (forward only: no
 backward to interleave). The last stage computes logits, samples, and sends the sampled tokens back
-to stage 0 (send_object_list), which schedules the next step.
+to stage 0 (frames.send: wire.py's codec, no pickle), which schedules the next step.
 
 A row's result does not depend on the rows it shares a batch with (the packed matmul sums in a fixed
 order, attention runs per row or per sequence), so micro-batching changes no bit of the output.
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ridgeline.distributed import frames
 from ridgeline.distributed.comm import median_seconds
+from ridgeline.distributed.pipeline_stats import StageStats
+from ridgeline.distributed.plan_check import check_answer
 from ridgeline.distributed.stages import Stage, microbatch_count, split_rows
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.runner.prompt_logprobs import score_prompts
@@ -32,38 +34,9 @@ log = logging.getLogger(__name__)
 LOG_EVERY = 1000  # steps between the first stage's log lines of its own counters
 
 
-@dataclass
-class StageStats:
-    stage: int
-    layers: tuple[int, int]
-    steps: int = 0
-    microbatches: int = 0
-    rows: int = 0
-    step_s: float = 0.0  # wall time inside execute, summed
-    compute_s: float = 0.0  # embedding, layers, logits and sampling
-    recv_s: float = 0.0  # blocked receiving activations or the sampled tokens (bubble + transfer)
-    send_s: float = 0.0  # waiting for sends to complete at the end of a step
-    # transfer time measured on receipt: the residual follows the hidden state at once, so receiving it
-    # takes its transfer alone (no waiting for the sender); counted twice, for both tensors
-    transfer_s: float = 0.0
-    sent_bytes: int = 0
-
-    @property
-    def bubble(self) -> float:
-        """Idle share of this stage's step time: blocked in receives and sends."""
-        return (self.recv_s + self.send_s) / self.step_s if self.step_s else 0.0
-
-    def line(self) -> str:
-        steps = max(self.steps, 1)
-        return (f"stage {self.stage} (layers {self.layers[0]}..{self.layers[1] - 1}): {self.steps} steps, "
-                f"{self.microbatches / steps:.1f} micro-batches per step, step {1e3 * self.step_s / steps:.2f} ms, "
-                f"compute {1e3 * self.compute_s / steps:.2f} ms, blocked {1e3 * (self.recv_s + self.send_s) / steps:.2f} ms, "
-                f"bubble {self.bubble:.0%}, sent {self.sent_bytes / steps / 1e3:.1f} kB per step")
-
-
 class PipelineStage:
-    def __init__(self, stage: Stage, microbatches: int | None, hidden: int, group=None):
-        self.stage, self.requested, self.hidden, self.group = stage, microbatches, hidden, group
+    def __init__(self, stage: Stage, microbatches: int | None, hidden: int, vocab: int, group=None):
+        self.stage, self.requested, self.hidden, self.vocab, self.group = stage, microbatches, hidden, vocab, group
         self.stats = StageStats(stage.index, (stage.start, stage.stop))
 
     def reset(self) -> None:
@@ -99,14 +72,14 @@ class PipelineStage:
         if st.first and st.last:
             return obj
         if st.last:
-            dist.send_object_list([obj], 0, group=self.group)  # a few token ids: not counted in sent_bytes
+            frames.send(obj, 0, group=self.group)  # a few token ids: not counted in sent_bytes
             return None
         if st.first:
-            box = [None]
             t0 = time.perf_counter()
-            dist.recv_object_list(box, st.size - 1, group=self.group)
+            answer = frames.recv(st.size - 1, group=self.group)
             self.stats.recv_s += time.perf_counter() - t0
-            return box[0]
+            check_answer(answer, self.vocab)  # its tokens are the next step's inputs
+            return answer
         return None
 
     # ---- a stage's forward -----------------------------------------------------------------------
@@ -183,9 +156,8 @@ class PipelineStage:
 
     def gather_stats(self) -> list[StageStats] | None:
         """Every stage's counters, on stage 0 (None elsewhere); every stage calls it together."""
-        out = [None] * self.stage.size if self.stage.first else None
-        dist.gather_object(self.stats, out, dst=0, group=self.group)
-        return out
+        out = frames.all_gather(self.stats, group=self.group)
+        return out if self.stage.first else None
 
 
 def probe_p2p(sizes: tuple[int, ...], reps: int, rank: int, group=None) -> list[float]:

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
+import socket
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
 from ridgeline.distributed.comm import TPComm
-from ridgeline.distributed.follow import PlanChannel, follow
-from ridgeline.distributed.group import (PLAN_TIMEOUT, RankContext, join, leave, master, pin, split_cores,
-                                         torchrun_env, unpin)
+from ridgeline.distributed.follow import follow
+from ridgeline.distributed.frames import all_gather
+from ridgeline.distributed.group import RankContext, join, leave, master, pin, split_cores, torchrun_env, unpin
 from ridgeline.distributed.launch import Workers, exit_soon
+from ridgeline.distributed.plan_channel import PlanFollower, PlanLeader, dial, listen
 from ridgeline.distributed.layout import layout_for
 from ridgeline.distributed.agreement import check_agreement
 from ridgeline.distributed.shard import Slicer, check_groups, local_arch
 from ridgeline.distributed.stages import stage_layout
 from ridgeline.errors import InvalidRequestError, RankFailedError
+from ridgeline.utils import internal_auth
 
 FAILURE_WAIT_S = 2.0  # after a failed collective, how long to wait for the dead rank's exit to show
 
@@ -33,35 +38,67 @@ class GroupRuntime:
         self.workers: Workers | None = None
         self.unpin = None
         self.closed = False
+        self.folder: str | None = None  # one machine, rank 0: the rendezvous folder
+        self.pairs: dict[int, socket.socket] = {}  # one machine, rank 0: its ends of the plan socket pairs
         if rank is None:
-            rank = self._start(config, size)
+            rank, secret = self._start(config, size)
+        else:  # a rank this engine's rank 0 spawned: the secret came in its environment
+            secret = internal_auth.take_secret_from_env()
+            if secret is None:
+                raise InvalidRequestError("a spawned rank without its launch's secret", "parallel")
         self.ctx = rank
-        join(rank, config.parallel.dist_timeout, device)
+        timeout = config.parallel.dist_timeout
+        store = join(rank, timeout, device)
         check_agreement(config, arch, size)  # versions, model and options: the same on every rank
-        self.channel = PlanChannel(rank.addr, rank.port, rank.rank, size, PLAN_TIMEOUT)
+        self.channel = self._plan_channel(store, secret, timeout)
 
-    def _start(self, config, size: int) -> RankContext:
-        """Rank 0: under torchrun, join as the environment says; on one machine, start the other ranks."""
+    def _plan_channel(self, store, secret: bytes, timeout: float):
+        ctx = self.ctx
+        if ctx.rank == 0:
+            if self.pairs:
+                return PlanLeader.over_pairs(self.pairs, secret, timeout)
+            listener = listen(ctx.addr)
+            store.set("ridgeline/plan_port", str(listener.getsockname()[1]))
+            return PlanLeader.over_listener(listener, secret, ctx.size, timeout)
+        if ctx.plan_fd is not None:
+            return PlanFollower(socket.socket(fileno=ctx.plan_fd), secret, ctx.rank)
+        port = int(store.get("ridgeline/plan_port"))  # waits for rank 0 to listen
+        return PlanFollower(dial(ctx.addr, port, ctx.rank, timeout), secret, ctx.rank)
+
+    def _start(self, config, size: int) -> tuple[RankContext, bytes]:
+        """This process's place and the launch's secret: under torchrun, as its environment says (the
+        secret from $RIDGELINE_INTERNAL_SECRET or --internal-secret-file); on one machine, rank 0,
+        which starts the other ranks with a new secret."""
         pc = config.parallel
-        addr, port = master(pc)
         env = torchrun_env()
         if env is not None:
+            addr, port = master(pc)
             r, world = env
             if world != size:
                 raise InvalidRequestError(f"WORLD_SIZE is {world} but {self.param} is {size}; start one "
                                           "process per rank (torchrun --nproc-per-node x --nnodes = the size)",
                                           self.param)
-            return RankContext(r, size, addr, port)
+            return RankContext(r, size, addr, port), launch_secret(pc)
         if pc.pin_cores and size > len(os.sched_getaffinity(0)):
             raise InvalidRequestError(f"{self.param} {size} is larger than the {len(os.sched_getaffinity(0))} "
                                       "CPU cores this process may use (one rank per core at least)", self.param)
         cores = split_cores(size) if pc.pin_cores else [None] * size
-        ranks = [RankContext(r, size, addr, port, cores[r], True) for r in range(size)]
-        self.workers = Workers(config, ranks[1:], self.what)
+        self.folder = tempfile.mkdtemp(prefix="ridgeline-ranks-")  # mode 0700
+        store = os.path.join(self.folder, "rendezvous")
+        ends = {r: socket.socketpair() for r in range(1, size)}
+        ranks = [RankContext(r, size, "127.0.0.1", 0, cores[r], True, store, ends[r][1].fileno() if r else None)
+                 for r in range(size)]
+        secret = internal_auth.new_secret()
+        try:
+            self.workers = Workers(config, ranks[1:], secret, self.what)
+        finally:
+            for r, (mine, theirs) in ends.items():
+                theirs.close()  # the worker holds its own copy
+                self.pairs[r] = mine
         atexit.register(self.close)  # a script that never closes its engine still stops its ranks cleanly
         if cores[0]:
             self.unpin = pin(cores[0])
-        return ranks[0]
+        return ranks[0], secret
 
     @property
     def rank(self) -> int:
@@ -73,9 +110,7 @@ class GroupRuntime:
         return int(t.item())
 
     def gather(self, obj) -> list:
-        out = [None] * self.ctx.size
-        dist.all_gather_object(out, obj)
-        return out
+        return all_gather(obj)
 
     def lead(self, runner) -> None:
         """Rank 0: every call of the runner that runs the model is published first."""
@@ -87,8 +122,8 @@ class GroupRuntime:
         self.channel.send("probe", (sizes, reps))
         return probe_link(sizes, reps)
 
-    def follow(self, runner) -> None:
-        follow(runner, self.channel)
+    def follow(self, runner, max_len: int) -> None:
+        follow(runner, self.channel, max_len)
 
     def failure(self, error: BaseException) -> RankFailedError:
         """What a failed step on rank 0 is: a dead rank (named, once its exit shows) or a broken collective
@@ -116,14 +151,34 @@ class GroupRuntime:
                 self.workers.closing = True
             try:
                 self.channel.send("stop", ())
-            except (RuntimeError, dist.DistError):
+            except (RuntimeError, dist.DistError, OSError):
                 pass
             if self.workers is not None:
                 self.workers.close()
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()
+        for sock in self.pairs.values():
+            sock.close()
         leave()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
         if self.unpin is not None:
             unpin(self.unpin)
             self.unpin = None
+
+
+def launch_secret(pc) -> bytes:
+    """A torchrun launch's secret: every rank reads the same one (its launcher's environment, or a file)."""
+    secret = internal_auth.take_secret_from_env()
+    if secret is None and pc.internal_secret_file:
+        secret = internal_auth.read_secret_file(pc.internal_secret_file)
+    if secret is None:
+        raise InvalidRequestError(
+            "a launch whose ranks torchrun starts needs the same internal secret on every rank, to authenticate rank "
+            "0's plan channel: --internal-secret-file FILE (mode 600; e.g. `head -c 32 /dev/urandom | xxd -p > FILE`, "
+            f"copied to every node) or ${internal_auth.SECRET_ENV} (hex)", "internal_secret_file")
+    return secret
 
 
 class TPRuntime(GroupRuntime):

@@ -1,17 +1,23 @@
 """`python -m ridgeline.distributed.worker`: one follower rank started by rank 0 on this machine. Reads
-(EngineConfig, RankContext) pickled on stdin, builds its shard of the engine, then runs rank 0's calls
-until told to stop. Exits non-zero on any failure (rank 0 then fails its requests and exits too)."""
+(EngineConfig, RankContext) on stdin (wire.py's codec: only those types decode), the launch's secret
+from its environment, builds its shard of the engine, then runs rank 0's calls until told to stop.
+Exits non-zero on any failure (rank 0 then fails its requests and exits too)."""
 from __future__ import annotations
 
 import logging
-import pickle
 import sys
 
+from ridgeline.config import EngineConfig
+from ridgeline.distributed import wire
+from ridgeline.distributed.group import RankContext
 from ridgeline.distributed.launch import EXIT_RANK_FAILED, watch_parent
 
 
 def main() -> int:
-    config, ctx = pickle.load(sys.stdin.buffer)
+    config, ctx = wire.decode(sys.stdin.buffer.read())
+    if not (isinstance(config, EngineConfig) and isinstance(ctx, RankContext)):
+        print("ridgeline: a worker's stdin must hold (EngineConfig, RankContext)", file=sys.stderr)
+        return EXIT_RANK_FAILED
     watch_parent()
     logging.basicConfig(level=logging.WARNING, format=f"rank {ctx.rank} %(levelname)s %(name)s: %(message)s")
     from ridgeline.distributed.group import pin

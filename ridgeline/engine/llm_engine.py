@@ -132,7 +132,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
         if pp is not None:
             from ridgeline.distributed.pipeline import PipelineStage
-            self.runner.pipeline = PipelineStage(stage, config.parallel.pipeline_microbatches, arch.hidden_size)
+            self.runner.pipeline = PipelineStage(stage, config.parallel.pipeline_microbatches, arch.hidden_size,
+                                                 arch.vocab_size)
         if self.group is not None and self.group.rank == 0:
             self.group.lead(self.runner)
         self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
@@ -170,7 +171,7 @@ class LLMEngine:
     def follow(self) -> None:
         """A follower rank: run rank 0's calls until it stops the group."""
         try:
-            self.group.follow(self.runner)
+            self.group.follow(self.runner, self.max_model_len)
         finally:
             if self.pp is not None:
                 log.info("pipeline %s", self.runner.pipeline.stats.line())
@@ -211,12 +212,16 @@ class LLMEngine:
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         """Text (special tokens in it are parsed: raw prompts may hand-build a template) or token ids."""
+        vocab = self.arch.vocab_size
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
             ids = self.tokenizer.encode(prompt) if prompt else []
+            if ids and max(ids) >= vocab:  # a tokenizer may know more tokens than the model embeds
+                raise InvalidRequestError(f"the prompt encodes to token {max(ids)}, outside this model's vocabulary "
+                                          f"[0, {vocab}) (its tokenizer has tokens the model has no embedding for)",
+                                          "prompt")
         elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
-            vocab = self.arch.vocab_size
             if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
                 raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
         else:

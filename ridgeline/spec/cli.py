@@ -111,7 +111,7 @@ class _Cache:
 
     def __init__(self, path: Path, key: dict):
         self.path, self.key = path, key
-        self.samples = [Sample(t, h) for t, h in torch.load(path)["samples"]] if path.is_file() else []
+        self.samples = [Sample(t, h) for t, h in torch.load(path, weights_only=True)["samples"]] if path.is_file() else []
         self.saved = len(self.samples)
 
     def add(self, sample: Sample) -> None:
