@@ -190,14 +190,19 @@ def test_the_plan_listener_refuses_strangers_and_admits_the_ranks(tmp_path, capl
 
 
 def _listening_inodes() -> dict[int, str]:
-    """inode -> local address of every listening TCP socket (IPv4 and IPv6) in this network namespace."""
+    """inode -> local "ADDR:PORT" (hex, as /proc/net spells them) of every listening TCP socket (IPv4
+    and IPv6) in this network namespace."""
     out = {}
-    for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(name).read_text().splitlines()[1:]:
             f = line.split()
             if f[3] == "0A":  # LISTEN
-                out[int(f[9])] = f[1].split(":")[0]
+                out[int(f[9])] = f[1]
     return out
+
+
+def _ports(listening: dict[int, str]) -> list[int]:
+    return [int(a.split(":")[1], 16) for a in listening.values()]
 
 
 def _socket_inodes(pid: int) -> set[int]:
@@ -219,12 +224,23 @@ def test_a_running_tp2_group_listens_on_loopback_only(tmp_path):
     folder = make_tiny_model(tmp_path, "llama")
     llm = LLM(str(folder), tensor_parallel_size=2, dtype="float32", kv_cache_memory=8 << 20, progress=False)
     try:
-        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
-        assert len(out[0].outputs[0].token_ids) == 4
+        greedy = SamplingParams(max_tokens=4, temperature=0)
+        before = llm.generate([[5, 6, 7]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+        assert len(before) == 4
         pids = [os.getpid(), *llm.engine.tp.workers.pids]
         listening = _listening_inodes()
         ours = {ino: listening[ino] for pid in pids for ino in _socket_inodes(pid) if ino in listening}
-        assert all(addr in LOOPBACK for addr in ours.values()), ours
+        assert ours and all(addr.split(":")[0] in LOOPBACK for addr in ours.values()), ours  # gloo listens, on loopback
+        canary = tmp_path / "pwned"
+        for port in _ports(ours):  # what a local user could reach: gloo's loopback listeners
+            for payload in (pickle.dumps(Canary(str(canary))), b"\x00" * 65536, b"RLA1" + os.urandom(64)):
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                        s.sendall(payload)
+                except OSError:
+                    pass
+        assert llm.generate([[5, 6, 7]], greedy, use_tqdm=False)[0].outputs[0].token_ids == before
+        assert not canary.exists()
         rendezvous = llm.engine.tp.folder
         assert os.stat(rendezvous).st_mode & 0o777 == 0o700  # the FileStore: this user's only
     finally:
