@@ -14,7 +14,6 @@ from ridgeline.engine.request import Request
 @dataclass
 class _Sent:
     tokens: int = 0
-    chars: int = 0
     logprobs: int = 0
     finished: bool = False
 
@@ -43,15 +42,14 @@ class RequestGroup:
         outs = []
         for r, d, lps, sent in zip(self.members, self.detoks, self.logprobs, self.sent):
             fin = r.status.finished
-            text = d.emittable(fin)
+            text = d.take(fin)
             new_tokens = r.token_ids[r.num_prompt_tokens + sent.tokens:]
             new_lps = lps[sent.logprobs:] if lps is not None else None
-            if not (len(text) > sent.chars or new_tokens or new_lps or (fin and not sent.finished)):
+            if not (text or new_tokens or new_lps or (fin and not sent.finished)):
                 continue
-            outs.append(CompletionOutput(r.index, text[sent.chars:], new_tokens, r.status.value if fin else None,
+            outs.append(CompletionOutput(r.index, text, new_tokens, r.status.value if fin else None,
                                          r.stop_reason, new_lps))
             sent.tokens += len(new_tokens)
-            sent.chars = len(text)
             sent.logprobs += len(new_lps) if new_lps is not None else 0
             sent.finished = fin
         first = self.members[0]

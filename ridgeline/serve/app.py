@@ -19,11 +19,13 @@ from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import install_error_handlers
 from ridgeline.serve.guard import Guard
+from ridgeline.serve.limits import CHAT_TEMPLATE_MIN_BYTES, text_bound
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.replica_info import install_replica_routes, start_publisher
 from ridgeline.serve.request_log import RequestLog
 from ridgeline.serve.state import ServerSettings, ServerState, state_of
 from ridgeline.serve.stats_log import log_throughput
+from ridgeline.weights.template_worker import TemplateWorkers
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float = 5.0) -> FastAPI:
@@ -34,6 +36,11 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     state = ServerState(settings, engine, async_engine, metrics, request_log, Drain(async_engine),
                         system_fingerprint(engine))
     state.kv_events = start_publisher(engine, async_engine, settings.kv_events_endpoint)
+    state.text_bound = bound = text_bound(engine.max_model_len, engine.tokenizer.max_bytes_per_token)
+    template_bytes = settings.chat_template_max_bytes
+    if template_bytes is None:  # the default never refuses a prompt that could fit
+        template_bytes = max(CHAT_TEMPLATE_MIN_BYTES, bound.max_chars if bound is not None else 0)
+    state.chat_template = TemplateWorkers(settings.chat_template_timeout, template_bytes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -48,6 +55,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
                     await ticker
             await async_engine.stop(timeout=0.5 if state.drain.forced else 10.0)
             state.executor.shutdown(wait=False, cancel_futures=True)
+            state.chat_template.close()
             if request_log is not None:
                 request_log.close()
             if state.kv_events is not None:

@@ -5,10 +5,11 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from ridgeline.serve.generate import Job, Prompt, sse_response, accept
-from ridgeline.serve.logprobs import chat_logprobs
+from ridgeline.serve.generate import Job, Prompt, accept, admitted, sse_response
+from ridgeline.serve.json_body import json_response, object_bytes
+from ridgeline.serve.limits import TextBound
+from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
 from ridgeline.serve.protocol import ChatCompletionRequest
 from ridgeline.serve.state import state_of
 
@@ -21,25 +22,37 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    prompt = await state.offload(rid, _prompt, tok, [m.as_template_input() for m in body.messages])
-    job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
+    messages = [m.as_template_input() for m in body.messages]
+    with admitted(state, 1, params.n):
+        prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound)
+        job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
     head = {"id": rid, "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     if body.stream:
-        return sse_response(job, _chunks(job, head, tok, params.n, body.include_usage))
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage))
     [out] = await job.results(request)
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(tok, c.logprobs), "finish_reason": c.finish_reason} for c in out.outputs]
-    return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": job.usage()})
+    usage = job.usage()
+
+    def build() -> bytes:
+        texts = TokenTexts(tok)
+        choices = ({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": chat_logprobs(texts, c.logprobs), "finish_reason": c.finish_reason}
+                   for c in out.outputs)
+        return object_bytes({**head, "object": "chat.completion"}, choices, {"usage": usage})
+
+    return await json_response(state, rid, build)
 
 
-def _prompt(tok, messages: list[dict]) -> Prompt:
-    """Render and tokenize (on the server's executor: a long conversation takes a while)."""
-    text = tok.apply_chat_template(messages)
-    return Prompt(tok.encode_chat(messages, rendered=text), text)  # message contents never parse special tokens
+def _prompt(tok, messages: list[dict], render=None, bound: TextBound | None = None) -> Prompt:
+    """Render and tokenize (on the server's executor: a long conversation takes a while). render: the
+    server's bounded renderer (None: in this thread); bound: rendered text longer cannot fit."""
+    text = tok.apply_chat_template(messages, render=render)
+    if bound is not None:
+        bound.check(text, "messages")
+    return Prompt(tok.encode_chat(messages, rendered=text, render=render), text)  # contents never parse specials
 
 
-async def _chunks(job: Job, head: dict, tok, n: int, include_usage: bool):
+async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, include_usage: bool):
     base = {**head, "object": "chat.completion.chunk"}
     usage = {"usage": None} if include_usage else {}
 
@@ -52,7 +65,7 @@ async def _chunks(job: Job, head: dict, tok, n: int, include_usage: bool):
     async for out in job:  # deltas
         for c in out.outputs:
             if c.text or c.logprobs or c.finish_reason:
-                yield chunk(c.index, {"content": c.text} if c.text else {}, chat_logprobs(tok, c.logprobs),
+                yield chunk(c.index, {"content": c.text} if c.text else {}, chat_logprobs(texts, c.logprobs),
                             c.finish_reason)
     if include_usage:
         yield {**base, "choices": [], "usage": job.usage()}

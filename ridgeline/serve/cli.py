@@ -79,6 +79,7 @@ def register(subparsers) -> None:
     c.add_argument("--no-console", dest="console", action="store_false",
                    help="no web console at / (chat playground, live view, calculators); / is then 404 "
                         "(default: the console is on)")
+    _add_limit_args(p)
     add_engine_args(p)
     _add_disagg_args(p)
     p.set_defaults(func=cmd_serve, model=_DefaultModel(p.get_default("model")), parser=p)
@@ -103,6 +104,41 @@ def _add_disagg_args(p) -> None:
                    help="--disaggregate: seconds the workers get to load the model")
 
 
+# ---- what one request may make the server spend (serve/limits.py) -------------------------------
+def _add_limit_args(p) -> None:
+    from ridgeline.sampling_params import MAX_N
+    g = p.add_argument_group("request limits", "what one request may make the server spend; over a limit is a 400 "
+                                               "naming the flag")
+    g.add_argument("--max-n", type=int, default=_D.max_n, metavar="N",
+                   help=f"choices (`n`) per request, at most {MAX_N} (default: %(default)s)")
+    g.add_argument("--max-logprob-entries", type=int, default=_D.max_logprob_entries, metavar="N",
+                   help="token logprobs one response may hold: n x (max_tokens, or the context left) x "
+                        "(1 + top_logprobs), plus the prompt's with echo (default: %(default)s)")
+    g.add_argument("--chat-template-timeout", type=float, default=_D.chat_template_timeout, metavar="S",
+                   help="seconds the chat template may take to render one request's messages (it runs in a "
+                        "worker process, killed past it) (default: %(default)s)")
+    g.add_argument("--chat-template-max-bytes", type=int, default=None, metavar="N",
+                   help="bytes the chat template may produce for one request (default: 1 MiB, or the longest "
+                        "prompt the context can hold if larger)")
+
+
+def _limit_settings(args: argparse.Namespace) -> dict:
+    return {"max_n": args.max_n, "max_logprob_entries": args.max_logprob_entries,
+            "chat_template_timeout": args.chat_template_timeout,
+            "chat_template_max_bytes": args.chat_template_max_bytes}
+
+
+def _limit_problems(args: argparse.Namespace) -> list[str]:
+    from ridgeline.sampling_params import MAX_N
+    return [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
+        ("max_n", 1 <= args.max_n <= MAX_N, f"in [1, {MAX_N}]"),
+        ("max_logprob_entries", args.max_logprob_entries >= 1, ">= 1"),
+        ("chat_template_timeout", args.chat_template_timeout > 0, "> 0"),
+        ("chat_template_max_bytes", args.chat_template_max_bytes is None or args.chat_template_max_bytes >= 1,
+         ">= 1")) if not ok]
+# ---- end of the request limits -----------------------------------------------------------------
+
+
 def _model(args: argparse.Namespace) -> str:
     given, flag = args.model_positional, args.model
     if given is None:
@@ -121,6 +157,7 @@ def _check(args: argparse.Namespace) -> None:
         ("kv_transfer_timeout", args.kv_transfer_timeout > 0, "> 0"),
         ("worker_start_timeout", args.worker_start_timeout > 0, "> 0"))
         if not ok]
+    bad += _limit_problems(args)
     if getattr(args, "pipeline_parallel_size", 1) > 1:
         if args.role != "colocated" or args.disaggregate is not None:
             bad.append("--pipeline-parallel-size does not run with disaggregation (--role, --disaggregate) yet")
@@ -171,7 +208,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         name, api_key=args.api_key, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
-        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console)
+        quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console,
+        **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.router.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)

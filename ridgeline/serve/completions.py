@@ -5,12 +5,13 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
-from ridgeline.serve.generate import Job, Prompt, sse_response, accept
-from ridgeline.serve.logprobs import completion_logprobs, join_logprobs, prompt_logprobs_block
+from ridgeline.serve.generate import Job, Prompt, accept, admitted, sse_response
+from ridgeline.serve.json_body import json_response, object_bytes
+from ridgeline.serve.logprobs import (LegacyLogprobs, TokenTexts, as_raw, completion_logprobs, join_logprobs,
+                                      prompt_logprobs_block)
 from ridgeline.serve.protocol import CompletionRequest
 from ridgeline.serve.state import state_of
 
@@ -22,27 +23,41 @@ async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
     params = accept(state, body, "/v1/completions")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    prompts = await state.offload(rid, _prompts, state.engine, body.prompts, body.echo)
-    job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)
+    texts = body.prompts
+    if state.text_bound is not None:
+        for p in texts:
+            if isinstance(p, str):
+                state.text_bound.check(p)
+    with admitted(state, len(texts), params.n):
+        prompts = await state.offload(rid, _prompts, state.engine, texts, body.echo)
+        job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     tok, n = state.engine.tokenizer, params.n
     if body.stream:
-        return sse_response(job, _chunks(job, head, tok, n, body.echo, body.include_usage))
-    choices = []
-    for i, (p, out) in enumerate(zip(prompts, await job.results(request))):
-        echo, echo_lps = _echo(tok, p, out, body.echo)
-        choices += [{"index": i * n + c.index, "text": echo + c.text,
-                     "logprobs": join_logprobs(echo_lps, completion_logprobs(tok, c.logprobs, len(echo))),
-                     "finish_reason": c.finish_reason} for c in out.outputs]
-    return JSONResponse({**head, "choices": choices, "usage": job.usage()})
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), n, body.echo, body.include_usage))
+    outs = await job.results(request)
+    usage = job.usage()
+    return await json_response(state, rid, lambda: object_bytes(head, _choices(tok, prompts, outs, n, body.echo),
+                                                                {"usage": usage}))
 
 
-def _echo(tok, p: Prompt, out: RequestOutput, echo: bool) -> tuple[str, dict | None]:
+def _choices(tok, prompts: list[Prompt], outs: list[RequestOutput], n: int, echo: bool):
+    """The response's choices, one at a time (json_body.object_bytes serializes each in turn)."""
+    texts = TokenTexts(tok)
+    for i, (p, out) in enumerate(zip(prompts, outs)):
+        echoed, echo_lps = _echo(texts, p, out, echo)
+        for c in out.outputs:
+            yield {"index": i * n + c.index, "text": echoed + c.text,
+                   "logprobs": join_logprobs(echo_lps, completion_logprobs(texts, c.logprobs, len(echoed))),
+                   "finish_reason": c.finish_reason}
+
+
+def _echo(texts: TokenTexts, p: Prompt, out: RequestOutput, echo: bool) -> tuple[str, LegacyLogprobs | None]:
     """The echoed prompt text, and its tokens' logprobs when they were asked for (echo + logprobs)."""
     if not echo:
         return "", None
-    lps = prompt_logprobs_block(tok, p.ids, out.prompt_logprobs) if out.prompt_logprobs is not None else None
+    lps = prompt_logprobs_block(texts, p.ids, out.prompt_logprobs) if out.prompt_logprobs is not None else None
     return p.text, lps
 
 
@@ -58,7 +73,7 @@ def _prompt(engine: LLMEngine, prompt: str | list[int], echo: bool) -> Prompt:
     return Prompt(ids, engine.tokenizer.decode(ids, skip_special_tokens=False) if echo else None)
 
 
-async def _chunks(job: Job, head: dict, tok, n: int, echo: bool, include_usage: bool):
+async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, echo: bool, include_usage: bool):
     usage = {"usage": None} if include_usage else {}
 
     def chunk(index: int, text: str, logprobs=None, finish: str | None = None) -> dict:
@@ -75,15 +90,15 @@ async def _chunks(job: Job, head: dict, tok, n: int, echo: bool, include_usage: 
     async for out in job:  # deltas
         i = job.index_of(out.request_id)
         if echo and scored and out.prompt_logprobs is not None:
-            text, lps = _echo(tok, job.prompts[i], out, True)
+            text, lps = _echo(texts, job.prompts[i], out, True)
             for k in range(n):
                 offsets[i * n + k] = len(text)
-                yield chunk(i * n + k, text, lps)
+                yield chunk(i * n + k, text, as_raw(lps))
         for c in out.outputs:
             index = i * n + c.index
             if c.text or c.logprobs or c.finish_reason:
                 offset = offsets.get(index, 0)
                 offsets[index] = offset + len(c.text)
-                yield chunk(index, c.text, completion_logprobs(tok, c.logprobs, offset), c.finish_reason)
+                yield chunk(index, c.text, as_raw(completion_logprobs(texts, c.logprobs, offset)), c.finish_reason)
     if include_usage:
         yield {**head, "choices": [], "usage": job.usage()}

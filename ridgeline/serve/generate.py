@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -19,6 +20,8 @@ from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
+from ridgeline.serve.json_body import dumps
+from ridgeline.serve.limits import check_logprob_entries, check_n
 from ridgeline.serve.logtext import clean
 from ridgeline.serve.metrics import RequestTracker
 from ridgeline.serve.state import ServerState
@@ -40,11 +43,13 @@ def warn_unknown(body: BaseModel, route: str) -> None:
 
 def accept(state, body, route: str):
     """What both generation routes do first: check the model name, warn about unknown fields,
-    log the body, and return its SamplingParams (raises on bad values)."""
+    log the body, and return its SamplingParams (raises on bad values and on n over --max-n)."""
     state.check_model(body.model)
     warn_unknown(body, route)
     state.log_request(body)
-    return body.sampling_params()
+    params = body.sampling_params()
+    check_n(state.settings.max_n, params)
+    return params
 
 
 def check_context(max_model_len: int, prompt: Prompt, max_tokens: tuple[str, int | None]) -> None:
@@ -59,20 +64,35 @@ def check_context(max_model_len: int, prompt: Prompt, max_tokens: tuple[str, int
             param=name, code="context_length_exceeded")
 
 
-def check_admission(state: ServerState, num_prompts: int, n: int) -> None:
+def check_admission(state: ServerState, num_prompts: int, n: int) -> int:
     """Every choice of every prompt is a sequence that waits for its first token: prompts x n of them
-    count toward --max-waiting. More than the limit in one request can never be admitted (400);
-    more than the room left now is worth retrying (429, with Retry-After)."""
+    count toward --max-waiting, with those of requests still being tokenized (admitted). More than
+    the limit in one request can never be admitted (400); more than the room left now is worth
+    retrying (429, with Retry-After). Returns the request's sequences."""
     seqs, limit = num_prompts * n, state.settings.max_waiting
     if seqs > limit:
         raise InvalidRequestError(
             f"this request asks for {seqs} sequences ({num_prompts} prompt(s) x n={n}), more than this server "
             f"ever admits at once (--max-waiting {limit}); send fewer prompts or a lower n",
             param="n" if n > 1 else "prompt")
-    waiting = state.async_engine.num_waiting_seqs
+    waiting = state.async_engine.num_waiting_seqs + state.pending_seqs
     if waiting + seqs > limit:
         raise ApiError(429, f"the server is busy: {waiting} sequences are waiting for a first token and this "
                             f"request adds {seqs} (--max-waiting {limit}); retry later", code="rate_limit_exceeded")
+    return seqs
+
+
+@contextmanager
+def admitted(state: ServerState, num_prompts: int, n: int):
+    """Hold a request's sequences against --max-waiting from before its prompts are tokenized until
+    the engine counts them (Job.start has returned), so a flood of prompts gets its 429s before the
+    tokenizer runs. Raises check_admission's 400 or 429."""
+    seqs = check_admission(state, num_prompts, n)
+    state.pending_seqs += seqs  # on the event loop only
+    try:
+        yield
+    finally:
+        state.pending_seqs -= seqs
 
 
 class ClientDisconnected(ApiError):
@@ -97,10 +117,12 @@ class Job:
     @classmethod
     async def start(cls, state: ServerState, base_id: str, prompts: list[Prompt], params: SamplingParams,
                     max_tokens: tuple[str, int | None], cache_salt: str | None = None) -> Job:
+        """The caller holds admitted() for these prompts."""
         arrival = time.monotonic()
+        max_len = state.engine.max_model_len
         for p in prompts:
-            check_context(state.engine.max_model_len, p, max_tokens)
-        check_admission(state, len(prompts), params.n)
+            check_context(max_len, p, max_tokens)
+        check_logprob_entries(state.settings.max_logprob_entries, params, [len(p.ids) for p in prompts], max_len)
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
         requests = [EngineRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)]
         if state.disagg is not None:  # a decode worker: the prompt's KV may come from a prefill worker
@@ -189,7 +211,7 @@ def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
             async for chunk in chunks:
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield f"data: {dumps(chunk)}\n\n"
             status = 200
         except Exception as e:  # the status line is sent: report in-band, as OpenAI does
             status, e = status_of(e), public(e)

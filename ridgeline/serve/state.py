@@ -10,8 +10,10 @@ from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.sampling_params import MAX_N
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import ApiError
+from ridgeline.serve.limits import CHAT_TEMPLATE_TIMEOUT_S, MAX_LOGPROB_ENTRIES
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
 
@@ -31,6 +33,11 @@ class ServerSettings:
     quiet: bool = False  # no per-request or throughput log lines
     kv_events_endpoint: str | None = None  # ZeroMQ endpoint to publish KV events on (serve/kv_publisher.py)
     console: bool = True  # the web console at / (its page and scripts need no key; its APIs do)
+    # what one request may make the server spend (serve/limits.py)
+    max_n: int = MAX_N  # choices per request
+    max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # n x tokens x (1 + top logprobs), prompt's included
+    chat_template_timeout: float = CHAT_TEMPLATE_TIMEOUT_S  # seconds one rendering may take
+    chat_template_max_bytes: int | None = None  # rendered output; None: 1 MiB, or the longest prompt that fits
 
 
 @dataclass
@@ -47,6 +54,13 @@ class ServerState:
     # stall every other route (the tokenizer releases the GIL while it encodes)
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "ridgeline-tokenize"))
     disagg: object = None  # a prefill or decode worker's role (ridgeline/disagg/worker.py); None: co-located
+    chat_template: object = None  # TemplateWorkers: chat templates rendered under the settings' bounds
+    text_bound: object = None  # limits.TextBound: text prompts longer can never fit (None: no sound bound)
+    pending_seqs: int = 0  # sequences of requests admitted and not yet counted by the engine (generate.admitted)
+
+    def render(self, source: str, context: dict) -> str:
+        """A chat template rendered in a bounded worker (Tokenizer's `render`)."""
+        return self.chat_template.render(source, context)
 
     def log_request(self, body: BaseModel) -> None:
         if self.request_log is not None:

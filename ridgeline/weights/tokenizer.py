@@ -4,14 +4,19 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from datetime import datetime
+from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from ridgeline.errors import InvalidRequestError, ModelLoadError
+from ridgeline.weights import chat_template
+from ridgeline.weights.chat_template import TemplateFailure
+from ridgeline.weights.token_bytes import max_bytes_per_token
+
+# render(template source, context) -> text, raising TemplateFailure: how a caller bounds rendering
+Render = Callable[[str, dict], str]
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -51,6 +56,11 @@ class Tokenizer:
         self._plain = None  # a copy that reads special-token text as plain text (see encode_chat)
         self._template = None
 
+    @cached_property
+    def max_bytes_per_token(self) -> int | None:
+        """The most bytes of input text one token stands for (None: no sound bound; token_bytes.py)."""
+        return max_bytes_per_token(self._tok)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch, not encode: it releases the GIL, so a long text does not stall the server's event loop
         ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
@@ -67,8 +77,10 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Render messages with the model's template; errors name the problem."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            render: Render | None = None, **extra) -> str:
+        """Render messages with the model's template; any failure is an InvalidRequestError naming
+        it. render: renders instead of this process (the server's bounded worker, template_worker.py)."""
         if not messages:
             raise InvalidRequestError("messages must be a non-empty list", "messages")
         for i, m in enumerate(messages):
@@ -77,30 +89,29 @@ class Tokenizer:
         if self.chat_template is None:
             return "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + (
                 "assistant: " if add_generation_prompt else "")
-        if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
-            self._template = env.from_string(self.chat_template)
+        context = {"messages": messages, "add_generation_prompt": add_generation_prompt,
+                   "bos_token": self.bos_token or "", "eos_token": self.eos_token or "", **extra}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
-        except TemplateError as e:
-            raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
+            if render is not None:
+                return render(self.chat_template, context)
+            if self._template is None:
+                self._template = chat_template.compile_template(self.chat_template)
+            return chat_template.render(self._template, context)
+        except TemplateFailure as e:
+            raise InvalidRequestError(str(e), "messages") from None
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    rendered: str | None = None) -> list[int]:
+                    rendered: str | None = None, render: Render | None = None) -> list[int]:
         """Token ids of the rendered conversation (rendered: apply_chat_template's result, if the
         caller has it). Message contents are plain text: special-token text typed in one (e.g.
         "<|im_start|>system") stays text and cannot forge a role or a turn; the template's own
         special tokens are parsed. Conversations without such text encode exactly as the rendered
-        string does."""
+        string does. render: as for apply_chat_template."""
         if rendered is None:
-            rendered = self.apply_chat_template(messages, add_generation_prompt)
+            rendered = self.apply_chat_template(messages, add_generation_prompt, render)
         if not any(self._has_special_text(m.get("content")) for m in messages):
             return self.encode(rendered, add_special_tokens=False)
-        return self._encode_segments(messages, add_generation_prompt, rendered)
+        return self._encode_segments(messages, add_generation_prompt, rendered, render)
 
     def _has_special_text(self, content) -> bool:
         if not isinstance(content, str) or self._special_re is None:
@@ -109,13 +120,14 @@ class Tokenizer:
         return bool(self._special_re.search(content)
                     or (normalizer is not None and self._special_re.search(normalizer.normalize_str(content))))
 
-    def _encode_segments(self, messages: list[dict], add_generation_prompt: bool, rendered: str) -> list[int]:
+    def _encode_segments(self, messages: list[dict], add_generation_prompt: bool, rendered: str,
+                         render: Render | None) -> list[int]:
         """Render with a unique placeholder per content, then encode the template's text with special
         tokens parsed and each content with them read as text."""
         nonce = secrets.token_hex(8)
         marks = [m if not isinstance(m.get("content"), str) else {**m, "content": f"\ue000{nonce}:{i}\ue001"}
                  for i, m in enumerate(messages)]
-        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marks, add_generation_prompt))
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marks, add_generation_prompt, render))
         contents = [m.get("content") for m in messages]
 
         def joined(cs: list) -> str:
@@ -135,7 +147,3 @@ class Tokenizer:
             else:
                 ids += self._plain.encode(contents[int(piece)], add_special_tokens=False).ids
         return ids
-
-
-def _raise(message: str):
-    raise TemplateError(message)
