@@ -38,19 +38,24 @@ TARGETED_TENSORS = ("token_embd.weight", "output_norm.weight", "blk.0.attn_q.wei
 HUGE = (2**64 - 1, 2**63, 2**40, 2**32)
 
 
-def write_tiny_llama(path: Path) -> None:
+def write_tiny_llama(path: Path, meta: dict | None = None, raw: tuple = (), types: dict | None = None) -> None:
     """A 2-layer llama (hidden 64, 4 heads over 2 KV heads, a 280-token byte-level BPE vocabulary), its
-    matrices in a mix of Q4_0, Q4_1, Q8_0, F16 and F32."""
+    matrices in a mix of Q4_0, Q4_1, Q8_0, F16 and F32. meta: GGUFWriter.add_<name> -> the value to write
+    instead (None: leave the key out); raw: (key, value, GGUFValueType) to add as well; types: layer
+    tensor kind (attn_q, ...) -> the GGML type to store it in instead."""
     rng = np.random.default_rng(0)
-    tokens, types = tiny_vocab()
+    tokens, token_types = tiny_vocab()
     w = GGUFWriter(str(path), "llama")
-    for add, value in [(w.add_block_count, LAYERS), (w.add_context_length, 256), (w.add_embedding_length, HIDDEN),
-                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
-                       (w.add_rope_freq_base, 10000.0), (w.add_layer_norm_rms_eps, 1e-5),
-                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "smollm"), (w.add_token_list, tokens),
-                       (w.add_token_types, types), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
-                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
-        add(value)
+    values = {"block_count": LAYERS, "context_length": 256, "embedding_length": HIDDEN, "feed_forward_length": FFN,
+              "head_count": HEADS, "head_count_kv": KV_HEADS, "rope_freq_base": 10000.0, "layer_norm_rms_eps": 1e-5,
+              "tokenizer_model": "gpt2", "tokenizer_pre": "smollm", "token_list": tokens, "token_types": token_types,
+              "token_merges": MERGES, "bos_token_id": 1, "eos_token_id": 2, "add_bos_token": False,
+              "chat_template": CHAT, **(meta or {})}
+    for name, value in values.items():
+        if value is not None:
+            getattr(w, f"add_{name}")(value)
+    for key, value, vtype in raw:
+        w.add_key_value(key, value, vtype)
 
     def add(name, m, qtype):
         w.add_tensor(name, quants.quantize(m, qtype), raw_dtype=None if qtype in (T.F32, T.F16) else qtype)
@@ -59,6 +64,7 @@ def write_tiny_llama(path: Path) -> None:
     add("output_norm.weight", np.ones(HIDDEN, np.float32), T.F32)
     for i in range(LAYERS):
         for name, shape, qtype in LAYER:
+            qtype = (types or {}).get(name, qtype)
             add(f"blk.{i}.{name}.weight", rng.standard_normal(shape).astype(np.float32) * 0.05, qtype)
         for norm in ("attn_norm", "ffn_norm"):
             add(f"blk.{i}.{norm}.weight", np.ones(HIDDEN, np.float32), T.F32)

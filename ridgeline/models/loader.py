@@ -64,9 +64,10 @@ def check_size(model: nn.Module, cfg: ArchConfig, folder: Path, max_positions: i
     if params + tables > MAX_EXPANSION * have + SLACK:
         why = (f"{max_positions} positions of rotary tables take {tables} bytes (lower --max-model-len)"
                if tables > params else "the config does not describe its weights")
-        raise ModelLoadError(f"{folder}: a {cfg.architecture} of {cfg.num_layers} layers, hidden size {cfg.hidden_size}, "
-                             f"intermediate size {cfg.intermediate_size} and vocabulary {cfg.vocab_size} would take "
-                             f"{params + tables} bytes, over {MAX_EXPANSION}x its {have} bytes of weight files: {why}")
+        raise ModelLoadError(f"{folder}: a {cfg.architecture} of {cfg.num_layers} layers, hidden size "
+                             f"{cfg.hidden_size}, intermediate size {cfg.intermediate_size} and vocabulary "
+                             f"{cfg.vocab_size} would take {params + tables} bytes, over {MAX_EXPANSION}x its {have} "
+                             f"bytes of weight files: {why}")
 
 
 def _drop_head_source(model: nn.Module) -> None:

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
 from ridgeline.weights.cache_dir import model_cache_dir
 from ridgeline.weights import limits
-from ridgeline.weights.gguf_meta import MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int, meta_str
+from ridgeline.weights.gguf_meta import (MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int,
+                                         meta_str)
 from ridgeline.weights.gguf_reader import GGUFFile, read_gguf
 from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
 
@@ -269,9 +270,9 @@ def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
         try:
             cfg = hf_config(g)
             _tokenizer_files(g, cfg, tmp)
-        except ModelLoadError as e:  # metadata errors name the key; add the file
+            state = _state_dict(g, cfg, progress)
+        except ModelLoadError as e:  # metadata and tensor errors name the key or tensor; add the file
             raise in_file(e, g.path) from None
-        state = _state_dict(g, cfg, progress)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state
         _write_json(tmp / "config.json", cfg)
