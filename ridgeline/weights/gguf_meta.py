@@ -50,7 +50,7 @@ def meta_float(md: dict, key: str, default, positive: bool = False) -> float:
 def meta_str(md: dict, key: str, default=None) -> str | None:
     value = md.get(key, default)
     if value is not None and not isinstance(value, str):
-        raise ModelLoadError(f"metadata {key} is {limits._show(value)}, not a string")
+        raise ModelLoadError(f"metadata {key} is {limits.describe(value)}, not a string")
     return value
 
 
@@ -58,13 +58,13 @@ def meta_bool(md: dict, key: str, default: bool) -> bool:
     value = md.get(key, default)
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
-    raise ModelLoadError(f"metadata {key} is {limits._show(value)}, not a boolean")
+    raise ModelLoadError(f"metadata {key} is {limits.describe(value)}, not a boolean")
 
 
 def meta_strings(md: dict, key: str) -> list[str] | None:
     value = md.get(key)
     if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise ModelLoadError(f"metadata {key} is {limits._show(value)}, not an array of strings")
+        raise ModelLoadError(f"metadata {key} is {limits.describe(value)}, not an array of strings")
     return value
 
 
@@ -74,7 +74,7 @@ def meta_numbers(md: dict, key: str, length: int) -> np.ndarray | None:
     if value is None:
         return None
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf":
-        raise ModelLoadError(f"metadata {key} is {limits._show(value)}, not a numeric array")
+        raise ModelLoadError(f"metadata {key} is {limits.describe(value)}, not a numeric array")
     if len(value) != length:
         raise ModelLoadError(f"metadata {key} has {len(value)} entries for {length} tokens")
     return value

@@ -32,7 +32,7 @@ def _is_int(value) -> bool:
 def checked_int(value, field: str, kind: str, where: str) -> int:
     """value as an int in 1..LIMITS[kind]; anything else is a ModelLoadError naming `field` in `where`."""
     if not _is_int(value):
-        raise ModelLoadError(f"{where}: {field} is {_show(value)}, not an integer")
+        raise ModelLoadError(f"{where}: {field} is {describe(value)}, not an integer")
     if not 1 <= value <= LIMITS[kind]:
         raise ModelLoadError(f"{where}: {field} = {int(value)} is out of range (1 to {LIMITS[kind]})")
     return int(value)
@@ -41,13 +41,13 @@ def checked_int(value, field: str, kind: str, where: str) -> int:
 def checked_index(value, field: str, where: str) -> int:
     """A token id (or another index): a non-negative int."""
     if not _is_int(value) or value < 0:
-        raise ModelLoadError(f"{where}: {field} is {_show(value)}, not a non-negative integer")
+        raise ModelLoadError(f"{where}: {field} is {describe(value)}, not a non-negative integer")
     return int(value)
 
 
 def checked_float(value, field: str, where: str, positive: bool = False) -> float:
     if not (_is_int(value) or isinstance(value, (float, np.floating))) or not math.isfinite(value):
-        raise ModelLoadError(f"{where}: {field} is {_show(value)}, not a finite number")
+        raise ModelLoadError(f"{where}: {field} is {describe(value)}, not a finite number")
     if value < 0 or (positive and value == 0):
         raise ModelLoadError(f"{where}: {field} = {value} must be {'positive' if positive else 'non-negative'}")
     return float(value)
@@ -61,6 +61,7 @@ def check_heads(heads: int, kv_heads: int, head_dim: int, fields: tuple[str, str
         raise ModelLoadError(f"{where}: {fields[2]} = {head_dim} is odd (rotary embeddings need an even head size)")
 
 
-def _show(value) -> str:
+def describe(value) -> str:
+    """A value for a message: its type and at most 60 characters of it."""
     text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
     return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
