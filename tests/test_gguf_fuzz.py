@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter, quants
 
 from test_gguf import CHAT, MERGES, tiny_vocab

@@ -136,11 +136,7 @@ def hf_config(g: GGUFFile) -> dict:
                                            "rope scaling), which the GGUF converter does not support yet")
     hf_arch, model_type, _ = MIXTRAL if arch == "llama" and experts else ARCHITECTURES[arch]
     hidden = meta_int(md, f"{arch}.embedding_length", "hidden")
-    heads = meta_int(md, f"{arch}.attention.head_count", "heads")
-    kv_heads = meta_int(md, f"{arch}.attention.head_count_kv", "heads", heads)
-    head_dim = meta_int(md, f"{arch}.attention.key_length", "head_dim", hidden // heads)
-    limits.check_heads(heads, kv_heads, head_dim, (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv",
-                                                   f"{arch}.attention.key_length"), f"GGUF file {g.path}")
+    heads, kv_heads, head_dim = _attention(g, arch, hidden)
     t = g.tensors
     if "token_embd.weight" not in t:
         raise ModelLoadError(f"GGUF file {g.path} has no token_embd.weight")
@@ -182,6 +178,16 @@ def hf_config(g: GGUFFile) -> dict:
         raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} in {g.path} is not supported")
     check_tensors(g, cfg, arch)
     return cfg
+
+
+def _attention(g: GGUFFile, arch: str, hidden: int) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size): KV heads dividing the query heads, an even head size."""
+    keys = (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv", f"{arch}.attention.key_length")
+    heads = meta_int(g.metadata, keys[0], "heads")
+    kv_heads = meta_int(g.metadata, keys[1], "heads", heads)
+    head_dim = meta_int(g.metadata, keys[2], "head_dim", hidden // heads)
+    limits.check_heads(heads, kv_heads, head_dim, keys, f"GGUF file {g.path}")
+    return heads, kv_heads, head_dim
 
 
 def _moe_config(md: dict, arch: str, model_type: str, experts: int) -> dict:
