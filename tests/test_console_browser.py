@@ -21,6 +21,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
 
 TIMEOUT_MS = 60_000  # a safety net only
+# wait_for_function takes arrow functions: under the console's CSP (no eval) Playwright cannot poll a bare
+# expression
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def test_loads_every_view_without_console_errors(tiny_server, page):
     open_view(page, tiny_server.url)
     assert page.inner_text("#model-name") == "tiny"
     page.click("#tab-live")
-    page.wait_for_function("Number(document.body.dataset.liveUpdates || 0) >= 2")
+    page.wait_for_function("() => Number(document.body.dataset.liveUpdates || 0) >= 2")
     page.keyboard.press("ArrowRight")  # the tabs move with the keyboard
     assert page.get_attribute("#tab-calc", "aria-selected") == "true"
     page.wait_for_selector("#calc-form[data-state='done']")
@@ -79,7 +81,7 @@ def test_chat_streams_and_stop_frees_the_request(tiny_server, page):
         wait_until(lambda: gate.parked, "request at the gate")
         for _ in range(3):
             gate.step()
-        page.wait_for_function("document.querySelectorAll('.msg.assistant')[1].firstChild.textContent.length > 0")
+        page.wait_for_function("() => document.querySelectorAll('.msg.assistant')[1].firstChild.textContent.length > 0")
         assert page.is_enabled("#chat-stop")
         page.click("#chat-stop")
         page.wait_for_selector(".meta[data-state='stopped']")
@@ -91,7 +93,7 @@ def test_chat_streams_and_stop_frees_the_request(tiny_server, page):
 
 def test_live_numbers_move_under_load(tiny_server, page):
     open_view(page, tiny_server.url, "live")
-    page.wait_for_function("document.getElementById('live-generated').textContent !== '–'")
+    page.wait_for_function("() => document.getElementById('live-generated').textContent !== '–'")
     before = float(page.inner_text("#live-generated"))
     body = {"model": "tiny", "messages": [{"role": "user", "content": "load"}], "max_tokens": 5, "temperature": 0}
     with StepGate(tiny_server.app) as gate:
@@ -99,12 +101,12 @@ def test_live_numbers_move_under_load(tiny_server, page):
         threading.Thread(target=lambda: (httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=60),
                                          done.set()), daemon=True).start()
         wait_until(lambda: gate.parked, "request at the gate")
-        page.wait_for_function("Number(document.getElementById('live-waiting').textContent) + "
+        page.wait_for_function("() => Number(document.getElementById('live-waiting').textContent) + "
                                "Number(document.getElementById('live-running').textContent) === 1")
         gate.open()
         wait_until(done.is_set, "request finished")
-    page.wait_for_function(f"Number(document.getElementById('live-generated').textContent) === {before + 5}")
-    page.wait_for_function("document.getElementById('live-running').textContent === '0'")
+    page.wait_for_function(f"() => Number(document.getElementById('live-generated').textContent) === {before + 5}")
+    page.wait_for_function("() => document.getElementById('live-running').textContent === '0'")
     assert page.inner_text("#live-ttft") != "–"
 
 
@@ -180,7 +182,7 @@ def test_spec_slider_moves_the_batch(tiny_server, page):
     page.focus("#calc-batch")
     for _ in range(3):
         page.keyboard.press("ArrowRight")
-    page.wait_for_function("document.getElementById('calc-chart-note').textContent.startsWith('batch 8:')")
+    page.wait_for_function("() => document.getElementById('calc-chart-note').textContent.startsWith('batch 8:')")
     assert page.inner_text("#calc-batch-out") == "8"
 
 
@@ -191,7 +193,7 @@ def test_api_key_is_asked_for_and_sent(tiny_engine, page):
         page.wait_for_selector("#key-form:not([hidden])")
         page.fill("#api-key", "wrong")
         page.click("#key-form button")
-        page.wait_for_function("document.getElementById('key-error').textContent.includes('refused')")
+        page.wait_for_function("() => document.getElementById('key-error').textContent.includes('refused')")
         page.fill("#api-key", "sesame")
         page.click("#key-form button")
         page.wait_for_selector("body[data-ready='1']")
@@ -201,5 +203,5 @@ def test_api_key_is_asked_for_and_sent(tiny_engine, page):
         page.press("#chat-text", "Enter")
         page.wait_for_selector(".meta[data-state='done']")
         page.click("#tab-live")
-        page.wait_for_function("Number(document.body.dataset.liveUpdates || 0) >= 1")
+        page.wait_for_function("() => Number(document.body.dataset.liveUpdates || 0) >= 1")
         assert page.is_hidden("#key-form")

@@ -3,6 +3,7 @@ checkpoint tensor to the module that owns its parameter (a Linear passes it to i
 whole, or one shard of a fused projection), then let every Linear post-process (repack)."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,7 +20,11 @@ from ridgeline.quant import fp8_checkpoint
 from ridgeline.quant.checkpoint import read_quant_config, unpack_checkpoint
 from ridgeline.weights.gguf_blocks import GGUFBlocks
 from ridgeline.weights.hf_config import ArchConfig
-from ridgeline.weights.safetensors_loader import iter_tensors
+from ridgeline.weights.safetensors_loader import iter_tensors, weight_files
+
+# A model takes at most this many times the bytes of the weight files that fill it (a dense float32 model
+# from 2-bit packed weights takes 16x), plus SLACK: more means a config that does not describe its weights.
+MAX_EXPANSION, SLACK = 32, 256 << 20
 
 
 def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch.device,
@@ -30,6 +35,7 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
     cls = model_class(cfg.architecture)
     with torch.device("meta"):
         model = cls(cfg, max_positions, opts)
+    check_size(model, cfg, folder, max_positions, tensors is not None)
     model.to_empty(device=device)
     model.slice_tensor = slicer
     for module in model.modules():
@@ -41,6 +47,27 @@ def build_model(cfg: ArchConfig, folder: Path, opts: BuildOptions, device: torch
     finish_loading(model)  # repack for the kernels of opts.plan
     _drop_head_source(model)
     return model.eval()
+
+
+def check_size(model: nn.Module, cfg: ArchConfig, folder: Path, max_positions: int, given: bool) -> None:
+    """Before anything is allocated: the bytes the model's sizes call for (its parameters and buffers, still
+    on the meta device, and the rotary tables for max_positions, float64 while they are built) against its
+    weight files. given: the tensors come from elsewhere (a GGUF file); a folder without weights is not
+    checked then."""
+    files = weight_files(folder) if not given or any(Path(folder).glob("*.safetensors")) else []
+    if not files:
+        return
+    have = sum(f.stat().st_size for f in files)
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    params = sum(t.numel() * t.element_size() for t in tensors)
+    tables = 20 * max_positions * cfg.head_dim
+    if params + tables > MAX_EXPANSION * have + SLACK:
+        why = (f"{max_positions} positions of rotary tables take {tables} bytes (lower --max-model-len)"
+               if tables > params else "the config does not describe its weights")
+        raise ModelLoadError(f"{folder}: a {cfg.architecture} of {cfg.num_layers} layers, hidden size "
+                             f"{cfg.hidden_size}, intermediate size {cfg.intermediate_size} and vocabulary "
+                             f"{cfg.vocab_size} would take {params + tables} bytes, over {MAX_EXPANSION}x its {have} "
+                             f"bytes of weight files: {why}")
 
 
 def _drop_head_source(model: nn.Module) -> None:

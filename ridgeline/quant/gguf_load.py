@@ -10,7 +10,7 @@ from ridgeline.layers.weight_formats import WeightFormat
 from ridgeline.models.registry import model_class
 from ridgeline.quant.gguf_formats import gguf_format_rules, layer_types
 from ridgeline.weights.gguf_blocks import iter_gguf_tensors, tensor_types
-from ridgeline.weights.gguf_dequant import read_gguf
+from ridgeline.weights.gguf_reader import read_gguf
 from ridgeline.weights.hf_config import ArchConfig
 
 
@@ -26,4 +26,4 @@ def _tensors(g, arch: ArchConfig) -> Iterator:
     try:
         yield from iter_gguf_tensors(g, arch)
     finally:
-        g.buffer.close()
+        g.close()

@@ -22,7 +22,10 @@ from tqdm.auto import tqdm
 
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
 from ridgeline.weights.cache_dir import model_cache_dir
-from ridgeline.weights.gguf_dequant import GGUFFile, read_gguf
+from ridgeline.weights import limits
+from ridgeline.weights.gguf_meta import (MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int,
+                                         meta_str)
+from ridgeline.weights.gguf_reader import GGUFFile, read_gguf
 from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
 
 _FORMAT_VERSION = 1  # bump when the converted folder's contents change
@@ -72,13 +75,10 @@ def _f32(x) -> float:
     return float(str(np.float32(x)))
 
 
-def _int(md: dict, key: str, default=None) -> int:
-    value = md.get(key, default)
-    if value is None:
-        raise ModelLoadError(f"GGUF metadata lacks {key}")
-    if isinstance(value, np.ndarray):
-        raise UnsupportedArchitectureError(f"GGUF {key} varies per layer, which Ridgeline does not support")
-    return int(value)
+def _experts(md: dict, key: str) -> int:
+    """expert_count: absent or 0 for a dense model."""
+    value = md.get(key, 0)
+    return 0 if type(value) is int and value == 0 else meta_int(md, key, "experts")
 
 
 def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
@@ -123,20 +123,20 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def hf_config(g: GGUFFile) -> dict:
     md = g.metadata
-    arch = md.get("general.architecture")
-    experts = int(md.get(f"{arch}.expert_count", 0) or 0)
-    if arch in ("llama", "mistral") and experts and "blk.0.ffn_gate_exps.weight" not in g.tensors:
-        raise UnsupportedArchitectureError(f"{g.path} stores its experts one tensor each (an old llama.cpp "
-                                           "layout); only stacked ffn_*_exps tensors are supported")
+    arch = meta_str(md, "general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"GGUF architecture {arch!r} in {g.path} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    experts = _experts(md, f"{arch}.expert_count")
+    if arch in ("llama", "mistral") and experts and "blk.0.ffn_gate_exps.weight" not in g.tensors:
+        raise UnsupportedArchitectureError(f"{g.path} stores its experts one tensor each (an old llama.cpp "
+                                           "layout); only stacked ffn_*_exps tensors are supported")
     if "rope_freqs.weight" in g.tensors:
         raise UnsupportedArchitectureError(f"{g.path} uses per-dimension rope frequency factors (Llama 3.1-style "
                                            "rope scaling), which the GGUF converter does not support yet")
     hf_arch, model_type, _ = MIXTRAL if arch == "llama" and experts else ARCHITECTURES[arch]
-    hidden = _int(md, f"{arch}.embedding_length")
-    heads = _int(md, f"{arch}.attention.head_count")
+    hidden = meta_int(md, f"{arch}.embedding_length", "hidden")
+    heads, kv_heads, head_dim = _attention(g, arch, hidden)
     t = g.tensors
     if "token_embd.weight" not in t:
         raise ModelLoadError(f"GGUF file {g.path} has no token_embd.weight")
@@ -145,49 +145,65 @@ def hf_config(g: GGUFFile) -> dict:
         "model_type": model_type,
         "vocab_size": t["token_embd.weight"].shape[0],
         "hidden_size": hidden,
-        "intermediate_size": _int(md, f"{arch}.feed_forward_length",
-                                  md.get(f"{arch}.expert_feed_forward_length")),
-        "num_hidden_layers": _int(md, f"{arch}.block_count"),
+        "intermediate_size": meta_int(md, f"{arch}.feed_forward_length", "intermediate",
+                                      md.get(f"{arch}.expert_feed_forward_length", MISSING)),
+        "num_hidden_layers": meta_int(md, f"{arch}.block_count", "layers"),
         "num_attention_heads": heads,
-        "num_key_value_heads": _int(md, f"{arch}.attention.head_count_kv", heads),
-        "head_dim": _int(md, f"{arch}.attention.key_length", hidden // heads),
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "hidden_act": "silu",
-        "rope_theta": _f32(md.get(f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": _f32(md.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "max_position_embeddings": _int(md, f"{arch}.context_length", 2048),
+        "rope_theta": _f32(meta_float(md, f"{arch}.rope.freq_base", 10000.0, positive=True)),
+        "rms_norm_eps": _f32(meta_float(md, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "max_position_embeddings": meta_int(md, f"{arch}.context_length", "positions", 2048),
         "tie_word_embeddings": "output.weight" not in t,
         "torch_dtype": "float32",
         "use_cache": True,
     }
     for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         if f"tokenizer.ggml.{name}_token_id" in md:
-            cfg[key] = int(md[f"tokenizer.ggml.{name}_token_id"])
+            cfg[key] = meta_index(md, f"tokenizer.ggml.{name}_token_id")
     if experts:
         cfg.update(_moe_config(md, arch, model_type, experts))
     if not model_type.startswith("qwen2"):  # Qwen2 always has q/k/v biases; the others have a flag
         cfg["attention_bias"] = "blk.0.attn_q.bias" in t
         cfg["mlp_bias"] = "blk.0.ffn_up.bias" in t
-    scaling = md.get(f"{arch}.rope.scaling.type")
+    scaling = meta_str(md, f"{arch}.rope.scaling.type")
     if scaling in ("linear", "yarn"):
-        cfg["rope_scaling"] = {"rope_type": scaling, "factor": _f32(md[f"{arch}.rope.scaling.factor"])}
+        factor = meta_float(md, f"{arch}.rope.scaling.factor", MISSING, positive=True)
+        cfg["rope_scaling"] = {"rope_type": scaling, "factor": _f32(factor)}
         if scaling == "yarn":
-            cfg["rope_scaling"]["original_max_position_embeddings"] = _int(
-                md, f"{arch}.rope.scaling.original_context_length")
+            cfg["rope_scaling"]["original_max_position_embeddings"] = meta_int(
+                md, f"{arch}.rope.scaling.original_context_length", "positions")
     elif scaling not in (None, "none"):
         raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} in {g.path} is not supported")
+    check_tensors(g, cfg, arch)
     return cfg
 
 
+def _attention(g: GGUFFile, arch: str, hidden: int) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size): KV heads dividing the query heads, an even head size."""
+    keys = (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv", f"{arch}.attention.key_length")
+    heads = meta_int(g.metadata, keys[0], "heads")
+    kv_heads = meta_int(g.metadata, keys[1], "heads", heads)
+    head_dim = meta_int(g.metadata, keys[2], "head_dim", hidden // heads)
+    limits.check_heads(heads, kv_heads, head_dim, keys, f"GGUF file {g.path}")
+    return heads, kv_heads, head_dim
+
+
 def _moe_config(md: dict, arch: str, model_type: str, experts: int) -> dict:
-    used = _int(md, f"{arch}.expert_used_count")
+    used = meta_int(md, f"{arch}.expert_used_count", "experts")
+    if used > experts:
+        raise ModelLoadError(f"metadata {arch}.expert_used_count = {used} is more than "
+                             f"{arch}.expert_count = {experts}")
     if model_type == "mixtral":
         return {"num_local_experts": experts, "num_experts_per_tok": used}
     cfg = {"num_experts": experts, "num_experts_per_tok": used, "decoder_sparse_step": 1, "mlp_only_layers": [],
-           "moe_intermediate_size": _int(md, f"{arch}.expert_feed_forward_length"),
+           "moe_intermediate_size": meta_int(md, f"{arch}.expert_feed_forward_length", "intermediate"),
            # llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's, unless the file says
-           "norm_topk_prob": bool(md.get(f"{arch}.expert_weights_norm", model_type == "qwen3_moe"))}
+           "norm_topk_prob": meta_bool(md, f"{arch}.expert_weights_norm", model_type == "qwen3_moe")}
     if model_type == "qwen2_moe":
-        cfg["shared_expert_intermediate_size"] = _int(md, f"{arch}.expert_shared_feed_forward_length")
+        cfg["shared_expert_intermediate_size"] = meta_int(md, f"{arch}.expert_shared_feed_forward_length",
+                                                          "intermediate")
     return cfg
 
 
@@ -218,13 +234,13 @@ def _tokenizer_files(g: GGUFFile, cfg: dict, folder: Path) -> None:
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **special_tokens(md),
-        "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")),
-        "add_eos_token": bool(md.get("tokenizer.ggml.add_eos_token", False)),
+        "add_bos_token": meta_bool(md, "tokenizer.ggml.add_bos_token", meta_str(md, "tokenizer.ggml.model") == "llama"),
+        "add_eos_token": meta_bool(md, "tokenizer.ggml.add_eos_token", False),
         "model_max_length": cfg["max_position_embeddings"],
         "clean_up_tokenization_spaces": False,
     }
     if "tokenizer.chat_template" in md:
-        tok_cfg["chat_template"] = md["tokenizer.chat_template"]
+        tok_cfg["chat_template"] = meta_str(md, "tokenizer.chat_template")
     _write_json(folder / "tokenizer_config.json", tok_cfg)
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
     _write_json(folder / "generation_config.json", gen)
@@ -257,9 +273,12 @@ def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
     tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()
     try:
-        cfg = hf_config(g)
-        _tokenizer_files(g, cfg, tmp)
-        state = _state_dict(g, cfg, progress)
+        try:
+            cfg = hf_config(g)
+            _tokenizer_files(g, cfg, tmp)
+            state = _state_dict(g, cfg, progress)
+        except ModelLoadError as e:  # metadata and tensor errors name the key or tensor; add the file
+            raise in_file(e, g.path) from None
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state
         _write_json(tmp / "config.json", cfg)
@@ -270,6 +289,6 @@ def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
             if not (final / "config.json").is_file():  # another process did not win the race
                 raise
     finally:
-        g.buffer.close()
+        g.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return final

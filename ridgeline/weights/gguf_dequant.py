@@ -1,136 +1,17 @@
-"""Read GGUF files (metadata + tensor index) and dequantize their tensors to float32.
-
-`read_gguf` parses the header directly from a memory map: gguf-py's `GGUFReader` builds a numpy
-view per string of the 49k-entry vocabulary and takes seconds; this takes tens of milliseconds.
-Dequantization is vectorized over all blocks of a tensor with torch (no Python loop per block).
+"""Dequantize GGUF tensors to float32, vectorized over all blocks of a tensor with torch (no Python loop
+per block). The header parser lives in gguf_reader.py; its names are re-exported here.
 """
 
 from __future__ import annotations
-
-import mmap
-import struct
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.weights.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
 
-_MAGIC = b"GGUF"
-# GGUF value type id -> (struct format, numpy dtype) for scalar types.
-_SCALARS = {
-    0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.uint16), 3: ("<h", np.int16),
-    4: ("<I", np.uint32), 5: ("<i", np.int32), 6: ("<f", np.float32), 7: ("<?", np.bool_),
-    10: ("<Q", np.uint64), 11: ("<q", np.int64), 12: ("<d", np.float64),
-}
-_STRING, _ARRAY = 8, 9
-
-
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    name: str
-    shape: tuple[int, ...]  # logical (torch) order: GGUF's ne[] reversed
-    qtype: GGMLQuantizationType
-    offset: int  # absolute byte offset in the file
-    n_bytes: int
-
-
-@dataclass
-class GGUFFile:
-    path: Path
-    metadata: dict  # scalars as Python values, numeric arrays as numpy, string arrays as lists
-    tensors: dict[str, GGUFTensorInfo]
-    buffer: mmap.mmap
-
-    def raw(self, info: GGUFTensorInfo) -> np.ndarray:
-        return np.frombuffer(self.buffer, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
-
-    def dequantize(self, name: str) -> torch.Tensor:
-        info = self.tensors[name]
-        return dequantize(self.raw(info), info.qtype, info.shape, name)
-
-
-class _Cursor:
-    def __init__(self, buf: mmap.mmap, path: Path):
-        self.buf, self.pos, self.path = buf, 0, path
-
-    def need(self, n: int) -> int:
-        start = self.pos
-        if start + n > len(self.buf):
-            raise ModelLoadError(f"GGUF file {self.path} is truncated (header ends early)")
-        self.pos += n
-        return start
-
-    def scalar(self, vtype: int):
-        fmt, _ = _SCALARS[vtype]
-        return struct.unpack_from(fmt, self.buf, self.need(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        n = self.scalar(10)
-        start = self.need(n)
-        return self.buf[start:start + n].decode("utf-8", errors="replace")
-
-    def value(self, vtype: int):
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            itype, count = self.scalar(4), self.scalar(10)
-            if itype == _STRING:
-                return [self.string() for _ in range(count)]
-            if itype == _ARRAY:
-                return [self.value(_ARRAY) for _ in range(count)]
-            dtype = np.dtype(_SCALARS[itype][1])
-            start = self.need(count * dtype.itemsize)
-            return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy()
-        if vtype not in _SCALARS:
-            raise ModelLoadError(f"GGUF file {self.path} has an unknown metadata value type {vtype}")
-        return self.scalar(vtype)
-
-
-def read_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF v2/v3 file's metadata and tensor index; tensor bytes stay in the memory map."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as e:  # ValueError: mmap of an empty file
-        raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from e
-    cur = _Cursor(buf, path)
-    if len(buf) < 24 or buf[:4] != _MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file (bad magic or too short)")
-    cur.pos = 4
-    version = cur.scalar(4)
-    if version not in (2, 3):
-        raise ModelLoadError(f"GGUF file {path} has unsupported version {version} (need 2 or 3)")
-    n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
-    metadata = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        metadata[key] = cur.value(cur.scalar(4))
-    infos = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        dims = [cur.scalar(10) for _ in range(cur.scalar(4))]
-        qtype_id, offset = cur.scalar(4), cur.scalar(10)
-        infos.append((name, tuple(reversed(dims)), qtype_id, offset))
-    align = int(metadata.get("general.alignment", 32))
-    data_start = -(-cur.pos // align) * align
-    tensors = {}
-    for name, shape, qtype_id, offset in infos:
-        try:
-            qtype = GGMLQuantizationType(qtype_id)
-        except ValueError:
-            raise ModelLoadError(f"tensor {name!r} in {path} has unknown GGML type id {qtype_id}") from None
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        n = int(np.prod(shape, dtype=np.int64))
-        n_bytes = n // block * type_size
-        start = data_start + offset
-        if start + n_bytes > len(buf):
-            raise ModelLoadError(f"GGUF file {path} is truncated: tensor {name!r} runs past the end")
-        tensors[name] = GGUFTensorInfo(name, shape, qtype, start, n_bytes)
-    return GGUFFile(path, metadata, tensors, buf)
+__all__ = ["GGUFFile", "GGUFTensorInfo", "SUPPORTED_TYPES", "dequantize", "read_gguf"]
 
 
 def _blocks(raw: np.ndarray, type_size: int) -> torch.Tensor:

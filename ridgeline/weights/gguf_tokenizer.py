@@ -9,14 +9,17 @@ byte fallback). Token types follow llama.cpp: 1 normal, 2 unknown, 3 control, 4 
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.weights.gguf_meta import in_file, meta_bool, meta_index, meta_numbers, meta_str, meta_strings
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
+MAX_SPM_TOKEN = 1024  # characters: finding a SentencePiece vocabulary's merges tries every split of a token
 
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 _LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -68,13 +71,34 @@ def _respell(tokens: list[str], keep: set[int]) -> list[str]:
             for i, t in enumerate(tokens)]
 
 
-def _meta(metadata: dict, key: str, default=None):
-    return metadata.get(f"tokenizer.ggml.{key}", default)
+def _tokens(metadata: dict) -> list[str]:
+    tokens = meta_strings(metadata, "tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ModelLoadError("GGUF file has no tokenizer (tokenizer.ggml.tokens is missing)")
+    return tokens
 
 
-def _special_id(metadata: dict, name: str) -> int | None:
-    value = _meta(metadata, f"{name}_token_id")
-    return None if value is None else int(value)
+def _special_id(metadata: dict, name: str, n_tokens: int) -> int | None:
+    key = f"tokenizer.ggml.{name}_token_id"
+    value = meta_index(metadata, key)
+    if value is not None and value >= n_tokens:
+        raise ModelLoadError(f"metadata {key} = {value} is past the vocabulary of {n_tokens} tokens")
+    return value
+
+
+def _flag(metadata: dict, key: str, default: bool) -> bool:
+    return meta_bool(metadata, f"tokenizer.ggml.{key}", default)
+
+
+@contextmanager
+def _library(what: str):
+    """The tokenizers library refuses data it cannot take with plain exceptions: a ModelLoadError here."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"GGUF tokenizer: cannot build {what}: {e}") from None
 
 
 def _vocab(tokens: list[str]) -> dict[str, int]:
@@ -85,16 +109,26 @@ def _vocab(tokens: list[str]) -> dict[str, int]:
     return vocab
 
 
-def _gpt2(metadata: dict) -> Tokenizer:
-    pre = _meta(metadata, "pre") or "default"
-    if pre not in _PRE:
-        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(_PRE))}")
-    merges = _meta(metadata, "merges")
+def _merges(metadata: dict) -> list[tuple[str, str]]:
+    merges = meta_strings(metadata, "tokenizer.ggml.merges")
     if merges is None:
         raise ModelLoadError("GGUF gpt2 tokenizer has no tokenizer.ggml.merges")
-    tokens = _respell(_meta(metadata, "tokens"), set(_added_ids(metadata)))
-    bpe = models.BPE(_vocab(tokens), [tuple(m.split(" ", 1)) for m in merges],
-                     ignore_merges=pre in _IGNORE_MERGES)
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    bad = next((i for i, p in enumerate(pairs) if len(p) != 2), None)
+    if bad is not None:
+        raise ModelLoadError(f"metadata tokenizer.ggml.merges: entry {bad} {merges[bad][:40]!r} is not "
+                             "two tokens separated by a space")
+    return pairs
+
+
+def _gpt2(metadata: dict) -> Tokenizer:
+    pre = meta_str(metadata, "tokenizer.ggml.pre") or "default"
+    if pre not in _PRE:
+        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(_PRE))}")
+    merges = _merges(metadata)
+    tokens = _respell(_tokens(metadata), set(_added_ids(metadata)))
+    with _library("the BPE model"):
+        bpe = models.BPE(_vocab(tokens), merges, ignore_merges=pre in _IGNORE_MERGES)
     tok = Tokenizer(bpe)
     kind, split = _PRE[pre]
     if kind == "gpt2":
@@ -128,20 +162,26 @@ def _spm_merges(tokens: list[str], scores, vocab: dict[str, int]) -> list[tuple[
 
 
 def _llama_spm(metadata: dict) -> Tokenizer:
-    tokens = list(_meta(metadata, "tokens"))
-    scores = _meta(metadata, "scores")
+    tokens = list(_tokens(metadata))
+    scores = meta_numbers(metadata, "tokenizer.ggml.scores", len(tokens))
     if scores is None:
         raise ModelLoadError("GGUF llama (SentencePiece) tokenizer has no tokenizer.ggml.scores")
+    long = next((i for i, t in enumerate(tokens) if len(t) > MAX_SPM_TOKEN), None)
+    if long is not None:
+        raise ModelLoadError(f"metadata tokenizer.ggml.tokens: token {long} is {len(tokens[long])} characters "
+                             f"long (a SentencePiece vocabulary's tokens are read up to {MAX_SPM_TOKEN})")
     vocab = _vocab(tokens)
-    unk = _special_id(metadata, "unknown")
-    bpe = models.BPE(vocab, _spm_merges(tokens, scores, vocab), fuse_unk=True, byte_fallback=True,
-                     unk_token=tokens[unk] if unk is not None else None)
+    unk = _special_id(metadata, "unknown", len(tokens))
+    with _library("the SentencePiece model"):
+        bpe = models.BPE(vocab, _spm_merges(tokens, scores, vocab), fuse_unk=True, byte_fallback=True,
+                         unk_token=tokens[unk] if unk is not None else None)
     tok = Tokenizer(bpe)
+    space_prefix = _flag(metadata, "add_space_prefix", True)
     steps = [normalizers.Replace(" ", "\u2581")]
-    if _meta(metadata, "add_space_prefix", True):
+    if space_prefix:
         steps.insert(0, normalizers.Prepend("\u2581"))
     tok.normalizer = normalizers.Sequence(steps)
-    strip = [decoders.Strip(" ", 1, 0)] if _meta(metadata, "add_space_prefix", True) else []
+    strip = [decoders.Strip(" ", 1, 0)] if space_prefix else []
     tok.decoder = decoders.Sequence(
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     _add_special(tok, tokens, metadata, byte_level=False)
@@ -151,23 +191,27 @@ def _llama_spm(metadata: dict) -> Tokenizer:
 def _added_ids(metadata: dict) -> dict[int, bool]:
     """Ids of tokens matched whole in raw text, as llama.cpp does -> whether they are special
     (control and unknown tokens are; user-defined ones are not)."""
-    types = _meta(metadata, "token_type")
+    types = meta_numbers(metadata, "tokenizer.ggml.token_type", len(_tokens(metadata)))
     if types is None:
         return {}
-    types = np.asarray(types)
     ids = np.flatnonzero(np.isin(types, (UNKNOWN, CONTROL, USER_DEFINED)))
     return {int(i): bool(types[i] != USER_DEFINED) for i in ids}
 
 
 def _add_special(tok: Tokenizer, tokens: list[str], metadata: dict, byte_level: bool) -> None:
+    with _library("the added tokens"):
+        _add_special_tokens(tok, tokens, metadata, byte_level)
+
+
+def _add_special_tokens(tok: Tokenizer, tokens: list[str], metadata: dict, byte_level: bool) -> None:
     added = _added_ids(metadata)
     tok.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True)
                             for i, special in added.items() if special])
     tok.add_tokens([AddedToken(tokens[i], normalized=False, special=False)
                     for i, special in added.items() if not special])
-    bos, eos = _special_id(metadata, "bos"), _special_id(metadata, "eos")
-    add_bos = bool(_meta(metadata, "add_bos_token", _meta(metadata, "model") == "llama"))
-    add_eos = bool(_meta(metadata, "add_eos_token", False))
+    bos, eos = _special_id(metadata, "bos", len(tokens)), _special_id(metadata, "eos", len(tokens))
+    add_bos = _flag(metadata, "add_bos_token", meta_str(metadata, "tokenizer.ggml.model") == "llama")
+    add_eos = _flag(metadata, "add_eos_token", False)
     pieces, specials = ["$A:0"], []
     if add_bos and bos is not None:
         pieces.insert(0, f"{tokens[bos]}:0")
@@ -185,9 +229,8 @@ def _add_special(tok: Tokenizer, tokens: list[str], metadata: dict, byte_level: 
 
 def build_tokenizer(metadata: dict) -> Tokenizer:
     """`metadata` as returned by `gguf_dequant.read_gguf(path).metadata`."""
-    model = _meta(metadata, "model")
-    if _meta(metadata, "tokens") is None:
-        raise ModelLoadError("GGUF file has no tokenizer (tokenizer.ggml.tokens is missing)")
+    model = meta_str(metadata, "tokenizer.ggml.model")
+    _tokens(metadata)
     if model == "gpt2":
         return _gpt2(metadata)
     if model == "llama":
@@ -197,16 +240,22 @@ def build_tokenizer(metadata: dict) -> Tokenizer:
 
 def special_tokens(metadata: dict) -> dict[str, str | None]:
     """bos/eos/unk/pad token strings named in the metadata (None where absent)."""
-    tokens = _meta(metadata, "tokens") or []
+    tokens = meta_strings(metadata, "tokenizer.ggml.tokens") or []
     out = {}
     for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
                       ("pad_token", "padding")):
-        i = _special_id(metadata, key)
-        out[name] = tokens[i] if i is not None and 0 <= i < len(tokens) else None
+        i = meta_index(metadata, f"tokenizer.ggml.{key}_token_id")
+        out[name] = tokens[i] if i is not None and i < len(tokens) else None
     return out
 
 
 def load_gguf_tokenizer(path) -> Tokenizer:
-    from ridgeline.weights.gguf_dequant import read_gguf
+    from ridgeline.weights.gguf_reader import read_gguf
 
-    return build_tokenizer(read_gguf(path).metadata)
+    g = read_gguf(path)
+    try:
+        return build_tokenizer(g.metadata)
+    except ModelLoadError as e:
+        raise in_file(e, path) from None
+    finally:
+        g.close()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.weights import limits
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,11 @@ class ArchConfig:
         return self.num_params - len(m.sparse_layers) * (m.num_experts - m.top_k) * 3 * h * m.intermediate_size
 
 
-def _ids(value) -> tuple[int, ...]:
+def _ids(value, field: str, where: str) -> tuple[int, ...]:
     if value is None:
         return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return tuple(limits.checked_index(v, field, where) for v in values)
 
 
 def freeze_rope_scaling(scaling: dict) -> tuple | None:
@@ -104,54 +106,76 @@ def load_arch_config(folder: Path) -> ArchConfig:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelLoadError(f"{path} is missing: a Hugging Face model folder needs config.json") from None
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-    if "text_config" in cfg and "hidden_size" not in cfg:
+    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path} is not a JSON object")
     archs = cfg.get("architectures") or []
-    if not archs:
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ModelLoadError(f"{path} has no 'architectures' entry")
     try:
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type == "default":
-            scaling = {}
-        elif rope_type in ("dynamic", "yarn"):  # their original length, as transformers defaults it
-            scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
-        gen_eos = _generation_eos(Path(folder))
-        windows = layer_windows(cfg, archs[0])
-        return ArchConfig(
-            architecture=archs[0],
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            rope_theta=float(theta),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=archs[0].startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
-            o_bias=bool(cfg.get("attention_bias", False)),
-            sliding_window=max((w for w in windows if w), default=None),
-            rope_scaling=freeze_rope_scaling(scaling),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id")))),
-            layer_windows=windows,
-            qk_norm=archs[0] in QK_NORM_ARCHITECTURES,
-            moe=_moe(cfg, archs[0]),
-        )
+        return _arch_config(cfg, archs[0], Path(folder), str(path))
     except KeyError as e:
         raise ModelLoadError(f"{path} lacks the field {e.args[0]!r}") from None
 
 
-def layer_windows(cfg: dict, architecture: str) -> tuple[int | None, ...]:
+def _size(cfg: dict, key: str, kind: str, where: str, value=None) -> int:
+    """cfg[key] (or `value`, what the field defaults to) as a size in 1..limits.LIMITS[kind]."""
+    return limits.checked_int(cfg[key] if value is None else value, key, kind, where)
+
+
+def _arch_config(cfg: dict, arch: str, folder: Path, where: str) -> ArchConfig:
+    heads = _size(cfg, "num_attention_heads", "heads", where)
+    hidden = _size(cfg, "hidden_size", "hidden", where)
+    kv_heads = _size(cfg, "num_key_value_heads", "heads", where, cfg.get("num_key_value_heads") or heads)
+    head_dim = _size(cfg, "head_dim", "head_dim", where, cfg.get("head_dim") or hidden // heads)
+    limits.check_heads(heads, kv_heads, head_dim, ("num_attention_heads", "num_key_value_heads", "head_dim"), where)
+    positions = _size(cfg, "max_position_embeddings", "positions", where, cfg.get("max_position_embeddings", 2048))
+    layers = _size(cfg, "num_hidden_layers", "layers", where)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ModelLoadError(f"{where}: rope_scaling is {type(rope).__name__}, not an object")
+    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        scaling = {}
+    elif rope_type in ("dynamic", "yarn"):  # their original length, as transformers defaults it
+        scaling.setdefault("original_max_position_embeddings", positions)
+    gen_eos = _generation_eos(folder)
+    windows = layer_windows(cfg, arch, where)
+    return ArchConfig(
+        architecture=arch,
+        vocab_size=_size(cfg, "vocab_size", "vocab", where),
+        hidden_size=hidden,
+        intermediate_size=_size(cfg, "intermediate_size", "intermediate", where),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=limits.checked_float(theta, "rope_theta", where, positive=True),
+        rms_norm_eps=limits.checked_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
+        max_position_embeddings=positions,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=arch.startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
+        o_bias=bool(cfg.get("attention_bias", False)),
+        sliding_window=max((w for w in windows if w), default=None),
+        rope_scaling=freeze_rope_scaling(scaling),
+        bos_token_id=_token_id(cfg.get("bos_token_id"), "bos_token_id", where),
+        eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id"), "eos_token_id", where))),
+        layer_windows=windows,
+        qk_norm=arch in QK_NORM_ARCHITECTURES,
+        moe=_moe(cfg, arch, where),
+    )
+
+
+def _token_id(value, field: str, where: str) -> int | None:
+    return None if value is None else limits.checked_index(value, field, where)
+
+
+def layer_windows(cfg: dict, architecture: str, where: str = "config.json") -> tuple[int | None, ...]:
     """Each layer's sliding window as transformers applies it: `layer_types` where the config lists them
     ("sliding_attention" layers take `sliding_window`); else Qwen2: `use_sliding_window` (off by default)
     from layer `max_window_layers` on; a Gemma-style `sliding_window_pattern` p: every p-th layer attends
@@ -161,35 +185,54 @@ def layer_windows(cfg: dict, architecture: str) -> tuple[int | None, ...]:
     types = cfg.get("layer_types")
     if not window:
         return (None,) * n
+    window = limits.checked_int(window, "sliding_window", "positions", where)
     if types:
-        if len(types) != n:
-            raise ModelLoadError(f"config.json lists {len(types)} layer_types for {n} layers")
+        if not isinstance(types, list) or len(types) != n:
+            raise ModelLoadError(f"{where} lists {len(types) if isinstance(types, list) else 'no'} layer_types "
+                                 f"for {n} layers")
         return tuple(window if t == "sliding_attention" else None for t in types)
     if architecture.startswith("Qwen2"):
         first = cfg.get("max_window_layers", n) if cfg.get("use_sliding_window") else n
+        first = limits.checked_index(first, "max_window_layers", where)
         return tuple(window if i >= first else None for i in range(n))
     if cfg.get("use_sliding_window") is False:  # Mistral's configs write null or leave it out
         return (None,) * n
     pattern = cfg.get("sliding_window_pattern")
     if pattern:
+        pattern = limits.checked_int(pattern, "sliding_window_pattern", "layers", where)
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(n))
     return (window,) * n
 
 
-def _moe(cfg: dict, arch: str) -> MoEConfig | None:
+def _moe(cfg: dict, arch: str, where: str = "config.json") -> MoEConfig | None:
     if arch not in MOE_ARCHITECTURES:
         return None
     layers = cfg["num_hidden_layers"]
     if arch == "MixtralForCausalLM":
-        return MoEConfig(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"], True, 0,
+        experts = _size(cfg, "num_local_experts", "experts", where)
+        return MoEConfig(experts, _top_k(cfg, experts, where), cfg["intermediate_size"], True, 0,
                          tuple(range(layers)))
-    experts = cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]  # Qwen3-MoE writes either
-    step = cfg.get("decoder_sparse_step") or 1
-    dense = set(cfg.get("mlp_only_layers") or ())
+    key = "num_experts" if "num_experts" in cfg else "num_local_experts"  # Qwen3-MoE writes either
+    experts = cfg[key] if cfg[key] == 0 and type(cfg[key]) is int else _size(cfg, key, "experts", where)
+    step = _size(cfg, "decoder_sparse_step", "layers", where, cfg.get("decoder_sparse_step") or 1)
+    dense = cfg.get("mlp_only_layers") or ()
+    if not isinstance(dense, (list, tuple)):
+        raise ModelLoadError(f"{where}: mlp_only_layers is {type(dense).__name__}, not a list of layers")
+    dense = {limits.checked_index(i, "mlp_only_layers", where) for i in dense}
     sparse = tuple(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
     shared = (cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
-    return MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+    if shared:
+        shared = _size(cfg, "shared_expert_intermediate_size", "intermediate", where)
+    return MoEConfig(experts, _top_k(cfg, max(experts, 1), where), _size(cfg, "moe_intermediate_size",
+                                                                        "intermediate", where),
                      bool(cfg.get("norm_topk_prob", False)), shared, sparse)
+
+
+def _top_k(cfg: dict, experts: int, where: str) -> int:
+    top_k = _size(cfg, "num_experts_per_tok", "experts", where)
+    if top_k > experts:
+        raise ModelLoadError(f"{where}: num_experts_per_tok = {top_k} is more than the {experts} experts")
+    return top_k
 
 
 def _freeze(v):
@@ -201,6 +244,7 @@ def _generation_eos(folder: Path) -> tuple[int, ...]:
     if not path.exists():
         return ()
     try:
-        return _ids(json.loads(path.read_text()).get("eos_token_id"))
-    except json.JSONDecodeError:
+        gen = json.loads(path.read_text())
+    except (ValueError, RecursionError):
         return ()
+    return _ids(gen.get("eos_token_id"), "eos_token_id", str(path)) if isinstance(gen, dict) else ()

@@ -32,9 +32,17 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.exists():
             raise ModelLoadError(f"{path} is missing: Ridgeline needs a `tokenizers` tokenizer.json")
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library refuses a damaged file with a plain Exception
+            raise ModelLoadError(f"{path} cannot be read as a tokenizer: {str(e)[:300]}") from None
         cfg_path = folder / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        try:
+            cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        except (ValueError, RecursionError) as e:
+            raise ModelLoadError(f"{cfg_path} is not valid JSON: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{cfg_path} is not a JSON object")
         self.chat_template: str | None = cfg.get("chat_template")
         if isinstance(self.chat_template, list):  # named templates: take "default"
             named = {t["name"]: t["template"] for t in self.chat_template}
