@@ -101,7 +101,8 @@ def test_router_and_server_warn_at_start_up(extra, warned, capsys, tiny_llama, m
 
 
 @pytest.mark.parametrize("endpoint, where", [
-    ("tcp://*:5557", "every interface"), ("tcp://0.0.0.0:5557", "every interface"), ("tcp://[::]:5557", "every interface"),
+    ("tcp://*:5557", "every interface"), ("tcp://0.0.0.0:5557", "every interface"),
+    ("tcp://[::]:5557", "every interface"),
     ("tcp://10.1.2.3:5557", "10.1.2.3"), ("tcp://eth0:5557", "eth0"),
     ("tcp://127.0.0.1:5557", None), ("tcp://[::1]:5557", None), ("tcp://localhost:5557", None),
     ("ipc:///tmp/x/kv", None), ("inproc://kv", None)])

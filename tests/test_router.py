@@ -256,8 +256,8 @@ def test_metrics_key_is_compared_in_constant_time(monkeypatch):
 
     monkeypatch.setattr(guard.hmac, "compare_digest", spy)
     fake = FakeReplica()
-    rt = RouterThread(Router([Replica(fake.url, fake.info())],
-                             RouterSettings("round-robin", health_interval=3600, limits=FrontLimits(api_key="k")))).start()
+    settings = RouterSettings("round-robin", health_interval=3600, limits=FrontLimits(api_key="k"))
+    rt = RouterThread(Router([Replica(fake.url, fake.info())], settings)).start()
     try:
         assert httpx.get(rt.url + "/metrics", headers={"Authorization": "Bearer kk"}).status_code == 401
         assert compared == [(b"kk", b"k")]

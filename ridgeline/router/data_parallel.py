@@ -4,8 +4,8 @@ Ray actors with --executor ray) behind one OpenAI endpoint, the router in this p
 The public socket is bound first (a busy port fails in a second). Replicas listen on internal
 addresses nobody configures (loopback ports the OS picks, KV events on ipc:// sockets), so two such
 servers on one host never collide, and each needs a key made for this launch, which only the router
-holds: clients reach the replicas through the router's guard (--api-key and the limits) only. A replica that exits is out of rotation at once; with all of them
-out, requests get 503."""
+holds: clients reach the replicas through the router's guard (--api-key and the limits) only. A
+replica that exits is out of rotation at once; with all of them out, requests get 503."""
 from __future__ import annotations
 
 import argparse
