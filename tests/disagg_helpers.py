@@ -1,66 +1,58 @@
 """In-process prefill and decode workers and a front, for the disaggregation server tests."""
 from __future__ import annotations
 
-import threading
-import time
-
-import uvicorn
+import httpx
 
 from ridgeline.config import EngineConfig
-from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.front import Front, Worker, build_front
+from ridgeline.disagg.launch import front_server
+from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.worker import DisaggWorker, install
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve.app import build_app
-from ridgeline.serve.server import ServerThread, bind, url_of
+from ridgeline.serve.front_limits import FrontLimits, auth_headers
+from ridgeline.serve.server import ServerThread, UvicornThread, bind
 from ridgeline.serve.state import ServerSettings
 
 SAFETY_S = 60.0
 
 
-def engine(model, kv: str = "auto") -> LLMEngine:
-    return LLMEngine(EngineConfig.from_kwargs(str(model), dtype="float32", kv_cache_memory="2MiB",
-                                              kv_cache_dtype=kv, progress=False))
+def engine(model, kv: str = "auto", **opts) -> LLMEngine:
+    opts = {"dtype": "float32", "kv_cache_memory": "2MiB", **opts}
+    return LLMEngine(EngineConfig.from_kwargs(str(model), kv_cache_dtype=kv, progress=False, **opts))
 
 
-def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S):
-    """(ServerThread started, its DisaggWorker) for a role, or (ServerThread, None) co-located."""
-    eng = engine(model, kv)
-    app = build_app(eng, ServerSettings(str(model), quiet=True))
+def worker_app(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S, name: str | None = None,
+               api_key: str | None = None, **engine_opts):
+    """(the app, its DisaggWorker) for a role, or (the app, None) co-located; not started."""
+    eng = engine(model, kv, **engine_opts)
+    app = build_app(eng, ServerSettings(name or str(model), quiet=True, api_key=api_key))
     worker = None
     if role != "colocated":
         worker = DisaggWorker(role, eng, create_connector(connector, timeout), timeout)
         install(app, worker)
+    return app, worker
+
+
+def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S):
+    """(ServerThread started, its DisaggWorker) for a role, or (ServerThread, None) co-located."""
+    app, worker = worker_app(model, role, kv, connector, timeout)
     return ServerThread(app).start(), worker
 
 
-class FrontThread:
-    def __init__(self, front: Front):
+class FrontThread(UvicornThread):
+    """The front on a background thread, served as `serve --disaggregate` serves it (guarded protocol)."""
+
+    def __init__(self, front: Front, limits: FrontLimits = FrontLimits()):
         self.front = front
-        self.sock = bind("127.0.0.1", 0)
-        self.url = url_of(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(build_front(front), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> FrontThread:
-        self.thread.start()
-        deadline = time.monotonic() + SAFETY_S
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the front did not start"
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(SAFETY_S)
-        self.sock.close()
+        super().__init__(front_server(build_front(front, limits), limits), bind("127.0.0.1", 0), "front")
 
 
-def info_of(server: ServerThread) -> dict:
-    import httpx
-    return httpx.get(server.url + "/disagg/info").json()
+def info_of(server: ServerThread, key: str | None = None) -> dict:
+    return httpx.get(server.url + "/disagg/info", headers=auth_headers(key)).json()
 
 
-def front_over(prefill: list[ServerThread], decode: list[ServerThread]) -> FrontThread:
-    return FrontThread(Front([Worker(s.url, info_of(s)) for s in prefill],
-                             [Worker(s.url, info_of(s)) for s in decode])).start()
+def front_over(prefill: list[ServerThread], decode: list[ServerThread], worker_key: str | None = None,
+               limits: FrontLimits = FrontLimits()) -> FrontThread:
+    workers = [[Worker(s.url, info_of(s, worker_key)) for s in servers] for servers in (prefill, decode)]
+    return FrontThread(Front(*workers, worker_key=worker_key), limits).start(SAFETY_S)

@@ -17,6 +17,7 @@ class FakeReplica:
         self.model = model
         self.mode = mode
         self.posts = 0
+        self.auth: list[str | None] = []  # each POST's Authorization header
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -57,6 +58,8 @@ class FakeReplica:
                              b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 return
             self.posts += 1
+            self.auth.append(next((h.split(b":", 1)[1].strip().decode() for h in head.split(b"\r\n")
+                                   if h.lower().startswith(b"authorization:")), None))
             if self.mode == "drop":
                 return
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"

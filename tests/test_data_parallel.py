@@ -1,5 +1,6 @@
-"""`ridgeline serve --data-parallel-size 2` on the tiny model: two replica processes behind one
-endpoint with cache-aware routing; a replica killed is taken out, both killed gives 503."""
+"""`ridgeline serve --data-parallel-size 2 --api-key K` on the tiny model: two replica processes behind
+one endpoint with cache-aware routing; the key is checked by the router, the replicas take a key of
+their own that is on no command line; a replica killed is taken out, both killed gives 503."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,8 @@ from spawned import children, serve
 from ridgeline.router.launch import core_shares
 
 pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")
+KEY = "the-users-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def test_core_shares_split_the_cores():
@@ -24,7 +27,8 @@ def test_core_shares_split_the_cores():
 @pytest.fixture
 def dp_server(tiny_llama):
     with serve([str(tiny_llama), "--port", "0", "--data-parallel-size", "2", "--served-model-name", "tiny",
-                "--dtype", "float32", "--kv-cache-memory", "2MiB", "--quiet"], r"at (http://\S+)/v1: 2 replicas") as got:
+                "--dtype", "float32", "--kv-cache-memory", "2MiB", "--quiet", "--api-key", KEY],
+               r"at (http://\S+)/v1: 2 replicas") as got:
         yield got
 
 
@@ -32,19 +36,28 @@ def test_two_replicas_behind_one_endpoint(dp_server):
     proc, url = dp_server
     body = {"model": "tiny", "messages": [{"role": "system", "content": "shared prefix " * 12},
                                           {"role": "user", "content": "hi"}], "max_tokens": 3}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 401
     for _ in range(3):
-        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60).status_code == 200
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and list(health["replicas"].values()) == ["up", "up"]
-    assert metric(url, "ridgeline_prefix_cache_hits_total") > 0, "cache-aware: later requests hit the first's blocks"
+    assert metric(url, "ridgeline_prefix_cache_hits_total", headers=AUTH) > 0, \
+        "cache-aware: later requests hit the first's blocks"
     replicas = children(proc.pid)
     assert len(replicas) == 2
+    for pid in replicas:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        assert KEY.encode() not in cmdline and b"api_key" not in cmdline, "a key on a replica's command line"
+    for replica_url in health["replicas"]:  # each has a key of its own: neither the client's nor none opens it
+        for headers in ({}, AUTH):
+            assert httpx.get(replica_url + "/v1/models", headers=headers).status_code == 401
     os.kill(replicas[0], signal.SIGKILL)
     wait_until(lambda: "down" in " ".join(httpx.get(url + "/health").json()["replicas"].values()), "replica down")
     for _ in range(2):
-        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60).status_code == 200
     os.kill(replicas[1], signal.SIGKILL)
     wait_until(lambda: httpx.get(url + "/health").status_code == 503, "every replica down")
-    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60)
     assert r.status_code == 503 and r.json()["error"]["code"] == "no_replica_available"
     assert "process exited" in r.json()["error"]["message"]

@@ -95,3 +95,33 @@ def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
         proc.send_signal(signal.SIGTERM)
         proc.wait(SAFETY_S)
     assert proc.returncode == 0
+
+
+def test_1p1d_launch_with_an_api_key_becomes_ready_and_keeps_every_key_off_command_lines(tiny_llama):
+    """The front checks the user's key; the workers take a key of their own (the readiness polls and
+    every call from the front carry it), handed over by environment: no key on a worker's command line."""
+    from spawned import children, serve
+    key = "the-users-key"
+    auth = {"Authorization": f"Bearer {key}"}
+    args = [str(tiny_llama), "--disaggregate", "1P1D", "--port", "0", "--dtype", "float32", "--kv-cache-memory",
+            "2MiB", "--served-model-name", "tiny", "--api-key", key, "--worker-start-timeout", "120"]
+    with serve(args, r"disaggregated 1P1D at (http://\S+)/v1") as (proc, url):
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 3, "temperature": 0}
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(url + "/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/metrics").status_code == 401
+        r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=SAFETY_S)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        assert 'ridgeline_disagg_transfers_total{status="sent"} 1' in httpx.get(url + "/metrics", headers=auth).text
+        workers = httpx.get(url + "/disagg/workers", headers=auth, timeout=SAFETY_S).json()["workers"]
+        assert sorted(w["role"] for w in workers) == ["decode", "prefill"]  # the front reads them with their key
+        pids = children(proc.pid)
+        assert len(pids) == 2
+        for pid in pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            assert b"--role" in argv and b"--api-key" not in argv and key.encode() not in b" ".join(argv)
+        for w in workers:  # the user's key does not open a worker: it has its own
+            assert httpx.post(w["url"] + "/v1/completions", json=body, headers=auth).status_code == 401
+    assert proc.returncode == 0

@@ -1,9 +1,12 @@
 """Bad bodies against both generation routes: every one gets a 4xx in OpenAI's error shape (never a
 500), poison requests are refused while other requests are mid-flight and those finish with their
-offline-identical greedy output, and afterwards the server still serves and no KV block leaked."""
+offline-identical greedy output, and afterwards the server still serves and no KV block leaked. The
+bodies go through every front alike (`front`: the server, a router over one replica, which parses and
+tokenizes what it routes, and a disaggregated front, which re-sends them to two workers)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import threading
 import time
@@ -11,6 +14,7 @@ import time
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
+from front_helpers import KINDS, Backends, Served
 from hypothesis import strategies as st
 
 from ridgeline import LLM, SamplingParams
@@ -42,6 +46,22 @@ def served(tiny_llama):
 @pytest.fixture(scope="module")
 def client(served):
     with httpx.Client(base_url=served[0], timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def front(request, served, tiny_llama):
+    if request.param == "server":
+        url, _, async_engine = served
+        yield Served("server", url, None, [async_engine], collections.Counter(), ())
+        return
+    with Backends(request.param, tiny_llama, max_num_batched_tokens=256) as b, b.serving() as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def fclient(front):
+    with httpx.Client(base_url=front.url, timeout=60) as c:
         yield c
 
 
@@ -94,8 +114,8 @@ CURATED = [  # route, raw body
 
 
 @pytest.mark.parametrize("route,body", CURATED, ids=[f"{i}-{r.split('/')[-1]}" for i, (r, _) in enumerate(CURATED)])
-def test_curated_bad_bodies_are_refused(client, route, body):
-    assert_refused(client.post(route, content=body, headers=HEADERS))
+def test_curated_bad_bodies_are_refused(fclient, route, body):
+    assert_refused(fclient.post(route, content=body, headers=HEADERS))
 
 
 FIELDS = ["model", "prompt", "messages", "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
@@ -123,10 +143,10 @@ def fuzz_post(client: httpx.Client, route: str, field: str, value, raw: bool = F
     return client.post(route, content=data, headers=HEADERS)
 
 
-def test_every_field_with_edge_values_never_fails_the_server(client):
+def test_every_field_with_edge_values_never_fails_the_server(fclient):
     failed = []
     for i, (field, value) in enumerate(SWEEP):
-        r = fuzz_post(client, CHAT if i % 2 else CMPL, field, value, raw=i % 3 == 0)
+        r = fuzz_post(fclient, CHAT if i % 2 else CMPL, field, value, raw=i % 3 == 0)
         if r.status_code >= 500 or (r.status_code >= 400 and set(r.json().get("error", ())) !=
                                     {"message", "type", "param", "code"}):
             failed.append((field, value, r.status_code, r.text[:120]))
@@ -145,14 +165,14 @@ FUZZ = settings(derandomize=True, database=None, deadline=None,
 
 @settings(FUZZ, max_examples=80)
 @given(route=st.sampled_from([CHAT, CMPL]), field=st.sampled_from(FIELDS), value=VALUES, raw=st.booleans())
-def test_fuzzed_fields_never_fail_the_server(client, route, field, value, raw):
-    assert_not_failed(fuzz_post(client, route, field, value, raw))
+def test_fuzzed_fields_never_fail_the_server(fclient, route, field, value, raw):
+    assert_not_failed(fuzz_post(fclient, route, field, value, raw))
 
 
 @settings(FUZZ, max_examples=30)
 @given(route=st.sampled_from([CHAT, CMPL]), body=VALUES)
-def test_fuzzed_whole_bodies_never_fail_the_server(client, route, body):
-    assert_not_failed(client.post(route, content=json.dumps(body).encode(), headers=HEADERS))
+def test_fuzzed_whole_bodies_never_fail_the_server(fclient, route, body):
+    assert_not_failed(fclient.post(route, content=json.dumps(body).encode(), headers=HEADERS))
 
 
 class StepGate:
@@ -266,6 +286,12 @@ def test_poison_requests_are_refused_while_others_run(served, offline):
         assert_refused(r)
     assert [t for t, _ in results[:5]] == want
     assert all(f == "length" for _, f in results)
+
+
+def test_after_all_that_every_front_serves_and_nothing_leaked(front, fclient):
+    r = fclient.post(CMPL, json={**base(CMPL), "max_tokens": 3, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    front.wait_idle()
 
 
 def test_after_all_that_the_server_serves_and_leaked_nothing(served, client):

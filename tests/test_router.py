@@ -14,10 +14,12 @@ from server_helpers import metric, wait_until
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.router.core import Router, RouterSettings
+from ridgeline.router.policy import Route
 from ridgeline.router.replica import Replica
 from ridgeline.router.serve import RouterThread, build_router
 from ridgeline.router.startup import RouterConfigError
 from ridgeline.serve.app import build_app
+from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 
@@ -208,3 +210,73 @@ def _listen_on(port: int) -> FakeReplica:
     fake.thread = threading.Thread(target=fake._serve, daemon=True)
     fake.thread.start()
     return fake
+
+
+class SpyHasher:
+    """A PromptHasher that records what it was asked to tokenize."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def route(self, path: str, body) -> Route:
+        self.calls.append(path)
+        return Route()
+
+
+def test_a_request_is_authenticated_before_it_is_tokenized_and_replicas_get_their_own_key():
+    fake, hasher = FakeReplica(), SpyHasher()
+    settings = RouterSettings("round-robin", health_interval=3600, replica_api_key="replica-key",
+                              limits=FrontLimits(api_key="router-key"))
+    rt = RouterThread(Router([Replica(fake.url, fake.info())], settings, hasher)).start()
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer replica-key"}):
+            r = httpx.post(rt.url + "/v1/chat/completions", json={"stream": True}, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert hasher.calls == [] and fake.posts == 0, "an unauthenticated request was tokenized or forwarded"
+        r = httpx.post(rt.url + "/v1/chat/completions", json={"stream": True},
+                       headers={"Authorization": "Bearer router-key"})
+        assert r.status_code == 200 and hasher.calls == ["/v1/chat/completions"]
+        assert fake.auth == ["Bearer replica-key"], "the replica got the client's key, not its own"
+        assert metric(rt.url, "ridgeline_router_requests_total", 'replica="router",status="401"',
+                      headers={"Authorization": "Bearer router-key"}) == 3
+    finally:
+        rt.stop()
+        fake.close()
+
+
+def test_metrics_key_is_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    import ridgeline.serve.guard as guard
+    compared, real = [], hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
+    fake = FakeReplica()
+    settings = RouterSettings("round-robin", health_interval=3600, limits=FrontLimits(api_key="k"))
+    rt = RouterThread(Router([Replica(fake.url, fake.info())], settings)).start()
+    try:
+        assert httpx.get(rt.url + "/metrics", headers={"Authorization": "Bearer kk"}).status_code == 401
+        assert compared == [(b"kk", b"k")]
+        assert httpx.get(rt.url + "/metrics", headers={"Authorization": "Bearer k"}).status_code == 200
+        assert compared[-1] == (b"k", b"k")
+    finally:
+        rt.stop()
+        fake.close()
+
+
+def test_a_replica_refusing_the_routers_key_is_a_start_up_error(tiny_llama):
+    engine = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, **OPTS))
+    keyed = ServerThread(build_app(engine, ServerSettings(MODEL, quiet=True, api_key="replica-key"))).start()
+    try:
+        for key in (None, "wrong"):
+            with pytest.raises(RouterConfigError, match="refused the router's key: give the replicas' key as "
+                                                        "--replica-api-key"):
+                asyncio.run(build_router([keyed.url], RouterSettings("least-load", replica_api_key=key)))
+        router = asyncio.run(build_router([keyed.url], RouterSettings("least-load", replica_api_key="replica-key")))
+        assert router.replicas[0].info["model"] == MODEL
+    finally:
+        keyed.stop()

@@ -1,11 +1,15 @@
 """Bad requests get OpenAI's error body with the documented status, and the server keeps serving:
-invalid parameters, malformed JSON, context overflow, unknown model, auth, body size, queue limit."""
+invalid parameters, malformed JSON, context overflow, unknown model, auth, body size, queue limit.
+What a client can send wrong is checked alike through every front (`front`: the server, a router over
+one replica, a disaggregated front); the front's own refusals (key, body size) never reach a backend."""
 from __future__ import annotations
 
+import collections
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from front_helpers import KINDS, Backends, count_adds, serving_server
 from server_helpers import StepGate, wait_until
 
 from ridgeline.config import EngineConfig
@@ -35,8 +39,32 @@ def app(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def client(app):
-    with ServerThread(app) as s, httpx.Client(base_url=s.url, headers=AUTH, timeout=30) as c:
+def server(app):
+    with ServerThread(app) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def front(request, app, server, tiny_llama):
+    if request.param == "server":
+        reached = collections.Counter()
+        count_adds(app.state.ridgeline.async_engine, reached)
+        yield serving_server(server, reached)
+        return
+    with Backends(request.param, tiny_llama, kv_cache_memory="1MiB") as b, \
+            b.serving(api_key=KEY, max_body_bytes=4096) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def fclient(front):
+    with httpx.Client(base_url=front.url, headers=AUTH, timeout=30) as c:
         yield c
 
 
@@ -138,11 +166,11 @@ CASES = [  # id, route, body, status, param, code
 
 
 @pytest.mark.parametrize("route,body,status,param,code", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_request_gets_openai_error(client, route, body, status, param, code):
+def test_bad_request_gets_openai_error(fclient, route, body, status, param, code):
     if isinstance(body, bytes):
-        r = client.post(route, content=body, headers={"Content-Type": "application/json"})
+        r = fclient.post(route, content=body, headers={"Content-Type": "application/json"})
     else:
-        r = client.post(route, json=body)
+        r = fclient.post(route, json=body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["type"]
@@ -153,8 +181,8 @@ def test_bad_request_gets_openai_error(client, route, body, status, param, code)
     (CHAT, chat(response_format={"type": "text"}, tools=[], tool_choice="none", functions=[], function_call="none")),
     (CMPL, cmpl(suffix="", best_of=2, n=2, logit_bias={}, top_p=0, temperature=2)),
 ])
-def test_defaults_of_unsupported_features_are_accepted(client, route, body):
-    assert client.post(route, json=body).status_code == 200
+def test_defaults_of_unsupported_features_are_accepted(fclient, route, body):
+    assert fclient.post(route, json=body).status_code == 200
 
 
 def test_logit_bias_reaches_the_sampler(app, client):  # ban and unchanged rows: tests/test_sampler.py
@@ -164,32 +192,36 @@ def test_logit_bias_reaches_the_sampler(app, client):  # ban and unchanged rows:
     assert forced == tok.decode([65] * 4) != client.post(CMPL, json=body).json()["choices"][0]["text"]
 
 
-def test_prompt_over_context_names_both_numbers(client):
-    msg = client.post(CMPL, json=cmpl(prompt=[5] * 600)).json()["error"]["message"]
+def test_prompt_over_context_names_both_numbers(fclient):
+    msg = fclient.post(CMPL, json=cmpl(prompt=[5] * 600)).json()["error"]["message"]
     assert "600" in msg and "512" in msg
 
 
-def test_unknown_route_and_method_are_openai_shaped(client):
-    for r, status in ((client.get("/v1/nope"), 404), (client.get(CMPL), 405)):
+def test_unknown_route_and_method_are_openai_shaped(fclient):
+    for r, status in ((fclient.get("/v1/nope"), 404), (fclient.get(CMPL), 405)):
         assert r.status_code == status and r.json()["error"]["message"]
 
 
-def test_api_key(client):
-    url = str(client.base_url)
+def test_api_key(front, fclient):
+    before = front.reached()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
-        r = httpx.post(url + CMPL, json=cmpl(), headers=headers)
+        r = httpx.post(front.url + CMPL, json=cmpl(), headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(url + "/health").status_code == 200  # probes need no key
-    assert client.post(CMPL, json=cmpl()).status_code == 200
+    assert front.reached() == before, "a request without the key got past the front"
+    assert httpx.get(front.url + "/health").status_code == 200  # probes need no key
+    assert fclient.post(CMPL, json=cmpl()).status_code == 200
+    assert front.reached() > before
 
 
-def test_body_over_limit_is_413(client):
+def test_body_over_limit_is_413(front, fclient):
+    before = front.reached()
     big = cmpl(prompt="x" * 5000)
-    r = client.post(CMPL, json=big)
+    r = fclient.post(CMPL, json=big)
     assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
-    chunked = client.post(CMPL, content=iter([b'{"model": "tiny", "prompt": "', b"x" * 5000, b'"}']),
-                          headers={"Content-Type": "application/json"})  # no Content-Length
+    chunked = fclient.post(CMPL, content=iter([b'{"model": "tiny", "prompt": "', b"x" * 5000, b'"}']),
+                           headers={"Content-Type": "application/json"})  # no Content-Length
     assert chunked.status_code == 413 and chunked.json()["error"]["message"]
+    assert front.reached() == before, "a body over the front's limit got past it"
 
 
 def test_over_max_waiting_is_429(app, client):
@@ -221,6 +253,7 @@ def test_engine_step_failure_fails_only_the_requests_in_flight(app, client):
 
 
 def test_still_serves_and_leaks_nothing_after_errors(client):
+    assert client.post(CMPL, json=cmpl(n=0)).status_code == 400
     r = client.post(CHAT, json=chat(max_tokens=3, ignore_eos=True))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert metric(client, "ridgeline_kv_cache_blocks_used") == 0

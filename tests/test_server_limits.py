@@ -1,6 +1,9 @@
 """Limits one client cannot get around: admission counts prompts x n, slow or stalled connections
 are closed in bounded time, the connection cap, the API key's reach; and the server's log lines.
-Raw sockets play the slow clients; every wait has a safety timeout that is never the assertion."""
+The limits of the HTTP front hold alike on every front Ridgeline runs (`fronts`: the server, a router
+over one replica, a disaggregated front), each enforcing them itself: what it refuses never reaches
+a replica or a worker. Raw sockets play the slow clients; every wait has a safety timeout that is
+never the assertion."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +13,7 @@ import threading
 
 import httpx
 import pytest
+from front_helpers import KINDS, Backends
 from server_helpers import SAFETY_S, StepGate, metric, wait_idle, wait_until
 
 from ridgeline.config import EngineConfig
@@ -26,6 +30,12 @@ CMPL = "/v1/completions"
 def engine(tiny_llama):
     return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), progress=False, dtype="float32",
                                               kv_cache_memory="2MiB"))
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def fronts(request, tiny_llama):
+    with Backends(request.param, tiny_llama) as b:
+        yield b
 
 
 @contextlib.contextmanager
@@ -97,8 +107,8 @@ def _read_response(s: socket.socket) -> bytes:
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
 
-def test_stalled_and_short_requests_are_closed_and_others_keep_being_served(engine):
-    with serving(engine, timeout_header=0.3, timeout_body=0.3) as srv:
+def test_stalled_and_short_requests_are_closed_and_others_keep_being_served(fronts):
+    with fronts.serving(timeout_header=0.3, timeout_body=0.3) as srv:
         idle, partial_head, partial_body, short_body, short_closed = (_raw(srv.url) for _ in range(5))
         partial_head.sendall(HEAD)  # and never the blank line
         payload = b'{"model": "tiny", "prompt": "hi"}'
@@ -117,26 +127,33 @@ def test_stalled_and_short_requests_are_closed_and_others_keep_being_served(engi
         assert reply == b"" or reply.startswith(b"HTTP/1.1 408 ")
         for s in (idle, partial_head, partial_body, short_body, short_closed):
             s.close()
+        assert srv.reached() == 0, "a request whose headers or body never came got past the front"
         assert httpx.post(srv.url + CMPL, json=body(), timeout=SAFETY_S).status_code == 200
+        assert srv.reached() >= 1
         wait_until(lambda: not srv.server.server_state.connections, "every connection freed")
-        wait_idle(srv.url)
+        srv.wait_idle()
 
 
-def test_a_body_over_the_limit_is_refused_without_resetting_the_upload(engine):
+def test_a_body_over_the_limit_is_refused_without_resetting_the_upload(fronts):
     """The 413 comes before the body; the client still sends it, then reuses the connection. Had the
     server closed, the unread upload would have reset the connection under the client's feet."""
-    with serving(engine, max_body_bytes=100) as srv:
+    with fronts.serving(max_body_bytes=100) as srv:
         s = _raw(srv.url)
         s.sendall(HEAD + b"Content-Length: 5000\r\n\r\n")
         reply = _read_response(s)
         assert reply.startswith(b"HTTP/1.1 413 ") and b"connection: close" not in reply.lower()
+        assert b"--max-body-bytes" in reply
         s.sendall(b"x" * 5000 + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _read_response(s).startswith(b"HTTP/1.1 200 ")
         s.close()
+        chunked = httpx.post(srv.url + CMPL, content=iter([b'{"model": "tiny", "prompt": "', b"x" * 500, b'"}']),
+                             headers={"Content-Type": "application/json"})  # no Content-Length: capped as it comes
+        assert chunked.status_code == 413 and "--max-body-bytes" in chunked.json()["error"]["message"]
+        assert srv.reached() == 0
 
 
-def test_a_keep_alive_connection_gets_a_header_deadline_per_request(engine):
-    with serving(engine, timeout_header=0.3) as srv:
+def test_a_keep_alive_connection_gets_a_header_deadline_per_request(fronts):
+    with fronts.serving(timeout_header=0.3) as srv:
         s = _raw(srv.url)
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _read_response(s).startswith(b"HTTP/1.1 200 ")
@@ -145,8 +162,8 @@ def test_a_keep_alive_connection_gets_a_header_deadline_per_request(engine):
         s.close()
 
 
-def test_over_the_connection_cap_new_connections_get_503_while_open_ones_proceed(engine):
-    with serving(engine, max_connections=2) as srv:
+def test_over_the_connection_cap_new_connections_get_503_while_open_ones_proceed(fronts):
+    with fronts.serving(max_connections=2) as srv:
         first, second = _raw(srv.url), _raw(srv.url)
         first.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # open, headers not finished
         second.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
@@ -164,15 +181,23 @@ def test_over_the_connection_cap_new_connections_get_503_while_open_ones_proceed
         wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, "a slot free again")
 
 
-def test_api_key_covers_metrics_and_docs_and_public_metrics_opens_only_metrics(engine):
+def test_api_key_covers_every_route_but_health_and_public_metrics_opens_only_metrics(fronts):
     auth = {"Authorization": "Bearer k"}
     for public in (False, True):
-        with serving(engine, api_key="k", public_metrics=public) as srv:
-            for path in ("/v1/models", "/metrics", "/docs", "/openapi.json", "/v1/models/tiny"):
+        with fronts.serving(api_key="k", public_metrics=public) as srv:
+            for path in srv.guarded:  # metrics and docs included
                 r = httpx.get(srv.url + path)
                 expected = 200 if public and path == "/metrics" else 401
                 assert r.status_code == expected, path
+                if expected == 401:
+                    assert r.json()["error"]["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k"}):
+                r = httpx.post(srv.url + CMPL, json=body(), headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert srv.reached() == 0, "refused by the front itself: nothing reached a replica, a worker, an engine"
+            for path in srv.guarded:
                 assert httpx.get(srv.url + path, headers=auth).status_code == 200, path
+            assert httpx.post(srv.url + CMPL, json=body(), headers=auth, timeout=SAFETY_S).status_code == 200
             assert httpx.get(srv.url + "/health").status_code == 200
             assert httpx.head(srv.url + "/health").status_code == 200
 

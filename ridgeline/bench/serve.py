@@ -38,6 +38,7 @@ from ridgeline.bench.loadgen import (LoadConfig, RequestSpec, parse_prometheus, 
                                      prefix_cache_delta, summarize)
 from ridgeline.cli_parser import non_negative_int, output_file, positive_float, positive_float_or_inf, positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.serve.front_limits import env_with_api_key
 
 
 # ---------------------------------------------------------------- tokenizer and workload
@@ -130,8 +131,9 @@ def engine_cli_args(args: argparse.Namespace) -> list[str]:
 class LaunchedServer:
     """`ridgeline serve` as a child process on a free loopback port; a context manager."""
 
-    def __init__(self, cmd: list[str], startup_timeout: float = 600.0, echo=sys.stderr):
+    def __init__(self, cmd: list[str], startup_timeout: float = 600.0, echo=sys.stderr, env: dict | None = None):
         self.cmd = cmd
+        self.env = env  # None: this process's (an API key goes here, never in cmd: any local user can read that)
         self.startup_timeout = startup_timeout
         self.echo = echo
         self.proc: subprocess.Popen | None = None
@@ -151,7 +153,7 @@ class LaunchedServer:
         from ridgeline.utils.lifetime import end_with_parent
         # the server ends with this process, even when it is killed before __exit__ runs
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL, preexec_fn=end_with_parent)
+                                     stdin=subprocess.DEVNULL, preexec_fn=end_with_parent, env=self.env)
         threading.Thread(target=self._read, name="ridgeline-serve-log", daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout
         try:
@@ -205,9 +207,7 @@ def serve_command(args: argparse.Namespace, served_name: str) -> list[str]:
     cmd = [sys.executable, "-m", "ridgeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--served-model-name", served_name, "--max-waiting", str(max(1024, args.num_requests)),
            "--drain-timeout", "10", *engine_cli_args(args)]
-    if args.api_key:
-        cmd += ["--api-key", args.api_key]
-    return cmd + shlex.split(args.server_args or "")
+    return cmd + shlex.split(args.server_args or "")  # the API key goes by environment (LaunchedServer's env)
 
 
 # ---------------------------------------------------------------- talking to the server
@@ -381,7 +381,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     else:
         name = args.served_model_name or args.model
         server = LaunchedServer(serve_command(args, name), args.server_timeout,
-                                echo=sys.stderr if progress else None)
+                                echo=sys.stderr if progress else None, env=env_with_api_key(args.api_key))
         print(f"starting   {shlex.join(server.cmd[1:])}", file=sys.stderr, flush=True)
         url = server.start().url
         server_desc = f"ridgeline serve (started by the bench) at {url}"

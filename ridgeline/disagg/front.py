@@ -4,7 +4,11 @@ through PDClient; the decode worker's answer (JSON or SSE) streams back as it co
 goes away closes the decode worker's stream, which aborts the request there.
 
 `check_workers` is the start-up check: the roles are right, there is at least one of each, every
-worker runs the same model and configuration (fingerprint) with the same KV layout and connector."""
+worker runs the same model and configuration (fingerprint) with the same KV layout and connector.
+
+The server's Guard runs first (the front's --api-key, body cap and deadlines): a request reaches a
+worker only once it is authenticated and its body is in. Workers get the workers' key (`worker_key`)
+on every call from the front, never the client's Authorization header."""
 from __future__ import annotations
 
 import itertools
@@ -18,7 +22,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from ridgeline.disagg.pair import PDClient
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.errors import error_body
+from ridgeline.serve.errors import error_body, install_error_handlers
+from ridgeline.serve.front_limits import FrontLimits, auth_headers
+from ridgeline.serve.guard import Guard, read_body
 
 
 class DisaggConfigError(RidgelineError):
@@ -57,14 +63,24 @@ def check_workers(prefill: list[Worker], decode: list[Worker]) -> None:
 
 
 class Front:
-    def __init__(self, prefill: list[Worker], decode: list[Worker], http: httpx.AsyncClient | None = None):
+    def __init__(self, prefill: list[Worker], decode: list[Worker], http: httpx.AsyncClient | None = None,
+                 worker_key: str | None = None):
         check_workers(prefill, decode)
         self.prefill, self.decode = prefill, decode
+        self.auth = auth_headers(worker_key)  # on every call to a worker
+        self.refused: dict[int, int] = {}  # HTTP status -> requests the front itself refused
         self.http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         self.pd = PDClient(self.http)
         self._turn = itertools.count()
         self.requests = 0
         self.errors = 0
+
+    def headers(self, request: Request) -> dict[str, str]:
+        """What a call to a worker carries: the client's content headers, and the workers' key."""
+        return {**{k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}, **self.auth}
+
+    def count_refusal(self, status: int) -> None:
+        self.refused[status] = self.refused.get(status, 0) + 1
 
     def pick(self, workers: list[Worker]) -> Worker:
         turn = next(self._turn)
@@ -73,9 +89,10 @@ class Front:
 
     async def generate(self, route: str, request: Request) -> Response:
         self.requests += 1
+        raw = await read_body(request)
         try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return _error(400, "the request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object", "invalid_request_error")
@@ -83,7 +100,7 @@ class Front:
         p.inflight += 1
         d.inflight += 1
         try:
-            resp, streamed = await self.pd.run(route, body, p.url, d.url, d.info["address"], dict(request.headers))
+            resp, streamed = await self.pd.run(route, body, p.url, d.url, d.info["address"], self.headers(request))
         except httpx.HTTPError as e:
             d.inflight -= 1
             self.errors += 1
@@ -111,9 +128,10 @@ def _error(status: int, message: str, type_: str) -> JSONResponse:
     return JSONResponse(error_body(message, type_), status_code=status)
 
 
-def build_front(front: Front) -> FastAPI:
-    app = FastAPI(title="ridgeline disaggregated front", docs_url=None, redoc_url=None)
+def build_front(front: Front, limits: FrontLimits = FrontLimits()) -> FastAPI:
+    app = FastAPI(title="ridgeline disaggregated front", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.front = front
+    install_error_handlers(app, front.count_refusal)
 
     for route in ("/v1/completions", "/v1/chat/completions"):
         async def handler(request: Request, route: str = route):
@@ -122,7 +140,7 @@ def build_front(front: Front) -> FastAPI:
 
     async def models(request: Request):
         try:
-            r = await front.http.get(front.decode[0].url + request.url.path, headers=dict(request.headers))
+            r = await front.http.get(front.decode[0].url + request.url.path, headers=front.headers(request))
         except httpx.HTTPError:
             return _error(503, "the decode worker did not answer", "service_unavailable")
         return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
@@ -143,6 +161,7 @@ def build_front(front: Front) -> FastAPI:
                  f"ridgeline_disagg_errors_total {front.errors}"]
         lines += [f'ridgeline_disagg_transfers_total{{status="{k}"}} {getattr(c, k)}'
                   for k in ("sent", "failed", "skipped", "rejected")]
+        lines += [f'ridgeline_disagg_refused_total{{status="{k}"}} {n}' for k, n in sorted(front.refused.items())]
         return PlainTextResponse("\n".join(lines) + "\n")
 
     async def workers():
@@ -150,15 +169,16 @@ def build_front(front: Front) -> FastAPI:
         out = []
         for w in front.prefill + front.decode:
             try:
-                r = await front.http.get(w.url + "/disagg/info", timeout=60)
+                r = await front.http.get(w.url + "/disagg/info", headers=front.auth, timeout=60)
                 out.append({"url": w.url, **r.json()})
             except (httpx.HTTPError, ValueError) as e:
                 out.append({"url": w.url, "role": w.info.get("role"), "error": type(e).__name__})
         return JSONResponse({"workers": out})
 
     app.add_api_route("/disagg/workers", workers, methods=["GET"])
-    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET", "HEAD"])
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_middleware(Guard, limits=limits, on_error=front.count_refusal)
     return app

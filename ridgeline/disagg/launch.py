@@ -1,7 +1,9 @@
 """`ridgeline serve --disaggregate xPyD`: start x prefill and y decode worker processes on this
 machine (each `ridgeline serve --role ...` on a free local port, with the same model and engine
 flags), wait until each answers /disagg/info, check them as a set, and serve the front on
---host/--port until a signal; the workers end with it.
+--host/--port until a signal; the workers end with it. The workers take a key made for this launch
+(by environment, never on their command line), which only the front holds; clients meet the front's
+own guard (--api-key, the body and connection limits).
 
 Cores: each worker is pinned to its own contiguous share of this process's cores (as equal as they
 divide) with as many threads, so a prefill never takes a core from a decode step; with more workers
@@ -22,6 +24,8 @@ import time
 import httpx
 
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
+from ridgeline.serve.front_limits import FrontLimits, auth_headers, env_with_api_key, front_limits, new_api_key
+from ridgeline.serve.transport import guarded_protocol
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 ENGINE_GROUP = "engine"
@@ -87,21 +91,24 @@ def _ranges(cores: list[int]) -> str:
         range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
 
 
-def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int]) -> tuple[subprocess.Popen, str]:
+def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int],
+           worker_key: str) -> tuple[subprocess.Popen, str]:
     port = _free_port("127.0.0.1")
     argv = [sys.executable, "-m", "ridgeline.cli", "serve", model, *flags, "--role", role, "--host", "127.0.0.1",
             "--port", str(port), "--kv-connector", args.kv_connector,
-            "--kv-transfer-timeout", str(args.kv_transfer_timeout), "--quiet"]
-    for flag, value in (("--served-model-name", args.served_model_name), ("--api-key", args.api_key)):
-        if value:
-            argv += [flag, value]
+            "--kv-transfer-timeout", str(args.kv_transfer_timeout), "--quiet",
+            # a body the front took, re-encoded as ASCII JSON (up to 3x: an emoji is 12 bytes escaped)
+            "--max-body-bytes", str(3 * args.max_body_bytes + (64 << 10))]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
     cores, threads = place
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # the workers' key by environment ($RIDGELINE_API_KEY, which the worker reads and drops), never argv
+    env = env_with_api_key(worker_key, {**os.environ, "OMP_NUM_THREADS": str(threads)})
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # in the child, before it starts a thread
     return subprocess.Popen(argv, env=env, preexec_fn=pin), f"http://127.0.0.1:{port}"
 
 
-def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float) -> list[dict]:
+def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float, worker_key: str) -> list[dict]:
     infos: list[dict | None] = [None] * len(procs)
     deadline = time.monotonic() + timeout
     while any(i is None for i in infos):
@@ -112,7 +119,7 @@ def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float) -> li
                 raise DisaggConfigError(f"the worker at {url} exited with status {proc.returncode} during start-up "
                                         "(its error is printed above)")
             try:
-                r = httpx.get(url + "/disagg/info", timeout=2)
+                r = httpx.get(url + "/disagg/info", headers=auth_headers(worker_key), timeout=2)
                 if r.status_code == 200:
                     infos[k] = r.json()
             except httpx.HTTPError:
@@ -136,7 +143,7 @@ def _stop(procs: list[tuple[subprocess.Popen, str]]) -> None:
             proc.wait()
 
 
-def _front_server(app):
+def front_server(app, limits: FrontLimits):
     import uvicorn
 
     class FrontServer(uvicorn.Server):
@@ -159,7 +166,8 @@ def _front_server(app):
             self.force_exit = self.should_exit
             self.should_exit = True
 
-    return FrontServer(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
+    return FrontServer(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5,
+                                      http=guarded_protocol(limits.timeout_header, limits.max_connections)))
 
 
 def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> int:
@@ -171,14 +179,17 @@ def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
     places = placement(x + y, pin)
     print(describe_placement(x, places, pin), flush=True)
     flags = engine_flags(parser, args)
-    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place) for i, place in enumerate(places)]
+    worker_key = new_api_key()  # the workers take requests from this front only
+    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place, worker_key)
+             for i, place in enumerate(places)]
     try:
-        infos = _wait_ready(procs, args.worker_start_timeout)
+        infos = _wait_ready(procs, args.worker_start_timeout, worker_key)
         workers = [Worker(url, info) for (_, url), info in zip(procs, infos)]
-        front = Front(workers[:x], workers[x:])
+        front = Front(workers[:x], workers[x:], worker_key=worker_key)
         print(f"serving   `{args.served_model_name or model}` disaggregated {x}P{y}D at {url_of(sock)}/v1 "
               f"(workers: {', '.join(w.url for w in workers)}; KV over {args.kv_connector})", flush=True)
-        _front_server(build_front(front)).run(sockets=[sock])
+        limits = front_limits(args)
+        front_server(build_front(front, limits), limits).run(sockets=[sock])
         return 0
     finally:
         _stop(procs)

@@ -10,6 +10,7 @@ is. Any other prefill failure (unreachable, 5xx, transfer failed) still sends th
 decode worker, marked "failed": it computes the prompt itself, so the answer is never lost."""
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -20,6 +21,13 @@ from ridgeline.disagg.worker import TRANSFER_ID, TRANSFER_STATUS
 
 log = logging.getLogger(__name__)
 _FORWARD = ("authorization", "content-type", "accept")
+
+
+def encode(obj) -> bytes:
+    """A body as the workers' json.loads reads it back, exactly as the client sent it: ASCII (a lone
+    surrogate stays an escape), NaN and Infinity kept (httpx's json= refuses both, and the worker is
+    the one to say what is wrong with them)."""
+    return json.dumps(obj, ensure_ascii=True, allow_nan=True).encode()
 
 
 @dataclass
@@ -40,9 +48,10 @@ class PDClient:
                       headers: dict | None = None) -> tuple[str, httpx.Response | None]:
         """("sent" | "failed" | "skip", None), or ("rejected", the prefill worker's 4xx response)."""
         try:
-            r = await self.http.post(prefill_url + "/disagg/prefill", headers=headers, timeout=self.prefill_timeout,
-                                     json={"route": route, "body": body, "transfer_id": transfer_id,
-                                           "target": kv_address})
+            r = await self.http.post(prefill_url + "/disagg/prefill", timeout=self.prefill_timeout,
+                                     headers={**(headers or {}), "content-type": "application/json"},
+                                     content=encode({"route": route, "body": body, "transfer_id": transfer_id,
+                                                     "target": kv_address}))
         except httpx.HTTPError as e:
             log.warning("prefill worker %s: %s; the decode worker computes the prompt", prefill_url, e)
             return "failed", None
@@ -65,6 +74,7 @@ class PDClient:
             return rejected, False
         field = {"sent": "sent", "skip": "skipped"}.get(status, "failed")
         setattr(self.counts, field, getattr(self.counts, field) + 1)
-        req = self.http.build_request("POST", decode_url + route, json=body, timeout=None,
-                                      headers={**fwd, TRANSFER_ID: tid, TRANSFER_STATUS: status})
+        req = self.http.build_request("POST", decode_url + route, content=encode(body), timeout=None,
+                                      headers={"content-type": "application/json", **fwd, TRANSFER_ID: tid,
+                                               TRANSFER_STATUS: status})
         return await self.http.send(req, stream=True), True

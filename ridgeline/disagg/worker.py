@@ -27,6 +27,7 @@ from ridgeline.disagg.export import Exports
 from ridgeline.disagg.payload import spec_key
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
+from ridgeline.serve.errors import from_validation
 from ridgeline.serve.state import state_of
 
 ROLES = ("colocated", "prefill", "decode")
@@ -116,14 +117,9 @@ async def _prefill(request: Request):
         raise InvalidRequestError("a prefill body is {route, body, transfer_id, target}") from None
     try:
         return JSONResponse(await run_prefill(state, state.disagg, route, body, tid, target))
-    except ValidationError as e:
-        raise InvalidRequestError(_first_error(e)) from None
+    except ValidationError as e:  # the same 400 as the route's own, naming the field
+        raise from_validation(e.errors()) from None
     except (TransferError, asyncio.TimeoutError) as e:
         state.disagg.counts["failed"] += 1
         return JSONResponse({"status": "failed", "error": str(e)})
 
-
-def _first_error(e: ValidationError) -> str:
-    err = e.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))

@@ -1,5 +1,7 @@
 """build_router_app(router): the router's OpenAI front (FastAPI). Generation routes are routed by
-the policy; /v1/models goes to any replica that is up; /health and /metrics are the router's."""
+the policy; /v1/models goes to any replica that is up; /health and /metrics are the router's. The
+server's Guard runs first: a request is authenticated, and its body capped, before it is parsed or
+tokenized."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +17,8 @@ from ridgeline import __version__
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
-from ridgeline.serve.errors import ApiError, install_error_handlers
+from ridgeline.serve.errors import install_error_handlers
+from ridgeline.serve.guard import Guard, read_body
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 
@@ -36,15 +39,19 @@ def build_router_app(router: Router) -> FastAPI:
     app = FastAPI(title="ridgeline router", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.router = router
-    install_error_handlers(app, lambda status: router.metrics.requests.labels("router", str(status)).inc())
 
-    async def generate(request: Request):
-        body = await request.body()
+    def count(status: int) -> None:  # a refusal by the router itself (the Guard, a route)
+        router.metrics.requests.labels("router", str(status)).inc()
+
+    install_error_handlers(app, count)
+
+    async def generate(request: Request):  # the Guard has let it in: authenticated, its body under the cap
+        body = await read_body(request)
         route = Route()
         if router.hasher is not None:
             try:
                 parsed = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # the replica says why
                 parsed = None
             route = await asyncio.get_running_loop().run_in_executor(
                 executor, router.hasher.route, request.url.path, parsed)
@@ -60,17 +67,14 @@ def build_router_app(router: Router) -> FastAPI:
         return JSONResponse({"status": "ok" if up else "unavailable", "replicas": replicas},
                             status_code=200 if up else 503)
 
-    async def metrics(request: Request):
-        key = router.settings.api_key
-        if key and not router.settings.public_metrics and request.headers.get("authorization") != f"Bearer {key}":
-            raise ApiError(401, "this server needs an API key: send `Authorization: Bearer KEY`",
-                           code="invalid_api_key")
+    async def metrics(_: Request):
         return Response(router.metrics.render(await router.replica_metrics()), media_type=CONTENT_TYPE_LATEST)
 
     for path in GENERATE:
         app.add_api_route(path, generate, methods=["POST"])
-    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET", "HEAD"])
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_middleware(Guard, limits=router.settings.limits, on_error=count)
     return app

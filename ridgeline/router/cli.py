@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 
 from ridgeline.cli_parser import positive_float
-from ridgeline.errors import RidgelineError
+from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.serve.front_limits import add_front_args, front_limits, front_problems, resolve_api_key, warn_if_exposed
 
 
 def register(subparsers) -> None:
@@ -30,12 +30,11 @@ def register(subparsers) -> None:
                    help="seconds between health checks of each replica")
     p.add_argument("--slack", type=float, default=0.5,
                    help="cache-aware: a replica above (1 + slack) x the mean load loses its cache affinity")
-    p.add_argument("--replica-api-key", default=os.environ.get("RIDGELINE_API_KEY"),
-                   help="the key the router sends on its own calls to replicas (default: $RIDGELINE_API_KEY, "
-                        "else none); clients' Authorization headers are passed through")
-    p.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
-                   help="the router's /metrics needs `Authorization: Bearer KEY` (default: $RIDGELINE_API_KEY, else "
-                        "no key); generation routes are checked by the replicas, which get the client's header")
+    g = p.add_argument_group("the router's own front (as `ridgeline serve` has them)")
+    add_front_args(g)
+    p.add_argument("--replica-api-key", default=None,
+                   help="the key the router sends to the replicas on every call (default: the router's --api-key); "
+                        "clients' Authorization headers are checked by the router and never passed on")
     p.set_defaults(func=cmd_router)
 
 
@@ -44,10 +43,17 @@ def cmd_router(args: argparse.Namespace) -> int:
     from ridgeline.router.serve import build_router, serve_router
     from ridgeline.serve.server import bind, url_of
 
+    bad = front_problems(args) + ([] if 0 <= args.port <= 65535 else ["--port must be in [0, 65535]"])
+    if bad:
+        raise InvalidRequestError("; ".join(bad))
+    args.api_key = resolve_api_key(args.api_key)
+    replica_key = args.api_key if args.replica_api_key is None else resolve_api_key(args.replica_api_key,
+                                                                                   "--replica-api-key")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
-    settings = RouterSettings(args.policy, args.health_interval, slack=args.slack,
-                              replica_api_key=args.replica_api_key, api_key=args.api_key)
+    settings = RouterSettings(args.policy, args.health_interval, slack=args.slack, replica_api_key=replica_key,
+                              limits=front_limits(args))
+    warn_if_exposed(args.host, args.api_key, "the router")
     router = asyncio.run(build_router(args.replica, settings, args.tokenizer))
     try:
         sock = bind(args.host, args.port)

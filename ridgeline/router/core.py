@@ -19,6 +19,7 @@ from ridgeline.router.policy import Route, create_policy
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.replica import Replica, Ticket
 from ridgeline.serve.errors import ApiError
+from ridgeline.serve.front_limits import FrontLimits, auth_headers
 
 log = logging.getLogger("ridgeline.router")
 
@@ -28,9 +29,8 @@ class RouterSettings:
     policy: str = "cache-aware"
     health_interval: float = 2.0  # seconds between health checks of every replica
     connect_timeout: float = 5.0
-    replica_api_key: str | None = None  # sent to replicas on the router's own calls (/health, /info, ...)
-    api_key: str | None = None  # the router's /metrics needs it; replicas check the generation routes
-    public_metrics: bool = False
+    replica_api_key: str | None = None  # sent to replicas on every call (proxied requests, /health, /info, ...)
+    limits: FrontLimits = FrontLimits()  # the router's own front: its API key, body and connection limits
     slack: float = 0.5  # cache-aware: above (1 + slack) x mean load a replica loses its affinity
     quiet: bool = False
 
@@ -52,10 +52,10 @@ class Router:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        headers = {"Authorization": f"Bearer {self.settings.replica_api_key}"} if self.settings.replica_api_key else {}
+        # every call to a replica carries the replicas' key (clients' Authorization headers never go through)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=self.settings.connect_timeout),
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-        self._own_headers = headers
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                                        headers=auth_headers(self.settings.replica_api_key))
         if self.index is not None:
             for r in self.replicas:
                 self._follow(r)
@@ -83,7 +83,7 @@ class Router:
         self._tasks.append(asyncio.ensure_future(follow(connect_address(endpoint, r.url), follower)))
 
     async def get_json(self, r: Replica, path: str) -> dict:
-        resp = await self.client.get(r.url + path, headers=self._own_headers)
+        resp = await self.client.get(r.url + path)
         resp.raise_for_status()
         return resp.json()
 
@@ -119,8 +119,7 @@ class Router:
     # ---- health ------------------------------------------------------------------------------
     async def check(self, r: Replica) -> None:
         try:
-            resp = await self.client.get(r.url + "/health", headers=self._own_headers,
-                                         timeout=max(self.settings.health_interval, 1.0))
+            resp = await self.client.get(r.url + "/health", timeout=max(self.settings.health_interval, 1.0))
         except httpx.HTTPError as e:
             self.mark_down(r, f"health check failed: {type(e).__name__}")
             return
@@ -149,7 +148,7 @@ class Router:
     async def replica_metrics(self) -> list[str]:
         async def one(r: Replica) -> str | None:
             try:
-                resp = await self.client.get(r.url + "/metrics", headers=self._own_headers)
+                resp = await self.client.get(r.url + "/metrics")
                 return resp.text if resp.status_code == 200 else None
             except httpx.HTTPError:
                 return None

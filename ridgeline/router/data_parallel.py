@@ -3,8 +3,9 @@ Ray actors with --executor ray) behind one OpenAI endpoint, the router in this p
 
 The public socket is bound first (a busy port fails in a second). Replicas listen on internal
 addresses nobody configures (loopback ports the OS picks, KV events on ipc:// sockets), so two such
-servers on one host never collide. A replica that exits is out of rotation at once; with all of them
-out, requests get 503."""
+servers on one host never collide, and each needs a key made for this launch, which only the router
+holds: clients reach the replicas through the router's guard (--api-key and the limits) only. A
+replica that exits is out of rotation at once; with all of them out, requests get 503."""
 from __future__ import annotations
 
 import argparse
@@ -12,11 +13,17 @@ import asyncio
 
 from ridgeline.errors import RidgelineError
 from ridgeline.router.core import RouterSettings
+from ridgeline.serve.front_limits import new_api_key
 
 
-def replica_spec(model: str, engine: dict, settings) -> dict:
+def replica_spec(model: str, engine: dict, settings, replica_key: str) -> dict:
+    """What each replica is started with: the served settings, but a key of its own (one per launch, held
+    by the router only) in place of the front's, and room for the router's own calls (health checks,
+    /metrics, KV snapshots) beyond the connections of its clients."""
     from dataclasses import asdict
-    return {"model": model, "engine": engine, "settings": {**asdict(settings), "quiet": True}}
+    return {"model": model, "engine": engine,
+            "settings": {**asdict(settings), "quiet": True, "api_key": replica_key, "public_metrics": False,
+                         "max_connections": settings.max_connections + 64}}
 
 
 def serve_data_parallel(args: argparse.Namespace, model: str, engine: dict, settings, sock) -> int:
@@ -28,17 +35,18 @@ def serve_data_parallel(args: argparse.Namespace, model: str, engine: dict, sett
     if args.router_policy == "cache-aware" and not caching:
         raise RidgelineError("--router-policy cache-aware follows the replicas' prefix caches, which are off here "
                              "(--no-prefix-caching or --kv-eviction); use --router-policy least-load")
-    spec = replica_spec(model, engine, settings)
+    replica_key = new_api_key()
+    spec = replica_spec(model, engine, settings, replica_key)
     if args.executor == "ray":
         from ridgeline.router.ray_executor import RayLauncher
-        launcher = RayLauncher(args.ray_address, args.ray_cpus_per_replica)
+        launcher = RayLauncher(args.ray_address, args.ray_cpus_per_replica, args.ray_kv_events)
     else:
         from ridgeline.router.launch import ProcessLauncher
         launcher = ProcessLauncher()
     try:
-        replicas = launcher.start([spec] * n, kv_events=caching)
-        policy = RouterSettings(args.router_policy, replica_api_key=settings.api_key, quiet=settings.quiet,
-                                api_key=settings.api_key, public_metrics=settings.public_metrics)
+        replicas = launcher.start([spec] * n, kv_events=args.router_policy == "cache-aware")  # what is followed
+        policy = RouterSettings(args.router_policy, replica_api_key=replica_key, quiet=settings.quiet,
+                                limits=settings.limits)
         router = asyncio.run(build_router([r.url for r in replicas], policy))
         router.exit_reason = launcher.exit_reason
         sock.listen(2048)  # connections queue from now on: the line below may be read as "ready"

@@ -1,8 +1,10 @@
 """Start N replicas of one model on this machine as processes, each on a loopback socket the parent
 binds on a port the OS picks (so two servers on one host never collide) and with its KV events on an
-ipc:// socket in a private folder, and split the CPU cores between them."""
+ipc:// socket in a private folder, and split the CPU cores between them. A replica's spec, its API
+key included, reaches it over its stdin, never its command line (which any local user can read)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 
 from ridgeline.errors import RidgelineError
+from ridgeline.serve.front_limits import auth_headers
 from ridgeline.serve.server import bind, url_of
 
 START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
@@ -34,6 +37,14 @@ def core_shares(n: int, cpus: list[int] | None = None) -> list[list[int]]:
     return shares
 
 
+def _hand_over(proc: subprocess.Popen, spec: dict) -> None:
+    """Write the spec to the child's stdin and close it; a child already gone is found by wait_ready."""
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(json.dumps(spec).encode())
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+
+
 def _available_cpus() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return list(os.sched_getaffinity(0))
@@ -45,6 +56,7 @@ class ReplicaProcess:
     index: int
     url: str
     process: subprocess.Popen
+    api_key: str | None = None
 
     def exit_code(self) -> int | None:
         return self.process.poll()
@@ -66,10 +78,12 @@ class ProcessLauncher:
             spec = {**spec, "index": i, "threads": threads, "cpus": shares[i], "parent": os.getpid(),
                     "settings": {**spec["settings"], "kv_events_endpoint": events}}
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-            proc = subprocess.Popen([sys.executable, "-m", "ridgeline.router.replica_main", json.dumps(spec),
-                                     str(sock.fileno())], pass_fds=[sock.fileno()], env=env)
+            # the spec (its key included) goes over stdin: a command line is readable by any local user
+            proc = subprocess.Popen([sys.executable, "-m", "ridgeline.router.replica_main", str(sock.fileno())],
+                                    pass_fds=[sock.fileno()], env=env, stdin=subprocess.PIPE)
             sock.close()  # the child holds its own copy
-            self.replicas.append(ReplicaProcess(i, url, proc))
+            self.replicas.append(ReplicaProcess(i, url, proc, spec["settings"].get("api_key")))
+            _hand_over(proc, spec)
         self.wait_ready()
         return self.replicas
 
@@ -83,7 +97,7 @@ class ProcessLauncher:
                     self.stop()
                     raise RidgelineError(f"replica {r.index} exited with code {code} while starting (its log is above)")
                 try:
-                    if httpx.get(r.url + "/health", timeout=2.0).status_code == 200:
+                    if httpx.get(r.url + "/health", headers=auth_headers(r.api_key), timeout=2.0).status_code == 200:
                         pending.remove(r)
                 except httpx.HTTPError:
                     pass

@@ -24,7 +24,8 @@ from ridgeline.router.replica import Replica, Ticket
 from ridgeline.serve.errors import error_body
 
 log = logging.getLogger("ridgeline.router")
-_PASSED_HEADERS = ("authorization", "content-type", "accept", "openai-organization", "openai-project")
+# not Authorization: the router checked the client's key; replicas get theirs from the router's client
+_PASSED_HEADERS = ("content-type", "accept", "openai-organization", "openai-project")
 _KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "cache-control", "x-accel-buffering")
 _FIRST_TOKEN = re.compile(rb'"(?:text|content)": ?"[^"]')  # a chunk carrying generated text
 

@@ -1,15 +1,22 @@
 """`--executor ray`: replicas as Ray actors on an existing cluster (`ray start --head`, then
 `ray start --address HEAD:6379` on each other machine). Each actor asks Ray for its CPUs (placement
-by resources: num_cpus), loads the model on whichever node Ray picks, serves the OpenAI routes on
-that node's address (a port the OS picks) and publishes its KV events there; the router runs in the
-`ridgeline serve` process and reaches them over the network.
+by resources: num_cpus), loads the model on whichever node Ray picks and serves the OpenAI routes on
+that node's address (the one Ray uses for it; a port the OS picks) under a key made for this launch,
+which only the router holds. Its KV events go to an ipc:// socket on its node, which only a router on
+the same machine can follow; `--ray-kv-events tcp` publishes them on the node's address instead (ZeroMQ
+without authentication: block hashes, readable by anyone who reaches the port).
+
+Ray itself moves actors' arguments and results with cloudpickle and does not authenticate its
+peers: the cluster's ports must be on a private network, whatever Ridgeline does.
 
 Every node needs Ridgeline installed (the same version), or the same checkout at the same path
 (actors get the driver's package folder on PYTHONPATH) and the model at the same path or alias."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,20 +27,25 @@ from ridgeline.router.launch import START_TIMEOUT_S
 class ReplicaActor:
     """Runs on a Ray worker: one replica's server on a background thread."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: dict, kv_events: str | None):
         import ray
 
         from ridgeline.router.replica_main import build_replica_app
         from ridgeline.serve.server import ServerThread
         host = ray.util.get_node_ip_address()
-        spec = {**spec, "settings": {**spec["settings"], "kv_events_endpoint": f"tcp://{host}:*"}}
+        self.node = ray.get_runtime_context().get_node_id()
+        self.folder = tempfile.mkdtemp(prefix="ridgeline-ray-")  # mode 0700: the ipc socket is this user's
+        endpoint = {"tcp": f"tcp://{host}:*", "ipc": f"ipc://{self.folder}/kv", None: None}[kv_events]
+        spec = {**spec, "settings": {**spec["settings"], "kv_events_endpoint": endpoint}}
         self.server = ServerThread(build_replica_app(spec), host=host, port=0).start(timeout=START_TIMEOUT_S)
 
-    def url(self) -> str:
-        return self.server.url
+    def where(self) -> tuple[str, str]:
+        """(its URL, its Ray node id)"""
+        return self.server.url, self.node
 
     def stop(self) -> None:
         self.server.stop(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @dataclass
@@ -44,7 +56,7 @@ class RayReplica:
 
 
 class RayLauncher:
-    def __init__(self, address: str = "auto", cpus_per_replica: int | None = None):
+    def __init__(self, address: str = "auto", cpus_per_replica: int | None = None, kv_transport: str = "ipc"):
         try:
             import ray
         except ImportError:
@@ -52,6 +64,7 @@ class RayLauncher:
         self.ray = ray
         self.address = address
         self.cpus_per_replica = cpus_per_replica
+        self.kv_transport = kv_transport  # "ipc": only replicas on this node can be followed; "tcp": any
         self.replicas: list[RayReplica] = []
 
     def _reachable(self) -> None:
@@ -85,19 +98,31 @@ class RayLauncher:
         actors = []
         for i, spec in enumerate(specs):
             spec = {**spec, "index": i, "threads": cpus, "cpus": None}
-            if not kv_events:
-                spec["settings"] = {**spec["settings"], "kv_events_endpoint": None}
             env = {**self.env, "OMP_NUM_THREADS": str(cpus)}
-            actors.append(remote.options(num_cpus=cpus, runtime_env={"env_vars": env}).remote(spec))
+            actors.append(remote.options(num_cpus=cpus, runtime_env={"env_vars": env}).remote(
+                spec, self.kv_transport if kv_events else None))
         try:
-            urls = self.ray.get([a.url.remote() for a in actors], timeout=START_TIMEOUT_S)
+            places = self.ray.get([a.where.remote() for a in actors], timeout=START_TIMEOUT_S)
         except Exception as e:  # RayActorError, GetTimeoutError: the cause is in the actor's log
             for a in actors:
                 self.ray.kill(a)
             raise RidgelineError(f"--executor ray: a replica failed to start: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        self.replicas = [RayReplica(i, u, a) for i, (u, a) in enumerate(zip(urls, actors))]
+        self.replicas = [RayReplica(i, url, a) for i, ((url, _), a) in enumerate(zip(places, actors))]
+        if kv_events:
+            self._check_followable([node for _, node in places])
         return self.replicas
+
+    def _check_followable(self, nodes: list[str]) -> None:
+        """ipc:// KV events can only be followed from the replica's own machine: never route blind."""
+        here = self.ray.get_runtime_context().get_node_id()
+        away = [i for i, node in enumerate(nodes) if node != here]
+        if self.kv_transport == "ipc" and away:
+            self.stop()
+            raise RidgelineError(f"--executor ray: replica(s) {away} run on another machine, and cache-aware routing "
+                                 "follows each replica's KV events, published on ipc:// on its own machine: give "
+                                 "--ray-kv-events tcp (unauthenticated, on the nodes' addresses: a private network "
+                                 "only) or --router-policy least-load")
 
     def exit_reason(self, url: str) -> str | None:
         return None  # a dead actor's server stops answering: the health checks take it out

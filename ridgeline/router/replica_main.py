@@ -1,7 +1,8 @@
-"""One replica of `ridgeline serve --data-parallel-size N`: `python -m ridgeline.router.replica_main
-SPEC_JSON FD` serves the OpenAI routes on the listening socket FD its parent bound, with the threads
-(and CPUs, where the parent gave some) of its share. SPEC_JSON: {"model", "engine": engine keyword
-arguments, "settings": ServerSettings fields, "threads", "cpus"}."""
+"""One replica of `ridgeline serve --data-parallel-size N`: `python -m ridgeline.router.replica_main FD`
+serves the OpenAI routes on the listening socket FD its parent bound, with the threads (and CPUs,
+where the parent gave some) of its share. Its spec comes as JSON on stdin (it holds the replica's API
+key: a command line is readable by any local user): {"model", "engine": engine keyword arguments,
+"settings": ServerSettings fields, "threads", "cpus", "index", "parent"}."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,11 @@ def main(argv: list[str]) -> int:
     from ridgeline.serve.server import serve_forever
 
     end_with_parent()
-    spec, fd = json.loads(argv[1]), int(argv[2])
+    fd = int(argv[1])
+    raw = sys.stdin.buffer.read()
+    if not raw:
+        return 1  # the parent died before it handed the spec over
+    spec = json.loads(raw)
     if spec.get("parent") and os.getppid() != spec["parent"]:
         return 1  # the parent died before the line above could take effect
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s replica {spec.get('index', 0)}: %(message)s")

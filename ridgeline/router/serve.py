@@ -9,11 +9,13 @@ import uvicorn
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.startup import discover, tokenizer_folder
+from ridgeline.serve.front_limits import auth_headers
 from ridgeline.serve.server import SignalServer, UvicornThread, bind
+from ridgeline.serve.transport import guarded_protocol
 
 
 async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str | None = None) -> Router:
-    headers = {"Authorization": f"Bearer {settings.replica_api_key}"} if settings.replica_api_key else {}
+    headers = auth_headers(settings.replica_api_key)
     async with httpx.AsyncClient(timeout=settings.connect_timeout + 5, headers=headers) as client:
         replicas = await discover(client, urls, settings.policy)
     hasher = None
@@ -35,8 +37,9 @@ class _RouterServer(SignalServer):
 
 def _config(router: Router) -> uvicorn.Config:
     from ridgeline.router.app import build_router_app
+    limits = router.settings.limits
     return uvicorn.Config(build_router_app(router), lifespan="on", access_log=False, log_level="warning",
-                          timeout_keep_alive=5)
+                          timeout_keep_alive=5, http=guarded_protocol(limits.timeout_header, limits.max_connections))
 
 
 def serve_router(router: Router, sock: socket.socket) -> int:

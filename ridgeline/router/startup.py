@@ -32,6 +32,9 @@ async def fetch_info(client: httpx.AsyncClient, url: str) -> dict:
         raise RouterConfigError(f"replica {url} is unreachable: {type(e).__name__}: {e or 'no answer'}") from None
     if r.status_code == 404:
         raise RouterConfigError(f"replica {url} is not a Ridgeline server (it has no /info route)")
+    if r.status_code == 401:
+        raise RouterConfigError(f"replica {url} refused the router's key: give the replicas' key as "
+                                "--replica-api-key")
     if r.status_code != 200:
         raise RouterConfigError(f"replica {url} answered /info with HTTP {r.status_code}")
     return r.json()

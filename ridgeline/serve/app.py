@@ -15,6 +15,7 @@ from ridgeline import __version__
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve import chat, completions
+from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import install_error_handlers
@@ -81,7 +82,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     if settings.console:
         from ridgeline.serve.console.routes import install
         install(app)
-    app.add_middleware(Guard, settings=settings, drain=state.drain, on_error=metrics.count_error)
+    app.add_middleware(Guard, limits=settings.limits, on_error=metrics.count_error, drain=state.drain,
+                       metrics_paths=("/metrics", LIVE_PATH), open_paths=("/",) if settings.console else (),
+                       open_prefix=STATIC_PREFIX if settings.console else None)
     return app
 
 

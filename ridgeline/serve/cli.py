@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from ridgeline.cli import add_engine_args, engine_kwargs
 from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
+from ridgeline.serve.front_limits import add_front_args, front_problems, resolve_api_key, warn_if_exposed
 from ridgeline.serve.state import ServerSettings
 
 _D = ServerSettings("")  # the defaults the flags show
@@ -36,23 +36,13 @@ def register(subparsers) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: %(default)s)")
-    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on every route but /health "
-                        "(default: $RIDGELINE_API_KEY, else no key)")
-    g.add_argument("--public-metrics", action="store_true", help="with --api-key: /metrics needs no key (default: it needs the key)")
+    add_front_args(g)  # --api-key, --public-metrics, --max-body-bytes, --timeout-header/-body, --max-connections
     g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the model)")
     g.add_argument("--max-waiting", type=int, default=_D.max_waiting,
                    help="sequences (prompts x n) allowed to wait for their first token; more get 429, "
                         "a single request over it gets 400 (default: %(default)s)")
-    g.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes, help="larger request bodies get 413 (default: %(default)s)")
     g.add_argument("--drain-timeout", type=float, default=_D.drain_timeout,
                    help="on SIGINT/SIGTERM: seconds in-flight requests get to finish before they end with a 503 (default: %(default)s)")
-    g.add_argument("--timeout-header", type=float, default=_D.timeout_header,
-                   help="seconds a connection gets to send a request's headers before it is closed (default: %(default)s)")
-    g.add_argument("--timeout-body", type=float, default=_D.timeout_body,
-                   help="seconds a request gets to send its whole body after its headers (then 408) (default: %(default)s)")
-    g.add_argument("--max-connections", type=int, default=_D.max_connections,
-                   help="open connections; a request on one over the cap gets 503 (default: %(default)s)")
     g.add_argument("--quiet", action="store_true",
                    help="no per-request log lines and no periodic throughput lines (default: both on)")
     g.add_argument("--access-log", action="store_true", help="uvicorn's access log, one line per HTTP request (default: off)")
@@ -61,7 +51,9 @@ def register(subparsers) -> None:
     g = p.add_argument_group("replicas and routing")
     g.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT",
                    help="publish the prefix cache's block stored / removed events on this ZeroMQ PUB endpoint "
-                        "(e.g. tcp://*:5557), for `ridgeline router --policy cache-aware` (default: off)")
+                        "(e.g. ipc:///run/ridgeline/kv or tcp://127.0.0.1:5557; unauthenticated, so a wildcard or "
+                        "non-loopback tcp address gets a warning), for `ridgeline router --policy cache-aware` "
+                        "(default: off)")
     g.add_argument("--data-parallel-size", type=positive_int, default=1, metavar="N",
                    help="N replicas of the model behind this one endpoint, the CPU cores split between them, "
                         "routed by --router-policy (replicas listen on internal loopback ports the OS picks)")
@@ -75,6 +67,10 @@ def register(subparsers) -> None:
     g.add_argument("--ray-cpus-per-replica", type=positive_int, default=None, metavar="N",
                    help="--executor ray: CPUs each replica actor asks for, and its threads (default: the "
                         "cluster's CPUs / --data-parallel-size)")
+    g.add_argument("--ray-kv-events", default="ipc", choices=["ipc", "tcp"],
+                   help="--executor ray, cache-aware: replicas publish KV events on ipc:// on their own machine "
+                        "(only replicas on this machine can be followed), or on tcp on their node's address "
+                        "(unauthenticated: a private network only)")
     c = p.add_argument_group("web console")
     c.add_argument("--no-console", dest="console", action="store_false",
                    help="no web console at / (chat playground, live view, calculators); / is then 404 "
@@ -150,13 +146,11 @@ def _model(args: argparse.Namespace) -> str:
 
 def _check(args: argparse.Namespace) -> None:
     bad = [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
-        ("max_waiting", args.max_waiting >= 1, ">= 1"), ("max_body_bytes", args.max_body_bytes >= 1, ">= 1"),
-        ("drain_timeout", args.drain_timeout >= 0, ">= 0"), ("timeout_header", args.timeout_header > 0, "> 0"),
-        ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"),
+        ("max_waiting", args.max_waiting >= 1, ">= 1"), ("drain_timeout", args.drain_timeout >= 0, ">= 0"),
         ("port", 0 <= args.port <= 65535, "in [0, 65535]"), ("kv_port", 0 <= args.kv_port <= 65535, "in [0, 65535]"),
         ("kv_transfer_timeout", args.kv_transfer_timeout > 0, "> 0"),
         ("worker_start_timeout", args.worker_start_timeout > 0, "> 0"))
-        if not ok]
+        if not ok] + front_problems(args)
     bad += _limit_problems(args)
     if getattr(args, "pipeline_parallel_size", 1) > 1:
         if args.role != "colocated" or args.disaggregate is not None:
@@ -172,6 +166,7 @@ def _check(args: argparse.Namespace) -> None:
             parse_xpyd(args.disaggregate)  # a bad xPyD fails before any model loads
     if bad:
         raise InvalidRequestError("; ".join(bad))
+    args.api_key = resolve_api_key(args.api_key)  # from here on the key is in args only, not the environment
 
 
 def _torchrun_follower(args: argparse.Namespace) -> bool:
@@ -196,6 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
         build_off_main_thread(lambda: LLMEngine(config)).follow()
         return 0
+    warn_if_exposed(args.host, args.api_key)
     if args.disaggregate is not None:
         from ridgeline.disagg.launch import launch
         return launch(args, args.parser, model)

@@ -75,7 +75,7 @@ def install_error_handlers(app: FastAPI, on_error) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError):  # FastAPI would answer 422
         on_error(400)
-        return error_response(_from_validation(e.errors()))
+        return error_response(from_validation(e.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException):
@@ -88,7 +88,9 @@ def install_error_handlers(app: FastAPI, on_error) -> None:
         return error_response(e)
 
 
-def _from_validation(errors) -> ApiError:
+def from_validation(errors) -> ApiError:
+    """A 400 naming the field, from pydantic's errors (FastAPI's, with "body" first in each location, or
+    a model_validate's, without it)."""
     if not errors:
         return ApiError(400, "invalid request")
     # a union reports one error per member: the deepest one says most ('content.0.type: should be text')

@@ -1,25 +1,29 @@
-"""ASGI middleware in front of every route: bearer-token auth, the drain's 503, the request-body size
-cap and the body's read deadline. Pure ASGI (not BaseHTTPMiddleware) so streaming responses and
-disconnect detection pass untouched.
+"""ASGI middleware in front of every route of every HTTP front (the OpenAI server, the router, the
+disaggregated front): bearer-token auth, the drain's 503, the request-body size cap and the body's
+read deadline, all before the app does any work. Pure ASGI (not BaseHTTPMiddleware) so streaming
+responses and disconnect detection pass untouched.
 
-Auth: with an API key every route needs it except /health (probes), the console's page and its static
-files (they hold no data; the page asks for the key), and /metrics and the console's live view with
---public-metrics. The body deadline: --timeout-body seconds from the headers to the body's last byte
-(a stalled or short body gets 408, and its connection closes); after the body, receive() is
-disconnect detection and has no deadline."""
+Auth: with an API key every route needs it (compared in constant time) except /health (probes), the
+`open_paths` and `open_prefix` a front names (the server's console page and its static files: they
+hold no data; the page asks for the key), and its `metrics_paths` with --public-metrics. The body
+deadline: --timeout-body seconds from the headers to the body's last byte (a stalled or short body
+gets 408, and its connection closes); after the body, receive() is disconnect detection and has no
+deadline."""
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
+from collections.abc import Iterable
 
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
+from ridgeline.serve.front_limits import FrontLimits
 
 # Closing a connection whose client is still uploading resets it (the unread bytes make the kernel send
 # RST) and the client may never read the answer. So a refusal of a body that is coming (413, a bad
@@ -29,16 +33,17 @@ CLOSE = {"Connection": "close"}
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, settings, drain: Drain, on_error):
+    def __init__(self, app: ASGIApp, limits: FrontLimits, on_error, drain: Drain | None = None,
+                 open_paths: Iterable[str] = (), metrics_paths: Iterable[str] = ("/metrics",),
+                 open_prefix: str | None = None):
         self.app = app
-        self.api_key = settings.api_key
-        self.open_paths = {"/health"} | ({"/metrics", LIVE_PATH} if settings.public_metrics else set())
-        self.open_prefix = STATIC_PREFIX if settings.console else None
-        if settings.console:
-            self.open_paths.add("/")
-        self.max_body_bytes = settings.max_body_bytes
-        self.timeout_body = settings.timeout_body
-        self.drain = drain
+        self.api_key = limits.api_key
+        self.open_paths = {"/health", *open_paths} | (set(metrics_paths) if limits.public_metrics else set())
+        self.metrics_paths = set(metrics_paths)  # answered while draining
+        self.open_prefix = open_prefix
+        self.max_body_bytes = limits.max_body_bytes
+        self.timeout_body = limits.timeout_body
+        self.drain = drain  # None: a front without a drain of its own
         self.on_error = on_error  # on_error(status): counts the refusal for /metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,7 +60,8 @@ class Guard:
         if self.api_key and not self._open(path) and not self._authorized(headers):
             return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        if self.drain.draining and path not in ("/health", "/metrics", LIVE_PATH):
+        draining = self.drain is not None and self.drain.draining
+        if draining and path != "/health" and path not in self.metrics_paths:
             return ApiError(503, "the server is shutting down; retry on another replica or later",
                             headers={**CLOSE, "Retry-After": str(RETRY_AFTER_S)})
         length = headers.get("content-length")
@@ -105,3 +111,12 @@ class Guard:
         response = JSONResponse(error_body(err.message, err.type, err.param, err.code), err.status,
                                 error_headers(err))
         await response(scope, receive, send)
+
+
+async def read_body(request: Request) -> bytes:
+    """A proxy's read of the body, under the Guard's cap and deadline. A client that went away before
+    its last byte gets a 400 nobody reads, not an internal error in the log."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ApiError(400, "the client closed the connection before its request body arrived") from None

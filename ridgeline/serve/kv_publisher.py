@@ -12,15 +12,20 @@ the replica restarted) fetches the snapshot, {"instance": I, "seq": N, "block_si
 "hashes": [hex hash, ...]}: the hashes held once message N is applied; it then applies only
 messages after N. Hashes are engine/prefix_cache.py's block hashes
 (SHA-256, hex): a router computes the same from token ids.
+
+ZeroMQ PUB has no authentication: whoever reaches the endpoint reads which prompt prefixes are
+cached. A tcp:// endpoint on a wildcard or non-loopback address is allowed, with a warning.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 
 from ridgeline.engine.kv_events import KVEventRecorder, apply_events
 from ridgeline.errors import RidgelineError
+from ridgeline.serve.front_limits import is_loopback
 
 TOPIC = b"kv"
 
@@ -44,6 +49,9 @@ class KVEventPublisher:
             self.close()
             raise RidgelineError(f"cannot publish KV events on {endpoint}: {e}") from None
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)  # port 0 / wildcards resolved
+        warning = endpoint_warning(endpoint)
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
         self._noblock = zmq.NOBLOCK
         self._again = zmq.Again
         self._lock = threading.Lock()  # seq and held change together
@@ -73,3 +81,16 @@ class KVEventPublisher:
     def close(self) -> None:
         self._sock.close(0)
         self._ctx.term()
+
+
+def endpoint_warning(endpoint: str) -> str | None:
+    """What to say about publishing on `endpoint` as given (ipc:// and loopback tcp:// say nothing)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[len("tcp://"):].rpartition(":")[0]
+    if is_loopback(host):
+        return None
+    where = "every interface" if host.strip("[]") in ("*", "0.0.0.0", "::") else host
+    return (f"warning   --kv-events-endpoint {endpoint} publishes KV events on {where} without authentication: "
+            "whoever reaches it reads which prompt prefixes are cached (use ipc:// or tcp://127.0.0.1 unless "
+            "the network is private)")

@@ -13,6 +13,7 @@ from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.sampling_params import MAX_N
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import ApiError
+from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.limits import CHAT_TEMPLATE_TIMEOUT_S, MAX_LOGPROB_ENTRIES
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
@@ -21,14 +22,14 @@ from ridgeline.serve.request_log import RequestLog
 @dataclass(frozen=True)
 class ServerSettings:
     served_model_name: str
-    api_key: str | None = None
+    api_key: str | None = None  # this and the other FrontLimits fields: see serve/front_limits.py
     max_waiting: int = 1024  # sequences (prompts x n) accepted but without a first token; more get 429
-    max_body_bytes: int = 8 << 20
+    max_body_bytes: int = FrontLimits.max_body_bytes
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
     log_requests: str | None = None  # append each request body to this file as a JSON line
-    timeout_header: float = 10.0  # seconds a connection gets to send a request's headers
-    timeout_body: float = 60.0  # seconds a request gets to send its whole body, once its headers are in
-    max_connections: int = 1000  # open connections; a request on one over the cap gets 503
+    timeout_header: float = FrontLimits.timeout_header
+    timeout_body: float = FrontLimits.timeout_body
+    max_connections: int = FrontLimits.max_connections
     public_metrics: bool = False  # /metrics needs no API key
     quiet: bool = False  # no per-request or throughput log lines
     kv_events_endpoint: str | None = None  # ZeroMQ endpoint to publish KV events on (serve/kv_publisher.py)
@@ -38,6 +39,11 @@ class ServerSettings:
     max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # n x tokens x (1 + top logprobs), prompt's included
     chat_template_timeout: float = CHAT_TEMPLATE_TIMEOUT_S  # seconds one rendering may take
     chat_template_max_bytes: int | None = None  # rendered output; None: 1 MiB, or the longest prompt that fits
+
+    @property
+    def limits(self) -> FrontLimits:
+        return FrontLimits(self.api_key, self.public_metrics, self.max_body_bytes, self.timeout_header,
+                           self.timeout_body, self.max_connections)
 
 
 @dataclass
