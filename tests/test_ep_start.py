@@ -62,7 +62,9 @@ def test_ranks_that_never_join(qwen2_moe, monkeypatch):
     for k, v in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    with pytest.raises(InvalidRequestError, match="needs the same internal secret on every rank"):
+    from ridgeline.utils import internal_auth
+    monkeypatch.setattr(internal_auth, "_DEPLOYMENT", None)  # no secret handed to this process yet
+    with pytest.raises(InvalidRequestError, match="needs the same internal secret in every process"):
         LLM(str(qwen2_moe), expert_parallel_size=2, dist_timeout=1.0, **KW)  # no secret: refused before any wait
     monkeypatch.setenv("RIDGELINE_INTERNAL_SECRET", "ab" * 16)
     with pytest.raises(InvalidRequestError, match="did not gather all 2 ranks within 1 s"):

@@ -112,7 +112,7 @@ def test_a_replica_actor_serves_under_the_launch_key_with_its_events_where_asked
     from ridgeline.router.ray_executor import ReplicaActor
     monkeypatch.setitem(sys.modules, "ray", fake_ray(None))
     settings = ServerSettings("tiny", api_key="the-users-key", kv_events_endpoint="tcp://*:5557")
-    spec = {**replica_spec(str(tiny_llama), {"dtype": "float32", "kv_cache_memory": "2MiB"}, settings, "launch-key"),
+    spec = {**replica_spec(str(tiny_llama), {"dtype": "float32", "kv_cache_memory": "2MiB"}, settings, "launch-key", b"s" * 32),
             "threads": 1}
     actor = ReplicaActor(spec, kv)
     try:

@@ -62,3 +62,104 @@ def test_tenants_never_share_blocks_and_a_client_cannot_spell_another_tenant():
     # (were it guessed) stays inside its own
     assert cache_namespace(b, salt=cache_namespace(a)) != cache_namespace(a)
     assert cache_namespace(a, salt="y") != cache_namespace(a, salt="y\0adapter=1:z")
+
+
+# ---- through the server and the router ---------------------------------------------------------
+import httpx  # noqa: E402
+
+from spawned import serve  # noqa: E402
+
+KEYS = "k-alpha-1 alpha\nk-alpha-2 alpha\nk-beta beta\n"
+PROMPT = "the shared system prompt of every tenant in this test " * 6
+
+
+def _keyfile(tmp_path):
+    return str(_file(tmp_path, KEYS))
+
+
+def _ask(url, key, prompt=PROMPT, **headers):
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {key}", **headers}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _cached(r) -> int:
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.fixture(scope="module")
+def tenant_server(tiny_llama, tmp_path_factory):
+    keys = _keyfile(tmp_path_factory.mktemp("keys"))
+    with serve([str(tiny_llama), "--port", "0", "--served-model-name", "tiny", "--dtype", "float32",
+                "--kv-cache-memory", "4MiB", "--quiet", "--api-key-file", keys,
+                "--allowed-origins", "https://app.example.com"], r"at (http://\S+)/v1") as got:
+        yield got[1]
+
+
+def test_a_tenants_blocks_serve_it_and_no_other(tenant_server):
+    url = tenant_server
+    assert _cached(_ask(url, "k-alpha-1")) == 0
+    assert _cached(_ask(url, "k-alpha-2")) > 0  # the same tenant, another key: its blocks
+    assert _cached(_ask(url, "k-beta")) == 0  # another tenant: the prompt is not cached for it
+    assert _cached(_ask(url, "k-beta")) > 0  # its own blocks now
+    assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k-gamma"}).status_code == 401
+    # a client cannot name a tenant: the header is only trusted behind a launcher's front
+    r = _ask(url, "k-beta", "another prompt that beta alone has sent, long enough for a block " * 3)
+    assert _cached(_ask(url, "k-alpha-1", "another prompt that beta alone has sent, long enough for a block " * 3,
+                        **{"x-ridgeline-tenant": "beta"})) == 0 and r
+
+
+def test_browsers_only_from_allowed_origins(tenant_server):
+    url, key = tenant_server, {"Authorization": "Bearer k-alpha-1"}
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+    r = httpx.post(url + "/v1/completions", json=body, headers={**key, "Origin": "https://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+    r = httpx.post(url + "/v1/completions", json=body, headers={**key, "Origin": "https://app.example.com"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example.com"
+    pre = httpx.options(url + "/v1/completions", headers={"Origin": "https://app.example.com",
+                                                         "Access-Control-Request-Method": "POST",
+                                                         "Access-Control-Request-Headers": "authorization"})
+    assert pre.status_code == 200 and "POST" in pre.headers["access-control-allow-methods"]
+    # a blind cross-site form post: refused even from an allowed page; the same bytes from curl are JSON
+    form = {**key, "Content-Type": "application/x-www-form-urlencoded"}
+    raw = b'{"model": "tiny", "prompt": "hi", "max_tokens": 1}'
+    assert httpx.post(url + "/v1/completions", content=raw,
+                      headers={**form, "Origin": "https://app.example.com"}).status_code == 415
+    assert httpx.post(url + "/v1/completions", content=raw, headers=form).status_code == 200
+    # the console's own page (same origin) is trusted here: this server checks a key
+    assert httpx.post(url + "/v1/completions", json=body, headers={**key, "Origin": url}).status_code == 200
+
+
+def test_without_a_key_only_a_literal_host_is_its_own_origin():
+    """DNS rebinding: a page at http://rebound.example:8000 whose name now resolves to 127.0.0.1 sends
+    Origin and Host both rebound.example: 'same origin', so a keyless front trusts only IP literals
+    and localhost as its own."""
+    from ridgeline.serve.origins import OriginPolicy
+    keyless = OriginPolicy()
+    assert keyless.refusal({}) is None  # curl, SDKs
+    assert keyless.refusal({"origin": "http://127.0.0.1:8000", "host": "127.0.0.1:8000"}) is None
+    assert keyless.refusal({"origin": "http://localhost:8000", "host": "localhost:8000"}) is None
+    assert keyless.refusal({"origin": "http://[::1]:8000", "host": "[::1]:8000"}) is None
+    assert keyless.refusal({"origin": "http://rebound.example:8000", "host": "rebound.example:8000"}).status == 403
+    assert keyless.refusal({"origin": "http://127.0.0.1:9", "host": "127.0.0.1:8000"}).status == 403
+    assert keyless.refusal({"origin": "null", "host": "127.0.0.1:8000"}).status == 403
+    assert OriginPolicy(keyed=True).refusal({"origin": "http://box:8000", "host": "box:8000"}) is None
+    assert OriginPolicy(("*",)).refusal({"origin": "https://any.example", "host": "x"}) is None
+    assert OriginPolicy(("*",)).refusal({"origin": "https://any.example", "host": "x",
+                                         "content-type": "text/plain"}).status == 415
+
+
+def test_the_router_keeps_tenants_apart_and_predicts_their_hits(tiny_llama, tmp_path):
+    keys = _keyfile(tmp_path)
+    with serve([str(tiny_llama), "--port", "0", "--data-parallel-size", "2", "--served-model-name", "tiny",
+                "--dtype", "float32", "--kv-cache-memory", "2MiB", "--quiet", "--api-key-file", keys],
+               r"at (http://\S+)/v1: 2 replicas") as (_, url):
+        first = _ask(url, "k-alpha-1")
+        again = _ask(url, "k-alpha-2")
+        other = _ask(url, "k-beta")
+        assert _cached(first) == 0 and _cached(other) == 0
+        # cache-aware routing matches within the tenant: same replica, and it expected the hit it got
+        assert again.headers["x-ridgeline-replica"] == first.headers["x-ridgeline-replica"]
+        assert int(again.headers["x-ridgeline-expected-cached-tokens"]) == _cached(again) > 0
+        assert int(other.headers["x-ridgeline-expected-cached-tokens"]) == 0

@@ -24,7 +24,7 @@ from ridgeline.disagg.pair import PDClient
 from ridgeline.errors import RidgelineError
 from ridgeline.serve.errors import error_body, install_error_handlers
 from ridgeline.serve.front_limits import FrontLimits, auth_headers
-from ridgeline.serve.guard import Guard, read_body
+from ridgeline.serve.guard import install_guard, read_body
 
 
 class DisaggConfigError(RidgelineError):
@@ -180,5 +180,5 @@ def build_front(front: Front, limits: FrontLimits = FrontLimits()) -> FastAPI:
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
-    app.add_middleware(Guard, limits=limits, on_error=front.count_refusal)
+    install_guard(app, limits, front.count_refusal)
     return app

@@ -170,15 +170,7 @@ class GroupRuntime:
 
 def launch_secret(pc) -> bytes:
     """A torchrun launch's secret: every rank reads the same one (its launcher's environment, or a file)."""
-    secret = internal_auth.take_secret_from_env()
-    if secret is None and pc.internal_secret_file:
-        secret = internal_auth.read_secret_file(pc.internal_secret_file)
-    if secret is None:
-        raise InvalidRequestError(
-            "a launch whose ranks torchrun starts needs the same internal secret on every rank, to authenticate rank "
-            "0's plan channel: --internal-secret-file FILE (mode 600; e.g. `head -c 32 /dev/urandom | xxd -p > FILE`, "
-            f"copied to every node) or ${internal_auth.SECRET_ENV} (hex)", "internal_secret_file")
-    return secret
+    return internal_auth.deployment_secret(pc.internal_secret_file, required=True)
 
 
 class TPRuntime(GroupRuntime):

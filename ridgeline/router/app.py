@@ -18,7 +18,9 @@ from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
 from ridgeline.serve.errors import install_error_handlers
-from ridgeline.serve.guard import Guard, read_body
+from ridgeline.engine.cache_namespace import tenant_salt
+from ridgeline.serve.guard import TENANT_HEADER, install_guard, read_body, tenant_of
+from ridgeline.utils.internal_auth import deployment_secret
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 
@@ -47,15 +49,19 @@ def build_router_app(router: Router) -> FastAPI:
 
     async def generate(request: Request):  # the Guard has let it in: authenticated, its body under the cap
         body = await read_body(request)
-        route = Route()
+        route, headers = Route(), forwarded_headers(request.headers)
+        tenant = tenant_of(request.scope)
+        if tenant is not None:  # the replicas trust the router's word on it (their key is the router's)
+            headers[TENANT_HEADER] = tenant
         if router.hasher is not None:
             try:
                 parsed = json.loads(body)
             except (ValueError, RecursionError):  # the replica says why
                 parsed = None
+            field = None if tenant is None else tenant_salt(deployment_secret(), tenant)
             route = await asyncio.get_running_loop().run_in_executor(
-                executor, router.hasher.route, request.url.path, parsed)
-        return await forward(router, "POST", request.url.path, body, forwarded_headers(request.headers), route)
+                executor, router.hasher.route, request.url.path, parsed, field)
+        return await forward(router, "POST", request.url.path, body, headers, route)
 
     async def models(request: Request):
         return await forward(router, request.method, request.url.path, b"", forwarded_headers(request.headers),
@@ -76,5 +82,5 @@ def build_router_app(router: Router) -> FastAPI:
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
-    app.add_middleware(Guard, limits=router.settings.limits, on_error=count)
+    install_guard(app, router.settings.limits, count)
     return app

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--replica-api-key", default=None,
                    help="the key the router sends to the replicas on every call (default: the router's --api-key); "
                         "clients' Authorization headers are checked by the router and never passed on")
+    p.add_argument("--internal-secret-file", default=None, metavar="FILE",
+                   help="with --api-key-file: the deployment's secret, the same file the replicas read, so the "
+                        "router derives each tenant's prefix-cache hashes as they do (mode 600)")
     p.set_defaults(func=cmd_router)
 
 
@@ -49,11 +52,18 @@ def cmd_router(args: argparse.Namespace) -> int:
     args.api_key = resolve_api_key(args.api_key)
     replica_key = args.api_key if args.replica_api_key is None else resolve_api_key(args.replica_api_key,
                                                                                    "--replica-api-key")
+    if args.api_key_file is not None:
+        if replica_key is None:
+            raise InvalidRequestError("--api-key-file needs --replica-api-key: the key the replicas check, which "
+                                      "they trust to name each request's tenant (start them with --api-key KEY "
+                                      "--tenant-header)", "replica_api_key")
+        from ridgeline.utils.internal_auth import deployment_secret
+        deployment_secret(args.internal_secret_file)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request
     settings = RouterSettings(args.policy, args.health_interval, slack=args.slack, replica_api_key=replica_key,
                               limits=front_limits(args))
-    warn_if_exposed(args.host, args.api_key, "the router")
+    warn_if_exposed(args.host, args.api_key or args.api_key_file, "the router")
     router = asyncio.run(build_router(args.replica, settings, args.tokenizer))
     try:
         sock = bind(args.host, args.port)

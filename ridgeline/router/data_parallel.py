@@ -14,15 +14,18 @@ import asyncio
 from ridgeline.errors import RidgelineError
 from ridgeline.router.core import RouterSettings
 from ridgeline.serve.front_limits import new_api_key
+from ridgeline.utils.internal_auth import deployment_secret
 
 
-def replica_spec(model: str, engine: dict, settings, replica_key: str) -> dict:
+def replica_spec(model: str, engine: dict, settings, replica_key: str, secret: bytes) -> dict:
     """What each replica is started with: the served settings, but a key of its own (one per launch, held
-    by the router only) in place of the front's, and room for the router's own calls (health checks,
-    /metrics, KV snapshots) beyond the connections of its clients."""
+    by the router only) in place of the front's, whose requests name their tenant (the router checked
+    the client's key); the deployment's secret, so tenants' cache salts match the router's; and room
+    for the router's own calls (health checks, /metrics, KV snapshots) beyond its clients' connections."""
     from dataclasses import asdict
-    return {"model": model, "engine": engine,
+    return {"model": model, "engine": engine, "secret": secret.hex(),
             "settings": {**asdict(settings), "quiet": True, "api_key": replica_key, "public_metrics": False,
+                         "api_key_file": None, "tenant_header": True, "allowed_origins": (),
                          "max_connections": settings.max_connections + 64}}
 
 
@@ -36,7 +39,7 @@ def serve_data_parallel(args: argparse.Namespace, model: str, engine: dict, sett
         raise RidgelineError("--router-policy cache-aware follows the replicas' prefix caches, which are off here "
                              "(--no-prefix-caching or --kv-eviction); use --router-policy least-load")
     replica_key = new_api_key()
-    spec = replica_spec(model, engine, settings, replica_key)
+    spec = replica_spec(model, engine, settings, replica_key, deployment_secret(args.internal_secret_file))
     if args.executor == "ray":
         from ridgeline.router.ray_executor import RayLauncher
         launcher = RayLauncher(args.ray_address, args.ray_cpus_per_replica, args.ray_kv_events)

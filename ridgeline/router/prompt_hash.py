@@ -1,6 +1,7 @@
 """A request body -> its Route: token ids exactly as a replica computes them (the chat template
 rendered by the same Tokenizer code from the replicas' model folder, completions encoded as
-LLMEngine.encode_prompt does), then the replicas' block hashes (salted by `cache_salt`).
+LLMEngine.encode_prompt does), then the replicas' block hashes (in the request's prefix-cache
+namespace: its tenant's field and `cache_salt`, engine/cache_namespace.py).
 
 A body the router cannot read is routed without hashes (load only): the replica it reaches answers
 the error, so the router never refuses a request a replica would accept."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ridgeline.engine.cache_namespace import cache_namespace
 from ridgeline.engine.prefix_cache import block_hashes
 from ridgeline.router.policy import Route
 
@@ -34,7 +36,8 @@ class PromptHasher:
             return prompt
         return []
 
-    def route(self, path: str, body) -> Route:
+    def route(self, path: str, body, tenant: str | None = None) -> Route:
+        """tenant: the request's tenant field (cache_namespace.tenant_salt), as its replica derives it."""
         try:
             ids = self.token_ids(path, body) if isinstance(body, dict) else []
         except Exception:  # invalid body: the replica will say why
@@ -42,5 +45,5 @@ class PromptHasher:
         salt = body.get("cache_salt") if isinstance(body, dict) else None
         salt = salt if isinstance(salt, str) else None
         # a hit never covers the last token: only blocks before it can match
-        hashes = block_hashes(ids[:-1], self.block_size, salt) if ids else []
+        hashes = block_hashes(ids[:-1], self.block_size, cache_namespace(tenant, None, salt)) if ids else []
         return Route(len(ids), hashes, self.block_size)

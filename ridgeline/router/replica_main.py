@@ -23,6 +23,9 @@ def build_replica_app(spec: dict):
     from ridgeline.serve.app import build_app
     from ridgeline.serve.state import ServerSettings
 
+    if spec.get("secret"):  # the deployment's: tenants' cache salts match the router's
+        from ridgeline.utils.internal_auth import adopt_deployment_secret
+        adopt_deployment_secret(bytes.fromhex(spec["secret"]))
     torch.set_num_threads(spec["threads"])
     config = EngineConfig.from_kwargs(spec["model"], progress=False, **spec["engine"])
     engine = build_off_main_thread(lambda: LLMEngine(config))

@@ -19,7 +19,7 @@ from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import install_error_handlers
-from ridgeline.serve.guard import Guard
+from ridgeline.serve.guard import install_guard
 from ridgeline.serve.limits import CHAT_TEMPLATE_MIN_BYTES, text_bound
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.replica_info import install_replica_routes, start_publisher
@@ -82,9 +82,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     if settings.console:
         from ridgeline.serve.console.routes import install
         install(app)
-    app.add_middleware(Guard, limits=settings.limits, on_error=metrics.count_error, drain=state.drain,
-                       metrics_paths=("/metrics", LIVE_PATH), open_paths=("/",) if settings.console else (),
-                       open_prefix=STATIC_PREFIX if settings.console else None)
+    install_guard(app, settings.limits, metrics.count_error, drain=state.drain,
+                  metrics_paths=("/metrics", LIVE_PATH), open_paths=("/",) if settings.console else (),
+                  open_prefix=STATIC_PREFIX if settings.console else None)
     return app
 
 

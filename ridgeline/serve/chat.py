@@ -6,7 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, sse_response
+from ridgeline.serve.generate import Job, Prompt, accept, admitted, request_namespace, sse_response
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.limits import TextBound
 from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
@@ -23,9 +23,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     tok = state.engine.tokenizer
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     messages = [m.as_template_input() for m in body.messages]
-    with admitted(state, 1, params.n):
+    with admitted(state, 1, params.n) as hold:
         prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound)
-        job = await Job.start(state, rid, [prompt], params, body.max_tokens_field, body.cache_salt)
+        job = await Job.start(state, rid, [prompt], params, body.max_tokens_field,
+                              request_namespace(state, request, body.cache_salt), hold)
     head = {"id": rid, "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     if body.stream:

@@ -7,7 +7,8 @@ import logging
 from ridgeline.cli import add_engine_args, engine_kwargs
 from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.front_limits import add_front_args, front_problems, resolve_api_key, warn_if_exposed
+from ridgeline.serve.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
+                                          warn_if_exposed)
 from ridgeline.serve.state import ServerSettings
 
 _D = ServerSettings("")  # the defaults the flags show
@@ -37,6 +38,9 @@ def register(subparsers) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: %(default)s)")
     add_front_args(g)  # --api-key, --public-metrics, --max-body-bytes, --timeout-header/-body, --max-connections
+    g.add_argument("--tenant-header", action="store_true",
+                   help="behind `ridgeline router --api-key-file`: requests carrying this server's --api-key (the "
+                        "router's --replica-api-key) name their tenant in x-ridgeline-tenant (default: off)")
     g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the model)")
     g.add_argument("--max-waiting", type=int, default=_D.max_waiting,
                    help="sequences (prompts x n) allowed to wait for their first token; more get 429, "
@@ -167,6 +171,11 @@ def _check(args: argparse.Namespace) -> None:
     if bad:
         raise InvalidRequestError("; ".join(bad))
     args.api_key = resolve_api_key(args.api_key)  # from here on the key is in args only, not the environment
+    if args.tenant_header and args.api_key is None:
+        raise InvalidRequestError("--tenant-header needs --api-key: only a request carrying the router's key may "
+                                  "name its tenant", "tenant_header")
+    if args.api_key is not None and args.api_key_file is not None:
+        raise InvalidRequestError("give --api-key (or $RIDGELINE_API_KEY) or --api-key-file, not both", "api_key")
 
 
 def _torchrun_follower(args: argparse.Namespace) -> bool:
@@ -191,7 +200,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
         build_off_main_thread(lambda: LLMEngine(config)).follow()
         return 0
-    warn_if_exposed(args.host, args.api_key)
+    warn_if_exposed(args.host, args.api_key or args.api_key_file)
+    if args.api_key_file is not None:  # tenants' cache salts: the deployment's secret (its file, if given)
+        from ridgeline.utils.internal_auth import deployment_secret
+        deployment_secret(args.internal_secret_file)
     if args.disaggregate is not None:
         from ridgeline.disagg.launch import launch
         return launch(args, args.parser, model)
@@ -205,6 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout, log_requests=args.log_requests, timeout_header=args.timeout_header,
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
         quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console,
+        api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
         **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.router.data_parallel import serve_data_parallel

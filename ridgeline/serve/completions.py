@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, sse_response
+from ridgeline.serve.generate import Job, Prompt, accept, admitted, request_namespace, sse_response
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.logprobs import (LegacyLogprobs, TokenTexts, as_raw, completion_logprobs, join_logprobs,
                                       prompt_logprobs_block)
@@ -28,9 +28,10 @@ async def completions(body: CompletionRequest, request: Request):
         for p in texts:
             if isinstance(p, str):
                 state.text_bound.check(p)
-    with admitted(state, len(texts), params.n):
+    with admitted(state, len(texts), params.n) as hold:
         prompts = await state.offload(rid, _prompts, state.engine, texts, body.echo)
-        job = await Job.start(state, rid, prompts, params, body.max_tokens_field, body.cache_salt)
+        job = await Job.start(state, rid, prompts, params, body.max_tokens_field,
+                              request_namespace(state, request, body.cache_salt), hold)
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     tok, n = state.engine.tokenizer, params.n

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import secrets
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ class FrontLimits:
     timeout_header: float = 10.0  # seconds a connection gets to send a request's headers
     timeout_body: float = 60.0  # seconds a request gets to send its whole body, once its headers are in
     max_connections: int = 1000  # open connections; a request on one over the cap gets 503
+    api_key_file: str | None = None  # several keys, each with its tenant (serve/api_keys.py); not with api_key
+    allowed_origins: tuple[str, ...] = ()  # web pages (besides this front's own) that may send requests
+    # a launcher's internal key: requests that carry it name their tenant in x-ridgeline-tenant (the
+    # front in front of this process authenticated the client); never set for a key a client holds
+    tenant_header: bool = False
 
 
 _D = FrontLimits()
@@ -40,6 +46,13 @@ def add_front_args(g) -> None:
     g.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` on every route but /health "
                         f"(default: ${API_KEY_ENV}, else no key; an empty key is an error)")
+    g.add_argument("--api-key-file", default=None, metavar="FILE",
+                   help="several keys, one `KEY TENANT` per line (mode 600): each tenant reuses only its own "
+                        "prefix-cache blocks (default: none; not with --api-key)")
+    g.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                   help="comma-separated web origins (e.g. https://app.example.com, or *) whose pages may call "
+                        "this API, with CORS headers; other pages are refused with 403 (default: none but the "
+                        "console this front serves)")
     g.add_argument("--public-metrics", action="store_true",
                    help="with --api-key: /metrics needs no key (default: it needs the key)")
     g.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes,
@@ -56,16 +69,26 @@ def add_front_args(g) -> None:
 
 def front_problems(args: argparse.Namespace) -> list[str]:
     """What is wrong with the FrontLimits flags of args, one phrase each."""
-    return [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
+    bad = [f"--{name.replace('_', '-')} must be {rule}" for name, ok, rule in (
         ("max_body_bytes", args.max_body_bytes >= 1, ">= 1"), ("timeout_header", args.timeout_header > 0, "> 0"),
         ("timeout_body", args.timeout_body > 0, "> 0"), ("max_connections", args.max_connections >= 1, ">= 1"))
         if not ok]
+    if args.api_key_file is not None and args.api_key is not None:
+        bad.append("give --api-key or --api-key-file, not both")
+    for origin in allowed_origins(args):
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            bad.append(f"--allowed-origins: {origin!r} is not an origin (scheme://host[:port], or *)")
+    return bad
+
+
+def allowed_origins(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
 
 
 def front_limits(args: argparse.Namespace) -> FrontLimits:
     """FrontLimits from the flags; args.api_key must have been resolved (resolve_api_key) first."""
     return FrontLimits(args.api_key, args.public_metrics, args.max_body_bytes, args.timeout_header,
-                       args.timeout_body, args.max_connections)
+                       args.timeout_body, args.max_connections, args.api_key_file, allowed_origins(args))
 
 
 def resolve_api_key(given: str | None, flag: str = "--api-key") -> str | None:
@@ -111,6 +134,7 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_warning(host: str, api_key: str | None, what: str = "the server") -> str | None:
+    """api_key: whatever authenticates clients (a key, or a key file's path)."""
     if api_key or is_loopback(host):
         return None
     where = "every interface" if host.strip("[]") in ("", "0.0.0.0", "::") else host

@@ -16,10 +16,12 @@ from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import RequestStream
 from ridgeline.engine.messages import EngineRequest
+from ridgeline.engine.cache_namespace import cache_namespace, tenant_salt
 from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
+from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
 from ridgeline.serve.limits import check_logprob_entries, check_n
 from ridgeline.serve.logtext import clean
@@ -52,6 +54,12 @@ def accept(state, body, route: str):
     return params
 
 
+def request_namespace(state: ServerState, request: Request, cache_salt: str | None) -> str | None:
+    """The prefix-cache namespace of an HTTP request: its tenant's (the Guard's word) and the client's salt."""
+    tenant = tenant_of(request.scope)
+    return cache_namespace(None if tenant is None else tenant_salt(state.cache_secret, tenant), None, cache_salt)
+
+
 def check_context(max_model_len: int, prompt: Prompt, max_tokens: tuple[str, int | None]) -> None:
     n = len(prompt.ids)
     if n >= max_model_len:
@@ -82,17 +90,29 @@ def check_admission(state: ServerState, num_prompts: int, n: int) -> int:
     return seqs
 
 
+class _Hold:
+    """A request's sequences held against --max-waiting until the engine counts them itself."""
+
+    def __init__(self, state: ServerState, seqs: int):
+        self.state, self.seqs = state, seqs
+        state.pending_seqs += seqs  # on the event loop only
+
+    def release(self) -> None:
+        self.state.pending_seqs -= self.seqs
+        self.seqs = 0
+
+
 @contextmanager
 def admitted(state: ServerState, num_prompts: int, n: int):
     """Hold a request's sequences against --max-waiting from before its prompts are tokenized until
-    the engine counts them (Job.start has returned), so a flood of prompts gets its 429s before the
-    tokenizer runs. Raises check_admission's 400 or 429."""
-    seqs = check_admission(state, num_prompts, n)
-    state.pending_seqs += seqs  # on the event loop only
+    the engine counts them (Job.start releases the hold in the same event-loop turn in which the
+    engine registers them: never counted twice, never not at all), so a flood of prompts gets its
+    429s before the tokenizer runs. Raises check_admission's 400 or 429."""
+    hold = _Hold(state, check_admission(state, num_prompts, n))
     try:
-        yield
+        yield hold
     finally:
-        state.pending_seqs -= seqs
+        hold.release()
 
 
 class ClientDisconnected(ApiError):
@@ -116,17 +136,21 @@ class Job:
 
     @classmethod
     async def start(cls, state: ServerState, base_id: str, prompts: list[Prompt], params: SamplingParams,
-                    max_tokens: tuple[str, int | None], cache_salt: str | None = None) -> Job:
-        """The caller holds admitted() for these prompts."""
+                    max_tokens: tuple[str, int | None], namespace: str | None = None, hold: _Hold | None = None
+                    ) -> Job:
+        """hold: admitted()'s for these prompts. namespace: the requests' prefix-cache namespace
+        (request_namespace)."""
         arrival = time.monotonic()
         max_len = state.engine.max_model_len
         for p in prompts:
             check_context(max_len, p, max_tokens)
         check_logprob_entries(state.settings.max_logprob_entries, params, [len(p.ids) for p in prompts], max_len)
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
-        requests = [EngineRequest(rid, p.ids, params, p.text, cache_salt) for rid, p in zip(ids, prompts)]
+        requests = [EngineRequest(rid, p.ids, params, p.text, namespace) for rid, p in zip(ids, prompts)]
         if state.disagg is not None:  # a decode worker: the prompt's KV may come from a prefill worker
             requests = await state.disagg.attach(requests)
+        if hold is not None:
+            hold.release()  # add() counts them before its first await: this turn of the loop
         try:
             stream = await state.async_engine.add(requests, base_id)
         except BaseException:

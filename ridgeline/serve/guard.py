@@ -3,16 +3,18 @@ disaggregated front): bearer-token auth, the drain's 503, the request-body size 
 read deadline, all before the app does any work. Pure ASGI (not BaseHTTPMiddleware) so streaming
 responses and disconnect detection pass untouched.
 
-Auth: with an API key every route needs it (compared in constant time) except /health (probes), the
-`open_paths` and `open_prefix` a front names (the server's console page and its static files: they
-hold no data; the page asks for the key), and its `metrics_paths` with --public-metrics. The body
+Auth: with an API key (or a key file: serve/api_keys.py) every route needs one (looked up in
+constant time) except /health (probes), the `open_paths` and `open_prefix` a front names (the
+server's console page and its static files: they hold no data; the page asks for the key), and its
+`metrics_paths` with --public-metrics. The key's tenant goes into the request's scope (TENANT);
+behind a launcher's front, a request carrying the internal key names its tenant in TENANT_HEADER.
+Browsers: serve/origins.py decides which pages may send requests. The body
 deadline: --timeout-body seconds from the headers to the body's last byte (a stalled or short body
 gets 408, and its connection closes); after the body, receive() is disconnect detection and has no
 deadline."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Iterable
 
@@ -21,15 +23,25 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ridgeline.serve.api_keys import TENANT as TENANT_NAME
+from ridgeline.serve.api_keys import load_api_keys
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
 from ridgeline.serve.front_limits import FrontLimits
+from ridgeline.serve.origins import OriginPolicy
 
 # Closing a connection whose client is still uploading resets it (the unread bytes make the kernel send
 # RST) and the client may never read the answer. So a refusal of a body that is coming (413, a bad
 # Content-Length) keeps the connection: uvicorn reads and drops the rest, under the next request's
 # header deadline. Only a stalled body (408) or a shutdown closes it.
 CLOSE = {"Connection": "close"}
+TENANT = "ridgeline.tenant"  # scope key: the authenticated request's tenant (None: none)
+TENANT_HEADER = "x-ridgeline-tenant"  # a front's word on its client's tenant, to the process behind it
+_JSON = (b"content-type", b"application/json")
+
+
+def tenant_of(scope) -> str | None:
+    return scope.get(TENANT)
 
 
 class Guard:
@@ -37,7 +49,9 @@ class Guard:
                  open_paths: Iterable[str] = (), metrics_paths: Iterable[str] = ("/metrics",),
                  open_prefix: str | None = None):
         self.app = app
-        self.api_key = limits.api_key
+        self.keys = load_api_keys(limits.api_key, limits.api_key_file)
+        self.tenant_header = limits.tenant_header
+        self.origins = OriginPolicy(limits.allowed_origins, keyed=bool(self.keys))
         self.open_paths = {"/health", *open_paths} | (set(metrics_paths) if limits.public_metrics else set())
         self.metrics_paths = set(metrics_paths)  # answered while draining
         self.open_prefix = open_prefix
@@ -57,9 +71,22 @@ class Guard:
     def _refusal(self, scope: Scope) -> ApiError | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path = scope["path"]
-        if self.api_key and not self._open(path) and not self._authorized(headers):
-            return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
-                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        err = self.origins.refusal(headers)
+        if err is not None:
+            return err
+        if "origin" not in headers and "content-type" in headers:  # not a browser: the body is JSON whatever it says
+            scope["headers"] = [h for h in scope["headers"] if h[0].lower() != b"content-type"] + [_JSON]
+        scope[TENANT] = None
+        if self.keys and not self._open(path):
+            ok, tenant = self._authorized(headers)
+            if not ok:
+                return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            if tenant is None and self.tenant_header:
+                tenant = headers.get(TENANT_HEADER)
+                if tenant is not None and not TENANT_NAME.fullmatch(tenant):
+                    return ApiError(400, f"{TENANT_HEADER}: not a tenant name")
+            scope[TENANT] = tenant
         draining = self.drain is not None and self.drain.draining
         if draining and path != "/health" and path not in self.metrics_paths:
             return ApiError(503, "the server is shutting down; retry on another replica or later",
@@ -76,9 +103,12 @@ class Guard:
         return path in self.open_paths or (self.open_prefix is not None and path.startswith(self.open_prefix)
                                            and ".." not in path)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
+    def _authorized(self, headers: dict[str, str]) -> tuple[bool, str | None]:
+        """(a key of ours came, its tenant)."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        if scheme.lower() != "bearer":
+            return False, None
+        return self.keys.check(token.strip())
 
     def _limited(self, receive: Receive) -> Receive:
         """The body under its size cap (for bodies without a Content-Length: chunked) and deadline."""
@@ -111,6 +141,16 @@ class Guard:
         response = JSONResponse(error_body(err.message, err.type, err.param, err.code), err.status,
                                 error_headers(err))
         await response(scope, receive, send)
+
+
+def install_guard(app, limits: FrontLimits, on_error, **kw) -> None:
+    """The Guard in front of every route of `app`; with --allowed-origins, CORS outside it (a browser's
+    preflight carries no key: CORSMiddleware answers it for the allowed origins and refuses the rest)."""
+    app.add_middleware(Guard, limits=limits, on_error=on_error, **kw)
+    if limits.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=list(limits.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
 
 
 async def read_body(request: Request) -> bytes:

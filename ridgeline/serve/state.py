@@ -17,6 +17,7 @@ from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.limits import CHAT_TEMPLATE_TIMEOUT_S, MAX_LOGPROB_ENTRIES
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
+from ridgeline.utils import internal_auth
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,15 @@ class ServerSettings:
     max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # n x tokens x (1 + top logprobs), prompt's included
     chat_template_timeout: float = CHAT_TEMPLATE_TIMEOUT_S  # seconds one rendering may take
     chat_template_max_bytes: int | None = None  # rendered output; None: 1 MiB, or the longest prompt that fits
+    api_key_file: str | None = None  # keys with tenants (serve/api_keys.py); not with api_key
+    allowed_origins: tuple[str, ...] = ()  # web pages allowed besides the console (serve/origins.py)
+    tenant_header: bool = False  # behind a launcher's front: its internal key's requests name their tenant
 
     @property
     def limits(self) -> FrontLimits:
         return FrontLimits(self.api_key, self.public_metrics, self.max_body_bytes, self.timeout_header,
-                           self.timeout_body, self.max_connections)
+                           self.timeout_body, self.max_connections, self.api_key_file, tuple(self.allowed_origins),
+                           self.tenant_header)
 
 
 @dataclass
@@ -61,6 +66,8 @@ class ServerState:
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(4, "ridgeline-tokenize"))
     disagg: object = None  # a prefill or decode worker's role (ridgeline/disagg/worker.py); None: co-located
     chat_template: object = None  # TemplateWorkers: chat templates rendered under the settings' bounds
+    # the deployment's secret: tenants' prefix-cache salts are keyed by it (engine/cache_namespace.py)
+    cache_secret: bytes = field(default_factory=internal_auth.deployment_secret)
     text_bound: object = None  # limits.TextBound: text prompts longer can never fit (None: no sound bound)
     pending_seqs: int = 0  # sequences of requests admitted and not yet counted by the engine (generate.admitted)
 

@@ -85,6 +85,35 @@ def take_secret_from_env() -> bytes | None:
     return secret
 
 
+_DEPLOYMENT: tuple[bytes, bool] | None = None  # (the secret, whether it came from outside this process)
+
+
+def deployment_secret(path: str | os.PathLike | None = None, required: bool = False) -> bytes:
+    """This process's deployment secret, the same on every later call: what its launcher handed it
+    ($RIDGELINE_INTERNAL_SECRET), else the file at `path` (--internal-secret-file), else (unless
+    required: then an error) a new one that only this process and the children it hands it to hold."""
+    global _DEPLOYMENT
+    given = take_secret_from_env()  # a launcher's word wins, whenever it comes
+    if given is None and path and (_DEPLOYMENT is None or not _DEPLOYMENT[1]):
+        given = read_secret_file(path)
+    if given is not None:
+        _DEPLOYMENT = (given, True)
+    elif _DEPLOYMENT is None:
+        _DEPLOYMENT = (new_secret(), False)
+    if required and not _DEPLOYMENT[1]:
+        raise InvalidRequestError(
+            "this launch needs the same internal secret in every process: --internal-secret-file FILE (mode 600; "
+            "e.g. `head -c 32 /dev/urandom | xxd -p > FILE`, copied to every node) or "
+            f"${SECRET_ENV} (hex)", "internal_secret_file")
+    return _DEPLOYMENT[0]
+
+
+def adopt_deployment_secret(secret: bytes) -> None:
+    """What a launcher handed this process by other means (a replica's spec): its deployment secret."""
+    global _DEPLOYMENT
+    _DEPLOYMENT = (secret, True)
+
+
 def env_with_secret(secret: bytes, env: dict[str, str] | None = None) -> dict[str, str]:
     """A child's environment carrying the secret (never its command line: any local user can read that)."""
     return {**(os.environ if env is None else env), SECRET_ENV: secret.hex()}
