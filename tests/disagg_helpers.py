@@ -7,7 +7,7 @@ import time
 import uvicorn
 
 from ridgeline.config import EngineConfig
-from ridgeline.disagg.transports import create_connector
+from ridgeline.disagg.transports import ReceiveLimits, create_connector
 from ridgeline.disagg.front import Front, Worker, build_front
 from ridgeline.disagg.worker import DisaggWorker, install
 from ridgeline.engine.llm_engine import LLMEngine
@@ -16,6 +16,7 @@ from ridgeline.serve.server import ServerThread, bind, url_of
 from ridgeline.serve.state import ServerSettings
 
 SAFETY_S = 60.0
+SECRET = b"test-deployment-secret-0123456789"  # the internal channels' secret of these in-process deployments
 
 
 def engine(model, kv: str = "auto") -> LLMEngine:
@@ -23,14 +24,15 @@ def engine(model, kv: str = "auto") -> LLMEngine:
                                               kv_cache_dtype=kv, progress=False))
 
 
-def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S):
+def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S, **limits):
     """(ServerThread started, its DisaggWorker) for a role, or (ServerThread, None) co-located."""
     eng = engine(model, kv)
     app = build_app(eng, ServerSettings(str(model), quiet=True))
     worker = None
     if role != "colocated":
-        worker = DisaggWorker(role, eng, create_connector(connector, timeout), timeout)
-        install(app, worker)
+        conn = create_connector(connector, timeout, secret=SECRET, limits=ReceiveLimits(**limits))
+        worker = DisaggWorker(role, eng, conn, timeout)
+        install(app, worker, SECRET)
     return ServerThread(app).start(), worker
 
 
@@ -63,4 +65,4 @@ def info_of(server: ServerThread) -> dict:
 
 def front_over(prefill: list[ServerThread], decode: list[ServerThread]) -> FrontThread:
     return FrontThread(Front([Worker(s.url, info_of(s)) for s in prefill],
-                             [Worker(s.url, info_of(s)) for s in decode])).start()
+                             [Worker(s.url, info_of(s)) for s in decode], secret=SECRET)).start()

@@ -54,14 +54,21 @@ def check_workers(prefill: list[Worker], decode: list[Worker]) -> None:
     for w in decode:
         if not w.info.get("address"):
             raise DisaggConfigError(f"decode worker {w.url} has no KV connector address")
+    for w in prefill:
+        if not w.info.get("internal"):
+            raise DisaggConfigError(f"prefill worker {w.url} has no internal endpoint address")
 
 
 class Front:
-    def __init__(self, prefill: list[Worker], decode: list[Worker], http: httpx.AsyncClient | None = None):
+    def __init__(self, prefill: list[Worker], decode: list[Worker], http: httpx.AsyncClient | None = None, *,
+                 secret: bytes):
+        """secret: the deployment's, for the workers' internal channels."""
+        if not secret:
+            raise DisaggConfigError("the front needs the deployment's internal secret")
         check_workers(prefill, decode)
         self.prefill, self.decode = prefill, decode
         self.http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
-        self.pd = PDClient(self.http)
+        self.pd = PDClient(self.http, secret)
         self._turn = itertools.count()
         self.requests = 0
         self.errors = 0
@@ -83,7 +90,8 @@ class Front:
         p.inflight += 1
         d.inflight += 1
         try:
-            resp, streamed = await self.pd.run(route, body, p.url, d.url, d.info["address"], dict(request.headers))
+            resp, streamed = await self.pd.run(route, body, p.info["internal"], d.url, d.info["address"],
+                                               dict(request.headers))
         except httpx.HTTPError as e:
             d.inflight -= 1
             self.errors += 1

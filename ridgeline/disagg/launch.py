@@ -1,7 +1,9 @@
 """`ridgeline serve --disaggregate xPyD`: start x prefill and y decode worker processes on this
 machine (each `ridgeline serve --role ...` on a free local port, with the same model and engine
 flags), wait until each answers /disagg/info, check them as a set, and serve the front on
---host/--port until a signal; the workers end with it.
+--host/--port until a signal; the workers end with it. The workers' internal channels (KV
+connectors, prefill endpoints, on loopback) share a secret made for this launch, handed to each
+worker by environment (never on its command line).
 
 Cores: each worker is pinned to its own contiguous share of this process's cores (as equal as they
 divide) with as many threads, so a prefill never takes a core from a decode step; with more workers
@@ -22,6 +24,7 @@ import time
 import httpx
 
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
+from ridgeline.utils import internal_auth
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 ENGINE_GROUP = "engine"
@@ -87,16 +90,18 @@ def _ranges(cores: list[int]) -> str:
         range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
 
 
-def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int]) -> tuple[subprocess.Popen, str]:
+def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int],
+           secret: bytes) -> tuple[subprocess.Popen, str]:
     port = _free_port("127.0.0.1")
     argv = [sys.executable, "-m", "ridgeline.cli", "serve", model, *flags, "--role", role, "--host", "127.0.0.1",
             "--port", str(port), "--kv-connector", args.kv_connector,
             "--kv-transfer-timeout", str(args.kv_transfer_timeout), "--quiet"]
+    argv += ["--kv-inbox-size", str(args.kv_inbox_size), "--internal-max-connections", str(args.internal_max_connections)]
     for flag, value in (("--served-model-name", args.served_model_name), ("--api-key", args.api_key)):
         if value:
             argv += [flag, value]
     cores, threads = place
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = internal_auth.env_with_secret(secret, {**os.environ, "OMP_NUM_THREADS": str(threads)})
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # in the child, before it starts a thread
     return subprocess.Popen(argv, env=env, preexec_fn=pin), f"http://127.0.0.1:{port}"
 
@@ -171,11 +176,15 @@ def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
     places = placement(x + y, pin)
     print(describe_placement(x, places, pin), flush=True)
     flags = engine_flags(parser, args)
-    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place) for i, place in enumerate(places)]
+    # the workers' internal channels: a new secret per launch, unless routers of their own share a file
+    secret = (internal_auth.read_secret_file(args.internal_secret_file) if args.internal_secret_file
+              else internal_auth.new_secret())
+    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place, secret)
+             for i, place in enumerate(places)]
     try:
         infos = _wait_ready(procs, args.worker_start_timeout)
         workers = [Worker(url, info) for (_, url), info in zip(procs, infos)]
-        front = Front(workers[:x], workers[x:])
+        front = Front(workers[:x], workers[x:], secret=secret)
         print(f"serving   `{args.served_model_name or model}` disaggregated {x}P{y}D at {url_of(sock)}/v1 "
               f"(workers: {', '.join(w.url for w in workers)}; KV over {args.kv_connector})", flush=True)
         _front_server(build_front(front)).run(sockets=[sock])
