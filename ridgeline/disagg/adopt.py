@@ -7,8 +7,9 @@ prompt's logits); a payload that cannot be used is released and the request is c
 until the pool has room for its blocks (above the admission watermark, under max_num_seqs); then,
 before the step's plan is made, its blocks are allocated, the payload's bytes written into them,
 its prompt counted as computed, and its first token appended as if this engine had sampled it.
-Its full blocks enter the prefix cache only when the payload came over an authenticated connector
-(`KVPayload.authenticated`): KV from anywhere else serves its own request, never another's. A
+Its blocks (and those it fills later) enter the prefix cache only when the payload came over an
+authenticated connector (`KVPayload.authenticated`): KV from anywhere else serves its own request,
+never another's. A
 payload whose bytes cannot be written (they do not fit its blocks) is dropped there and then, its
 blocks freed, and its request computed as usual: no other request is touched. The copying is on the step thread, between two steps: it is bounded to
 max_num_batched_tokens prompt tokens a step (one payload at least), as a prefill chunk is, so a
@@ -116,8 +117,9 @@ class Adoptions:
                 continue
             req.num_computed_tokens = n
             req.status = Status.RUNNING
+            req.cacheable = payload.authenticated  # the scheduler caches its later blocks only if so
             sched.running.append(req)
-            if kv.caching and payload.authenticated:
+            if kv.caching and req.cacheable:
                 kv.cache_blocks(rid, req.token_ids, n, req.cache_salt)
             self.stats.adopted += 1
             self.stats.tokens += n
