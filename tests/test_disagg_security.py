@@ -415,3 +415,28 @@ def test_a_worker_with_a_role_needs_the_secret(tiny_llama, tmp_path, capsys, mon
     assert deployment_secret(str(f), "decode") == b"0123456789abcdef0123456789abcdef"
     monkeypatch.setenv(internal_auth.SECRET_ENV, (b"e" * 32).hex())  # what a launcher hands its workers
     assert deployment_secret(str(f), "decode") == b"e" * 32 and internal_auth.SECRET_ENV not in os.environ
+
+
+def test_a_decode_worker_that_issues_no_transfer_still_answers(tiny_llama, caplog):
+    """Its ids all refused (none may be outstanding): each request is computed whole on the decode
+    worker, with the co-located answer."""
+    from disagg_helpers import front_over
+    prefill, pw = worker_server(tiny_llama, "prefill", "auto")
+    decode, dw = worker_server(tiny_llama, "decode", "auto", max_expected=0)
+    coloc, _ = worker_server(tiny_llama, "colocated", "auto")
+    front = front_over([prefill], [decode])
+    try:
+        body = {"model": str(tiny_llama), "prompt": "hello there", "max_tokens": 6, "temperature": 0,
+                "ignore_eos": True}
+        got = httpx.post(front.url + "/v1/completions", json=body, timeout=SAFETY_S).json()["choices"][0]["text"]
+        want = httpx.post(coloc.url + "/v1/completions", json=body, timeout=SAFETY_S).json()["choices"][0]["text"]
+        assert got == want
+        assert front.front.pd.counts.failed == 1 and dw.engine.adoptions.stats.adopted == 0
+        assert pw.counts["sent"] == 0  # nothing was prefilled for a transfer nobody expects
+        _refused(caplog, "0 transfers already outstanding")
+    finally:
+        front.stop()
+        for s in (prefill, decode, coloc):
+            s.stop()
+        pw.close()
+        dw.close()

@@ -10,7 +10,7 @@ import socket
 import threading
 from typing import Callable
 
-from ridgeline.disagg.wire import Refused, Rejections
+from ridgeline.disagg.wire import Refused, Rejections, log, peer_name
 from ridgeline.utils import internal_auth
 
 DEFAULT_MAX_CONNECTIONS = 256  # connections served at once, each on its own thread
@@ -76,6 +76,8 @@ class AuthListener:
             except OSError as e:
                 if not self._closed:
                     self.rejections(peer, _why(e))
+            except Exception:  # noqa: BLE001 (a bug must cost this connection only, and be seen)
+                log.exception("%s: internal error serving %s; connection closed", self.channel, peer_name(peer))
         finally:
             with self._lock:
                 self._open.discard(conn)

@@ -83,10 +83,11 @@ def recv_json(session: internal_auth.Session, cap: int = MAX_HEADER) -> dict:
 
 
 def at_frame_boundary_closed(sock: socket.socket) -> bool:
-    """True once the peer closed the connection cleanly between two frames (waits for a byte or EOF)."""
+    """True once the peer closed the connection between two frames, or left it idle past the socket's
+    timeout (then this side closes it); False when the next frame's first byte is there."""
     try:
         return sock.recv(1, socket.MSG_PEEK) == b""
-    except ConnectionError:
+    except (ConnectionError, socket.timeout):
         return True
 
 
