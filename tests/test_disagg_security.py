@@ -26,6 +26,7 @@ from ridgeline.cli import main
 from ridgeline.disagg.connector import Outgoing, ReceiveLimits, TransferError, request_transfer
 from ridgeline.disagg.inbox import Inbox
 from ridgeline.disagg.payload import Header, Layout
+from ridgeline.disagg.sessions import SessionPool
 from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.wire import (LABEL_KV, LABEL_PREFILL, Refused, call, new_transfer_id, parse_address,
                                    recv_json, send_json)
@@ -119,7 +120,7 @@ def test_a_peer_without_the_secret_is_refused_and_logged(receiver, caplog):
         _session(receiver.address, secret=b"w" * 32)
     _refused(caplog, "handshake failed", "internal secret")
     with pytest.raises(TransferError, match="no transfer id"):
-        request_transfer(receiver.address, b"w" * 32, SAFETY_S)
+        request_transfer(SessionPool(b"w" * 32, LABEL_KV, b"test", SAFETY_S), receiver.address)
     assert receiver.inbox.outstanding == 0
 
 
@@ -440,3 +441,34 @@ def test_a_decode_worker_that_issues_no_transfer_still_answers(tiny_llama, caplo
             s.stop()
         pw.close()
         dw.close()
+
+
+def test_internal_connections_are_kept_open_and_renewed(monkeypatch):
+    """One handshake for many calls; a connection its server closed is replaced, and a call that finds
+    out only once it has sent on it is made again on a new one (its server never saw it)."""
+    from ridgeline.disagg import sessions
+    first = create_connector("tcp", timeout=SAFETY_S, secret=SECRET)
+    first.listen(LAYOUT)
+    host, port = parse_address(first.address, "tcp")
+    pool = SessionPool(SECRET, LABEL_KV, b"test", SAFETY_S)
+    try:
+        ids = {request_transfer(pool, first.address) for _ in range(3)}
+        assert len(ids) == 3 and first.inbox.outstanding == 3 and pool.opened == 1
+        first.close()  # its connections with it
+        second = create_connector("tcp", timeout=SAFETY_S, secret=SECRET, port=port)
+        second.listen(LAYOUT)
+        try:
+            request_transfer(pool, second.address)
+            assert pool.opened == 2
+            second.close()
+            third = create_connector("tcp", timeout=SAFETY_S, secret=SECRET, port=port)
+            third.listen(LAYOUT)
+            monkeypatch.setattr(sessions, "_open", lambda sock: True)  # the close is noticed only by the call
+            request_transfer(pool, third.address)
+            assert pool.opened == 3 and third.inbox.outstanding == 1
+            third.close()
+        finally:
+            second.close()
+    finally:
+        pool.close()
+        first.close()

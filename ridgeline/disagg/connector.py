@@ -6,7 +6,8 @@ pairs requests), issues transfer ids and files what arrives in its `inbox`; a pr
 freed) and `deliver()`s it from another thread. Delivery is bounded by `timeout` seconds; a failure
 raises TransferError and the decode side recomputes.
 
-Every connection is an internal channel (wire.py: the deployment's secret, sequenced tagged frames):
+Every connection is an internal channel (wire.py: the deployment's secret, sequenced tagged frames),
+kept open between transfers (sessions.py); one carries one transfer or request at a time:
     front   -> decode  {"op": "expect"}                       <- {"ok": true, "transfer_id": id}
     prefill -> decode  {"op": "kv", header (payload.Header.meta), transport fields}
                                                               <- {"ok": true} or {"ok": false, "reason"}
@@ -35,8 +36,9 @@ import numpy as np
 from ridgeline.disagg.inbox import DEFAULT_INBOX_BYTES, DEFAULT_MAX_EXPECTED, DEFAULT_TTL, Inbox
 from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS, AuthListener
 from ridgeline.disagg.payload import Header, KVPayload, Layout, check_meta, tail_bytes
-from ridgeline.disagg.wire import (LABEL_KV, Refused, at_frame_boundary_closed, call, check_transfer_id,
-                                   parse_address, recv_json, send_json)
+from ridgeline.disagg.sessions import SessionPool
+from ridgeline.disagg.wire import (LABEL_KV, Refused, at_frame_boundary_closed, check_transfer_id, parse_address,
+                                   recv_json, send_json)
 from ridgeline.errors import RidgelineError
 from ridgeline.utils import internal_auth
 
@@ -94,6 +96,7 @@ class KVConnector:
         self.fault: str | None = None
         self._unstall = threading.Event()
         self._listener: AuthListener | None = None
+        self._pool = SessionPool(secret, LABEL_KV, b"prefill", timeout)  # the sending side's connections
 
     # ---- the decode side -----------------------------------------------------------------------
     def listen(self, layout: Layout) -> str:
@@ -196,8 +199,9 @@ class KVConnector:
         return Outgoing(header, gather(None))
 
     def deliver(self, out: Outgoing, address: str) -> Delivered:
-        """Send a prepared payload to the connector at `address`; TransferError if it is not filed
-        there within `timeout` seconds. The outgoing buffer is given up either way."""
+        """Send a prepared payload to the connector at `address` (over a kept-open connection when one
+        is idle); TransferError if it is not filed there within `timeout` seconds. The outgoing buffer
+        is given up either way."""
         t0 = time.perf_counter()
         try:
             if self.fault == "drop":
@@ -209,15 +213,15 @@ class KVConnector:
                 host, port = parse_address(address, self.name)
             except Refused as e:
                 raise TransferError(f"a {self.name} connector cannot send to {address!r}: {e.message}") from None
-            with socket.create_connection((host, port), timeout=self.timeout) as sock:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                session = internal_auth.connect(sock, self.secret, LABEL_KV, self.timeout, b"prefill")
-                sock.settimeout(self.timeout)
-                send_json(session, {"op": "kv", **out.header.meta(), **self.frame_fields(out)})
-                self._answer(session, address, out)
+            session = self._announce(host, port, address, out)
+            try:
                 self.send_body(session, out, out.header.tail())
                 self._answer(session, address, out)
-                self.delivered(out)
+            except BaseException:
+                session.sock.close()
+                raise
+            self._pool.give(host, port, session)
+            self.delivered(out)
         except TransferError:
             self.discard(out)
             raise
@@ -225,6 +229,25 @@ class KVConnector:
             self.discard(out)
             raise TransferError(f"KV transfer to {address} failed: {getattr(e, 'message', e)}") from e
         return Delivered(out.header.nbytes, time.perf_counter() - t0)
+
+    def _announce(self, host: str, port: int, address: str, out: Outgoing) -> internal_auth.Session:
+        """A session on which the receiver accepted out's header (once more on a new connection if a
+        reused one turns out closed: then the receiver never saw the header)."""
+        self._pool.timeout = self.timeout
+        for attempt in (0, 1):
+            session, reused = self._pool.take(host, port)
+            try:
+                send_json(session, {"op": "kv", **out.header.meta(), **self.frame_fields(out)})
+                self._answer(session, address, out)
+                return session
+            except (OSError, internal_auth.AuthError):
+                session.sock.close()
+                if not reused or attempt:
+                    raise
+            except BaseException:
+                session.sock.close()
+                raise
+        raise AssertionError("unreachable")
 
     def _answer(self, session, address: str, out: Outgoing) -> None:
         answer = recv_json(session)
@@ -249,18 +272,19 @@ class KVConnector:
 
     def close(self) -> None:
         self._unstall.set()
+        self._pool.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
         self.inbox.close()
 
 
-def request_transfer(address: str, secret: bytes, timeout: float) -> str:
-    """A new transfer id from the decode worker whose connector is at `address` (any scheme);
-    TransferError if it does not issue one."""
+def request_transfer(pool: SessionPool, address: str) -> str:
+    """A new transfer id from the decode worker whose connector is at `address` (any scheme), over a
+    pool of LABEL_KV sessions; TransferError if it does not issue one."""
     try:
         host, port = parse_address(address, address.partition("://")[0])
-        answer = call(host, port, secret, LABEL_KV, {"op": "expect"}, timeout, hello=b"front")
+        answer = pool.call(host, port, {"op": "expect"})
         if answer.get("ok") is not True:
             raise TransferError(f"the decode worker at {address} issues no transfer: {str(answer.get('reason'))[:200]}")
         return check_transfer_id(answer.get("transfer_id"))
@@ -270,11 +294,11 @@ def request_transfer(address: str, secret: bytes, timeout: float) -> str:
         raise TransferError(f"no transfer id from {address}: {getattr(e, 'message', e)}") from e
 
 
-def abandon_transfer(address: str, secret: bytes, transfer_id: str, timeout: float) -> None:
+def abandon_transfer(pool: SessionPool, address: str, transfer_id: str) -> None:
     """Tell the decode worker at `address` that transfer_id will not come (best effort)."""
     try:
         host, port = parse_address(address, address.partition("://")[0])
-        call(host, port, secret, LABEL_KV, {"op": "abandon", "transfer_id": transfer_id}, timeout, hello=b"front")
+        pool.call(host, port, {"op": "abandon", "transfer_id": transfer_id})
     except (OSError, RidgelineError):
         pass  # it expires on its own
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import httpx
 
 from ridgeline.disagg.connector import TransferError, abandon_transfer, request_transfer
-from ridgeline.disagg.wire import LABEL_PREFILL, call, parse_address
+from ridgeline.disagg.sessions import SessionPool
+from ridgeline.disagg.wire import LABEL_KV, LABEL_PREFILL, parse_address
 from ridgeline.disagg.worker import TRANSFER_ID, TRANSFER_STATUS
 from ridgeline.errors import RidgelineError
 
@@ -47,13 +48,16 @@ class PDClient:
         self.prefill_timeout, self.connect_timeout = prefill_timeout, connect_timeout
         self.counts = PDCounts()
         self._calls = ThreadPoolExecutor(max_calls, "pd-internal")
+        # kept-open authenticated connections: to decode workers' connectors, to prefill workers' endpoints
+        self._kv = SessionPool(secret, LABEL_KV, b"front", connect_timeout)
+        self._prefill = SessionPool(secret, LABEL_PREFILL, b"front", connect_timeout)
 
     async def _call(self, fn, *args, **kw):
         return await asyncio.get_running_loop().run_in_executor(self._calls, functools.partial(fn, *args, **kw))
 
     async def transfer_id(self, kv_address: str) -> str | None:
         try:
-            return await self._call(request_transfer, kv_address, self.secret, self.connect_timeout)
+            return await self._call(request_transfer, self._kv, kv_address)
         except TransferError as e:
             log.warning("%s; the decode worker computes the prompt", e.message)
             return None
@@ -64,8 +68,7 @@ class PDClient:
         request = {"op": "prefill", "route": route, "body": body, "transfer_id": transfer_id, "target": kv_address}
         try:
             host, port = parse_address(prefill_address, "tcp")
-            answer = await self._call(call, host, port, self.secret, LABEL_PREFILL, request, self.connect_timeout,
-                                      self.prefill_timeout, hello=b"front")
+            answer = await self._call(self._prefill.call, host, port, request, self.prefill_timeout)
         except (OSError, RidgelineError) as e:
             log.warning("prefill worker %s: %s; the decode worker computes the prompt", prefill_address,
                         getattr(e, "message", e))
@@ -92,7 +95,7 @@ class PDClient:
             status, rejected = await self.prefill(route, body, prefill_address, kv_address, tid)
             if rejected is not None:
                 self.counts.rejected += 1
-                self._calls.submit(abandon_transfer, kv_address, self.secret, tid, self.connect_timeout)
+                self._calls.submit(abandon_transfer, self._kv, kv_address, tid)
                 return rejected, False
         field = {"sent": "sent", "skip": "skipped"}.get(status, "failed")
         setattr(self.counts, field, getattr(self.counts, field) + 1)
@@ -102,3 +105,5 @@ class PDClient:
 
     def close(self) -> None:
         self._calls.shutdown(wait=False, cancel_futures=True)
+        self._kv.close()
+        self._prefill.close()
