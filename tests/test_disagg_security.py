@@ -23,7 +23,7 @@ import pytest
 
 from disagg_helpers import SECRET, worker_server
 from ridgeline.cli import main
-from ridgeline.disagg.connector import Outgoing, ReceiveLimits, TransferError, request_transfer
+from ridgeline.disagg.connector import ReceiveLimits, TransferError, request_transfer
 from ridgeline.disagg.inbox import Inbox
 from ridgeline.disagg.payload import Header, Layout
 from ridgeline.disagg.sessions import SessionPool

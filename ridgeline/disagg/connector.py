@@ -37,8 +37,8 @@ from ridgeline.disagg.inbox import DEFAULT_INBOX_BYTES, DEFAULT_MAX_EXPECTED, DE
 from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS, AuthListener
 from ridgeline.disagg.payload import Header, KVPayload, Layout, check_meta, tail_bytes
 from ridgeline.disagg.sessions import SessionPool
-from ridgeline.disagg.wire import (LABEL_KV, Refused, at_frame_boundary_closed, check_transfer_id, parse_address,
-                                   recv_json, send_json)
+from ridgeline.disagg.wire import (LABEL_KV, Refused, at_frame_boundary_closed, by_deadline, check_transfer_id,
+                                   parse_address, read_by, recv_json, send_json)
 from ridgeline.errors import RidgelineError
 from ridgeline.utils import internal_auth
 
@@ -114,10 +114,6 @@ class KVConnector:
         host, port = self._listener.address
         return f"{self.name}://{host}:{port}"
 
-    @property
-    def rejections(self):
-        return self._listener.rejections
-
     def _serve(self, session: internal_auth.Session, peer) -> None:
         """One authenticated connection: its frames until it closes; a refusal ends it."""
         while True:
@@ -163,7 +159,7 @@ class KVConnector:
 
     def _receive_body(self, session, meta: dict, fields: dict, deadline: float, give_back) -> KVPayload:
         want = tail_bytes(meta) + self.body_bytes(meta)
-        _by(session.sock, deadline)
+        by_deadline(session.sock, deadline)
         n, tag = session.recv_header(want)
         if n != want:
             raise Refused(f"a body of {n} bytes for transfer {meta['transfer_id']}, whose header announced {want}")
@@ -301,30 +297,3 @@ def abandon_transfer(pool: SessionPool, address: str, transfer_id: str) -> None:
         pool.call(host, port, {"op": "abandon", "transfer_id": transfer_id})
     except (OSError, RidgelineError):
         pass  # it expires on its own
-
-
-def _by(sock: socket.socket, deadline: float) -> None:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise Refused("the transfer's deadline passed")
-    sock.settimeout(left)
-
-
-def read_by(sock: socket.socket, n: int, deadline: float) -> bytes:
-    buf = bytearray(n)
-    read_into_by(sock, memoryview(buf), deadline)
-    return bytes(buf)
-
-
-def read_into_by(sock: socket.socket, view: memoryview, deadline: float) -> None:
-    """Fill view from sock, all of it before `deadline` (monotonic); Refused past it."""
-    got = 0
-    while got < len(view):
-        _by(sock, deadline)
-        try:
-            k = sock.recv_into(view[got:], min(len(view) - got, 1 << 22))
-        except socket.timeout:
-            raise Refused("the transfer's deadline passed") from None
-        if k == 0:
-            raise Refused("the connection closed mid-transfer")
-        got += k

@@ -9,10 +9,9 @@ import _posixshmem  # what SharedMemory.unlink calls, without its resource-track
 
 import numpy as np
 
-from ridgeline.disagg.connector import (CONNECTORS, KVConnector, Outgoing, ReceiveLimits, read_into_by,
-                                        register_connector)
+from ridgeline.disagg.connector import CONNECTORS, KVConnector, Outgoing, ReceiveLimits, register_connector
 from ridgeline.disagg.payload import Header
-from ridgeline.disagg.wire import Refused, shm_name
+from ridgeline.disagg.wire import Refused, read_into_by, shm_name
 from ridgeline.errors import InvalidRequestError
 
 

@@ -104,6 +104,34 @@ def call(host: str, port: int, secret: bytes, label: str, request: dict, timeout
         return recv_json(session, cap)
 
 
+def by_deadline(sock: socket.socket, deadline: float) -> None:
+    """The socket's timeout set to what is left before `deadline` (monotonic); Refused past it."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Refused("the transfer's deadline passed")
+    sock.settimeout(left)
+
+
+def read_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray(n)
+    read_into_by(sock, memoryview(buf), deadline)
+    return bytes(buf)
+
+
+def read_into_by(sock: socket.socket, view: memoryview, deadline: float) -> None:
+    """Fill view from sock, all of it before `deadline`; Refused past it or if the peer closes first."""
+    got = 0
+    while got < len(view):
+        by_deadline(sock, deadline)
+        try:
+            k = sock.recv_into(view[got:], min(len(view) - got, 1 << 22))
+        except socket.timeout:
+            raise Refused("the transfer's deadline passed") from None
+        if k == 0:
+            raise Refused("the connection closed mid-transfer")
+        got += k
+
+
 def peer_name(peer) -> str:
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
