@@ -132,11 +132,11 @@ class KVConnector:
                 self.inbox.abandon(check_transfer_id(meta.get("transfer_id")))
                 send_json(session, {"ok": True})
             elif op == "kv":
-                self._receive(session, meta)
+                self._receive(session, meta, peer)
             else:
                 raise Refused(f"unknown op {str(op)[:40]!r}")
 
-    def _receive(self, session: internal_auth.Session, raw: dict) -> None:
+    def _receive(self, session: internal_auth.Session, raw: dict, peer) -> None:
         deadline = time.monotonic() + self.timeout
         try:
             meta = check_meta(raw, self.layout)
@@ -154,8 +154,12 @@ class KVConnector:
             if isinstance(e, (OSError, ConnectionError)):
                 raise Refused(f"transfer {meta['transfer_id']} did not arrive whole: {e}") from None
             raise
-        ok = self.inbox.put(payload)
-        send_json(session, {"ok": ok, **({} if ok else {"reason": "its request stopped waiting"})})
+        if self.inbox.put(payload):
+            send_json(session, {"ok": True})
+            return
+        why = f"transfer {meta['transfer_id']} came after its request stopped waiting"
+        self._listener.rejections(peer, why)
+        send_json(session, {"ok": False, "reason": why})
 
     def _receive_body(self, session, meta: dict, fields: dict, deadline: float, give_back) -> KVPayload:
         want = tail_bytes(meta) + self.body_bytes(meta)
