@@ -106,7 +106,7 @@ def _add_disagg_args(p) -> None:
     g.add_argument("--internal-secret-file", default=None, metavar="FILE",
                    help="--role: the deployment's secret (at least 16 bytes, mode 600), the same file for every "
                         "worker and front; the internal channels admit only peers that prove they hold it "
-                        "(--disaggregate makes one per launch)")
+                        "(default: none: --disaggregate makes one per launch; a worker started by hand needs it)")
     g.add_argument("--kv-inbox-size", default="4GiB", metavar="SIZE",
                    help="decode worker: transferred KV held at once, waiting for its request or for room in the "
                         "pool; a transfer over it is refused (its prompt is computed here)")
