@@ -6,7 +6,7 @@ import httpx
 from ridgeline.config import EngineConfig
 from ridgeline.disagg.front import Front, Worker, build_front
 from ridgeline.disagg.launch import front_server
-from ridgeline.disagg.transports import create_connector
+from ridgeline.disagg.transports import ReceiveLimits, create_connector
 from ridgeline.disagg.worker import DisaggWorker, install
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve.app import build_app
@@ -15,6 +15,7 @@ from ridgeline.serve.server import ServerThread, UvicornThread, bind
 from ridgeline.serve.state import ServerSettings
 
 SAFETY_S = 60.0
+SECRET = b"test-deployment-secret-0123456789"  # the internal channels' secret of these in-process deployments
 
 
 def engine(model, kv: str = "auto", **opts) -> LLMEngine:
@@ -23,20 +24,22 @@ def engine(model, kv: str = "auto", **opts) -> LLMEngine:
 
 
 def worker_app(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S, name: str | None = None,
-               api_key: str | None = None, **engine_opts):
-    """(the app, its DisaggWorker) for a role, or (the app, None) co-located; not started."""
+               api_key: str | None = None, limits: dict | None = None, **engine_opts):
+    """(the app, its DisaggWorker) for a role, or (the app, None) co-located; not started. limits: the
+    connector's ReceiveLimits fields."""
     eng = engine(model, kv, **engine_opts)
     app = build_app(eng, ServerSettings(name or str(model), quiet=True, api_key=api_key))
     worker = None
     if role != "colocated":
-        worker = DisaggWorker(role, eng, create_connector(connector, timeout), timeout)
-        install(app, worker)
+        conn = create_connector(connector, timeout, secret=SECRET, limits=ReceiveLimits(**(limits or {})))
+        worker = DisaggWorker(role, eng, conn, timeout)
+        install(app, worker, SECRET)
     return app, worker
 
 
-def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S):
+def worker_server(model, role: str, kv: str, connector: str = "tcp", timeout: float = SAFETY_S, **limits):
     """(ServerThread started, its DisaggWorker) for a role, or (ServerThread, None) co-located."""
-    app, worker = worker_app(model, role, kv, connector, timeout)
+    app, worker = worker_app(model, role, kv, connector, timeout, limits=limits)
     return ServerThread(app).start(), worker
 
 
@@ -55,4 +58,4 @@ def info_of(server: ServerThread, key: str | None = None) -> dict:
 def front_over(prefill: list[ServerThread], decode: list[ServerThread], worker_key: str | None = None,
                limits: FrontLimits = FrontLimits()) -> FrontThread:
     workers = [[Worker(s.url, info_of(s, worker_key)) for s in servers] for servers in (prefill, decode)]
-    return FrontThread(Front(*workers, worker_key=worker_key), limits).start(SAFETY_S)
+    return FrontThread(Front(*workers, worker_key=worker_key, secret=SECRET), limits).start(SAFETY_S)

@@ -14,7 +14,7 @@ from ridgeline.config import EngineConfig
 from ridgeline.disagg.connector import TransferError
 from ridgeline.disagg.transports import create_connector
 from ridgeline.disagg.export import Exports
-from ridgeline.disagg.payload import Header, KVPayload
+from ridgeline.disagg.payload import Header, KVPayload, Layout, check_meta
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
@@ -23,6 +23,7 @@ from ridgeline.sampling_params import SamplingParams
 PROMPTS = ["hello there, how are you", "x" * 70, "the quick brown fox jumps over", "a"]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 SAFETY_S = 60.0  # never reached unless something is broken
+SECRET = b"connector-test-secret-0123456789"
 
 
 def _engine(model, kv: str) -> LLMEngine:
@@ -39,9 +40,9 @@ def trio(request, tiny_llama):
 @pytest.fixture(params=["tcp", "shm"])
 def link(request, trio):
     """(exports of the prefill engine, the decode side's connector) over one transport."""
-    sender, receiver = create_connector(request.param, timeout=SAFETY_S), create_connector(request.param,
-                                                                                           timeout=SAFETY_S)
-    receiver.listen()
+    sender = create_connector(request.param, timeout=SAFETY_S, secret=SECRET)
+    receiver = create_connector(request.param, timeout=SAFETY_S, secret=SECRET)
+    receiver.listen(Layout.of(trio[1].kv_spec, trio[1].max_model_len))
     exports = Exports(trio[0], sender)
     yield exports, receiver
     exports.close()
@@ -62,14 +63,16 @@ def _colocated(engine: LLMEngine, rid: str, prompt, params) -> list[int]:
     return _run(engine)[0].outputs[0].token_ids
 
 
-def _prefill(trio, link, rid: str, prompt, params):
-    """Run the prompt on the prefill engine (max_tokens 1) and return the export's future."""
+def _prefill(trio, link, rid: str, prompt, params, tid: str | None = None):
+    """Run the prompt on the prefill engine (max_tokens 1) under a transfer id the decode side issued;
+    returns (the export's future, the id)."""
     prefill, _, _ = trio
     exports, receiver = link
-    fut = exports.expect(rid, "t-" + rid, receiver.address)
+    tid = tid or receiver.inbox.expect()
+    fut = exports.expect(rid, tid, receiver.address)
     prefill.add_request(rid, prompt, replace(params, max_tokens=1))
     _run(prefill)
-    return fut
+    return fut, tid
 
 
 def _decode(trio, rid: str, prompt, params, payload) -> list[int]:
@@ -92,9 +95,11 @@ def test_transferred_kv_gives_the_colocated_tokens(trio, link, params):
     before = trio[1].adoptions.stats.adopted
     for i, prompt in enumerate(PROMPTS):
         rid = f"r{i}-{params.greedy}"
-        delivered = _prefill(trio, link, rid, prompt, params).result(SAFETY_S)
+        fut, tid = _prefill(trio, link, rid, prompt, params)
+        delivered = fut.result(SAFETY_S)
         assert delivered.nbytes == trio[1].kv_spec.bytes_per_block * -(-len(trio[1].encode_prompt(prompt)) // 16)
-        payload = link[1].inbox.take("t-" + rid, SAFETY_S)
+        payload = link[1].inbox.take(tid, SAFETY_S)
+        assert payload.authenticated
         assert _decode(trio, rid, prompt, params, payload) == _colocated(trio[2], rid, prompt, params)
     assert trio[1].adoptions.stats.adopted - before == len(PROMPTS)
     _no_leaks(trio, link)
@@ -103,8 +108,9 @@ def test_transferred_kv_gives_the_colocated_tokens(trio, link, params):
 def test_first_token_that_ends_the_request(trio, link):
     """max_tokens 1 at the decode side: the transferred first token is the whole answer."""
     params = replace(GREEDY, max_tokens=1)
-    _prefill(trio, link, "one", PROMPTS[0], params).result(SAFETY_S)
-    payload = link[1].inbox.take("t-one", SAFETY_S)
+    fut, tid = _prefill(trio, link, "one", PROMPTS[0], params)
+    fut.result(SAFETY_S)
+    payload = link[1].inbox.take(tid, SAFETY_S)
     assert _decode(trio, "one", PROMPTS[0], params, payload) == _colocated(trio[2], "one", PROMPTS[0], params)
     _no_leaks(trio, link)
 
@@ -113,11 +119,11 @@ def test_first_token_that_ends_the_request(trio, link):
 def test_failed_transfer_recomputes_with_the_same_output(trio, link, fault):
     exports, receiver = link
     exports.connector.fault = fault
-    fut = _prefill(trio, link, "f", PROMPTS[1], GREEDY)
+    fut, tid = _prefill(trio, link, "f", PROMPTS[1], GREEDY)
     if fault == "stall":
         assert not fut.done()  # held until its timeout or unstall: the decode side has given up by then
     # the decode side waits for the KV, which never comes (the wait's timeout is the only way out)
-    payload = receiver.inbox.take("t-f", 0.01)
+    payload = receiver.inbox.take(tid, 0.01)
     assert payload is None
     exports.connector.unstall()
     with pytest.raises(TransferError):
@@ -130,16 +136,18 @@ def test_failed_transfer_recomputes_with_the_same_output(trio, link, fault):
 
 def test_payload_arriving_after_its_request_gave_up_is_released(trio, link):
     exports, receiver = link
-    assert receiver.inbox.take("t-late", 0.0) is None  # the request went on without it
-    with pytest.raises(TransferError, match="refused"):
-        _prefill(trio, link, "late", PROMPTS[0], GREEDY).result(SAFETY_S)
+    tid = receiver.inbox.expect()
+    assert receiver.inbox.take(tid, 0.0) is None  # the request went on without it
+    with pytest.raises(TransferError, match="refused.*no longer awaited"):
+        _prefill(trio, link, "late", PROMPTS[0], GREEDY, tid)[0].result(SAFETY_S)
     _no_leaks(trio, link)
 
 
 def test_unusable_payload_is_recomputed(trio, link):
     """A payload for other prompt tokens (or another KV layout) is never written into the pool."""
-    _prefill(trio, link, "u", PROMPTS[0], GREEDY).result(SAFETY_S)
-    payload = link[1].inbox.take("t-u", SAFETY_S)
+    fut, tid = _prefill(trio, link, "u", PROMPTS[0], GREEDY)
+    fut.result(SAFETY_S)
+    payload = link[1].inbox.take(tid, SAFETY_S)
     before = trio[1].adoptions.stats.recomputed
     assert _decode(trio, "u", PROMPTS[2], GREEDY, payload) == _colocated(trio[2], "u", PROMPTS[2], GREEDY)
     assert trio[1].adoptions.stats.recomputed == before + 1
@@ -151,8 +159,9 @@ def test_unusable_payload_is_recomputed(trio, link):
 
 
 def test_abort_before_adoption_releases_the_payload(trio, link):
-    _prefill(trio, link, "a", PROMPTS[1], GREEDY).result(SAFETY_S)
-    payload = link[1].inbox.take("t-a", SAFETY_S)
+    fut, tid = _prefill(trio, link, "a", PROMPTS[1], GREEDY)
+    fut.result(SAFETY_S)
+    payload = link[1].inbox.take(tid, SAFETY_S)
     decode = trio[1]
     decode.add(EngineRequest("a", PROMPTS[1], GREEDY, kv=payload))
     assert "a" in decode.adoptions.pending
@@ -163,9 +172,10 @@ def test_abort_before_adoption_releases_the_payload(trio, link):
 
 
 def test_abort_after_adoption_frees_the_blocks(trio, link):
-    _prefill(trio, link, "b", PROMPTS[1], GREEDY).result(SAFETY_S)
+    fut, tid = _prefill(trio, link, "b", PROMPTS[1], GREEDY)
+    fut.result(SAFETY_S)
     decode = trio[1]
-    decode.add(EngineRequest("b", PROMPTS[1], GREEDY, kv=link[1].inbox.take("t-b", SAFETY_S)))
+    decode.add(EngineRequest("b", PROMPTS[1], GREEDY, kv=link[1].inbox.take(tid, SAFETY_S)))
     decode.step()
     assert decode.kv.num_used_blocks > 0
     decode.abort_request("b")
@@ -174,8 +184,10 @@ def test_abort_after_adoption_frees_the_blocks(trio, link):
 
 
 def test_header_round_trip_and_registry():
-    h = Header("t", "k", [1, 2, 3], 5, 1, 64, [0, 255])
-    assert Header.decode(h.encode()) == h
+    layout = Layout("k", 16, 64, 100)
+    for rng in ([0, 255], None):
+        h = Header("0123456789abcdef" * 2, "k", [1, 2, 3], 5, 1, 64, rng)
+        assert Header.from_wire(check_meta(h.meta(), layout), h.tail()) == h
     with pytest.raises(InvalidRequestError, match="tcp, shm"):
         create_connector("carrier-pigeon")
 
@@ -188,8 +200,9 @@ def test_adoption_copies_a_bounded_number_of_tokens_per_step(trio, link, tiny_ll
                                                 kv_cache_dtype=kv, max_num_batched_tokens=32, progress=False))
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # 24, 70 and 30 tokens: one payload a step under 32
     for i, prompt in enumerate(prompts):
-        _prefill(trio, link, f"burst{i}", prompt, GREEDY).result(SAFETY_S)
-        decode.add(EngineRequest(f"burst{i}", prompt, GREEDY, kv=link[1].inbox.take(f"t-burst{i}", SAFETY_S)))
+        fut, tid = _prefill(trio, link, f"burst{i}", prompt, GREEDY)
+        fut.result(SAFETY_S)
+        decode.add(EngineRequest(f"burst{i}", prompt, GREEDY, kv=link[1].inbox.take(tid, SAFETY_S)))
     adopted = []
     for _ in prompts:
         decode.step()
@@ -210,19 +223,21 @@ def test_adopted_kv_lands_after_the_tier_stored_what_it_evicts(tiny_llama):
         return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", progress=False, **kw))
     prefill, colocated = engine(kv_cache_memory="2MiB"), engine(kv_cache_memory="2MiB")
     decode = engine(kv_cache_memory="64KiB", kv_offload="cpu", kv_offload_size="1MiB")
-    sender, receiver = create_connector("tcp", timeout=SAFETY_S), create_connector("tcp", timeout=SAFETY_S)
-    receiver.listen()
+    sender = create_connector("tcp", timeout=SAFETY_S, secret=SECRET)
+    receiver = create_connector("tcp", timeout=SAFETY_S, secret=SECRET)
+    receiver.listen(Layout.of(decode.kv_spec, decode.max_model_len))
     exports = Exports(prefill, sender)
     try:
         first = "The meaning of life is " * 4
         want = _colocated(colocated, "a", first, GREEDY)
         assert _colocated(decode, "a", first, GREEDY) == want  # its full blocks stay cached
         for i, prompt in enumerate(["zz " * 30, "q" * 90, "the quick brown fox " * 5]):
-            fut = exports.expect(f"t{i}", f"t-t{i}", receiver.address)
+            tid = receiver.inbox.expect()
+            fut = exports.expect(f"t{i}", tid, receiver.address)
             prefill.add_request(f"t{i}", prompt, replace(GREEDY, max_tokens=1))
             _run(prefill)
             fut.result(SAFETY_S)
-            payload = receiver.inbox.take(f"t-t{i}", SAFETY_S)
+            payload = receiver.inbox.take(tid, SAFETY_S)
             got = _decode((prefill, decode, colocated), f"t{i}", prompt, GREEDY, payload)
             assert got == _colocated(colocated, f"c{i}", prompt, GREEDY)
         assert decode.adoptions.stats.adopted == 3 and decode.kv.tier.stats.stores > 0

@@ -32,7 +32,7 @@ def test_bad_xpyd_is_a_clear_error(text, match):
 
 def _info(role: str, fingerprint: str = "fp_a", kv: str = "k", address: str | None = "tcp://h:1") -> dict:
     return {"role": role, "model": "m", "fingerprint": fingerprint, "kv_spec": kv, "connector": "tcp",
-            "address": address if role == "decode" else None}
+            "address": address if role == "decode" else None, "internal": "tcp://h:2" if role == "prefill" else None}
 
 
 def test_worker_sets_are_checked():
@@ -48,6 +48,8 @@ def test_worker_sets_are_checked():
         check_workers([Worker("http://p", _info("prefill", "fp_b"))], [d])
     with pytest.raises(DisaggConfigError, match="KV cache layout"):
         check_workers([Worker("http://p", _info("prefill", kv="other"))], [d])
+    with pytest.raises(DisaggConfigError, match="no internal endpoint"):
+        check_workers([Worker("http://p", {**_info("prefill"), "internal": None})], [d])
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -58,6 +58,8 @@ def _idle(pd) -> None:
         ae = server.app.state.ridgeline.async_engine
         wait_until(lambda: ae.stats.kv_blocks_used == 0 and not ae._streams, "worker idle")  # noqa: SLF001
     assert len(pd["dw"].connector.inbox) == 0 and not pd["pw"].exports.targets
+    # every transfer id the decode worker issued ended with its request (or its prefill's refusal)
+    wait_until(lambda: pd["dw"].connector.inbox.outstanding == 0, "no transfer outstanding")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])

@@ -6,8 +6,12 @@ prompt's logits); a payload that cannot be used is released and the request is c
 (recompute: same output, only slower). A usable one waits here, outside the scheduler's queues,
 until the pool has room for its blocks (above the admission watermark, under max_num_seqs); then,
 before the step's plan is made, its blocks are allocated, the payload's bytes written into them,
-its prompt counted as computed (and its full blocks cached), and its first token appended as if
-this engine had sampled it. The copying is on the step thread, between two steps: it is bounded to
+its prompt counted as computed, and its first token appended as if this engine had sampled it.
+Its blocks (and those it fills later) enter the prefix cache only when the payload came over an
+authenticated connector (`KVPayload.authenticated`): KV from anywhere else serves its own request,
+never another's. A
+payload whose bytes cannot be written (they do not fit its blocks) is dropped there and then, its
+blocks freed, and its request computed as usual: no other request is touched. The copying is on the step thread, between two steps: it is bounded to
 max_num_batched_tokens prompt tokens a step (one payload at least), as a prefill chunk is, so a
 burst of arrivals spreads over steps instead of stalling the decodes in flight. A seeded request's generator continues from the prefill's state, so
 sampled output matches a co-located engine's too. The request then decodes as any other.
@@ -66,7 +70,10 @@ class Adoptions:
             return "max_tokens 0"
         if not 0 <= payload.header.first_token < self.engine.arch.vocab_size:
             return "its first token is outside the vocabulary"
-        return unusable(payload, spec_key(self.engine.kv_spec), req.prompt_token_ids)
+        if len(req.prompt_token_ids) > self.engine.max_model_len:
+            return "its prompt is over max_model_len"
+        spec = self.engine.kv_spec
+        return unusable(payload, spec_key(spec), req.prompt_token_ids, spec.block_size, spec.bytes_per_block)
 
     def drop(self, request_id: str) -> None:
         item = self.pending.pop(request_id, None)
@@ -103,15 +110,16 @@ class Adoptions:
                 store_now(kv, eng.runner.store)
             except KVStoreError as e:
                 eng._lose_tier(None, e)
-            try:
-                scatter(eng.runner.kv, kv.tables[rid][:kv.blocks_for(n)], payload.data)
-                self._restore_generator(req, payload)
-            finally:
-                payload.release()
+            if not self._write(req, payload, n):
+                kv.free(rid)
+                self.stats.recomputed += 1
+                sched.add(req)
+                continue
             req.num_computed_tokens = n
             req.status = Status.RUNNING
+            req.cacheable = payload.authenticated  # the scheduler caches its later blocks only if so
             sched.running.append(req)
-            if kv.caching:
+            if kv.caching and req.cacheable:
                 kv.cache_blocks(rid, req.token_ids, n, req.cache_salt)
             self.stats.adopted += 1
             self.stats.tokens += n
@@ -119,6 +127,21 @@ class Adoptions:
             eng._append(req, group, payload.header.first_token, time.monotonic())
             touched.add(req.group_id)
         return touched
+
+    def _write(self, req: Request, payload: KVPayload, n: int) -> bool:
+        """The payload's bytes into req's blocks (and its generator state); False, with a warning, when
+        they do not fit. The payload is released either way."""
+        kv = self.engine.kv
+        try:
+            scatter(self.engine.runner.kv, kv.tables[req.request_id][:kv.blocks_for(n)], payload.data, n)
+            self._restore_generator(req, payload)
+            return True
+        except (ValueError, RuntimeError) as e:
+            log.warning("%s: computing the prompt here: its transferred KV could not be written (%s)",
+                        req.request_id, e)
+            return False
+        finally:
+            payload.release()
 
     def _restore_generator(self, req: Request, payload: KVPayload) -> None:
         state = payload.header.rng_state

@@ -3,8 +3,8 @@
 The sender (this process) holds a pool laid out as the model's KV spec says (random bytes); the
 receiver (a child process) listens with the same connector and has its own pool. One transfer is
 timed end to end as a decode worker would see it: gather the blocks out of the sender's pool,
-deliver (connect, send, the receiver files it and acknowledges), then the receiver's scatter into its
-pool. Configurations (connector x KV format x prompt length) are interleaved rep by rep so a load
+deliver (connect, authenticate, send, the receiver checks and files it and acknowledges), then the
+receiver's scatter into its pool. Configurations (connector x KV format x prompt length) are interleaved rep by rep so a load
 change on a shared machine touches all of them alike; the best wall time of the reps is kept (a busy
 machine adds waits, never removes work), and the median CPU time of both processes beside it. A straight
 line time = fixed + per_token x tokens is fitted per (connector, format) by least squares."""
@@ -13,7 +13,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import statistics
 import time
-import uuid
 from dataclasses import dataclass
 
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
@@ -34,35 +33,40 @@ class Shape:
         return KVCacheSpec(fmt, self.num_layers, self.num_kv_heads, self.head_dim, self.block_size)
 
 
-def _receiver(connector: str, shape: Shape, kv_names: list[str], max_blocks: int, conn) -> None:
-    """Child process: listen, then for each (transfer id, kv) message take the payload, scatter it into
-    that format's pool, and answer the scatter time."""
+def _receiver(connector: str, shape: Shape, kv_names: list[str], max_blocks: int, secret: bytes, conn) -> None:
+    """Child process: for each kv format asked, a connector listening with that pool's layout; then
+    for each kv message issue a transfer id, take its payload, scatter it into that format's pool,
+    and answer the scatter time."""
     import torch
 
     from ridgeline.disagg.blocks import scatter
+    from ridgeline.disagg.payload import Layout
     from ridgeline.disagg.transports import create_connector
     from ridgeline.layers.kv_cache import allocate_kv
 
     torch.set_num_threads(1)
     pools = {kv: allocate_kv(shape.spec(kv), max_blocks + 1, torch.device("cpu")) for kv in kv_names}
-    c = create_connector(connector, timeout=60)
-    conn.send(c.listen())
+    receivers = {kv: create_connector(connector, timeout=60, secret=secret) for kv in kv_names}
+    conn.send({kv: c.listen(Layout.of(shape.spec(kv), max_blocks * shape.block_size))
+               for kv, c in receivers.items()})
     while True:
-        msg = conn.recv()
-        if msg is None:
+        kv = conn.recv()
+        if kv is None:
             break
-        tid, kv = msg
+        c = receivers[kv]
         cpu0 = time.process_time()
-        conn.send("ready")  # the sender starts only now: the receiving thread's CPU time counts from here
+        tid = c.inbox.expect()
+        conn.send(tid)  # the sender starts only now: the receiving thread's CPU time counts from here
         payload = c.inbox.take(tid, 60)
         if payload is None:
             conn.send(None)
             continue
         t = time.perf_counter()
-        scatter(pools[kv], list(range(1, payload.header.num_blocks + 1)), payload.data)
+        scatter(pools[kv], list(range(1, payload.header.num_blocks + 1)), payload.data, payload.num_tokens)
         payload.release()
         conn.send((time.perf_counter() - t, time.process_time() - cpu0))
-    c.close()
+    for c in receivers.values():
+        c.close()
 
 
 class Link:
@@ -70,13 +74,16 @@ class Link:
 
     def __init__(self, connector: str, shape: Shape, kv_names: list[str], max_blocks: int):
         from ridgeline.disagg.transports import create_connector
+        from ridgeline.utils.internal_auth import new_secret
 
+        secret = new_secret()  # to the child through its spawn pipe, never its command line
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_receiver, args=(connector, shape, kv_names, max_blocks, child), daemon=True)
+        self.proc = ctx.Process(target=_receiver, args=(connector, shape, kv_names, max_blocks, secret, child),
+                                daemon=True)
         self.proc.start()
-        self.address = self.conn.recv()
-        self.sender = create_connector(connector, timeout=60)
+        self.addresses = self.conn.recv()
+        self.sender = create_connector(connector, timeout=60, secret=secret)
 
     def transfer(self, layers, blocks: list[int], spec_key: str, kv: str, num_tokens: int) -> tuple[float, float]:
         """(wall seconds, CPU seconds of both processes) for one transfer: gather + deliver + the
@@ -84,14 +91,13 @@ class Link:
         from ridgeline.disagg.blocks import gather
         from ridgeline.disagg.payload import Header
 
-        tid = uuid.uuid4().hex
         nbytes = len(blocks) * sum(r.shape[1] for r in _regions(layers))
+        self.conn.send(kv)
+        tid = self.conn.recv()
         header = Header(tid, spec_key, [0] * num_tokens, 0, len(blocks), nbytes)
-        self.conn.send((tid, kv))
-        self.conn.recv()
         t, cpu = time.perf_counter(), time.process_time()
-        out = self.sender.prepare(header, lambda o: gather(layers, blocks, o))
-        self.sender.deliver(out, self.address)
+        out = self.sender.prepare(header, lambda o: gather(layers, blocks, num_tokens, o))
+        self.sender.deliver(out, self.addresses[kv])
         sent, sent_cpu = time.perf_counter() - t, time.process_time() - cpu
         got = self.conn.recv()
         if got is None:

@@ -1,6 +1,6 @@
 """The prefill engine's side of a transfer: when a request marked for export samples its first token,
 its prompt's KV is copied out of the pool on the step thread (before the request finishes and its
-blocks are released) and delivered to the decode worker's connector from a sender thread.
+blocks are released; exactly its prompt's positions, the rest of its last block zeroed) and delivered to the decode worker's connector from a sender thread.
 
 `expect(request id, transfer id, address)` marks a request and returns a concurrent Future that
 settles with the Delivered record, or the TransferError, once delivery is done; a marked request
@@ -66,7 +66,7 @@ class Exports:
         rng = None if gen is None else gen.get_state().tolist()
         nbytes = len(blocks) * eng.kv_spec.bytes_per_block
         header = Header(transfer_id, self.key, list(req.prompt_token_ids), int(token), len(blocks), nbytes, rng)
-        return self.connector.prepare(header, lambda out: gather(eng.runner.kv, blocks, out))
+        return self.connector.prepare(header, lambda out: gather(eng.runner.kv, blocks, n, out))
 
     def _deliver(self, out, target: _Target) -> None:
         try:

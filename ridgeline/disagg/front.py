@@ -60,17 +60,24 @@ def check_workers(prefill: list[Worker], decode: list[Worker]) -> None:
     for w in decode:
         if not w.info.get("address"):
             raise DisaggConfigError(f"decode worker {w.url} has no KV connector address")
+    for w in prefill:
+        if not w.info.get("internal"):
+            raise DisaggConfigError(f"prefill worker {w.url} has no internal endpoint address")
 
 
 class Front:
     def __init__(self, prefill: list[Worker], decode: list[Worker], http: httpx.AsyncClient | None = None,
-                 worker_key: str | None = None):
+                 worker_key: str | None = None, *, secret: bytes):
+        """worker_key: the workers' API key (every HTTP call carries it); secret: the deployment's, for the
+        workers' internal channels."""
+        if not secret:
+            raise DisaggConfigError("the front needs the deployment's internal secret")
         check_workers(prefill, decode)
         self.prefill, self.decode = prefill, decode
         self.auth = auth_headers(worker_key)  # on every call to a worker
         self.refused: dict[int, int] = {}  # HTTP status -> requests the front itself refused
         self.http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
-        self.pd = PDClient(self.http)
+        self.pd = PDClient(self.http, secret)
         self._turn = itertools.count()
         self.requests = 0
         self.errors = 0
@@ -100,7 +107,8 @@ class Front:
         p.inflight += 1
         d.inflight += 1
         try:
-            resp, streamed = await self.pd.run(route, body, p.url, d.url, d.info["address"], self.headers(request))
+            resp, streamed = await self.pd.run(route, body, p.info["internal"], d.url, d.info["address"],
+                                               self.headers(request))
         except httpx.HTTPError as e:
             d.inflight -= 1
             self.errors += 1

@@ -3,7 +3,9 @@ machine (each `ridgeline serve --role ...` on a free local port, with the same m
 flags), wait until each answers /disagg/info, check them as a set, and serve the front on
 --host/--port until a signal; the workers end with it. The workers take a key made for this launch
 (by environment, never on their command line), which only the front holds; clients meet the front's
-own guard (--api-key, the body and connection limits).
+own guard (--api-key, the body and connection limits). The workers' internal channels (KV
+connectors, prefill endpoints, on loopback) share the deployment's secret, handed to each worker by
+environment too.
 
 Cores: each worker is pinned to its own contiguous share of this process's cores (as equal as they
 divide) with as many threads, so a prefill never takes a core from a decode step; with more workers
@@ -26,6 +28,7 @@ import httpx
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
 from ridgeline.serve.front_limits import FrontLimits, auth_headers, env_with_api_key, front_limits, new_api_key
 from ridgeline.serve.transport import guarded_protocol
+from ridgeline.utils import internal_auth
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 ENGINE_GROUP = "engine"
@@ -92,18 +95,19 @@ def _ranges(cores: list[int]) -> str:
 
 
 def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int], int],
-           worker_key: str) -> tuple[subprocess.Popen, str]:
+           worker_key: str, secret: bytes) -> tuple[subprocess.Popen, str]:
     port = _free_port("127.0.0.1")
     argv = [sys.executable, "-m", "ridgeline.cli", "serve", model, *flags, "--role", role, "--host", "127.0.0.1",
             "--port", str(port), "--kv-connector", args.kv_connector,
             "--kv-transfer-timeout", str(args.kv_transfer_timeout), "--quiet",
             # a body the front took, re-encoded as ASCII JSON (up to 3x: an emoji is 12 bytes escaped)
-            "--max-body-bytes", str(3 * args.max_body_bytes + (64 << 10))]
+            "--max-body-bytes", str(3 * args.max_body_bytes + (64 << 10)),
+            "--kv-inbox-size", str(args.kv_inbox_size), "--internal-max-connections", str(args.internal_max_connections)]
     if args.served_model_name:
         argv += ["--served-model-name", args.served_model_name]
     cores, threads = place
-    # the workers' key by environment ($RIDGELINE_API_KEY, which the worker reads and drops), never argv
-    env = env_with_api_key(worker_key, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+    # the workers' key ($RIDGELINE_API_KEY, which the worker reads and drops) and the secret by environment, never argv
+    env = internal_auth.env_with_secret(secret, env_with_api_key(worker_key, {**os.environ, "OMP_NUM_THREADS": str(threads)}))
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # in the child, before it starts a thread
     return subprocess.Popen(argv, env=env, preexec_fn=pin), f"http://127.0.0.1:{port}"
 
@@ -180,12 +184,13 @@ def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
     print(describe_placement(x, places, pin), flush=True)
     flags = engine_flags(parser, args)
     worker_key = new_api_key()  # the workers take requests from this front only
-    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place, worker_key)
+    secret = internal_auth.deployment_secret(args.internal_secret_file)  # their internal channels
+    procs = [_spawn(model, flags, "prefill" if i < x else "decode", args, place, worker_key, secret)
              for i, place in enumerate(places)]
     try:
         infos = _wait_ready(procs, args.worker_start_timeout, worker_key)
         workers = [Worker(url, info) for (_, url), info in zip(procs, infos)]
-        front = Front(workers[:x], workers[x:], worker_key=worker_key)
+        front = Front(workers[:x], workers[x:], worker_key=worker_key, secret=secret)
         print(f"serving   `{args.served_model_name or model}` disaggregated {x}P{y}D at {url_of(sock)}/v1 "
               f"(workers: {', '.join(w.url for w in workers)}; KV over {args.kv_connector})", flush=True)
         limits = front_limits(args)

@@ -1,54 +1,76 @@
 """Worker roles on an OpenAI server (`ridgeline serve --role prefill|decode`).
 
-- prefill: `POST /disagg/prefill` {"route", "body", "transfer_id", "target"} reads the OpenAI body
-  of `route` exactly as that route would (same validation, chat template, tokenizer), computes the
-  prompt with max_tokens 1 and ships its KV and first token to the connector at `target`; answers
-  {"status": "sent" | "failed" | "skip", ...}. "skip": the request is not disaggregated (several
-  prompts or choices, logprobs): the decode worker computes it whole. A bad body gets the route's
-  own OpenAI error.
-- decode: the ordinary OpenAI routes; a request carrying `x-ridgeline-transfer-id` (and
-  `x-ridgeline-transfer: sent`) takes that transfer's payload from the connector's inbox (waiting at
-  most the transfer timeout) and starts decoding after it; without it (failed, timed out, unusable)
-  it computes the prompt itself.
-Both answer `GET /disagg/info` (role, model, configuration fingerprint, KV layout, connector address)
-so a front can check a set of workers before serving through them."""
+- prefill: the public routes as any server, plus an internal endpoint (prefill_server.py, on
+  --internal-host/--internal-port, the deployment's secret) where the front asks it to compute a
+  prompt (max_tokens 1) and ship its KV and first token to a decode worker's connector.
+- decode: the ordinary OpenAI routes, and a KV connector (connector.py, on --internal-host/--kv-port,
+  the deployment's secret) that issues transfer ids to the front and receives their KV; a request
+  carrying `x-ridgeline-transfer-id` (and `x-ridgeline-transfer: sent`) takes that transfer's payload
+  from the inbox (waiting at most the transfer timeout) and starts decoding after it; without it
+  (failed, timed out, unusable, an id this worker did not issue) it computes the prompt itself.
+  Whatever its request did with it, a transfer ends with its request.
+Both answer `GET /disagg/info` (role, model, configuration fingerprint, KV layout, connector and
+internal addresses) so a front can check a set of workers before serving through them.
+
+A worker with a role needs the deployment's secret (`deployment_secret`): from the environment of
+a launcher that started it (`ridgeline serve --disaggregate`), else from --internal-secret-file."""
 from __future__ import annotations
 
 import asyncio
 import contextvars
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
-from ridgeline.disagg.connector import KVConnector, TransferError
+from ridgeline.disagg.connector import KVConnector
 from ridgeline.disagg.export import Exports
-from ridgeline.disagg.payload import spec_key
+from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS
+from ridgeline.disagg.payload import Layout, spec_key
+from ridgeline.disagg.wire import Refused, check_transfer_id
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
 from ridgeline.serve.errors import from_validation
 from ridgeline.serve.state import state_of
+from ridgeline.utils import internal_auth
 
 ROLES = ("colocated", "prefill", "decode")
 TRANSFER_ID, TRANSFER_STATUS = "x-ridgeline-transfer-id", "x-ridgeline-transfer"
 _transfer: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("kv_transfer", default=None)
 
 
+def deployment_secret(secret_file: str | None, role: str) -> bytes:
+    """The secret this worker shares with the rest of its deployment; a clear error without one."""
+    try:
+        return internal_auth.deployment_secret(secret_file, required=True)
+    except InvalidRequestError as e:
+        if e.param != "internal_secret_file" or "needs the same internal secret" not in e.message:
+            raise  # the file itself is wrong: say so
+        raise InvalidRequestError(
+            f"a {role} worker needs its deployment's internal secret: give --internal-secret-file FILE (the same "
+            "file on every worker and front: `head -c 32 /dev/urandom | xxd -p > FILE; chmod 600 FILE`), or let "
+            "`ridgeline serve --disaggregate xPyD` start the workers", "internal_secret_file") from None
+
+
 class DisaggWorker:
-    def __init__(self, role: str, engine, connector: KVConnector, timeout: float):
+    def __init__(self, role: str, engine, connector: KVConnector, timeout: float, internal_host: str = "127.0.0.1",
+                 internal_port: int = 0, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         if role not in ("prefill", "decode"):
             raise InvalidRequestError(f"role must be prefill or decode, got {role!r}", "role")
         self.role, self.engine, self.connector, self.timeout = role, engine, connector, timeout
+        self.internal_host, self.internal_port, self.max_connections = internal_host, internal_port, max_connections
         self.exports = Exports(engine, connector) if role == "prefill" else None
+        self.endpoint = None  # prefill: the internal endpoint (install makes it)
         if role == "decode":
-            connector.listen()
+            connector.listen(Layout.of(engine.kv_spec, engine.max_model_len))
         self.counts = {"sent": 0, "failed": 0, "skip": 0, "adopted_wait_timeouts": 0}
 
     def info(self, state) -> dict:
         return {"role": self.role, "model": state.settings.served_model_name,
                 "fingerprint": state.system_fingerprint, "kv_spec": spec_key(self.engine.kv_spec),
                 "connector": self.connector.name, "address": self.connector.address,
+                "internal": None if self.endpoint is None else self.endpoint.address,
                 "max_model_len": self.engine.max_model_len, "transfers": dict(self.counts),
                 "adopted": self.engine.adoptions.stats.adopted, "recomputed": self.engine.adoptions.stats.recomputed,
                 "steps": self.engine.step_clock.summary()}
@@ -60,7 +82,7 @@ class DisaggWorker:
             return requests
         tid, status = marked
         if status != "sent" or len(requests) != 1:
-            self.connector.inbox.abandon(tid)  # one that arrives anyway is released at once
+            self.connector.inbox.abandon(tid)  # one that arrives anyway is refused
             return requests
         payload = await self.connector.inbox.take_async(tid, self.timeout)
         if payload is None:
@@ -69,57 +91,70 @@ class DisaggWorker:
         return [replace(requests[0], kv=payload)]
 
     def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
         if self.exports is not None:
             self.exports.close()
         self.connector.close()
 
 
 class _TransferHeaders:
-    """ASGI middleware: the transfer named by a request's headers, for `attach` on the same task."""
+    """ASGI middleware: the transfer named by a request's headers, for `attach` on the same task; the
+    transfer ends with the request (a payload it did not take is released)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, worker: DisaggWorker):
+        self.app, self.worker = app, worker
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
-        tid = headers.get(TRANSFER_ID.encode())
-        token = _transfer.set((tid.decode("latin-1"), headers.get(TRANSFER_STATUS.encode(), b"").decode("latin-1"))
-                              if tid else None)
+        tid = _transfer_id(headers.get(TRANSFER_ID.encode()))
+        token = _transfer.set((tid, headers.get(TRANSFER_STATUS.encode(), b"").decode("latin-1")) if tid else None)
         try:
             return await self.app(scope, receive, send)
         finally:
             _transfer.reset(token)
+            if tid and self.worker.role == "decode":
+                self.worker.connector.inbox.abandon(tid)
 
 
-def install(app: FastAPI, worker: DisaggWorker) -> None:
+def _transfer_id(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return check_transfer_id(raw.decode("latin-1"))
+    except Refused:
+        return None  # not an id this worker issued: the request is computed here
+
+
+def install(app: FastAPI, worker: DisaggWorker, secret: bytes | None = None) -> None:
+    """The worker's routes on app; a prefill worker's internal endpoint (it needs `secret`) is bound
+    now and serves while the app runs."""
     state = app.state.ridgeline
     state.disagg = worker
     app.add_api_route("/disagg/info", _info, methods=["GET"])
-    if worker.role == "prefill":
-        app.add_api_route("/disagg/prefill", _prefill, methods=["POST"])
-    app.add_middleware(_TransferHeaders)
+    app.add_middleware(_TransferHeaders, worker=worker)
+    if worker.role != "prefill":
+        return
+    from ridgeline.disagg.prefill_server import PrefillEndpoint
+    if not secret:
+        raise ValueError("a prefill worker's internal endpoint needs the deployment's secret")
+    worker.endpoint = endpoint = PrefillEndpoint(state, worker, secret, worker.internal_host, worker.internal_port,
+                                                 worker.max_connections)
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a):
+        async with inner(a) as value:
+            endpoint.start(asyncio.get_running_loop())
+            try:
+                yield value
+            finally:
+                endpoint.close()
+    app.router.lifespan_context = lifespan
 
 
 async def _info(request: Request):
     state = state_of(request)
     return JSONResponse(state.disagg.info(state))
-
-
-async def _prefill(request: Request):
-    from ridgeline.disagg.prefill_route import run_prefill
-    state = state_of(request)
-    try:
-        raw = await request.json()
-        route, body, tid, target = raw["route"], raw["body"], str(raw["transfer_id"]), str(raw["target"])
-    except (ValueError, KeyError, TypeError):
-        raise InvalidRequestError("a prefill body is {route, body, transfer_id, target}") from None
-    try:
-        return JSONResponse(await run_prefill(state, state.disagg, route, body, tid, target))
-    except ValidationError as e:  # the same 400 as the route's own, naming the field
-        raise from_validation(e.errors()) from None
-    except (TransferError, asyncio.TimeoutError) as e:
-        state.disagg.counts["failed"] += 1
-        return JSONResponse({"status": "failed", "error": str(e)})
-

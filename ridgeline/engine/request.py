@@ -32,6 +32,7 @@ class Request:
     index: int = 0  # choice index within the group
     share_from: Request | None = None  # n > 1: reuse this request's prompt blocks once computed
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share blocks
+    cacheable: bool = True  # False: its blocks never enter the prefix cache (KV from a source nobody vouched for)
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0

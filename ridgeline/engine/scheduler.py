@@ -239,7 +239,7 @@ class Scheduler:
         accepted = accepted or {}
         for req, n, spec in self._last:
             req.num_computed_tokens += n - spec + min(accepted.get(req.request_id, 0), spec)
-            if self.kv.caching:  # blocks full of computed tokens (prompt or output) become cached
+            if self.kv.caching and req.cacheable:  # blocks full of computed tokens (prompt or output) become cached
                 self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens),
                                      req.cache_salt)
             if self.kv.window:  # the next query (at num_computed_tokens) reaches back window - 1 keys

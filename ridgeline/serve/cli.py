@@ -88,8 +88,8 @@ def register(subparsers) -> None:
 def _add_disagg_args(p) -> None:
     g = p.add_argument_group("prefill/decode disaggregation")
     g.add_argument("--role", default="colocated", choices=["colocated", "prefill", "decode"],
-                   help="prefill: compute prompts (max_tokens 1) and ship their KV to a decode worker "
-                        "(POST /disagg/prefill); decode: accept transferred KV and generate; colocated: both")
+                   help="prefill: compute prompts (max_tokens 1) for the front, on an internal endpoint, and ship "
+                        "their KV to a decode worker; decode: accept transferred KV and generate; colocated: both")
     g.add_argument("--disaggregate", default=None, metavar="xPyD",
                    help="start x prefill and y decode worker processes (e.g. 1P1D) behind one OpenAI endpoint "
                         "on --host/--port (default: off, one co-located engine)")
@@ -97,7 +97,22 @@ def _add_disagg_args(p) -> None:
                    help="how prompt KV travels from prefill to decode workers: tcp (any host), shm (shared memory, "
                         "one host)")
     g.add_argument("--kv-port", type=int, default=0, metavar="PORT",
-                   help="decode worker: the KV connector's port (0: any free one; /disagg/info names it)")
+                   help="decode worker: the KV connector's port on --internal-host (0: any free one; /disagg/info "
+                        "names it)")
+    g.add_argument("--internal-host", default="127.0.0.1", metavar="HOST",
+                   help="--role: the address of the internal channels (a decode worker's KV connector, a prefill "
+                        "worker's endpoint for the front): loopback or a private network, never a public one")
+    g.add_argument("--internal-port", type=int, default=0, metavar="PORT",
+                   help="prefill worker: its internal endpoint's port (0: any free one; /disagg/info names it)")
+    g.add_argument("--internal-secret-file", default=None, metavar="FILE",
+                   help="--role: the deployment's secret (at least 16 bytes, mode 600), the same file for every "
+                        "worker and front; the internal channels admit only peers that prove they hold it "
+                        "(default: none: --disaggregate makes one per launch; a worker started by hand needs it)")
+    g.add_argument("--kv-inbox-size", default="4GiB", metavar="SIZE",
+                   help="decode worker: transferred KV held at once, waiting for its request or for room in the "
+                        "pool; a transfer over it is refused (its prompt is computed here)")
+    g.add_argument("--internal-max-connections", type=int, default=256, metavar="N",
+                   help="--role: connections an internal channel serves at once (one more is closed at once)")
     g.add_argument("--kv-transfer-timeout", type=float, default=10.0, metavar="S",
                    help="seconds a transfer may take; a decode worker recomputes a prompt whose KV is later")
     g.add_argument("--worker-start-timeout", type=float, default=600.0, metavar="S",
@@ -153,6 +168,8 @@ def _check(args: argparse.Namespace) -> None:
         ("max_waiting", args.max_waiting >= 1, ">= 1"), ("drain_timeout", args.drain_timeout >= 0, ">= 0"),
         ("port", 0 <= args.port <= 65535, "in [0, 65535]"), ("kv_port", 0 <= args.kv_port <= 65535, "in [0, 65535]"),
         ("kv_transfer_timeout", args.kv_transfer_timeout > 0, "> 0"),
+        ("internal_port", 0 <= getattr(args, "internal_port", 0) <= 65535, "in [0, 65535]"),
+        ("internal_max_connections", getattr(args, "internal_max_connections", 1) >= 1, ">= 1"),
         ("worker_start_timeout", args.worker_start_timeout > 0, "> 0"))
         if not ok] + front_problems(args)
     bad += _limit_problems(args)
@@ -162,12 +179,18 @@ def _check(args: argparse.Namespace) -> None:
         if args.data_parallel_size > 1 or args.executor == "ray":
             bad.append("--pipeline-parallel-size does not run with data-parallel replicas (--data-parallel-size, "
                        "--executor ray) yet")
+    if args.api_key_file is not None and (args.disaggregate is not None or args.role != "colocated"):
+        bad.append("--api-key-file (tenants) does not run with disaggregation (--role, --disaggregate) yet; "
+                   "give one --api-key")
     if args.disaggregate is not None:
         if args.role != "colocated":
             bad.append("--role and --disaggregate exclude each other: --disaggregate starts the workers itself")
         else:
             from ridgeline.disagg.launch import parse_xpyd
             parse_xpyd(args.disaggregate)  # a bad xPyD fails before any model loads
+    from ridgeline.config import parse_bytes
+    if parse_bytes(getattr(args, "kv_inbox_size", 1)) < 1:
+        bad.append("--kv-inbox-size must be > 0")
     if bad:
         raise InvalidRequestError("; ".join(bad))
     args.api_key = resolve_api_key(args.api_key)  # from here on the key is in args only, not the environment
@@ -207,6 +230,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.disaggregate is not None:
         from ridgeline.disagg.launch import launch
         return launch(args, args.parser, model)
+    secret = None
+    if args.role != "colocated":  # before loading: a worker without its deployment's secret cannot serve
+        from ridgeline.disagg.worker import deployment_secret
+        secret = deployment_secret(args.internal_secret_file, args.role)
     try:
         sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not a minute
     except OSError as e:
@@ -226,17 +253,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = build_off_main_thread(lambda: LLMEngine(config))
     app, worker = build_app(engine, settings), None
     if args.role != "colocated":
-        from ridgeline.disagg.transports import create_connector
+        from ridgeline.config import parse_bytes
+        from ridgeline.disagg.transports import ReceiveLimits, create_connector
         from ridgeline.disagg.worker import DisaggWorker, install
-        connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.host, port=args.kv_port)
-        worker = DisaggWorker(args.role, engine, connector, args.kv_transfer_timeout)
-        install(app, worker)
+        limits = ReceiveLimits(args.internal_max_connections, parse_bytes(args.kv_inbox_size))
+        connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.internal_host,
+                                     port=args.kv_port, secret=secret, limits=limits)
+        worker = DisaggWorker(args.role, engine, connector, args.kv_transfer_timeout, args.internal_host,
+                              args.internal_port, args.internal_max_connections)
+        install(app, worker, secret)
     print(engine.info.summary(), flush=True)
     if worker is None:
         print(f"serving   `{name}` at {url_of(sock)}/v1 (auth {'on' if args.api_key else 'off'}); "
               "Ctrl-C drains and stops", flush=True)
     else:  # not "serving": what parses that line (a benchmark, a script) must find the front's, not a worker's
-        where = f" at {worker.connector.address}" if args.role == "decode" else ""
+        where = (f" at {worker.connector.address}" if args.role == "decode"
+                 else f"; internal endpoint at {worker.endpoint.address}")
         print(f"worker    {args.role} worker for `{name}` at {url_of(sock)}/v1 "
               f"(auth {'on' if args.api_key else 'off'}); KV connector {args.kv_connector}{where}; "
               "Ctrl-C drains and stops", flush=True)
