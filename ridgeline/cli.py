@@ -130,9 +130,10 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master-port", type=int, default=None, metavar="PORT",
                    help="its port (default: $MASTER_PORT, else a free port, so two servers on a host never collide)")
     g.add_argument("--internal-secret-file", default=None, metavar="FILE",
-                   help="ranks started by torchrun (and workers started apart): a file holding the secret every "
-                        "process of the deployment shares, readable by its owner only; internal channels "
-                        "authenticate with it (default: $RIDGELINE_INTERNAL_SECRET; a one-machine launch makes its own)")
+                   help="the secret every process of a deployment shares (at least 16 bytes, mode 600): ranks "
+                        "started by torchrun, disaggregation workers started by hand, a router's tenants; internal "
+                        "channels admit only peers that prove they hold it (default: $RIDGELINE_INTERNAL_SECRET; "
+                        "one-machine launches make their own)")
     g.add_argument("--dist-timeout", type=float, default=60.0, metavar="S",
                    help="seconds the ranks wait for each other (rendezvous, a collective) before giving up")
     g.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",

@@ -104,10 +104,7 @@ def _add_disagg_args(p) -> None:
                         "worker's endpoint for the front): loopback or a private network, never a public one")
     g.add_argument("--internal-port", type=int, default=0, metavar="PORT",
                    help="prefill worker: its internal endpoint's port (0: any free one; /disagg/info names it)")
-    g.add_argument("--internal-secret-file", default=None, metavar="FILE",
-                   help="--role: the deployment's secret (at least 16 bytes, mode 600), the same file for every "
-                        "worker and front; the internal channels admit only peers that prove they hold it "
-                        "(default: none: --disaggregate makes one per launch; a worker started by hand needs it)")
+    # --internal-secret-file is an engine flag (ridgeline/cli.py): ranks, workers and fronts read the same file
     g.add_argument("--kv-inbox-size", default="4GiB", metavar="SIZE",
                    help="decode worker: transferred KV held at once, waiting for its request or for room in the "
                         "pool; a transfer over it is refused (its prompt is computed here)")
