@@ -14,7 +14,7 @@ import contextlib
 from dataclasses import dataclass
 
 import uvicorn
-from disagg_helpers import FrontThread, info_of, worker_app
+from disagg_helpers import SECRET, FrontThread, info_of, worker_app
 from server_helpers import wait_until
 
 from ridgeline.config import EngineConfig
@@ -127,7 +127,7 @@ class Backends:
                 yield Served("router", t.url, t.server, engines, self.counter, GUARDED["router"])
             return
         prefill, decode = ([Worker(t.url, info_of(t, BACKEND_KEY))] for t in self.threads)
-        with FrontThread(Front(prefill, decode, worker_key=BACKEND_KEY), FrontLimits(**limits)) as t:
+        with FrontThread(Front(prefill, decode, worker_key=BACKEND_KEY, secret=SECRET), FrontLimits(**limits)) as t:
             yield Served("disagg", t.url, t.server, engines, self.counter, GUARDED["disagg"])
 
     def close(self) -> None:

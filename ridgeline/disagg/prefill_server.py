@@ -20,8 +20,8 @@ from ridgeline.disagg.connector import IDLE_TIMEOUT, TransferError
 from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS, AuthListener
 from ridgeline.disagg.wire import (LABEL_PREFILL, MAX_HEADER, Refused, at_frame_boundary_closed, check_transfer_id,
                                    parse_address, recv_json, send_json)
-from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.errors import error_body, error_headers, public, status_of
+from ridgeline.errors import RidgelineError
+from ridgeline.serve.errors import error_body, error_headers, from_validation, public, status_of
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ async def answer(state, worker, route, body: dict, transfer_id: str, target: str
     try:
         return await run_prefill(state, worker, route, body, transfer_id, target)
     except ValidationError as e:
-        return _rejected(InvalidRequestError(_first_error(e)))
+        return _rejected(from_validation(e.errors()))  # the route's own 400, naming the field
     except (TransferError, asyncio.TimeoutError) as e:
         worker.counts["failed"] += 1
         return {"status": "failed", "error": str(e)}
@@ -95,9 +95,3 @@ async def answer(state, worker, route, body: dict, transfer_id: str, target: str
 def _rejected(e: RidgelineError) -> dict:
     return {"status": "rejected", "http_status": e.status, "headers": error_headers(e) or {},
             "error": error_body(e.message, e.type, e.param, e.code)}
-
-
-def _first_error(e: ValidationError) -> str:
-    err = e.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))

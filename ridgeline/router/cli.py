@@ -37,7 +37,8 @@ def register(subparsers) -> None:
                         "clients' Authorization headers are checked by the router and never passed on")
     p.add_argument("--internal-secret-file", default=None, metavar="FILE",
                    help="with --api-key-file: the deployment's secret, the same file the replicas read, so the "
-                        "router derives each tenant's prefix-cache hashes as they do (mode 600)")
+                        "router derives each tenant's prefix-cache hashes as they do (mode 600; default: "
+                        "$RIDGELINE_INTERNAL_SECRET, else none)")
     p.set_defaults(func=cmd_router)
 
 
