@@ -76,7 +76,9 @@ def main() -> None:
             path.unlink()
             shutil.rmtree(Path(manifest["home"]) / "converted", ignore_errors=True)
         print(json.dumps({"id": m["id"], "outcome": outcome, "detail": detail}), flush=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak from before exec)
+    peak = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmHWM:"))
     print(json.dumps({"done": True, "peak_rss": peak}), flush=True)
 
 

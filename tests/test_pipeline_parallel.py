@@ -4,7 +4,6 @@ chunked prefill and several requests in flight, each stage's resident weight byt
 options it does not combine with, and a killed stage ending stage 0 with a clear error."""
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -90,11 +89,9 @@ def test_bad_pipeline_options(tiny_llama):
 
 
 def test_serve_refuses_pipeline_with_disaggregation():
+    from ridgeline.cli import build_parser
     from ridgeline.serve.cli import _check
-    args = argparse.Namespace(max_waiting=1, max_body_bytes=1, drain_timeout=0, timeout_header=1, timeout_body=1,
-                              max_connections=1, port=0, kv_port=0, kv_transfer_timeout=1, worker_start_timeout=1,
-                              disaggregate=None, role="prefill", pipeline_parallel_size=2, data_parallel_size=1,
-                              executor="local")
+    args = build_parser().parse_args(["serve", "--role", "prefill", "--pipeline-parallel-size", "2"])
     with pytest.raises(InvalidRequestError, match="disaggregation"):
         _check(args)
 
