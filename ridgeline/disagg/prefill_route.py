@@ -18,12 +18,16 @@ async def _prompts(state, route: str, raw: dict, name: str):
     if route == "/v1/completions":
         body = CompletionRequest.model_validate(raw)
         params = accept(state, body, route)
+        for p in body.prompts:  # text that can never fit is refused before the tokenizer sees it
+            if isinstance(p, str) and state.text_bound is not None:
+                state.text_bound.check(p)
         return body, params, await state.offload(name, completions._prompts, state.engine, body.prompts, False)
     if route == "/v1/chat/completions":
         body = ChatCompletionRequest.model_validate(raw)
         params = accept(state, body, route)
         messages = [m.as_template_input() for m in body.messages]
-        return body, params, [await state.offload(name, chat._prompt, state.engine.tokenizer, messages)]
+        return body, params, [await state.offload(name, chat._prompt, state.engine.tokenizer, messages, state.render,
+                                                  state.text_bound)]
     raise InvalidRequestError(f"route must be one of {', '.join(ROUTES)}, got {route!r}", "route")
 
 
