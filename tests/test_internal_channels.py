@@ -246,3 +246,38 @@ def test_a_running_tp2_group_listens_on_loopback_only(tmp_path):
     finally:
         llm.engine.close()
     assert not os.path.exists(rendezvous)
+
+
+def test_the_kv_events_socket_ignores_what_peers_send(tmp_path):
+    """KV events only publish: a canary pickle, garbage or a ZeroMQ greeting with junk after it sent to
+    the PUB port changes nothing, and a subscriber still gets every message in order."""
+    zmq = pytest.importorskip("zmq")
+    from ridgeline.serve.kv_publisher import KVEventPublisher
+    pub = KVEventPublisher("tcp://127.0.0.1:0", 16)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        port = int(pub.endpoint.rsplit(":", 1)[1])
+        canary = tmp_path / "pwned"
+        for payload in (pickle.dumps(Canary(str(canary))), os.urandom(4096),
+                        b"\xff" + bytes(8) + b"\x7f\x03\x00NULL" + os.urandom(64)):
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(payload)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.setsockopt(zmq.RCVTIMEO, 200)
+        sub.connect(pub.endpoint)
+        got = None
+        for i in range(200):  # a SUB joins a moment after connecting: publish until one arrives
+            pub.recorder.stored(bytes([i % 256]) * 32)
+            pub.publish()
+            try:
+                got = sub.recv_multipart()
+                break
+            except zmq.Again:
+                continue
+        assert got is not None and got[0] == b"kv"
+        assert not canary.exists()
+    finally:
+        sub.close(0)
+        ctx.term()
+        pub.close()
