@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.utils.net import bind_tcp
 
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}  # one machine: collectives on loopback
 
@@ -115,26 +116,13 @@ def _tcp_store(ctx: RankContext, timeout_s: float) -> dist.Store:
     timeout = timedelta(seconds=timeout_s)
     try:
         if ctx.rank == 0 and not agent:
-            fd = _bound(ctx.addr, ctx.port).detach()  # the store serves on it from now on, and owns it
+            fd = bind_tcp(ctx.addr, ctx.port, 512).detach()  # the store serves on it from now on, and owns it
             return dist.TCPStore(ctx.addr, ctx.port, ctx.size, True, timeout=timeout, master_listen_fd=fd)
         return dist.TCPStore(ctx.addr, ctx.port, ctx.size, False, timeout=timeout)
     except (RuntimeError, OSError) as e:
         raise InvalidRequestError(f"rank {ctx.rank}: the rendezvous at {ctx.addr}:{ctx.port} did not gather all "
                                   f"{ctx.size} ranks within {timeout_s:g} s ({e}); check --master-addr / --master-port "
                                   f"and that all {ctx.size} ranks were started") from None
-
-
-def _bound(addr: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((addr, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(512)
-    return sock
 
 
 @contextlib.contextmanager

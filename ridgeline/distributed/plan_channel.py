@@ -19,6 +19,7 @@ from ridgeline.distributed import wire, wire_types  # noqa: F401  (registers wha
 from ridgeline.distributed.plan_check import Limits, check_call
 from ridgeline.errors import InvalidRequestError
 from ridgeline.utils import internal_auth
+from ridgeline.utils.net import bind_tcp
 
 log = logging.getLogger(__name__)
 LABEL = "ridgeline-plan/1"
@@ -28,16 +29,11 @@ HANDSHAKE_S = 10.0
 
 def listen(addr: str) -> socket.socket:
     """A listening socket on addr (a free port), for the followers to connect to."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.bind((addr, 0))
+        return bind_tcp(addr, 0, 64)
     except OSError as e:
-        sock.close()
         raise InvalidRequestError(f"rank 0 cannot listen on {addr} for the other ranks: {e.strerror}",
                                   "master_addr") from None
-    sock.listen(64)
-    return sock
 
 
 class PlanLeader:

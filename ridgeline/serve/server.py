@@ -21,23 +21,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from ridgeline.serve.transport import guarded_protocol
+from ridgeline.utils.net import bind_tcp
 
 log = logging.getLogger("ridgeline.serve")
 WRITE_GRACE_S = 5.0  # after the drain deadline: time for routes to write their errors before connections close
 
 
 def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
-    # listening socket says it is TCP; without it every response waits ~40 ms on Nagle + delayed ACK
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return bind_tcp(host, port)
 
 
 def url_of(sock: socket.socket) -> str:
