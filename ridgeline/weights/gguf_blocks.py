@@ -48,7 +48,8 @@ def matrix(g, name: str) -> GGUFBlocks | torch.Tensor:
     from gguf import GGMLQuantizationType as T
     info = g.tensors[name]
     if info.qtype in (T.F32, T.F16, T.BF16) or len(info.shape) != 2:
-        return g.dequantize(name)
+        from ridgeline.weights.gguf_dequant import dequantize_tensor
+        return dequantize_tensor(g, name)
     raw = torch.from_numpy(np.array(g.raw(info), copy=True)).view(info.shape[0], -1)
     return GGUFBlocks(info.qtype, info.shape, raw, name)
 

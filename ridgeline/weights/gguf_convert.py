@@ -25,6 +25,7 @@ from ridgeline.weights.cache_dir import model_cache_dir
 from ridgeline.weights import limits
 from ridgeline.weights.gguf_meta import (MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int,
                                          meta_str)
+from ridgeline.weights.gguf_dequant import dequantize_tensor
 from ridgeline.weights.gguf_reader import GGUFFile, read_gguf
 from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
 
@@ -219,7 +220,7 @@ def _state_dict(g: GGUFFile, cfg: dict, progress: bool) -> dict[str, torch.Tenso
             target = hf_name(name, mixtral)
             if target is None:
                 raise UnsupportedArchitectureError(f"GGUF tensor {name!r} in {g.path} has no Hugging Face counterpart")
-            w = g.dequantize(name)
+            w = dequantize_tensor(g, name)
             m = _LAYER_RE.fullmatch(name)
             if permuted and m and m.group(2) in heads:
                 w = unpermute_rope(w, heads[m.group(2)])

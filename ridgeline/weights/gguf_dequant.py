@@ -103,3 +103,9 @@ def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType | int, shape: tuple[
     if out.numel() != n:
         raise ModelLoadError(f"tensor {name!r}: {raw.size} bytes of {qtype.name} do not hold shape {shape}")
     return out.reshape(shape)
+
+
+def dequantize_tensor(g: GGUFFile, name: str) -> torch.Tensor:
+    """Tensor `name` of an open GGUF file as float32, in torch order."""
+    info = g.tensors[name]
+    return dequantize(g.raw(info), info.qtype, info.shape, name)

@@ -65,11 +65,6 @@ class GGUFFile:
         except BufferError:
             pass
 
-    def dequantize(self, name: str):
-        from ridgeline.weights.gguf_dequant import dequantize
-        info = self.tensors[name]
-        return dequantize(self.raw(info), info.qtype, info.shape, name)
-
 
 class _Cursor:
     def __init__(self, buf: mmap.mmap, path: Path):
