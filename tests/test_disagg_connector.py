@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from ridgeline.disagg.adopt import attach
 from ridgeline.config import EngineConfig
 from ridgeline.disagg.connector import TransferError
 from ridgeline.disagg.transports import create_connector
@@ -27,8 +28,11 @@ SECRET = b"connector-test-secret-0123456789"
 
 
 def _engine(model, kv: str) -> LLMEngine:
-    return LLMEngine(EngineConfig.from_kwargs(str(model), dtype="float32", kv_cache_memory="2MiB",
-                                              kv_cache_dtype=kv, progress=False))
+    """An engine that takes transferred prompt KV too (its scheduler's external KV source attached)."""
+    eng = LLMEngine(EngineConfig.from_kwargs(str(model), dtype="float32", kv_cache_memory="2MiB",
+                                             kv_cache_dtype=kv, progress=False))
+    attach(eng)
+    return eng
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "int8"])
@@ -84,7 +88,7 @@ def _decode(trio, rid: str, prompt, params, payload) -> list[int]:
 def _no_leaks(trio, link) -> None:
     for eng in trio:
         eng.kv.check_integrity()
-        assert eng.kv.num_used_blocks == 0 and not eng.adoptions.pending
+        assert eng.kv.num_used_blocks == 0 and not attach(eng).pending
     assert len(link[1].inbox) == 0
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("rlkv-")] if os.path.isdir("/dev/shm") else True
 
@@ -92,7 +96,7 @@ def _no_leaks(trio, link) -> None:
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=10,
                                                            ignore_eos=True)], ids=["greedy", "seeded"])
 def test_transferred_kv_gives_the_colocated_tokens(trio, link, params):
-    before = trio[1].adoptions.stats.adopted
+    before = attach(trio[1]).stats.adopted
     for i, prompt in enumerate(PROMPTS):
         rid = f"r{i}-{params.greedy}"
         fut, tid = _prefill(trio, link, rid, prompt, params)
@@ -101,7 +105,7 @@ def test_transferred_kv_gives_the_colocated_tokens(trio, link, params):
         payload = link[1].inbox.take(tid, SAFETY_S)
         assert payload.authenticated
         assert _decode(trio, rid, prompt, params, payload) == _colocated(trio[2], rid, prompt, params)
-    assert trio[1].adoptions.stats.adopted - before == len(PROMPTS)
+    assert attach(trio[1]).stats.adopted - before == len(PROMPTS)
     _no_leaks(trio, link)
 
 
@@ -128,9 +132,9 @@ def test_failed_transfer_recomputes_with_the_same_output(trio, link, fault):
     exports.connector.unstall()
     with pytest.raises(TransferError):
         fut.result(SAFETY_S)
-    before = trio[1].adoptions.stats.adopted
+    before = attach(trio[1]).stats.adopted
     assert _decode(trio, "f", PROMPTS[1], GREEDY, None) == _colocated(trio[2], "f", PROMPTS[1], GREEDY)
-    assert trio[1].adoptions.stats.adopted == before
+    assert attach(trio[1]).stats.adopted == before
     _no_leaks(trio, link)
 
 
@@ -148,13 +152,13 @@ def test_unusable_payload_is_recomputed(trio, link):
     fut, tid = _prefill(trio, link, "u", PROMPTS[0], GREEDY)
     fut.result(SAFETY_S)
     payload = link[1].inbox.take(tid, SAFETY_S)
-    before = trio[1].adoptions.stats.recomputed
+    before = attach(trio[1]).stats.recomputed
     assert _decode(trio, "u", PROMPTS[2], GREEDY, payload) == _colocated(trio[2], "u", PROMPTS[2], GREEDY)
-    assert trio[1].adoptions.stats.recomputed == before + 1
+    assert attach(trio[1]).stats.recomputed == before + 1
     h = payload.header
     other = KVPayload(replace(h, spec_key=h.spec_key + "x"), np.zeros(h.nbytes, np.uint8))
     assert _decode(trio, "v", PROMPTS[0], GREEDY, other) == _colocated(trio[2], "v", PROMPTS[0], GREEDY)
-    assert trio[1].adoptions.stats.recomputed == before + 2
+    assert attach(trio[1]).stats.recomputed == before + 2
     _no_leaks(trio, link)
 
 
@@ -164,9 +168,9 @@ def test_abort_before_adoption_releases_the_payload(trio, link):
     payload = link[1].inbox.take(tid, SAFETY_S)
     decode = trio[1]
     decode.add(EngineRequest("a", PROMPTS[1], GREEDY, kv=payload))
-    assert "a" in decode.adoptions.pending
+    assert "a" in attach(decode).pending
     decode.abort_request("a")
-    assert not decode.adoptions.pending and payload.data.size == 0
+    assert not attach(decode).pending and payload.data.size == 0
     _run(decode)
     _no_leaks(trio, link)
 
@@ -198,6 +202,7 @@ def test_adoption_copies_a_bounded_number_of_tokens_per_step(trio, link, tiny_ll
     kv = {"bf16": "bfloat16"}.get(trio[1].kv_spec.format.name, trio[1].kv_spec.format.name)
     decode = LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB",
                                                 kv_cache_dtype=kv, max_num_batched_tokens=32, progress=False))
+    attach(decode)
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # 24, 70 and 30 tokens: one payload a step under 32
     for i, prompt in enumerate(prompts):
         fut, tid = _prefill(trio, link, f"burst{i}", prompt, GREEDY)
@@ -206,7 +211,7 @@ def test_adoption_copies_a_bounded_number_of_tokens_per_step(trio, link, tiny_ll
     adopted = []
     for _ in prompts:
         decode.step()
-        adopted.append(decode.adoptions.stats.adopted)
+        adopted.append(attach(decode).stats.adopted)
     assert adopted == [1, 2, 3]
     got = {o.request_id: o.outputs[0].token_ids for o in _run(decode)}
     for i, prompt in enumerate(prompts):
@@ -223,6 +228,7 @@ def test_adopted_kv_lands_after_the_tier_stored_what_it_evicts(tiny_llama):
         return LLMEngine(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", progress=False, **kw))
     prefill, colocated = engine(kv_cache_memory="2MiB"), engine(kv_cache_memory="2MiB")
     decode = engine(kv_cache_memory="64KiB", kv_offload="cpu", kv_offload_size="1MiB")
+    attach(decode)
     sender = create_connector("tcp", timeout=SAFETY_S, secret=SECRET)
     receiver = create_connector("tcp", timeout=SAFETY_S, secret=SECRET)
     receiver.listen(Layout.of(decode.kv_spec, decode.max_model_len))
@@ -240,7 +246,7 @@ def test_adopted_kv_lands_after_the_tier_stored_what_it_evicts(tiny_llama):
             payload = receiver.inbox.take(tid, SAFETY_S)
             got = _decode((prefill, decode, colocated), f"t{i}", prompt, GREEDY, payload)
             assert got == _colocated(colocated, f"c{i}", prompt, GREEDY)
-        assert decode.adoptions.stats.adopted == 3 and decode.kv.tier.stats.stores > 0
+        assert attach(decode).stats.adopted == 3 and decode.kv.tier.stats.stores > 0
         decode.add_request("again", first, GREEDY)
         out = _run(decode)[0]
         assert out.num_tier_cached_tokens > 0 and out.outputs[0].token_ids == want

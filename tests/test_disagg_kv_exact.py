@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from ridgeline.disagg.adopt import attach
 from ridgeline.config import EngineConfig
 from ridgeline.disagg import adopt
 from ridgeline.disagg.blocks import gather, scatter, tail_ranges
@@ -60,8 +61,11 @@ def _raw(pool, blocks: list[int]) -> np.ndarray:
 
 
 def _engine(model, kv: str = "int8", **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig.from_kwargs(str(model), dtype="float32", kv_cache_memory="2MiB", kv_cache_dtype=kv,
-                                              progress=False, **kw))
+    """An engine that takes transferred prompt KV too (its scheduler's external KV source attached)."""
+    eng = LLMEngine(EngineConfig.from_kwargs(str(model), dtype="float32", kv_cache_memory="2MiB", kv_cache_dtype=kv,
+                                             progress=False, **kw))
+    attach(eng)
+    return eng
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +161,14 @@ def test_a_bad_payload_leaves_a_concurrent_request_alone(engines, monkeypatch):
             raise RuntimeError("injected: the bytes do not fit")
         real(layers, blocks, data, n)
     monkeypatch.setattr(adopt, "scatter", scatter_fails_for_one)
-    before = decode.adoptions.stats
+    before = attach(decode).stats
     adopted, recomputed = before.adopted, before.recomputed
     for rid, prompt in prompts.items():
         decode.add(EngineRequest(rid, prompt, GREEDY, kv=payloads[rid]))
     outs = _run(decode)
     for rid, prompt in prompts.items():
         assert outs[rid].outputs[0].token_ids == _colocated(engines, f"c-{rid}", prompt), rid
-    assert decode.adoptions.stats.adopted == adopted + 1 and decode.adoptions.stats.recomputed == recomputed + 2
+    assert attach(decode).stats.adopted == adopted + 1 and attach(decode).stats.recomputed == recomputed + 2
     assert all(p.data.size == 0 for p in payloads.values())  # every payload released
     decode.kv.check_integrity()
     assert decode.kv.num_used_blocks == 0

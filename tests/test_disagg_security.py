@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from disagg_helpers import SECRET, worker_server
+from ridgeline.disagg.adopt import attach
 from ridgeline.cli import main
 from ridgeline.disagg.connector import ReceiveLimits, TransferError, request_transfer
 from ridgeline.disagg.inbox import Inbox
@@ -432,7 +433,7 @@ def test_a_decode_worker_that_issues_no_transfer_still_answers(tiny_llama, caplo
         got = httpx.post(front.url + "/v1/completions", json=body, timeout=SAFETY_S).json()["choices"][0]["text"]
         want = httpx.post(coloc.url + "/v1/completions", json=body, timeout=SAFETY_S).json()["choices"][0]["text"]
         assert got == want
-        assert front.front.pd.counts.failed == 1 and dw.engine.adoptions.stats.adopted == 0
+        assert front.front.pd.counts.failed == 1 and attach(dw.engine).stats.adopted == 0
         assert pw.counts["sent"] == 0  # nothing was prefilled for a transfer nobody expects
         _refused(caplog, "0 transfers already outstanding")
     finally:

@@ -13,6 +13,8 @@ import pytest
 from disagg_helpers import SAFETY_S, front_over, worker_server
 from server_helpers import wait_until
 
+from ridgeline.disagg.adopt import attach
+
 PROMPTS = ["hello there, how are you", "x" * 70, "the quick brown fox"]
 
 
@@ -64,11 +66,11 @@ def _idle(pd) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_completions_identical_to_colocated(pd, stream):
-    adopted = pd["dw"].engine.adoptions.stats.adopted
+    adopted = attach(pd["dw"].engine).stats.adopted
     for prompt in PROMPTS:
         body = _body(pd, prompt, stream=stream)
         assert _text(pd["front"], body) == _text(pd["coloc"], body)
-    assert pd["dw"].engine.adoptions.stats.adopted - adopted == len(PROMPTS)
+    assert attach(pd["dw"].engine).stats.adopted - adopted == len(PROMPTS)
     _idle(pd)
 
 

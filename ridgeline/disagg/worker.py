@@ -24,6 +24,7 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ridgeline.disagg.adopt import attach as attach_adoptions
 from ridgeline.disagg.connector import KVConnector
 from ridgeline.disagg.export import Exports
 from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS
@@ -62,6 +63,8 @@ class DisaggWorker:
         self.internal_host, self.internal_port, self.max_connections = internal_host, internal_port, max_connections
         self.exports = Exports(engine, connector) if role == "prefill" else None
         self.endpoint = None  # prefill: the internal endpoint (install makes it)
+        # decode: the scheduler's external KV source, where transferred prompts wait for room
+        self.adoptions = attach_adoptions(engine) if role == "decode" else None
         if role == "decode":
             connector.listen(Layout.of(engine.kv_spec, engine.max_model_len))
         self.counts = {"sent": 0, "failed": 0, "skip": 0, "adopted_wait_timeouts": 0}
@@ -72,7 +75,8 @@ class DisaggWorker:
                 "connector": self.connector.name, "address": self.connector.address,
                 "internal": None if self.endpoint is None else self.endpoint.address,
                 "max_model_len": self.engine.max_model_len, "transfers": dict(self.counts),
-                "adopted": self.engine.adoptions.stats.adopted, "recomputed": self.engine.adoptions.stats.recomputed,
+                "adopted": self.adoptions.stats.adopted if self.adoptions else 0,
+                "recomputed": self.adoptions.stats.recomputed if self.adoptions else 0,
                 "steps": self.engine.step_clock.summary()}
 
     async def attach(self, requests: list[EngineRequest]) -> list[EngineRequest]:
@@ -96,6 +100,8 @@ class DisaggWorker:
         if self.exports is not None:
             self.exports.close()
         self.connector.close()
+        if self.adoptions is not None:
+            self.adoptions.close()
 
 
 class _TransferHeaders:

@@ -9,12 +9,12 @@ import torch
 
 from ridgeline.config import EngineConfig
 from ridgeline.engine.context_length import context_length, with_rope_override
-from ridgeline.disagg.adopt import Adoptions
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.info import EngineInfo, available_memory
 from ridgeline.engine.kv_eviction import Evictor, conflict, describe_eviction, peak_tokens
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
+from ridgeline.engine.kv_tier import store_now
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
@@ -150,9 +150,9 @@ class LLMEngine:
         self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
         self.runner.keep_hidden = getattr(proposer, "wants_hidden", False)
         self.groups: dict[str, RequestGroup] = {}
-        # disaggregation: prompt KV computed by another engine (ridgeline/disagg/adopt.py), and the
-        # hook a prefill worker sets to ship a request's prompt KV when its first token is sampled
-        self.adoptions = Adoptions(self)
+        # disaggregation: prompt KV computed by another engine arrives through the scheduler's external
+        # KV source (engine/external_kv.py); a prefill worker sets this hook to ship a request's prompt
+        # KV when its first token is sampled
         self.kv_export = None  # (request, first token) -> None, on the step thread, blocks still held
         self.step_clock = StepClock()  # where the time between busy steps goes (engine/step_clock.py)
         self.kv_usage = [0, 0]
@@ -237,16 +237,20 @@ class LLMEngine:
                              request.cache_salt)
             return
         try:
+            if self.scheduler.external is None:
+                raise InvalidRequestError("this engine takes no prompt KV from elsewhere (no KV connector is "
+                                          "attached)")
             self.add_request(request.request_id, request.prompt, request.params, request.prompt_text,
-                             request.cache_salt)
+                             request.cache_salt, request.kv)
         except BaseException:
             request.kv.release()
             raise
-        self.adoptions.offer(request.request_id, request.kv)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    prompt_text: str | None = None, cache_salt: str | None = None) -> None:
-        """cache_salt: requests share prefix-cache blocks only with requests of the same salt."""
+                    prompt_text: str | None = None, cache_salt: str | None = None, kv=None) -> None:
+        """cache_salt: requests share prefix-cache blocks only with requests of the same salt. kv: the
+        prompt's KV computed elsewhere, offered to the scheduler's external KV source (refused: computed
+        here)."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
@@ -284,6 +288,8 @@ class LLMEngine:
                                                               for _ in members],
                                          [[] if params.logprobs is not None else None for _ in members],
                                          [None] * len(ids) if params.prompt_logprobs is not None else None)
+        if kv is not None:
+            self.scheduler.external.offer(members[0], kv)
         for r in members:
             self.requests[r.request_id] = r
             self.scheduler.add(r)
@@ -318,7 +324,6 @@ class LLMEngine:
         if group is None:
             return
         for r in group.members:
-            self.adoptions.drop(r.request_id)
             if not r.status.finished:
                 self.scheduler.finish(r, Status.FINISHED_ABORTED)
             self.requests.pop(r.request_id, None)
@@ -333,10 +338,13 @@ class LLMEngine:
         finished (whole, if never emitted before)."""
         clock = self.step_clock
         clock.begin()
-        adopted = ()
-        if self.adoptions.pending:
+        adopted: set[str] = set()
+        if self.scheduler.arriving:  # prompt KV from elsewhere: those requests start before the plan
             clock.mark()
-            adopted = self.adoptions.run()
+            now = time.monotonic()
+            for req, token in self.scheduler.admit_external(self._store_evicted):
+                self._append(req, self.groups[req.group_id], token, now)
+                adopted.add(req.group_id)
             clock.adopted()
         spec = self.spec
         if spec is not None:
@@ -400,6 +408,13 @@ class LLMEngine:
                     self.requests.pop(r.request_id, None)
         clock.end(bool(self.groups))
         return outputs
+
+    def _store_evicted(self) -> None:
+        """Blocks an allocation evicted go to the KV tier before anything outside a step writes over them."""
+        try:
+            store_now(self.kv, self.runner.store)
+        except KVStoreError as e:
+            self._lose_tier(None, e)
 
     def _lose_tier(self, plan, error: KVStoreError) -> None:
         """The step did not run (plan; None: a copy made before the step's plan failed, nothing loaded):

@@ -11,6 +11,8 @@ tokens it knows plus the proposals the runner accepted, and shrinks its table to
 Sliding windows: after each step, blocks no layer's window reaches any more are released.
 KV eviction (evictor): a request's table holds its kept tokens' slots (engine/kv_eviction.py), and a
 scheduled sequence says where its new tokens go (cache_start) and which kept tokens move first.
+External KV (engine/external_kv.py: disaggregation's decode side): a request whose prompt's KV a
+connector holds waits in `arriving`, and admit_external() starts it from that KV.
 Torch-free.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 
 from ridgeline.config import SchedulerConfig
+from ridgeline.engine.external_kv import ExternalKV
 from ridgeline.engine.kv_eviction import Evictor
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.request import Request, Status
@@ -31,6 +34,8 @@ class Scheduler:
         self.evictor = evictor  # KV eviction: a request's KV slots are its kept tokens, not its positions
         self._slots: dict[str, tuple[int, list[tuple[int, int]]]] = {}  # this plan: (slots kept, moves)
         self.waiting: deque[Request] = deque()
+        self.external: ExternalKV | None = None  # a KV connector's scheduler side (attach_external)
+        self.arriving: deque[Request] = deque()  # requests to start from external KV, in arrival order
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens preemption threw away and readmission computed again
@@ -44,12 +49,20 @@ class Scheduler:
         # admit only while this many blocks stay free, so decodes rarely preempt fresh admissions
         self.watermark = max(1, kv.num_usable_blocks // 100)
 
+    def attach_external(self, source: ExternalKV) -> None:
+        if self.external is not None and self.external is not source:
+            raise ValueError("this scheduler already has an external KV source")
+        self.external = source
+
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        if self.external is not None and self.external.tokens(req):
+            self.arriving.append(req)
+        else:
+            self.waiting.append(req)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.arriving)
 
     def finish(self, req: Request, status: Status) -> None:
         req.status = status
@@ -57,6 +70,9 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.arriving:
+            self.arriving.remove(req)
+            self.external.discard(req.request_id, recompute=False)
         self.kv.free(req.request_id)
         self.kv.drop_swapped(req.request_id)
         self._dropped.pop(req.request_id, None)
@@ -184,6 +200,46 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(skipped))
         return budget
+
+    def admit_external(self, before_write=None) -> list[tuple[Request, int]]:
+        """Start arriving requests from their external KV, in order, while the pool has room (above the
+        watermark, under max_num_seqs) and this step's copy budget (max_num_batched_tokens prompt
+        tokens, one request at least) lasts; before the engine's next plan. Returns (request, first
+        token) of each started one: the engine appends the token. A request that can never get room
+        (nothing running would free blocks), or whose KV cannot be written, is computed as usual.
+        before_write(): called once blocks are allocated, before the connector writes into them."""
+        src, started = self.external, []
+        budget, copied = self.config.max_num_batched_tokens, 0
+        while self.arriving:
+            req = self.arriving[0]
+            n = src.tokens(req)
+            if started and copied + n > budget:
+                break  # bounded per step like a prefill chunk; the rest wait for the next steps, in order
+            room = len(self.running) < self.config.max_num_seqs
+            if not n or not (room and self.kv.allocate(req.request_id, n, reserve=self.watermark)):
+                if self.running and n:
+                    break  # room comes back as running requests finish
+                self.arriving.popleft()  # nothing will free blocks (or nothing is held): compute it here
+                src.discard(req.request_id, recompute=True)
+                self.waiting.append(req)
+                continue
+            self.arriving.popleft()
+            copied += n
+            if before_write is not None:
+                before_write()
+            first = src.load(req, self.kv.tables[req.request_id][:self.kv.blocks_for(n)], n)
+            if first is None:
+                self.kv.free(req.request_id)
+                self.waiting.append(req)
+                continue
+            req.num_computed_tokens = n
+            req.status = Status.RUNNING
+            req.cacheable = src.cacheable(req)  # its later blocks are cached (advance) only if so
+            self.running.append(req)
+            if self.kv.caching and req.cacheable:
+                self.kv.cache_blocks(req.request_id, req.token_ids, n, req.cache_salt)
+            started.append((req, first))
+        return started
 
     def _evict(self, req: Request, n: int) -> int:
         """Make room for n new tokens under the eviction budget; returns the slots kept before them."""

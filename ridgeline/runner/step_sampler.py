@@ -38,6 +38,10 @@ class StepSampler:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # seeded requests: one generator, drawn in row order
 
+    def set_generator(self, request_id: str, generator: torch.Generator) -> None:
+        """A seeded request's generator, continued from elsewhere (its prefill on another engine)."""
+        self.generators[request_id] = generator
+
     def forget(self, req_ids: list[str]) -> None:
         for rid in req_ids:
             self.generators.pop(rid, None)
