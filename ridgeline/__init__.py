@@ -3,7 +3,7 @@ from ridgeline.engine.outputs import CompletionOutput, RequestOutput
 from ridgeline.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
-__version__ = "0.1.0"
+from ridgeline.version import __version__  # noqa: E402,F401
 
 
 def __getattr__(name):  # keep `import ridgeline` light: torch loads only when LLM is used

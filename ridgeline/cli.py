@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from ridgeline import __version__
+from ridgeline.version import __version__
 from ridgeline.cli_parser import RidgelineParser, positive_int
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES

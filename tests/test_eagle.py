@@ -48,11 +48,11 @@ def test_a_bf16_head_drafts_in_torch(tiny_llama, tiny_head, monkeypatch):
     Greedy output is the plain engine's; a request that samples drafts too."""
     import dataclasses
 
-    import ridgeline.engine.llm_engine as llm_engine
+    import ridgeline.engine.build as build
     from ridgeline.layers.kernel_plan import KernelPlan
-    monkeypatch.setattr(llm_engine, "choose_kernels", lambda *a: KernelPlan())
-    target = llm_engine.DraftTarget
-    monkeypatch.setattr(llm_engine, "DraftTarget",
+    monkeypatch.setattr(build, "choose_kernels", lambda *a: KernelPlan())
+    target = build.DraftTarget
+    monkeypatch.setattr(build, "DraftTarget",
                         lambda *a, **k: dataclasses.replace(target(*a, **k), act_dtype=torch.bfloat16))
     kw = dict(BASE, dtype="bfloat16")
     params = _params() + [SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)]

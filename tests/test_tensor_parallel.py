@@ -3,6 +3,7 @@ engine (logits within a tight bound, greedy tokens equal wherever the top-2 marg
 rank's resident weight bytes, and a killed rank ending rank 0 with a clear error."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,29 @@ def test_start_up_errors_before_any_rank_starts(tiny_llama, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(InvalidRequestError, match="WORLD_SIZE is 3 but tensor_parallel_size is 2"):
         LLM(str(folder), tensor_parallel_size=2, progress=False)
+
+
+@pytest.mark.parametrize("how", ["close", "with", "collected"])
+def test_two_tp_engines_one_after_the_other(tmp_path, how):
+    """The first engine pins this process to its rank's cores and joins a process group; closing it,
+    leaving its `with`, or letting it be collected gives both back, so a second one starts."""
+    import gc
+    folder = make_tiny_model(tmp_path, "llama")
+    kw = dict(tensor_parallel_size=2, dtype="float32", kv_cache_memory=8 << 20, progress=False)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    cores = os.sched_getaffinity(0)
+    outs = []
+    for _ in range(2):
+        if how == "with":
+            with LLM(str(folder), **kw) as llm:
+                outs.append(llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids)
+            continue
+        llm = LLM(str(folder), **kw)
+        outs.append(llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids)
+        if how == "close":
+            llm.close()
+            llm.close()  # idempotent
+        del llm
+        gc.collect()
+    assert outs[0] == outs[1] and len(outs[0]) == 4
+    assert os.sched_getaffinity(0) == cores  # the pin is given back

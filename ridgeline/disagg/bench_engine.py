@@ -18,7 +18,7 @@ def _precision(dtype) -> str:
 def measure_engine(model: str, prompt_len: int, steps: int = 16, reps: int = 3, **engine_kwargs) -> dict:
     import torch
 
-    from ridgeline import SamplingParams
+    from ridgeline.sampling_params import SamplingParams
     from ridgeline.config import EngineConfig
     from ridgeline.disagg.goodput import _prompts
     from ridgeline.engine.llm_engine import LLMEngine

@@ -4,7 +4,6 @@ collectives of a tensor-parallel rank (TPRuntime: TPComm); the stage of a pipeli
 by LLMEngine before any weight is read; sizes that cannot split fail here, before a process starts."""
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import socket
@@ -95,7 +94,6 @@ class GroupRuntime:
             for r, (mine, theirs) in ends.items():
                 theirs.close()  # the worker holds its own copy
                 self.pairs[r] = mine
-        atexit.register(self.close)  # a script that never closes its engine still stops its ranks cleanly
         if cores[0]:
             self.unpin = pin(cores[0])
         return ranks[0], secret

@@ -3,151 +3,83 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import replace
 
 import torch
 
 from ridgeline.config import EngineConfig
-from ridgeline.engine.context_length import context_length, with_rope_override
+from ridgeline.engine.build import (build_model, build_runner, build_scheduler, build_speculation, context_of,
+                                    plan_kv, resolve_source, start_parallel)
 from ridgeline.engine.detokenizer import Detokenizer
-from ridgeline.engine.info import EngineInfo, available_memory
-from ridgeline.engine.kv_eviction import Evictor, conflict, describe_eviction, peak_tokens
-from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.engine.group import RequestGroup
+from ridgeline.engine.info import EngineInfo
+from ridgeline.engine.kv_eviction import describe_eviction, peak_tokens
 from ridgeline.engine.kv_tier import store_now
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
-from ridgeline.engine.scheduler import Scheduler
-from ridgeline.engine.startup import pp_info, spec_line, tp_info, weight_formats
+from ridgeline.engine.startup import pp_info, spec_line, tp_info
 from ridgeline.engine.step_clock import StepClock
-from ridgeline.engine.speculation import Speculation
 from ridgeline.engine.tier_steps import drop_tier, observe_step
-from ridgeline.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
+from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.inputs import check_text
-from ridgeline.kv_spec import KVCacheSpec, kv_formats
-from ridgeline.layers.kernel_plan import choose_kernels
+from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.linear import weight_summary
-from ridgeline.models.loader import build_model
-from ridgeline.layers.weight_formats import DENSE
-from ridgeline.parallel.expert_group import expert_group
-from ridgeline.models.options import BuildOptions
-from ridgeline.models.registry import model_class
 from ridgeline.quant.kv_center import calibrate_k_centers
-from ridgeline.runner.kv_store import KVStoreError, build_tier
-from ridgeline.runner.model_runner import ModelRunner
+from ridgeline.runner.kv_store import KVStoreError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.spec.draft_load import DraftTarget
-from ridgeline.spec.proposer import create_proposer
 from ridgeline.spec.stats import SpecStats
 from ridgeline.step_plan import ScheduledSeq
-from ridgeline.utils.device import pick_device, pick_dtype
-from ridgeline.weights.hf_config import load_arch_config
-from ridgeline.quant import options as quant_options
-from ridgeline.weights.resolve import resolve_model_source
 from ridgeline.weights.tokenizer import Tokenizer
 
-DEFAULT_KV_CAP = 4 << 30
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, rank=None):
         """rank: a follower's distributed.group.RankContext (its process was started for it); None: rank 0,
-        which with tensor_parallel_size > 1 starts or joins the other ranks."""
+        which with tensor_parallel_size > 1 starts or joins the other ranks. The parts are built by
+        engine/build.py's builders, in order; a failure after the other ranks started stops them."""
         t0 = time.perf_counter()
         self.config = config
-        mc, cc = config.model, config.cache
-        device = pick_device(mc.device)
-        choice = pick_dtype(mc.dtype, device)
-        torch.manual_seed(mc.seed)
-        folder, gguf_file = resolve_model_source(mc.model, progress=config.progress)
-        quantization = quant_options.resolve(mc.quantization, gguf_file)
-        arch = with_rope_override(load_arch_config(folder), mc.rope_scaling_dict)
-        model_class(arch.architecture)  # unknown architectures fail before any weight is read
-        self.arch = arch
-        self.tp = None  # distributed.runtime.TPRuntime with tensor parallelism
-        self.pp = None  # distributed.runtime.PPRuntime with pipeline parallelism
-        if config.parallel.tensor_parallel_size > 1:
-            from ridgeline.distributed.runtime import TPRuntime  # sizes that cannot split fail before ranks start
-            self.tp = TPRuntime(config, arch, device, rank)
-        elif config.parallel.pipeline_parallel_size > 1:
-            from ridgeline.distributed.runtime import PPRuntime  # more stages than layers fail before any start
-            self.pp = PPRuntime(config, arch, device, rank)
-        ep_runtime = None  # expert parallelism's own ranks: every layer whole but the experts, led like TP's
-        if config.parallel.expert_parallel_size > 1:
-            from ridgeline.parallel.ep_runtime import EPRuntime  # a dense model or sizes that do not place fail first
-            self.tp = ep_runtime = EPRuntime(config, arch, device, rank)
-        self.group = self.tp or self.pp  # the distributed runtime this process is part of, if any
-        self.tokenizer = Tokenizer(folder)
-        self.max_model_len = max_len = context_length(arch, mc.max_model_len, mc.rope_scaling is not None)
-        dtype_name = str(choice.dtype).removeprefix("torch.")
-        try:  # before any weight is read
-            k_fmt, v_fmt = kv_formats(cc.k_dtype, cc.v_dtype, dtype_name, arch.head_dim)
-        except ValueError as e:
-            raise InvalidRequestError(str(e), "kv_cache_dtype") from None
-        # on a CPU activations stay fp32 (no casts around the kernels; attention runs in fp32 anyway)
-        act_dtype = torch.float32 if device.type == "cpu" else choice.dtype
-        evict = cc.kv_eviction != "none"
-        why = evict and conflict(cc.kv_eviction, config.speculative.method, arch.sliding_window,
-                                 config.attention_backend)
-        if why:
-            raise InvalidRequestError(why, "kv_eviction")
-        backend = "h2o" if cc.kv_eviction == "h2o" else config.attention_backend
-        plan = choose_kernels(device, choice.dtype, act_dtype)  # before loading: it decides how weights are packed
-        formats, tensors, quantization = weight_formats(mc, quantization, folder, gguf_file, arch,
-                                                         DENSE[choice.dtype], plan)
-        tp, pp = self.tp, self.pp
-        stage = pp.stage if pp else None
-        if config.expert_parallel and arch.moe is None:
-            raise InvalidRequestError(f"--expert-parallel needs a mixture-of-experts model; {arch.architecture} "
-                                      "has no experts", "expert_parallel")
-        opts = BuildOptions(plan, choice.dtype, act_dtype, backend, formats, tp.comm if tp else None,
-                            expert_group=expert_group(config.expert_parallel_on), stage=stage)
-        # with tensor parallelism each rank builds its own heads and widths and reads only its slices
-        model = build_model(tp.arch if tp else arch, folder, opts, device, max_len, tensors, tp and tp.slicer)
-        # a rank's KV holds its own KV heads (a stage's, its own layers): the block count is what the
-        # fullest rank's budget holds
-        kv_spec = KVCacheSpec(k_fmt, len(stage.layers) if stage else arch.num_layers,
-                              tp.arch.num_kv_heads if tp else arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
-        kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
-        own_blocks = kv_spec.num_blocks(kv_bytes)
-        num_blocks = own_blocks if self.group is None else self.group.agree_min(own_blocks)
-        if num_blocks < 2:
-            raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({kv_spec.bytes_per_block} B each)")
-        capacity = (num_blocks - 1) * cc.block_size
-        window = arch.kv_window  # every layer has a window: a request holds only the blocks it reaches
-        budget = cc.kv_eviction_budget if evict else None
-        if capacity < peak_tokens(max_len, window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
-            if mc.max_model_len:
-                raise InvalidRequestError(
-                    f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
-                    "--kv-cache-memory or lower --max-model-len", "max_model_len")
-            max_len = self.max_model_len = capacity  # one request of max_model_len must always fit
-        eos = tuple(dict.fromkeys(arch.eos_token_ids + ((self.tokenizer.eos_id,) if self.tokenizer.eos_id
-                                                        is not None else ())))
+        src = resolve_source(config)
+        self.arch = src.arch
+        self.parallel = par = start_parallel(config, src, rank)
+        self.group = par.group  # the distributed runtime this process is part of, if any
+        # a collected engine (or the process's exit) stops its ranks, unpins this process, leaves the group
+        self._release = weakref.finalize(self, par.group.close) if par.group is not None else None
+        try:
+            self._build(config, src, par, t0)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def tp(self):
+        """The runtime of ranks that each hold a slice of every layer (tensor parallelism), or None."""
+        return self.parallel.tp if self.group is not None else None
+
+    @property
+    def pp(self):
+        return self.parallel.pp if self.group is not None else None
+
+    @property
+    def ep(self):
+        return self.parallel.ep if self.group is not None else None
+
+    def _build(self, config: EngineConfig, src, par, t0: float) -> None:
+        self.tokenizer = Tokenizer(src.folder)
+        model, plan, quantization = build_model(config, src, par, context_of(config, src))
+        kv = plan_kv(config, src, par, context_of(config, src))
+        self.max_model_len = kv.max_len
+        tok_eos = (self.tokenizer.eos_id,) if self.tokenizer.eos_id is not None else ()
+        eos = tuple(dict.fromkeys(src.arch.eos_token_ids + tok_eos))
         self.eos_ids = set(eos)
-        # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
-        caching = cc.enable_prefix_caching and not evict
-        self.runner = ModelRunner(model, arch, device, kv_spec, num_blocks, list(eos))
-        if pp is not None:
-            from ridgeline.distributed.pipeline import PipelineStage
-            self.runner.pipeline = PipelineStage(stage, config.parallel.pipeline_microbatches, arch.hidden_size,
-                                                 arch.vocab_size)
-        if self.group is not None and self.group.rank == 0:
-            self.group.lead(self.runner)
-        self.runner.store, tier, offload_line = build_tier(cc, kv_spec.bytes_per_block, self.runner.kv, device,
-                                                           available_memory())
-        self.kv = KVCacheManager(num_blocks, cc.block_size, enable_caching=caching, window=window, tier=tier)
-        self.scheduler = Scheduler(config.scheduler, self.kv,
-                                   Evictor(cc.kv_eviction, budget, cc.kv_sink_tokens) if evict else None)
+        self.runner, tier, offload_line = build_runner(config, src, par, model, kv, eos)
+        self.kv, self.scheduler = build_scheduler(config, src, kv, tier)
         calibrate_k_centers(self)  # centered K formats (int4): before any block is kept
-        proposer = create_proposer(config.speculative, arch.vocab_size,
-                                   DraftTarget(folder, device, choice.dtype, act_dtype, config.attention_backend,
-                                               max_len, cc.block_size, num_blocks,
-                                               kv_formats("auto", "auto", dtype_name, arch.head_dim)[0].name, eos,
-                                               config.progress, self.runner, self.kv, self.scheduler.watermark))
-        self.spec = None if proposer is None else Speculation(config.speculative, proposer, arch.vocab_size, max_len)
+        self.spec, proposer = build_speculation(config, src, kv, self.runner, self.kv, self.scheduler, eos)
         self.runner.keep_hidden = getattr(proposer, "wants_hidden", False)
         self.groups: dict[str, RequestGroup] = {}
         # disaggregation: prompt KV computed by another engine arrives through the scheduler's external
@@ -157,16 +89,27 @@ class LLMEngine:
         self.step_clock = StepClock()  # where the time between busy steps goes (engine/step_clock.py)
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
-        self.info = EngineInfo(folder, arch.architecture, device, choice.dtype, choice.reason, kv_spec, plan,
-                               tuple(self.runner.layer_paths), max_len, num_blocks,
-                               (num_blocks - 1) * kv_spec.bytes_per_block, eos, time.perf_counter() - t0,
-                               caching, *weight_summary(model), spec_line(config, proposer), quantization, window, budget,
-                               describe_eviction(config.cache) if evict else None, offload_line,
-                               tp and tp_info(tp, model, num_blocks * kv_spec.bytes_per_block),
-                               pp and pp_info(pp, model, kv_spec, num_blocks, own_blocks, kv_bytes))
-        if ep_runtime is not None:  # each rank's experts and bytes, printed at start-up
-            self.info = replace(self.info, expert_parallel=ep_runtime.info(model,
-                                                                           num_blocks * kv_spec.bytes_per_block))
+        self.info = self._describe(config, src, par, model, plan, quantization, kv, eos, proposer, offload_line,
+                                   time.perf_counter() - t0)
+
+    def _describe(self, config, src, par, model, plan, quantization, kv, eos, proposer, offload_line,
+                  seconds: float) -> EngineInfo:
+        cc = config.cache
+        evict = cc.kv_eviction != "none"
+        pool_bytes = kv.num_blocks * kv.spec.bytes_per_block
+        formats, weight_bytes = weight_summary(model)
+        return EngineInfo(
+            model_folder=src.folder, architecture=src.arch.architecture, device=src.device, dtype=src.dtype,
+            dtype_reason=src.dtype_reason, kv_spec=kv.spec, kernel_plan=plan,
+            layer_paths=tuple(self.runner.layer_paths), max_model_len=kv.max_len, num_kv_blocks=kv.num_blocks,
+            kv_bytes=(kv.num_blocks - 1) * kv.spec.bytes_per_block, eos_token_ids=eos, load_seconds=seconds,
+            prefix_caching=self.kv.caching, weight_formats=formats, weight_bytes=weight_bytes,
+            speculative=spec_line(config, proposer), quantization=quantization, kv_window=src.arch.kv_window,
+            kv_budget=cc.kv_eviction_budget if evict else None,
+            kv_eviction=describe_eviction(cc) if evict else None, offload=offload_line,
+            tensor_parallel=par.tp and tp_info(par.tp, model, pool_bytes),
+            pipeline_parallel=par.pp and pp_info(par.pp, model, kv.spec, kv.num_blocks, kv.own_blocks, kv.kv_bytes),
+            expert_parallel=par.ep and par.ep.info(model, pool_bytes))
 
     def follow(self) -> None:
         """A follower rank: run rank 0's calls until it stops the group."""
@@ -178,17 +121,17 @@ class LLMEngine:
             self.group.close()
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks or pipeline stages and leave the group (nothing to do in one
-        process)."""
+        """Stop the other tensor-parallel ranks or pipeline stages, give back this process's CPU pin and
+        leave the group (nothing to do in one process). Idempotent."""
         if self.group is not None:
-            if self.pp is not None and not self.group.closed:
+            if self.pp is not None and not self.group.closed and hasattr(self, "runner"):
                 try:
                     for st in self.runner.pipeline_stats():
                         log.info("pipeline %s", st.line())
                 except Exception:  # noqa: BLE001  a broken group: the counters are not worth a hang
                     log.debug("pipeline counters not gathered", exc_info=True)
-            self.group.close()
-            self.tp = self.pp = self.group = None
+            self._release()  # group.close, once
+            self.group = None
 
     def on_rank_failure(self, callback) -> None:
         """callback(message) runs when another rank dies, before this process exits (the server fails

@@ -15,10 +15,24 @@ from ridgeline.sampling_params import SamplingParams
 
 
 class LLM:
+    """Also a context manager: `with LLM(...) as llm:` closes it on the way out. An LLM that is never
+    closed releases its ranks (and this process's CPU pin) when it is collected, or at exit."""
+
     def __init__(self, model: str = "smollm2-135m", **engine_options):
         self.config = EngineConfig.from_kwargs(model, **engine_options)
         self.engine = LLMEngine(self.config)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the engine's other ranks (tensor, pipeline or expert parallel) and leave their group;
+        nothing to do in one process. Idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

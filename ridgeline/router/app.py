@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ridgeline import __version__
+from ridgeline.version import __version__
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
