@@ -65,9 +65,9 @@ def test_small_step_preparation_builds_what_the_general_path_builds(block_size, 
     runner = _runner(block_size)
     for n, verify in ((1, 0), (2, 0), (5, 0), (model_runner.SMALL_DECODE, 0), (0, 1), (0, 3), (2, 2), (7, 9)):
         seqs = _decodes(rng, n, block_size, verify)
-        fast = runner._prepare(seqs)
+        fast = runner.prepare(seqs)
         monkeypatch.setattr(model_runner, "SMALL_DECODE", 0)
-        general = runner._prepare(seqs)
+        general = runner.prepare(seqs)
         monkeypatch.undo()
         _same(fast, general)
 

@@ -56,7 +56,7 @@ def _step(llm: LLM, prompts: list[list[int]]):
         assert kv.allocate(f"s{i}", len(ids))
         seqs.append(ScheduledSeq(f"s{i}", 0, ids, list(kv.tables[f"s{i}"]), True, SamplingParams(), None, ids,
                                  len(ids)))
-    ids, pos, ctx, _ = runner._prepare(seqs)
+    ids, pos, ctx, _ = runner.prepare(seqs)
     return ids, pos, ctx, [s.req_id for s in seqs]
 
 

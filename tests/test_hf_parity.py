@@ -40,7 +40,7 @@ def engine_logits(llm: LLM, prompts_ids: list[list[int]], chunk: int) -> list[to
                 seqs.append(ScheduledSeq(f"t{i}", starts[i], ids[starts[i]:starts[i] + n], kv.tables[f"t{i}"],
                                          False, SamplingParams(), None, ids, len(ids)))
         seqs.sort(key=lambda s: s.num_new != 1)
-        ids_t, pos, ctx, _ = runner._prepare(seqs)
+        ids_t, pos, ctx, _ = runner.prepare(seqs)
         with torch.inference_mode(), forward_context(ctx):
             logits = runner.model.compute_logits(runner.model(ids_t, pos))
         row = 0

@@ -39,7 +39,7 @@ def _logits(llm) -> torch.Tensor:
         assert kv.allocate(f"s{i}", len(ids))
         seqs.append(ScheduledSeq(f"s{i}", 0, ids, list(kv.tables[f"s{i}"]), True, SamplingParams(), None, ids,
                                  len(ids)))
-    ids, pos, ctx, _ = runner._prepare(seqs)
+    ids, pos, ctx, _ = runner.prepare(seqs)
     try:
         with torch.inference_mode(), forward_context(ctx):
             return runner.model.compute_logits(runner.model(ids, pos))

@@ -86,7 +86,7 @@ class PipelineStage:
     def _run(self, runner, seqs: list[ScheduledSeq], pending: list):
         """One micro-batch through this stage's layers. Returns the final normed hidden states on the
         last stage (None elsewhere, where they were sent on)."""
-        ids, positions, ctx, rows = runner._prepare(seqs)
+        ids, positions, ctx, rows = runner.prepare(seqs)
         st, model = self.stage, runner.model.model
         if st.first:
             t0 = time.perf_counter()

@@ -153,7 +153,7 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
         logits.index_put_(meta.bans, logits.new_tensor(float("-inf")))
 
 
-def _uniform(rows: int, cols: int, gens: list[torch.Generator | None], device: torch.device,
+def uniform_noise(rows: int, cols: int, gens: list[torch.Generator | None], device: torch.device,
              counts: list[int] | None = None) -> torch.Tensor:
     """[rows, cols] U[0, 1); row j draws its first counts[j] values from gens[j] when it has one,
     everything else comes from one batch-wide draw."""
@@ -168,11 +168,11 @@ def _uniform(rows: int, cols: int, gens: list[torch.Generator | None], device: t
 
 
 def _exponential(*args, **kwargs) -> torch.Tensor:
-    """Exp(1) noise in (0, inf]: u < 1 so q > 0 and weight / q is never nan. Arguments as _uniform."""
-    return _uniform(*args, **kwargs).log_().neg_()
+    """Exp(1) noise in (0, inf]: u < 1 so q > 0 and weight / q is never nan. Arguments as uniform_noise."""
+    return uniform_noise(*args, **kwargs).log_().neg_()
 
 
-def _race(weights: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
+def race(weights: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:
     """weights [n, V] >= 0 (unnormalised kept probs; scratch) -> [n] int64 column ~ weights."""
     return weights.div_(_exponential(*weights.shape, gens, weights.device)).argmax(-1)
 
@@ -251,13 +251,13 @@ class Sampler:
         if bool((min_p[r] > 0).any()):
             xr = x[r]
             kept_mass = (xr * (xr >= min_p[r, None])).sum(-1)
-        u = _uniform(len(r), 1, [gens[i] for i in r.tolist()], x.device)[:, 0]
+        u = uniform_noise(len(r), 1, [gens[i] for i in r.tolist()], x.device)[:, 0]
         tail = r[u * kept_mass >= cand[r, :head].sum(-1)]
         if len(tail):
             w = (x if len(tail) == len(x) else x[tail]).scatter_(1, cand_ids[tail, :head], 0.0)
             if bool((min_p[tail] > 0).any()):
                 w.mul_(w >= min_p[tail, None])
-            token_ids[tail] = _race(w, [gens[i] for i in tail.tolist()])
+            token_ids[tail] = race(w, [gens[i] for i in tail.tolist()])
         return token_ids
 
 

@@ -97,7 +97,7 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
     elif tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
         stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
     for name, tensor in stream:
-        target, shard = _map_name(model, name)
+        target, shard = map_name(model, name)
         if target is None:
             continue
         owner_name, _, param = target.rpartition(".")
@@ -130,7 +130,7 @@ def _not_held(model: nn.Module, modules: dict, name: str) -> bool:
     layer, embedding or head): never read."""
     if ".experts." not in name and getattr(model.model, "stage", None) is None:
         return False
-    target, _ = _map_name(model, name)
+    target, _ = map_name(model, name)
     return target is not None and modules.get(target.rpartition(".")[0]) is None
 
 
@@ -158,12 +158,12 @@ def _extra(owner: nn.Module, param: str) -> bool:
 
 def _keeps_fp8(model: nn.Module, modules: dict, name: str, dtype: torch.dtype) -> bool:
     """Whether the Linear that checkpoint weight `name` loads into takes its fp8 values as they are."""
-    target, _ = _map_name(model, name)
+    target, _ = map_name(model, name)
     owner = modules.get((target or "").rpartition(".")[0])
     return isinstance(owner, Linear) and getattr(owner.format, "keeps", lambda d: False)(dtype)
 
 
-def _map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
+def map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
     renames = getattr(model, "renames", {})
     parts = [renames.get(p, p) for p in name.split(".")]
     for i, p in enumerate(parts):

@@ -53,7 +53,7 @@ class LayerRunner:
             raise InvalidRequestError(f"no KV blocks for a {window}-token calibration window", "calibration")
         self._kv = engine.kv
         seq = ScheduledSeq(_RID, 0, self.windows[0], list(engine.kv.tables[_RID]), False, None, None, None, window)
-        _, self.positions, self.ctx, _ = engine.runner._prepare([seq])
+        _, self.positions, self.ctx, _ = engine.runner.prepare([seq])
         with torch.inference_mode():
             self.hidden = [self.inner.embed(torch.tensor(w, dtype=torch.long)) for w in self.windows]
         self.residual: list[torch.Tensor | None] = [None] * len(self.windows)
@@ -134,7 +134,7 @@ class LayerRunner:
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str, int | None]:
-    from ridgeline.models.loader import _map_name as map_name
+    from ridgeline.models.loader import map_name
     target, shard = map_name(model, name)
     if target is None:
         raise ValueError(f"{name} is not a weight of this model")

@@ -61,7 +61,7 @@ class ModelRunner:
             move_slots(self.kv, moves)
         if self.pipeline is not None:  # the same layers, over this stage's range, in micro-batches
             return self.pipeline.execute(self, seqs, result, drafts)
-        ids, positions, ctx, sample_rows = self._prepare(seqs)
+        ids, positions, ctx, sample_rows = self.prepare(seqs)
         if self.attention is not None:
             self.attention.zero_()
             ctx.attention = self.attention
@@ -104,7 +104,7 @@ class ModelRunner:
         return self._all_hidden(seq)
 
     def _all_hidden(self, seq: ScheduledSeq) -> torch.Tensor:
-        ids, positions, ctx, _ = self._prepare([seq])
+        ids, positions, ctx, _ = self.prepare([seq])
         with forward_context(ctx):
             return self.model(ids, positions)
 
@@ -117,7 +117,7 @@ class ModelRunner:
         if self.pipeline is not None:
             self.pipeline.whole(self, seq, "none")
             return
-        ids_t, positions, ctx, _ = self._prepare([seq])
+        ids_t, positions, ctx, _ = self.prepare([seq])
         with forward_context(ctx):
             self.model(ids_t, positions)
 
@@ -132,7 +132,7 @@ class ModelRunner:
             self.leader("reset_pipeline_stats", ())
         self.pipeline.reset()
 
-    def _prepare(self, seqs: list[ScheduledSeq]):
+    def prepare(self, seqs: list[ScheduledSeq]):
         if len(seqs) <= SMALL_DECODE and all(s.start >= s.num_prompt_tokens for s in seqs):
             return self._prepare_small(seqs)
         bs, dev = self.block_size, self.device

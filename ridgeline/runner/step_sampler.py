@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.layers.sampler import Sampler, SamplingMetadata, _uniform
+from ridgeline.layers.sampler import Sampler, SamplingMetadata, uniform_noise
 from ridgeline.layers.sampler_probs import kept_probs
 from ridgeline.spec.proposer import Draft
 from ridgeline.spec.rejection import rejection_verify
@@ -136,7 +136,7 @@ class StepSampler:
         proposals = [_proposals(s) for s in seqs]
         gens = [self._generator(s) for s in seqs]
         ks = [s.num_spec for s in seqs]
-        u = _uniform(len(seqs), max(ks), gens, self.device, ks)
+        u = uniform_noise(len(seqs), max(ks), gens, self.device, ks)
         accepted, final = rejection_verify(p, first, proposals, [drafts[s.req_id] for s in seqs], u, gens)
         lsm_row = {} if lsm is None else {r: i for i, r in enumerate(meta.logprob_rows.tolist())}
         results = []

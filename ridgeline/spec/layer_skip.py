@@ -73,7 +73,7 @@ class LayerSkipProposer(Proposer):
 
     def _draft(self, seqs: list[ScheduledSeq]) -> list[int]:
         """One token per sequence through layers [0, L), the final norm and the head -> the argmaxes."""
-        ids, positions, ctx, _ = self.runner._prepare(seqs)
+        ids, positions, ctx, _ = self.runner.prepare(seqs)
         model = self.lm.model
         with forward_context(ctx):
             hidden = model.run_layers(positions, model.embed(ids), None, 0, self.layers, final_norm=True)[0]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ridgeline.layers.sampler import _race
+from ridgeline.layers.sampler import race
 from ridgeline.spec.proposer import Draft
 
 
@@ -50,4 +50,4 @@ def rejection_verify(p: torch.Tensor, first_rows: Sequence[int], proposals: Sequ
     empty = w.sum(-1) <= 0  # p <= q everywhere (rounding only: such a proposal is always accepted)
     if bool(empty.any()):
         w[empty] = p[(first + accepted)[empty]]
-    return acc, _race(w, list(gens)).tolist()
+    return acc, race(w, list(gens)).tolist()
