@@ -16,7 +16,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, 
 
 def speculative_method(text: str) -> str:
     """A proposer's name, or several joined by '+' (ngram+eagle), each a known one."""
-    from ridgeline.spec.proposer import known_methods
+    from ridgeline.speculative.proposer import known_methods
     known = known_methods()
     bad = [m for m in text.split("+") if m not in known]
     if bad:
@@ -290,7 +290,7 @@ def _plugins():
     """Subcommands that live beside their packages (bench, serve, ...), registered if present."""
     import importlib
     for mod in ("ridgeline.bench.cli", "ridgeline.serve.cli", "ridgeline.cache_report.cli", "ridgeline.advisor.cli",
-                "ridgeline.eval.cli", "ridgeline.quant.cli", "ridgeline.spec.cli",
+                "ridgeline.eval.cli", "ridgeline.quant.cli", "ridgeline.speculative.cli",
                 "ridgeline.router.cli"):
         try:
             yield importlib.import_module(mod).register

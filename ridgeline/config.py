@@ -156,7 +156,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    # a registered proposer (ridgeline.spec.proposer.PROPOSERS), or several joined by "+" (spec/cascade.py:
+    # a registered proposer (ridgeline.speculative.proposer.PROPOSERS), or several joined by "+" (spec/cascade.py:
     # each request takes the first that proposes, e.g. "ngram+eagle"); None: off
     speculative_method: str | None = None
     num_speculative_tokens: int = 4  # proposals per request per step, at most
@@ -167,7 +167,7 @@ class SpeculativeConfig:
     speculative_controller: str = "on"
     # `draft` proposer: the draft model (path, hub id or alias; "self": the target's own weights) and
     # the quantization of its weights (none, int8, int4); `eagle`: the folder of a trained head (None:
-    # the one shipped for the target, ridgeline/spec/heads/)
+    # the one shipped for the target, ridgeline/speculative/heads/)
     draft_model: str | None = None
     draft_quantization: str = "none"
     # `layer-skip` proposer: the draft is the target's first speculative_layers layers, its final norm

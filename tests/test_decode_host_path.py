@@ -78,7 +78,7 @@ def test_a_step_with_a_prompt_chunk_takes_the_general_path(monkeypatch):
     seqs.append(ScheduledSeq("p", 0, [5, 6, 7], [9], True, GREEDY, None, None, 3))
     called = []
     monkeypatch.setattr(ModelRunner, "_prepare_small", lambda self, s: called.append(s))
-    _runner(16)._prepare(seqs)
+    _runner(16).prepare(seqs)
     assert not called
 
 

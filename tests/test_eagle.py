@@ -14,7 +14,7 @@ import torch
 from conftest import make_tiny_model
 from ridgeline import LLM, SamplingParams
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
 from test_multi_token_steps import OPTS, _params, _run, same_as_plain
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
@@ -116,7 +116,7 @@ def test_the_head_reads_verified_pairs(tiny_llama, tiny_head):
 def test_drafting_path_is_the_training_path():
     """Chunks of new positions against the cache, through both attention paths (by hand up to
     SMALL_QUERIES queries, SDPA above), agree with the whole-sequence pass."""
-    from ridgeline.spec.eagle_head import SMALL_QUERIES
+    from ridgeline.speculative.eagle_head import SMALL_QUERIES
     torch.manual_seed(0)
     head = EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 10000.0)).eval()
     chunks = [4, 7, SMALL_QUERIES + 4, 1, SMALL_QUERIES]
@@ -193,7 +193,7 @@ def test_a_head_for_another_model_is_a_start_up_error(tiny_head, tmp_path):
 def test_pending_rows_keep_the_newest():
     """Rows wait for the head's next draft up to MAX_PENDING per request; beyond, the oldest go (a cut
     through an entry keeps its tail, positions and next tokens aligned)."""
-    from ridgeline.spec.eagle import MAX_PENDING, _State
+    from ridgeline.speculative.eagle import MAX_PENDING, _State
 
     def rows(a, b):
         return torch.arange(a, b, dtype=torch.float32)[:, None], list(range(a, b + 1))
@@ -216,7 +216,7 @@ def test_pending_rows_keep_the_newest():
 def test_a_chain_stops_at_an_unsure_draft(tiny_llama, tiny_head, monkeypatch):
     """Drafts below the confidence bars end the chain: with the bars above any probability nothing
     is proposed, with them at 0 every chain runs k deep; output is the plain engine's either way."""
-    import ridgeline.spec.eagle as eagle
+    import ridgeline.speculative.eagle as eagle
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = LLM(str(tiny_llama), **BASE).generate(["The quick brown fox"], params, use_tqdm=False)[0]
     runs = {}

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.spec.eagle_context import HiddenRows
+from ridgeline.speculative.eagle_context import HiddenRows
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
 PROMPT = "The meaning of life is " * 3 + "and so on"  # several full KV blocks

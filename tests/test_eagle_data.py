@@ -10,7 +10,7 @@ import torch
 
 from ridgeline import LLM
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec import train_text
+from ridgeline.speculative import train_text
 from ridgeline.weights.tokenizer import Tokenizer
 
 
@@ -56,7 +56,7 @@ def test_document_tasks_paste_each_paragraph_and_are_no_benchmark_prompt(tiny_ll
     assistant's first turn before a follow-up; the shipped task, system and follow-up texts are
     none of the benchmark workloads'."""
     from ridgeline.bench import corpus
-    from ridgeline.spec.train_data import _encode, _prompt_lines, doc_task_prompts
+    from ridgeline.speculative.train_data import _encode, _prompt_lines, doc_task_prompts
     paras = train_text.paragraphs(train_text.resolve_text("calibration"))[:3]
     convs = doc_task_prompts(paras, seed=4)
     tasks = [c for c in convs if c[-1]["role"] == "user" and len(c[-1]["content"]) > 200]
@@ -97,7 +97,7 @@ def test_train_draft_mixes_sources_and_reuses_cached_data(tiny_llama, tmp_path, 
 
     def no_new_data(*a, **k):
         raise AssertionError("the cached data should have been read")
-    from ridgeline.spec import train_data
+    from ridgeline.speculative import train_data
     monkeypatch.setattr(train_data, "self_distill", no_new_data)
     monkeypatch.setattr(train_text, "teacher_forced", no_new_data)
     assert main(args) == 0
@@ -115,7 +115,7 @@ def test_bad_data_source_is_a_usage_error(tiny_llama, tmp_path, capsys):
 def test_replies_continue_where_an_earlier_run_stopped(tiny_llama):
     """Sample n is the reply to prompt n with its own seed, whatever the batching: a cached run that
     stopped after n samples is continued by start=n."""
-    from ridgeline.spec.train_data import self_distill
+    from ridgeline.speculative.train_data import self_distill
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
     whole = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=4, progress=False), 6)
     rest = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=3, progress=False, start=4), 2)

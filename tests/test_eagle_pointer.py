@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.eagle_pointer import (CopyPointer, draft_vocab_index, match_lengths, match_matrix, pick,
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.eagle_pointer import (CopyPointer, draft_vocab_index, match_lengths, match_matrix, pick,
                                          train_pointer)
-from ridgeline.spec.train_data import Sample
+from ridgeline.speculative.train_data import Sample
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)
 

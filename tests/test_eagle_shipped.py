@@ -1,4 +1,4 @@
-"""The EAGLE head shipped for the default model (ridgeline/spec/heads/smollm2-135m/): found without
+"""The EAGLE head shipped for the default model (ridgeline/speculative/heads/smollm2-135m/): found without
 --draft-model, greedy output token for token the plain engine's, and accepted far more often than an
 untrained head of the same shape on the same prompt."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.eagle_io import save_head, shipped_head
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.eagle_io import save_head, shipped_head
 
 pytestmark = pytest.mark.default_model
 
@@ -33,7 +33,7 @@ def _accepted(llm: LLM) -> tuple[list[int], float]:
 @pytest.fixture(scope="module")
 def shipped():
     from importlib import resources
-    if not (resources.files("ridgeline.spec") / "heads" / "smollm2-135m" / "head.safetensors").is_file():
+    if not (resources.files("ridgeline.speculative") / "heads" / "smollm2-135m" / "head.safetensors").is_file():
         pytest.skip("no head shipped for smollm2-135m in this checkout (make one: docs/BENCHMARKS.md)")
     return _eagle()
 

@@ -11,8 +11,8 @@ import torch
 
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import matmul_fn
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.eagle_stack import BLOCK, HeadCache, interleave_rows
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.eagle_stack import BLOCK, HeadCache, interleave_rows
 
 
 def _heads(seed: int = 0, pointer_dim: int = 0):
@@ -117,7 +117,7 @@ def test_the_c_draft_pick_is_the_torch_pick(gate_bias, match):
     gate leaves the head's choice, an open one copies; a pointer reading exact matches gets the same
     match lengths (from each row's tokens and its keys' positions) and biases in C."""
     from ridgeline.kernels import cpu_draft
-    from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
+    from ridgeline.speculative.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
     plan = choose_kernels(torch.device("cpu"), torch.float32, torch.float32)
     if not plan.c_stack or torch.float32 not in plan.packed:
         pytest.skip("no C decoder stack with packed fp32 matmuls on this machine")
@@ -244,7 +244,7 @@ def test_the_c_and_torch_drafting_paths_draft_alike(tiny_llama, tiny_head, monke
     request) and forced onto torch's (where those kernels
     do not run) drafts the same tokens, and both keep the plain engine's greedy output; with a copy
     pointer reading exact matches (the default), one reading none (an older head's), and none."""
-    from ridgeline.spec import eagle, eagle_fast
+    from ridgeline.speculative import eagle, eagle_fast
     monkeypatch.setattr(eagle_fast, "CHUNK_ROWS", 5)
     monkeypatch.setattr(eagle, "WHOLE_ROWS", 2)  # steps of more rows: hidden states copied per request
 
@@ -269,7 +269,7 @@ def test_the_fused_c_chain_drafts_what_the_per_call_c_path_does(tiny_llama, tiny
     per head step, driven from Python, draft exactly the same tokens, step by step, requests batched,
     k = 3 (so chains step the head twice), and keep the plain engine's output; with the confidence
     bars as shipped, and off (the random head is seldom sure: every chain then goes the whole way)."""
-    from ridgeline.spec import eagle
+    from ridgeline.speculative import eagle
     if bars == "off":
         monkeypatch.setattr(eagle, "MIN_CONFIDENCE", 0.0)
         monkeypatch.setattr(eagle, "MIN_PATH_CONFIDENCE", 0.0)
@@ -293,7 +293,7 @@ def test_the_fused_c_chain_drafts_what_the_per_call_c_path_does(tiny_llama, tiny
 def test_the_head_packs_in_the_fewest_bytes_a_kernel_here_multiplies():
     """The head's weights go to group-wise int4 in the largest group dividing every input width (its
     fc reads 2H, the copy pointer's projection 4H), else per-channel int8, else the target's dtype."""
-    from ridgeline.spec.eagle import head_format
+    from ridgeline.speculative.eagle import head_format
 
     default = HeadConfig(576, 9, 3, 64, 1536, 1e-5, 1e5, 128, 8)  # the shipped head's shape
     assert head_format(frozenset({"int4", "int8"}), default) == "int4-g64"  # 576 = 9 * 64, not 128

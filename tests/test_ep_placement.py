@@ -10,8 +10,8 @@ from conftest import make_tiny_model
 from ridgeline.distributed.memory import resident_weight_bytes
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.errors import InvalidRequestError
-from ridgeline.parallel import expert_load
-from ridgeline.parallel.expert_placement import ExpertPlacement, expert_blocks
+from ridgeline.distributed import expert_load
+from ridgeline.distributed.expert_placement import ExpertPlacement, expert_blocks
 from ridgeline.sampling_params import SamplingParams
 
 KW = dict(dtype="float32", kv_cache_memory="4MiB", progress=False)

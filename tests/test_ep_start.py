@@ -46,7 +46,7 @@ def test_fewer_experts_than_ranks(qwen2_moe, monkeypatch):
 
 def test_more_ranks_than_cores_or_than_torchrun_started(qwen2_moe, monkeypatch):
     started = _spawned(monkeypatch)
-    monkeypatch.setattr("ridgeline.parallel.ep_runtime.os.sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("ridgeline.distributed.ep_runtime.os.sched_getaffinity", lambda pid: {0})
     with pytest.raises(InvalidRequestError, match="expert_parallel_size 2 is larger than the 1 CPU cores"):
         LLM(str(qwen2_moe), expert_parallel_size=2, **KW)
     monkeypatch.setenv("RANK", "0")

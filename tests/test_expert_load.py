@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from ridgeline.bench import moe_report
 from ridgeline.entrypoints.llm import LLM
-from ridgeline.parallel import expert_load
+from ridgeline.distributed import expert_load
 from ridgeline.sampling_params import SamplingParams
 
 

@@ -18,7 +18,7 @@ LAYERS = {
     **dict.fromkeys(["engine", "runner", "models", "layers", "kernels", "weights", "gguf", "formats", "config",
                      "step_plan", "kv_spec", "errors", "inputs", "sampling_params", "utils", "cli_parser", "version"], CORE),
     # features: plug into the core through its seams
-    **dict.fromkeys(["spec", "speculative", "distributed", "parallel", "disagg", "router", "quant"], FEATURE),
+    **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant"], FEATURE),
     **dict.fromkeys(["bench", "advisor", "eval", "cache_report"], TOOL),
     **dict.fromkeys(["cli", "__main__", "serve", "entrypoints", "__init__"], ENTRY),
 }
@@ -29,26 +29,24 @@ SEAMS: set[tuple[str, str]] = set()
 PENDING = {
     ("config", "quant"): "quant/options.py (format names) moves into the core's formats",
     ("engine", "distributed"): "the parallel runtime becomes a registry the distributed package fills",
-    ("engine", "parallel"): "parallel/ merges into distributed/; the engine reaches it through the runtime registry",
     ("engine", "quant"): "formats and checkpoint detection move into the core's formats; K-center calibration "
                          "becomes a KV-format hook",
-    ("engine", "spec"): "the proposer interface and Draft move into the core; proposers register",
+    ("engine", "speculative"): "the proposer interface and Draft move into the core; proposers register",
     ("kernels", "quant"): "the Triton kernel reads its layouts from the core's formats",
-    ("layers", "parallel"): "expert parallelism's dispatch enters SparseMoE through a core interface",
+    ("layers", "distributed"): "expert parallelism's dispatch enters SparseMoE through a core interface",
     ("layers", "quant"): "the KV quantization formats move into the core",
     ("models", "quant"): "GGUF kept-block loading and formats move into the core",
-    ("runner", "spec"): "Draft and the rejection sampler's inputs move into the core",
-    ("distributed", "spec"): "Draft moves into the core (the plan checks draft tensors)",
+    ("runner", "speculative"): "Draft and the rejection sampler's inputs move into the core",
+    ("distributed", "speculative"): "Draft moves into the core (the plan checks draft tensors)",
     ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
     ("quant", "eval"): "the held-out text moves into the core's data (eval and quant both read it)",
-    ("spec", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
-    ("spec", "quant"): "the draft head's int4/int8 packing uses the core's formats",
+    ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
+    ("speculative", "quant"): "the draft head's int4/int8 packing uses the core's formats",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("disagg", "router"): "core_shares moves to utils",
     ("disagg", "bench"): "the disaggregation benchmark moves to bench/",
     ("disagg", "advisor"): "the disaggregation benchmark moves to bench/",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
-    ("parallel", "distributed"): "parallel/ merges into distributed/",
     ("advisor", "__init__"): "the advisor's measured validations drive LLMEngine, not the offline API",
     ("bench", "cli"): "the benchmarks take the engine's flags from the core's option table, not the CLI",
     ("bench", "entrypoints"): "the benchmarks drive LLMEngine, not the offline API",
@@ -119,9 +117,9 @@ def test_the_check_fails_on_a_planted_upward_import(tmp_path):
     assert violations(imports(pkg)) == {}
     (pkg / "engine" / "bad.py").write_text("def f():\n    from ridgeline.serve.app import x\n")  # inside a function
     assert violations(imports(pkg)) == {("engine", "serve"): "engine (core) imports serve (entry point)"}
-    (pkg / "spec").mkdir()
-    (pkg / "engine" / "bad.py").write_text("import ridgeline.spec.ngram\n")
-    assert violations(imports(pkg)) == {("engine", "spec"): "engine (core) imports spec (feature)"}
+    (pkg / "speculative").mkdir()
+    (pkg / "engine" / "bad.py").write_text("import ridgeline.speculative.ngram\n")
+    assert violations(imports(pkg)) == {("engine", "speculative"): "engine (core) imports speculative (feature)"}
     (pkg / "quant").mkdir()
-    (pkg / "quant" / "x.py").write_text("from ridgeline.spec import ngram\n")
-    assert ("quant", "spec") in violations(imports(pkg))
+    (pkg / "quant" / "x.py").write_text("from ridgeline.speculative import ngram\n")
+    assert ("quant", "speculative") in violations(imports(pkg))

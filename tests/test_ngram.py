@@ -7,8 +7,8 @@ import pytest
 from ridgeline import LLM, SamplingParams
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.ngram import NgramProposer
-from ridgeline.spec.proposer import ProposalRequest
+from ridgeline.speculative.ngram import NgramProposer
+from ridgeline.speculative.proposer import ProposalRequest
 
 
 def test_proposes_what_followed_the_last_earlier_occurrence():

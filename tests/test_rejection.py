@@ -1,4 +1,4 @@
-"""Rejection sampling of drafts with their distribution q (ridgeline/spec/rejection.py) on hand-built
+"""Rejection sampling of drafts with their distribution q (ridgeline/speculative/rejection.py) on hand-built
 p and q, and the sampler's kept probabilities (the p verification uses) against its own draws."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from ridgeline.layers.sampler import Sampler, SamplingMetadata
 from ridgeline.layers.sampler_probs import kept_probs
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.spec.proposer import Draft
-from ridgeline.spec.rejection import rejection_verify
+from ridgeline.speculative.proposer import Draft
+from ridgeline.speculative.rejection import rejection_verify
 from stats_helpers import chi2_pvalue
 
 CPU = torch.device("cpu")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.spec.sampled_drafts import draft_distribution, draw
-from ridgeline.spec.proposer import Draft
+from ridgeline.speculative.sampled_drafts import draft_distribution, draw
+from ridgeline.speculative.proposer import Draft
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=np.float32))
 

@@ -12,8 +12,8 @@ import pytest
 from ridgeline import LLM
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.cascade import CascadeProposer
-from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer
+from ridgeline.speculative.cascade import CascadeProposer
+from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer
 from test_multi_token_steps import OPTS, _params, _run, same_as_plain
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)

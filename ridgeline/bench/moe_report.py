@@ -11,7 +11,7 @@ reads are from the bandwidth floor.
 """
 from __future__ import annotations
 
-from ridgeline.parallel.expert_load import sparse_layers, summarize
+from ridgeline.distributed.expert_load import sparse_layers, summarize
 
 
 def reset(model) -> None:

@@ -33,12 +33,12 @@ from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.loader import build_model as load_model
 from ridgeline.models.options import BuildOptions
 from ridgeline.models.registry import model_class
-from ridgeline.parallel.expert_group import expert_group
+from ridgeline.distributed.expert_group import expert_group
 from ridgeline.quant import options as quant_options
 from ridgeline.runner.kv_store import build_tier
 from ridgeline.runner.model_runner import ModelRunner
-from ridgeline.spec.draft_load import DraftTarget
-from ridgeline.spec.proposer import create_proposer
+from ridgeline.speculative.draft_load import DraftTarget
+from ridgeline.speculative.proposer import create_proposer
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import ArchConfig, load_arch_config
 from ridgeline.weights.resolve import resolve_model_source
@@ -114,7 +114,7 @@ def start_parallel(config: EngineConfig, src: Source, rank) -> Parallel:
         from ridgeline.distributed.runtime import PPRuntime
         return Parallel(pp=PPRuntime(config, arch, device, rank))
     if pc.expert_parallel_size > 1:
-        from ridgeline.parallel.ep_runtime import EPRuntime
+        from ridgeline.distributed.ep_runtime import EPRuntime
         return Parallel(ep=EPRuntime(config, arch, device, rank))
     return Parallel()
 

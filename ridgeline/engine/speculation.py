@@ -10,9 +10,9 @@ import time
 
 from ridgeline.config import SpeculativeConfig
 from ridgeline.engine.request import Request
-from ridgeline.spec.controller import SpecController
-from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer
-from ridgeline.spec.stats import SpecStats
+from ridgeline.speculative.controller import SpecController
+from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer
+from ridgeline.speculative.stats import SpecStats
 from ridgeline.step_plan import SampledSeq, StepPlan
 
 

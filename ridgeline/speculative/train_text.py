@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.train_data import Sample
+from ridgeline.speculative.train_data import Sample
 
 # user turns of `chat:` conversations; written for this project, none of them a benchmark prompt
 ASKS = ["Describe {topic} in a few sentences.", "Give me an overview of {topic}.",

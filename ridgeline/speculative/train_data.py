@@ -24,7 +24,7 @@ class Sample:
 
 
 def seed_prompts(seed: int) -> list[str]:
-    base = resources.files("ridgeline.spec") / "prompts"
+    base = resources.files("ridgeline.speculative") / "prompts"
     templates = [t for t in (base / "templates.txt").read_text().splitlines() if t.strip()]
     topics = [t for t in (base / "topics.txt").read_text().splitlines() if t.strip()]
     prompts = [t.replace("{topic}", topic) for t in templates for topic in topics]
@@ -33,7 +33,7 @@ def seed_prompts(seed: int) -> list[str]:
 
 
 def _prompt_text(name: str) -> str:
-    return (resources.files("ridgeline.spec") / "prompts" / name).read_text()
+    return (resources.files("ridgeline.speculative") / "prompts" / name).read_text()
 
 
 def _prompt_lines(name: str) -> list[str]:
@@ -47,7 +47,7 @@ def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[lis
     a follow-up) per task, so about half the conversations of each kind."""
     tasks = [t.strip("\n") for t in _prompt_text("doc_tasks.txt").split("\n---\n") if t.strip()]
     systems, follow_ups = _prompt_lines("systems.txt"), _prompt_lines("follow_ups.txt")
-    from ridgeline.spec.train_text import ASKS
+    from ridgeline.speculative.train_text import ASKS
     rng = random.Random(seed)
     out = []
     for title, text in paras:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.kernels import cpu_ops
-from ridgeline.spec.eagle_pointer import CopyPointer
-from ridgeline.spec.eagle_stack import HeadCache, HeadStack, interleave_rows, why_not
+from ridgeline.speculative.eagle_pointer import CopyPointer
+from ridgeline.speculative.eagle_stack import HeadCache, HeadStack, interleave_rows, why_not
 
 SMALL_QUERIES = 16  # _attend computes up to this many queries by hand (a drafting step, a verification's catch-up)
 

@@ -20,14 +20,14 @@ import torch
 
 from ridgeline.cli_parser import non_negative_int, positive_int
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.train_data import Sample
+from ridgeline.speculative.train_data import Sample
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train-draft", help="train an EAGLE-style draft head for a model on its own replies or its hidden states over text",
         description=__doc__ + "\nPrompts: the shipped public-domain seeds (every template x topic in "
-                              "ridgeline/spec/prompts/), shuffled by --seed.",
+                              "ridgeline/speculative/prompts/), shuffled by --seed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="HF folder, .gguf file, hub id or built-in alias")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
@@ -138,8 +138,8 @@ def _take(samples, num_tokens: int) -> list:
 
 
 def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | None) -> list:
-    from ridgeline.spec.train_data import doc_task_prompts, self_distill
-    from ridgeline.spec.train_text import paragraphs, resolve_text, source_sequences, teacher_forced
+    from ridgeline.speculative.train_data import doc_task_prompts, self_distill
+    from ridgeline.speculative.train_text import paragraphs, resolve_text, source_sequences, teacher_forced
     have = _take(cache.samples, args.tokens) if cache else []
     have_tokens = sum(len(s.tokens) for s in have)
     if have_tokens >= args.tokens:
@@ -166,10 +166,10 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
     from ridgeline.entrypoints.llm import LLM
-    from ridgeline.spec.eagle_io import head_config_for, head_rows, load_head, save_head, target_fingerprint
-    from ridgeline.spec.eagle_pointer import train_pointer
-    from ridgeline.spec.train_data import frequent_tokens
-    from ridgeline.spec.train_head import train_head
+    from ridgeline.speculative.eagle_io import head_config_for, head_rows, load_head, save_head, target_fingerprint
+    from ridgeline.speculative.eagle_pointer import train_pointer
+    from ridgeline.speculative.train_data import frequent_tokens
+    from ridgeline.speculative.train_head import train_head
     from ridgeline.utils.device import pick_dtype
     if args.from_head is not None and args.copy_pointer == 0:
         raise InvalidRequestError("--from-head trains only a copy pointer: give --copy-pointer D > 0", "copy_pointer")
@@ -245,7 +245,7 @@ def _with_pointer(head, dim: int, match: int = 0):
     other weights kept)."""
     from dataclasses import replace
 
-    from ridgeline.spec.eagle_head import EagleHead
+    from ridgeline.speculative.eagle_head import EagleHead
     out = EagleHead(replace(head.cfg, pointer_dim=dim, pointer_match=match))
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("pointer.")}
     missing = out.load_state_dict(state, strict=False).missing_keys

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ridgeline.parallel.expert_placement import ExpertPlacement
+from ridgeline.distributed.expert_placement import ExpertPlacement
 
 ALL_TO_ALL_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
 
 FORMAT = "ridgeline-eagle-1"
 
@@ -62,8 +62,8 @@ def save_head(folder: Path, head: EagleHead, target: dict, vocab_ids: torch.Tens
 
 
 def shipped_head(lm: nn.Module) -> Path | None:
-    """The folder under ridgeline/spec/heads/ of a head trained for this target, if one is shipped."""
-    heads = resources.files("ridgeline.spec") / "heads"
+    """The folder under ridgeline/speculative/heads/ of a head trained for this target, if one is shipped."""
+    heads = resources.files("ridgeline.speculative") / "heads"
     if not heads.is_dir():
         return None
     mine = None

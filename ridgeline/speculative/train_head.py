@@ -21,8 +21,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from ridgeline.spec.eagle_head import EagleHead, HeadConfig
-from ridgeline.spec.train_data import Sample
+from ridgeline.speculative.eagle_head import EagleHead, HeadConfig
+from ridgeline.speculative.train_data import Sample
 
 
 def train_head(embed, rows: torch.Tensor, samples: list[Sample], cfg: HeadConfig, epochs: float, seed: int,

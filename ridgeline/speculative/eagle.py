@@ -28,15 +28,15 @@ from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
-from ridgeline.spec.draft_load import DraftTarget
-from ridgeline.spec.eagle_context import HiddenRows
-from ridgeline.spec.eagle_fast import CDrafting
-from ridgeline.spec.eagle_io import head_rows, load_head
-from ridgeline.spec.eagle_memory import PointerMemory
-from ridgeline.spec.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
-from ridgeline.spec.sampled_drafts import draft_distribution, draw, samples, seed_generator
-from ridgeline.spec.eagle_stack import weight_desc
-from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer, register_proposer
+from ridgeline.speculative.draft_load import DraftTarget
+from ridgeline.speculative.eagle_context import HiddenRows
+from ridgeline.speculative.eagle_fast import CDrafting
+from ridgeline.speculative.eagle_io import head_rows, load_head
+from ridgeline.speculative.eagle_memory import PointerMemory
+from ridgeline.speculative.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
+from ridgeline.speculative.sampled_drafts import draft_distribution, draw, samples, seed_generator
+from ridgeline.speculative.eagle_stack import weight_desc
+from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 256

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ridgeline.spec.proposer import Draft, ProposalRequest, Proposer
+from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer
 
 
 class CascadeProposer(Proposer):

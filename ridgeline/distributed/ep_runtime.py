@@ -18,7 +18,7 @@ import torch
 from ridgeline.distributed.group import RankContext, torchrun_env
 from ridgeline.distributed.runtime import TPRuntime
 from ridgeline.errors import InvalidRequestError
-from ridgeline.parallel.expert_placement import expert_blocks
+from ridgeline.distributed.expert_placement import expert_blocks
 
 LABEL = "expert-parallel"  # how a dead rank is named in the errors requests get
 
@@ -66,7 +66,7 @@ class EPRuntime(TPRuntime):
     def info(self, model, kv_bytes: int) -> "EPInfo":
         """Every rank's experts and resident bytes (gathered: one collective, on every rank at start-up)."""
         from ridgeline.distributed.memory import resident_weight_bytes
-        from ridgeline.parallel.expert_load import sparse_layers
+        from ridgeline.distributed.expert_load import sparse_layers
         layers = sparse_layers(model)
         held = [e for e, _ in layers[0].expert_items()]
         mine = (held[0], held[-1] + 1, resident_weight_bytes(model), kv_bytes)

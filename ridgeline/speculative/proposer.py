@@ -20,7 +20,7 @@ from ridgeline.sampling_params import SamplingParams
 PROPOSERS: dict[str, type[Proposer]] = {}
 # the sampling of a draft's own forward steps (a model-based draft drafts greedily)
 DRAFT_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
-_LAZY = {"draft": "ridgeline.spec.draft", "layer-skip": "ridgeline.spec.layer_skip", "eagle": "ridgeline.spec.eagle"}
+_LAZY = {"draft": "ridgeline.speculative.draft", "layer-skip": "ridgeline.speculative.layer_skip", "eagle": "ridgeline.speculative.eagle"}
 
 
 def register_proposer(name: str):
@@ -116,17 +116,17 @@ def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = No
     members = [_create(name, config, vocab_size, target) for name in names]
     if len(members) == 1:
         return members[0]
-    from ridgeline.spec.cascade import CascadeProposer
+    from ridgeline.speculative.cascade import CascadeProposer
     return CascadeProposer(config, vocab_size, members)
 
 
 def known_methods() -> list[str]:
-    import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
+    import ridgeline.speculative.ngram  # noqa: F401  (registers the built-in proposers)
     return sorted({*PROPOSERS, *_LAZY})
 
 
 def _create(name: str, config: SpeculativeConfig, vocab_size: int, target: Any) -> Proposer:
-    import ridgeline.spec.ngram  # noqa: F401  (registers the built-in proposers)
+    import ridgeline.speculative.ngram  # noqa: F401  (registers the built-in proposers)
     if name in _LAZY:
         importlib.import_module(_LAZY[name])  # loads torch-side modules only when asked for
     cls = PROPOSERS.get(name)
