@@ -16,7 +16,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, 
 
 def speculative_method(text: str) -> str:
     """A proposer's name, or several joined by '+' (ngram+eagle), each a known one."""
-    from ridgeline.speculative.proposer import known_methods
+    from ridgeline.engine.proposal import known_methods
     known = known_methods()
     bad = [m for m in text.split("+") if m not in known]
     if bad:

@@ -156,7 +156,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    # a registered proposer (ridgeline.speculative.proposer.PROPOSERS), or several joined by "+" (spec/cascade.py:
+    # a registered proposer (ridgeline.engine.proposal.PROPOSERS), or several joined by "+" (spec/cascade.py:
     # each request takes the first that proposes, e.g. "ngram+eagle"); None: off
     speculative_method: str | None = None
     num_speculative_tokens: int = 4  # proposals per request per step, at most

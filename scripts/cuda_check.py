@@ -60,7 +60,7 @@ def seams(tmp: Path) -> None:
 
     from ridgeline.engine.outputs import Accumulator
     from ridgeline.layers.forward_context import forward_context
-    from ridgeline.speculative.proposer import PROPOSERS, Proposer
+    from ridgeline.engine.proposal import PROPOSERS, Proposer
 
     folder = make_tiny_model(tmp / "seams", "llama", num_hidden_layers=4)
     prompts = ["Hello there, how are you?", "a", "The quick brown fox " * 6, "0 1 2 3 4 5 6 7"]

@@ -24,7 +24,7 @@ from ridgeline.distributed import plan_channel, wire, wire_types  # noqa: F401
 from ridgeline.distributed.plan_check import Limits, PlanError, check_answer, check_call
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.proposer import Draft
+from ridgeline.engine.proposal import Draft
 from ridgeline.step_plan import SampledSeq, ScheduledSeq, StepPlan
 from ridgeline.utils import internal_auth
 

@@ -31,13 +31,10 @@ PENDING = {
     ("engine", "distributed"): "the parallel runtime becomes a registry the distributed package fills",
     ("engine", "quant"): "formats and checkpoint detection move into the core's formats; K-center calibration "
                          "becomes a KV-format hook",
-    ("engine", "speculative"): "the proposer interface and Draft move into the core; proposers register",
     ("kernels", "quant"): "the Triton kernel reads its layouts from the core's formats",
     ("layers", "distributed"): "expert parallelism's dispatch enters SparseMoE through a core interface",
     ("layers", "quant"): "the KV quantization formats move into the core",
     ("models", "quant"): "GGUF kept-block loading and formats move into the core",
-    ("runner", "speculative"): "Draft and the rejection sampler's inputs move into the core",
-    ("distributed", "speculative"): "Draft moves into the core (the plan checks draft tensors)",
     ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
     ("quant", "eval"): "the held-out text moves into the core's data (eval and quant both read it)",
     ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",

@@ -11,7 +11,7 @@ import pytest
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.engine.outputs import Accumulator
-from ridgeline.speculative.proposer import PROPOSERS, Proposer
+from ridgeline.engine.proposal import PROPOSERS, Proposer
 
 PROMPTS = ["Once upon a time", "The meaning of life is " * 3, "x", "abcdefghijklmnopqrstuvwxyz",
            "Hello hello hello hello", "1 2 3 4 5 6 7 8", "The quick brown fox", "zz"]

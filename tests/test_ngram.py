@@ -8,7 +8,7 @@ from ridgeline import LLM, SamplingParams
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
 from ridgeline.speculative.ngram import NgramProposer
-from ridgeline.speculative.proposer import ProposalRequest
+from ridgeline.engine.proposal import ProposalRequest
 
 
 def test_proposes_what_followed_the_last_earlier_occurrence():

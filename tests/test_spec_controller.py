@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ridgeline.speculative.controller import SpecController, StepCost
+from ridgeline.engine.spec_controller import SpecController, StepCost
 
 
 def test_step_cost_interpolates_never_falls_and_prices_the_unmeasured_pessimistically():

@@ -12,7 +12,7 @@ from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.serve.app import build_app
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 
 OPTS = dict(dtype="float32", kv_cache_memory="2MiB", progress=False, speculative_method="ngram",
             num_speculative_tokens=3, ngram_min=1, speculative_controller="off")

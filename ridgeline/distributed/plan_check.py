@@ -12,7 +12,7 @@ import torch
 from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.errors import RidgelineError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.proposer import Draft
+from ridgeline.engine.proposal import Draft
 from ridgeline.step_plan import PromptLogprobs, SampledSeq, ScheduledSeq, StepPlan
 
 # runner methods that run the model (or gather / reset a pipeline's counters), and the group's own calls

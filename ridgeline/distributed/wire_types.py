@@ -11,7 +11,7 @@ from ridgeline.distributed.stages import Stage
 from ridgeline.distributed.wire import wire_type
 from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.proposer import Draft
+from ridgeline.engine.proposal import Draft
 from ridgeline.step_plan import PromptLogprobs, SampledSeq, ScheduledSeq, StepPlan
 
 for _cls in (StepPlan, ScheduledSeq, TierCopies, Draft, SampledSeq, PromptLogprobs, RankShard, Stage, StageStats,

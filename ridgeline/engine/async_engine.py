@@ -21,7 +21,7 @@ from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.errors import RankFailedError, RidgelineError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from ridgeline.distributed.expert_group import expert_group
 from ridgeline.quant import options as quant_options
 from ridgeline.runner.kv_store import build_tier
 from ridgeline.runner.model_runner import ModelRunner
-from ridgeline.speculative.draft_load import DraftTarget
-from ridgeline.speculative.proposer import create_proposer
+from ridgeline.engine.proposal import DraftTarget
+from ridgeline.engine.proposal import create_proposer
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import ArchConfig, load_arch_config
 from ridgeline.weights.resolve import resolve_model_source

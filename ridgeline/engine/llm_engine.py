@@ -29,7 +29,7 @@ from ridgeline.layers.linear import weight_summary
 from ridgeline.quant.kv_center import calibrate_k_centers
 from ridgeline.runner.kv_store import KVStoreError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 from ridgeline.step_plan import ScheduledSeq
 from ridgeline.weights.tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 
 
 class Status(enum.Enum):

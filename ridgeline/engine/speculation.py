@@ -10,9 +10,9 @@ import time
 
 from ridgeline.config import SpeculativeConfig
 from ridgeline.engine.request import Request
-from ridgeline.speculative.controller import SpecController
-from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_controller import SpecController
+from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer
+from ridgeline.engine.spec_stats import SpecStats
 from ridgeline.step_plan import SampledSeq, StepPlan
 
 

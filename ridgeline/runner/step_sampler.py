@@ -11,7 +11,7 @@ been accepted (penalties and min_tokens see them). Two verifications, both exact
 - a `Draft` (tokens drawn from a distribution q, with q) on a random request: the target's kept
   probabilities p per row (ridgeline/layers/sampler_probs.py), then accept with probability
   min(1, p/q), resample from max(p - q, 0) at the first rejection, a bonus token from the last row
-  when all are accepted (ridgeline/speculative/rejection.py).
+  when all are accepted (runner/rejection.py).
 
 A seeded request draws from its own generator, always in the same order, so its output is the same
 on every run with the same speculation settings.
@@ -22,8 +22,8 @@ import torch
 
 from ridgeline.layers.sampler import Sampler, SamplingMetadata, uniform_noise
 from ridgeline.layers.sampler_probs import kept_probs
-from ridgeline.speculative.proposer import Draft
-from ridgeline.speculative.rejection import rejection_verify
+from ridgeline.engine.proposal import Draft
+from ridgeline.runner.rejection import rejection_verify
 from ridgeline.step_plan import SampledSeq, ScheduledSeq
 
 

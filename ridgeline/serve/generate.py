@@ -27,7 +27,7 @@ from ridgeline.serve.limits import check_logprob_entries, check_n
 from ridgeline.serve.logtext import clean
 from ridgeline.serve.metrics import RequestTracker
 from ridgeline.serve.state import ServerState
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 
 log = logging.getLogger("ridgeline.serve")
 

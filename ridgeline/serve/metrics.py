@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.distributed import expert_load
-from ridgeline.speculative.stats import SpecStats
+from ridgeline.engine.spec_stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)

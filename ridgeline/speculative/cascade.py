@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer
+from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer
 
 
 class CascadeProposer(Proposer):

@@ -5,36 +5,14 @@ a draft that cannot stand in for the target (another vocabulary or tokenizer, a 
 an error at start-up."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import torch
 from torch import nn
 
 from ridgeline.config import SpeculativeConfig
+from ridgeline.engine.proposal import DraftTarget
 from ridgeline.errors import InvalidRequestError
 from ridgeline.weights.hf_config import ArchConfig
-
-
-@dataclass(frozen=True)
-class DraftTarget:
-    """What the draft needs to know of the target engine."""
-    folder: Path
-    device: torch.device
-    dtype: torch.dtype  # the target's weight dtype; the draft's dense layers take it too
-    act_dtype: torch.dtype
-    attention_backend: str
-    max_len: int
-    block_size: int
-    num_blocks: int  # the draft's KV cache holds as many tokens as the target's
-    kv_format: str
-    eos_ids: tuple[int, ...]
-    progress: bool = False
-    # live parts of the target, for proposers that run (part of) the target itself (layer-skip, eagle):
-    runner: Any = None  # the target's ModelRunner (its model, its KV cache, its step preparation)
-    kv: Any = None  # the target's KVCacheManager
-    reserve_blocks: int = 0  # blocks a proposer must leave free when it grows a request's table
 
 
 def load_draft_model(config: SpeculativeConfig, target: DraftTarget, vocab_size: int) -> tuple[ArchConfig, nn.Module]:

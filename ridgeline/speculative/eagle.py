@@ -28,7 +28,7 @@ from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 from ridgeline.layers.linear import matmul_fn
 from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
-from ridgeline.speculative.draft_load import DraftTarget
+from ridgeline.engine.proposal import DraftTarget
 from ridgeline.speculative.eagle_context import HiddenRows
 from ridgeline.speculative.eagle_fast import CDrafting
 from ridgeline.speculative.eagle_io import head_rows, load_head
@@ -36,7 +36,7 @@ from ridgeline.speculative.eagle_memory import PointerMemory
 from ridgeline.speculative.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
 from ridgeline.speculative.sampled_drafts import draft_distribution, draw, samples, seed_generator
 from ridgeline.speculative.eagle_stack import weight_desc
-from ridgeline.speculative.proposer import Draft, ProposalRequest, Proposer, register_proposer
+from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer, register_proposer
 from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 256

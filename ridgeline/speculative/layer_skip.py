@@ -24,8 +24,8 @@ import torch
 from ridgeline.engine.kv_tier import store_now
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.forward_context import forward_context
-from ridgeline.speculative.draft_load import DraftTarget
-from ridgeline.speculative.proposer import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
+from ridgeline.engine.proposal import DraftTarget
+from ridgeline.engine.proposal import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
 from ridgeline.step_plan import ScheduledSeq
 
 

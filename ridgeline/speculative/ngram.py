@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ridgeline.speculative.proposer import ProposalRequest, Proposer, register_proposer
+from ridgeline.engine.proposal import ProposalRequest, Proposer, register_proposer
 
 
 class _Index:

@@ -1,6 +1,9 @@
-"""Proposers: guess the next k tokens of decoding requests; the target verifies them all in one
-step (ridgeline/runner/step_sampler.py), so a right guess saves a step and a wrong one costs only
-the extra rows. A registry, keyed by name (SpeculativeConfig.method), of classes with one method.
+"""The proposer seam: what the core asks of speculative decoding. Proposers guess the next k tokens
+of decoding requests; the target verifies them all in one step (runner/step_sampler.py), so a
+right guess saves a step and a wrong one costs only the extra rows. A registry, keyed by name
+(SpeculativeConfig.method), of classes with one method: the built-in ones (ridgeline/speculative/)
+are named here by module and imported on first use; any other package registers with
+`register_proposer`.
 
 A proposal is either plain token ids (a deterministic guess: kept while it equals what the target
 samples) or a `Draft`: tokens sampled from a draft distribution q, given with q itself, so that
@@ -11,7 +14,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
@@ -20,7 +26,10 @@ from ridgeline.sampling_params import SamplingParams
 PROPOSERS: dict[str, type[Proposer]] = {}
 # the sampling of a draft's own forward steps (a model-based draft drafts greedily)
 DRAFT_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
-_LAZY = {"draft": "ridgeline.speculative.draft", "layer-skip": "ridgeline.speculative.layer_skip", "eagle": "ridgeline.speculative.eagle"}
+# the built-in proposers, by module (imported when a method names them: torch-side modules load only then)
+_BUILTIN = {"ngram": "ridgeline.speculative.ngram", "draft": "ridgeline.speculative.draft",
+            "layer-skip": "ridgeline.speculative.layer_skip", "eagle": "ridgeline.speculative.eagle"}
+_CASCADE = "ridgeline.speculative.cascade"
 
 
 def register_proposer(name: str):
@@ -76,7 +85,7 @@ class Draft:
 
 class Proposer:
     name = "?"
-    needs_target = False  # True: built with the target's DraftTarget (spec/draft_load.py)
+    needs_target = False  # True: built with the target's DraftTarget (below)
     # True: the runner keeps every row's final hidden state, and observe(plan, sampled, hidden,
     # requests) is called after each step (an EAGLE head reads them)
     wants_hidden = False
@@ -108,7 +117,7 @@ class Proposer:
 
 
 def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = None) -> Proposer | None:
-    """target: what a proposer that runs a model needs of the target engine (spec.draft_load.DraftTarget);
+    """target: what a proposer that runs a model needs of the target engine (DraftTarget);
     handed only to classes that set `needs_target`."""
     if config.method is None:
         return None
@@ -116,19 +125,16 @@ def create_proposer(config: SpeculativeConfig, vocab_size: int, target: Any = No
     members = [_create(name, config, vocab_size, target) for name in names]
     if len(members) == 1:
         return members[0]
-    from ridgeline.speculative.cascade import CascadeProposer
-    return CascadeProposer(config, vocab_size, members)
+    return importlib.import_module(_CASCADE).CascadeProposer(config, vocab_size, members)
 
 
 def known_methods() -> list[str]:
-    import ridgeline.speculative.ngram  # noqa: F401  (registers the built-in proposers)
-    return sorted({*PROPOSERS, *_LAZY})
+    return sorted({*PROPOSERS, *_BUILTIN})
 
 
 def _create(name: str, config: SpeculativeConfig, vocab_size: int, target: Any) -> Proposer:
-    import ridgeline.speculative.ngram  # noqa: F401  (registers the built-in proposers)
-    if name in _LAZY:
-        importlib.import_module(_LAZY[name])  # loads torch-side modules only when asked for
+    if name in _BUILTIN and name not in PROPOSERS:
+        importlib.import_module(_BUILTIN[name])  # registers it
     cls = PROPOSERS.get(name)
     if cls is None:
         raise InvalidRequestError(f"unknown speculative method {name!r}; known: {', '.join(known_methods())}, "
@@ -137,3 +143,23 @@ def _create(name: str, config: SpeculativeConfig, vocab_size: int, target: Any) 
     if getattr(cls, "needs_target", False):
         return cls(config, vocab_size, target)
     return cls(config, vocab_size)
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What the draft needs to know of the target engine."""
+    folder: Path
+    device: torch.device
+    dtype: torch.dtype  # the target's weight dtype; the draft's dense layers take it too
+    act_dtype: torch.dtype
+    attention_backend: str
+    max_len: int
+    block_size: int
+    num_blocks: int  # the draft's KV cache holds as many tokens as the target's
+    kv_format: str
+    eos_ids: tuple[int, ...]
+    progress: bool = False
+    # live parts of the target, for proposers that run (part of) the target itself (layer-skip, eagle):
+    runner: Any = None  # the target's ModelRunner (its model, its KV cache, its step preparation)
+    kv: Any = None  # the target's KVCacheManager
+    reserve_blocks: int = 0  # blocks a proposer must leave free when it grows a request's table
