@@ -11,7 +11,7 @@ import pytest
 from server_helpers import metric, wait_until
 from spawned import children, serve
 
-from ridgeline.router.launch import core_shares
+from ridgeline.utils.cpus import core_shares
 
 pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")
 KEY = "the-users-key"

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     add_random_model_parser(bsub)
     from ridgeline.bench.routing import add_routing_parser
     add_routing_parser(bsub)
-    from ridgeline.disagg.bench_cli import add_disagg_parser
+    from ridgeline.bench.disagg_cli import add_disagg_parser
     add_disagg_parser(bsub)
     p.set_defaults(func=lambda args: p.print_help())
 

@@ -73,7 +73,7 @@ def _free_port(host: str) -> int:
 
 def placement(n: int, pin: bool, cpus: list[int] | None = None) -> list[tuple[list[int], int]]:
     """(cores to pin to, [] for none; threads) of each of n workers."""
-    from ridgeline.router.launch import core_shares
+    from ridgeline.utils.cpus import core_shares
 
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     shares = core_shares(n, cpus) if pin else [[] for _ in range(n)]

@@ -18,23 +18,10 @@ import httpx
 
 from ridgeline.errors import RidgelineError
 from ridgeline.serve.front_limits import auth_headers
+from ridgeline.utils.cpus import available_cpus, core_shares
 from ridgeline.serve.server import bind, url_of
 
 START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
-
-
-def core_shares(n: int, cpus: list[int] | None = None) -> list[list[int]]:
-    """The cores of each of n replicas: contiguous, as equal as they divide; [] each when n > cores."""
-    cpus = sorted(cpus if cpus is not None else _available_cpus())
-    if n > len(cpus):
-        return [[] for _ in range(n)]
-    base, extra = divmod(len(cpus), n)
-    shares, start = [], 0
-    for i in range(n):
-        size = base + (i < extra)
-        shares.append(cpus[start:start + size])
-        start += size
-    return shares
 
 
 def _hand_over(proc: subprocess.Popen, spec: dict) -> None:
@@ -43,12 +30,6 @@ def _hand_over(proc: subprocess.Popen, spec: dict) -> None:
         proc.stdin.write(json.dumps(spec).encode())
     with contextlib.suppress(BrokenPipeError):
         proc.stdin.close()
-
-
-def _available_cpus() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return list(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 @dataclass
@@ -69,7 +50,7 @@ class ProcessLauncher:
 
     def start(self, specs: list[dict], kv_events: bool = True) -> list[ReplicaProcess]:
         shares = core_shares(len(specs))
-        total = len(_available_cpus())
+        total = len(available_cpus())
         for i, spec in enumerate(specs):
             sock = bind("127.0.0.1", 0)
             url = url_of(sock)

@@ -20,7 +20,7 @@ def measure_engine(model: str, prompt_len: int, steps: int = 16, reps: int = 3, 
 
     from ridgeline.sampling_params import SamplingParams
     from ridgeline.config import EngineConfig
-    from ridgeline.disagg.goodput import _prompts
+    from ridgeline.bench.disagg_goodput import _prompts
     from ridgeline.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig.from_kwargs(model, progress=False, **engine_kwargs))

@@ -58,7 +58,7 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
 
 def _shape(model: str):
     from ridgeline.advisor.model_config import resolve_spec
-    from ridgeline.disagg.bench_transfer import Shape
+    from ridgeline.bench.disagg_transfer import Shape
 
     s = resolve_spec(model)
     return Shape(s.num_layers, s.num_kv_heads, s.head_dim)
@@ -79,7 +79,7 @@ def format_transfer(result: dict) -> str:
 
 def cmd_bench_disagg(args: argparse.Namespace) -> int:
     from ridgeline.advisor import transfer_profile
-    from ridgeline.disagg.bench_transfer import measure
+    from ridgeline.bench.disagg_transfer import measure
 
     shape = _shape(args.model)
     load = os.getloadavg()[0]
@@ -93,13 +93,13 @@ def cmd_bench_disagg(args: argparse.Namespace) -> int:
         print(f"stored in {transfer_profile.save('transfer', result)}")
     out = {"transfer": result}
     if args.engine:
-        from ridgeline.disagg.bench_engine import format_engine, measure_engine
+        from ridgeline.bench.disagg_engine import format_engine, measure_engine
         out["engine"] = measure_engine(args.model, args.prompt_len, kv_cache_dtype=args.kv_cache_dtype)
         print(format_engine(out["engine"]), flush=True)
         if not args.no_save:
             transfer_profile.save("engine", out["engine"])
     if args.goodput:
-        from ridgeline.disagg.goodput import run_goodput
+        from ridgeline.bench.disagg_goodput import run_goodput
         out["goodput"] = run_goodput(args)
         if not args.no_save:
             transfer_profile.save("goodput", out["goodput"])
