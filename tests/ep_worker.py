@@ -20,7 +20,7 @@ def measure(llm) -> dict:
     from ridgeline import SamplingParams
     from ridgeline.layers.moe import SparseMoE
     from ridgeline.distributed import expert_load
-    from ridgeline.distributed.expert_compute import TorchExperts
+    from ridgeline.layers.expert_compute import TorchExperts
     from test_hf_parity import engine_logits
     model = llm.engine.runner.model
     moes = [m for m in model.modules() if isinstance(m, SparseMoE)]

@@ -4,8 +4,9 @@ machines):
 - tensor parallelism: the sharding rules (layout.py, torch-free, shared with the advisor), slicing
   checkpoint tensors per rank (shard.py), the collectives a step needs (comm.py);
 - pipeline parallelism: stages (stages.py, torch-free; pipeline.py, pipeline_stats.py);
-- expert parallelism: which rank owns which experts (expert_placement.py), a rank's share of a
-  sparse layer (expert_compute.py), the token exchange (expert_dispatch.py), the process group
+- expert parallelism: which rank owns which experts (expert_placement.py; a rank's experts run
+  through layers/expert_compute.py as any sparse layer's do), the token exchange
+  (expert_dispatch.py), the process group
   sparse layers are built with (expert_group.py), expert loads (expert_load.py), its ranks'
   runtime (ep_runtime.py);
 - every kind: process groups and launching (group.py, launch.py, runtime.py, worker.py), start-up
