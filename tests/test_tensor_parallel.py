@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import make_tiny_model
 from rank_kill import kill_rank_1
