@@ -155,8 +155,9 @@ def cli_pages(parser: argparse.ArgumentParser) -> dict[str, str]:
         p = next(iter(canonical.values()))[0]
         lines = [HEADER, "# Engine and parallelism flags", "",
                  "Every command that loads a model (`generate`, `chat`, `serve`, `eval`, the `bench` commands) takes "
-                 "these flags. Each sets an [engine option](../engine-options.md) of the same name; `LLM(model, "
-                 "**options)` takes the same names as keyword arguments.", ""]
+                 "these flags. Each sets an [engine option](../engine-options.md) (that page names the flag beside "
+                 "each option); `LLM(model, **options)` takes the options as keyword arguments. The `in --help` "
+                 "column is `generate`'s; `serve --help` shows a few more.", ""]
         for g in p._action_groups:
             if g.title in ENGINE_GROUPS:
                 lines += [f"## {g.title}", ""] + _rows(p, g._group_actions, p.brief) + [""]
