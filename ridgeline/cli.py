@@ -1,4 +1,4 @@
-"""ridgeline serve | generate | chat | bench | eval | quantize | advise | cache-report | pull"""
+"""ridgeline serve | generate | chat | pull | bench | eval | quantize | train-draft | advise | router | cache-report"""
 from __future__ import annotations
 
 import argparse
@@ -256,7 +256,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _plugins():
         register(sub)
+    apply_brief(parser)
     return parser
+
+
+# What `--help` shows (every option: `--help-all`). Engine and parallelism flags, which every command that loads
+# a model takes, are cut to ENGINE_BRIEF; a command's own options are all shown, except where BRIEF names them.
+ENGINE_BRIEF = frozenset({"model", "dtype", "device", "max_model_len", "kv_cache_memory", "kv_cache_dtype",
+                          "quantization", "speculative_method", "tensor_parallel_size"})
+BRIEF = {
+    ("serve",): ENGINE_BRIEF | {"host", "port", "api_key", "served_model_name", "draft_model", "max_num_seqs",
+                                "data_parallel_size", "disaggregate", "log_requests"},
+    ("bench", "serve"): ENGINE_BRIEF | {"url", "workload", "num_requests", "output_len", "concurrency",
+                                        "request_rate", "json", "plot"},
+    ("bench", "throughput"): ENGINE_BRIEF | {"workload", "num_requests", "output_len", "baseline", "json"},
+}
+
+
+def apply_brief(parser: argparse.ArgumentParser) -> None:
+    for path, p in _walk(parser):
+        dests = {a.dest for a in p._actions if a.option_strings}
+        engine = {a.dest for g in p._action_groups if g.title in ("engine", "parallelism") for a in g._group_actions}
+        brief = BRIEF.get(path, (dests - engine) | ENGINE_BRIEF)
+        if isinstance(p, RidgelineParser) and dests - brief - {"help", "help_all", "version"}:
+            p.brief = frozenset(brief)
+
+
+def _walk(parser: argparse.ArgumentParser, path: tuple = ()):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _walk(sub, (*path, name))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The parser class of `ridgeline` and of every subcommand: each option's help shows its default.
+"""The parser class of `ridgeline` and of every subcommand: each option's help shows its default, and
+`--help` shows the options most users need (`brief`) while `--help-all` shows every one.
 
 `add_subparsers()` builds subcommand parsers with the parent's class, so a subcommand registered
 from another module (`serve`, `bench`, `advise`, ...) gets this behaviour without naming it, and a
@@ -8,8 +9,10 @@ mixed in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
+import sys
 
 
 class DefaultsHelpMixin:
@@ -39,9 +42,66 @@ def with_defaults(formatter: type) -> type:
     return type(f"Defaults{formatter.__name__}", (DefaultsHelpMixin, formatter), {})
 
 
+class _HelpAll(argparse.Action):
+    """--help-all: print every option (the ones --help leaves out included) and exit."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(parser.format_help(full=True), sys.stdout)
+        parser.exit()
+
+
 class RidgelineParser(argparse.ArgumentParser):
+    """`brief`: the dests of the options --help shows (None: all of them); positional arguments, --help,
+    --help-all and --version are always shown. The others are hidden by giving them argparse.SUPPRESS as
+    help for the time the text is formatted, so --help-all and the generated reference read the same help."""
+
     def __init__(self, *args, formatter_class: type = argparse.HelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=with_defaults(formatter_class), **kwargs)
+        self.brief: frozenset[str] | None = None
+        if self.add_help:
+            self.add_argument("--help-all", action=_HelpAll, help="show every option with its default and exit")
+
+    def hidden_actions(self) -> list[argparse.Action]:
+        """The options --help leaves out."""
+        if self.brief is None:
+            return []
+        always = (argparse._HelpAction, argparse._VersionAction, _HelpAll)
+        return [a for a in self._actions if a.option_strings and not isinstance(a, always)
+                and a.dest not in self.brief and a.help is not argparse.SUPPRESS]
+
+    @contextlib.contextmanager
+    def _brief_view(self):
+        hidden = self.hidden_actions()
+        saved = [a.help for a in hidden]
+        empty = [g for g in self._action_groups if g._group_actions and all(a in hidden for a in g._group_actions)]
+        descriptions = [g.description for g in empty]
+        for a in hidden:
+            a.help = argparse.SUPPRESS
+        for g in empty:  # a group with nothing left to show loses its description too
+            g.description = None
+        try:
+            yield len(hidden)
+        finally:
+            for a, text in zip(hidden, saved):
+                a.help = text
+            for g, text in zip(empty, descriptions):
+                g.description = text
+
+    def format_usage(self) -> str:
+        with self._brief_view():
+            return super().format_usage()
+
+    def format_help(self, full: bool = False) -> str:
+        if full:
+            return super().format_help()
+        with self._brief_view() as hidden:
+            text = super().format_help()
+        if hidden:
+            text += f"\n{hidden} more options: `{self.prog} --help-all` lists every one\n"
+        return text
 
 
 # Argument types: a bad value is a usage error before anything loads ("argument --repeats: ...").

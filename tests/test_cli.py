@@ -56,8 +56,38 @@ def test_every_option_has_help_that_shows_its_default(parser):
                 missing.append(f"{name}: help does not say the default ({a.default!r}): {text!r}")
             elif shows_default(a) and "default" not in (a.help or "").lower():
                 assert text.endswith(f"(default: {a.default})"), name
-        assert SECRET not in p.format_help(), path
+        full = p.format_help(full=True)  # what --help-all prints
+        for a in options(p):
+            if a.option_strings and a.option_strings[-1] not in full:
+                missing.append(f"ridgeline {' '.join(path)} {a.option_strings[-1]}: not in --help-all")
+        assert SECRET not in full and SECRET not in p.format_help(), path
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("command, hidden, shown", [
+    (["serve"], "--max-logprob-entries", "--api-key"),
+    (["generate"], "--kv-eviction-budget", "--max-tokens"),
+    (["bench", "serve"], "--workload-seed", "--concurrency"),
+])
+def test_help_is_short_and_help_all_is_whole(capsys, command, hidden, shown):
+    outputs = {}
+    for flag in ("--help", "--help-all"):
+        with pytest.raises(SystemExit) as e:
+            main([*command, flag])
+        assert e.value.code == 0
+        outputs[flag] = capsys.readouterr().out
+    brief, full = outputs["--help"], outputs["--help-all"]
+    assert shown in brief and shown in full
+    assert hidden not in brief and hidden in full
+    assert f"`ridgeline {' '.join(command)} --help-all` lists every one" in brief
+    assert len(brief.splitlines()) < len(full.splitlines()) / 2 or len(brief.splitlines()) <= 120
+
+
+def test_a_bad_flag_shows_the_short_usage(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "many"])
+    err = capsys.readouterr().err
+    assert "--port" in err and "--kv-transfer-timeout" not in err  # usage lists the common flags only
 
 
 @pytest.mark.parametrize("argv, expect", [

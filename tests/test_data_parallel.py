@@ -32,6 +32,7 @@ def dp_server(tiny_llama):
         yield got
 
 
+@pytest.mark.slow  # starts replica processes
 def test_two_replicas_behind_one_endpoint(dp_server):
     proc, url = dp_server
     body = {"model": "tiny", "messages": [{"role": "system", "content": "shared prefix " * 12},

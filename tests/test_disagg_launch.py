@@ -62,6 +62,7 @@ def test_serve_refuses_bad_configuration_before_loading(argv, match, capsys, tin
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
     cmd = [sys.executable, "-m", "ridgeline.cli", "serve", str(tiny_llama), "--disaggregate", "1P1D", "--port", "0",
            "--dtype", "float32", "--kv-cache-memory", "2MiB", "--kv-cache-dtype", "int8", "--kv-connector", "shm"]
@@ -99,6 +100,7 @@ def test_1p1d_launch_answers_like_a_colocated_engine(tiny_llama):
     assert proc.returncode == 0
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_1p1d_launch_with_an_api_key_becomes_ready_and_keeps_every_key_off_command_lines(tiny_llama):
     """The front checks the user's key; the workers take a key of their own (the readiness polls and
     every call from the front carry it), handed over by environment: no key on a worker's command line."""

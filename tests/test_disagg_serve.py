@@ -56,7 +56,6 @@ def _text(url: str, body: dict, route: str = "/v1/completions") -> list[str]:
 def _idle(pd) -> None:
     """Both workers back to no request and no used KV block (their step threads finish asynchronously)."""
     for server in pd["servers"]:
-        eng = server.app.state.ridgeline.engine
         ae = server.app.state.ridgeline.async_engine
         wait_until(lambda: ae.stats.kv_blocks_used == 0 and not ae._streams, "worker idle")  # noqa: SLF001
     assert len(pd["dw"].connector.inbox) == 0 and not pd["pw"].exports.targets

@@ -34,7 +34,7 @@ def _accepted(llm: LLM) -> tuple[list[int], float]:
 def shipped():
     from importlib import resources
     if not (resources.files("ridgeline.speculative") / "heads" / "smollm2-135m" / "head.safetensors").is_file():
-        pytest.skip("no head shipped for smollm2-135m in this checkout (make one: docs/BENCHMARKS.md)")
+        pytest.skip("no head shipped for smollm2-135m in this checkout (make one: docs/features/eagle.md)")
     return _eagle()
 
 

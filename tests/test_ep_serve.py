@@ -25,6 +25,8 @@ from ridgeline.distributed.group import free_port
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # every test here starts expert-parallel rank processes
+
 EP = ("--expert-parallel-size", "2", "--quiet", "--no-console")
 PROMPTS = ["Hello there, how are you?", "The quick brown fox jumps over"]
 CHAT = [{"role": "user", "content": "Name three colours."}]

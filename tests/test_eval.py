@@ -127,7 +127,7 @@ def test_reference_options_drop_every_lossy_option():
 
 def test_kv_cache_setting_is_measured_against_a_float_cache(tiny_llama):
     ev = _evaluator(tiny_llama, kv_cache_dtype="fp8_e5m2")  # tiny heads (16) are too narrow for int4
-    ref = ev.start()
+    ev.start()
     assert reference_options(ev.options)["kv_cache_dtype"] == "auto"
     r = ev.measure(Setting("KV fp8_e5m2", {}))
     assert 0 < r.kl < 1 and r.agreement < 1  # a 2-bit-mantissa cache moves the distributions

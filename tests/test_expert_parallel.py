@@ -39,6 +39,7 @@ def runs(tmp_path_factory):
     return {arch: (single[arch], [r[arch] for r in ranks]) for arch in folders}
 
 
+@pytest.mark.slow  # starts rank / worker processes
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_logits_and_greedy_match_single_process(runs, arch):
     single, ranks = runs[arch]
@@ -48,6 +49,7 @@ def test_logits_and_greedy_match_single_process(runs, arch):
         assert got["greedy"] == single["greedy"]
 
 
+@pytest.mark.slow  # starts rank / worker processes
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_layer_matches_under_both_exchanges_and_torch(runs, arch):
     single, ranks = runs[arch]
@@ -57,6 +59,7 @@ def test_layer_matches_under_both_exchanges_and_torch(runs, arch):
         torch.testing.assert_close(got["torch"], single["torch"], atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow  # starts rank / worker processes
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_each_rank_holds_its_experts_and_counts_the_group_load(runs, arch):
     single, ranks = runs[arch]

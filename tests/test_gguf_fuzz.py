@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter, quants
 
 from test_gguf import CHAT, MERGES, tiny_vocab
@@ -182,6 +183,7 @@ def _verdicts(stdout: str, by_id: dict) -> tuple[dict, list[str], dict]:
     return results, failures, done
 
 
+@pytest.mark.slow  # loads hundreds of mutated files in child processes
 def test_mutated_gguf_headers_load_or_are_refused(tmp_path):
     base = tmp_path / "tiny.gguf"
     write_tiny_llama(base)

@@ -14,7 +14,7 @@ from ridgeline.kernels import cpu_quant
 from ridgeline.quant import gguf_repack
 from ridgeline.weights.gguf_blocks import GGUFBlocks
 from test_gguf import CHAT, HEADS, HIDDEN, KV_HEADS, MERGES, _add, _finish, llama_permute, random_blocks, tiny_vocab
-from test_quant_engine import PROMPT_IDS, _generate, _logits
+from test_quant_engine import _generate, _logits
 
 FFN = 512
 CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0, "int8-g32"), (T.Q4_K, "int4"),

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.step_plan import ScheduledSeq, StepPlan
+from ridgeline.step_plan import ScheduledSeq
 from ridgeline.layers.forward_context import forward_context
 
 PROMPTS = ["Hello there, how are you?", "a", "The quick brown fox jumps over the lazy dog " * 3, "0123456789"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ridgeline.kernels import cpu, cpu_attention, cpu_ops
+from ridgeline.kernels import cpu, cpu_attention
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv

@@ -124,6 +124,7 @@ def _expected_stage_bytes(model, stage) -> int:
     return total
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_pp2_matches_one_process(tiny):
     name, folder = tiny
     # chunked prefill: the 56-token prompt takes several steps, sharing them with the others' decodes
@@ -156,6 +157,7 @@ def test_pp2_matches_one_process(tiny):
         pp.engine.close()
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_killed_stage_ends_stage0_with_clear_error(tiny_llama):
     kill_rank_1(tiny_llama, "pipeline_parallel_size", "pipeline_parallel", "pipeline stage 1")
 
@@ -167,6 +169,7 @@ def _stage_pid(server_pid: int) -> int:
     return int(kids[0])
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_serve_fails_in_flight_requests_when_a_stage_dies(tiny_llama):
     import threading
 

@@ -45,6 +45,7 @@ def _rank(rank: int, port: int, seqs: int, out) -> None:
         leave()
 
 
+@pytest.mark.slow  # starts rank processes
 @pytest.mark.parametrize("seqs", [(8, 8), (8, 16)])
 def test_two_ranks_check_each_other_after_the_rendezvous(seqs):
     ctx, port = mp.get_context("spawn"), free_port()

@@ -137,7 +137,7 @@ def test_model_positional_or_flag_but_not_two_different(capsys):
     assert main(["serve", "model-a", "--model", "model-b"]) == 2
     assert "two models" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["serve", "--help"])
+        main(["serve", "--help-all"])  # every flag; --help shows the common ones
     help_text = capsys.readouterr().out
     assert "MODEL" in help_text and "temperature 1" in help_text and "max_tokens 16" in help_text
     for flag in ("--timeout-header", "--timeout-body", "--max-connections", "--drain-timeout", "--public-metrics",

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import make_tiny_model
 from rank_kill import kill_rank_1
@@ -90,6 +89,7 @@ def _greedy_agree(ref_out, tp_out) -> None:
         assert b.token_ids[i] == tok, f"step {i}: {b.token_ids} != {a.token_ids}"
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_tp2_matches_one_process(tiny):
     name, folder = tiny
     kw = dict(dtype="float32", kv_cache_memory=8 << 20, progress=False)
@@ -119,6 +119,7 @@ def test_tp2_matches_one_process(tiny):
         tp.engine.close()
 
 
+@pytest.mark.slow  # starts rank / worker processes
 def test_killed_rank_ends_rank0_with_clear_error(tmp_path_factory):
     folder = make_tiny_model(tmp_path_factory.mktemp("tp-kill"), "llama")
     kill_rank_1(folder, "tensor_parallel_size", "tensor_parallel", "tensor-parallel rank 1")

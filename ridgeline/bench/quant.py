@@ -7,7 +7,7 @@ Rungs: none, int8, int4, int4-sym, w8a8, w4a8, every other registered --quantiza
 for a GGUF model. One table, and a Pareto plot (quality vs decode speed, point size = weight bytes).
 Achieved weight bandwidth (batch-1 decode: bytes of linear weights x tok/s) and matmul rate (prefill:
 2 x linear weights, the LM head excepted, x tok/s; attention left out) stand beside this machine's
-measured peaks when the advisor has measured them (`ridgeline advise --local`).
+measured peaks when the advisor has measured them (`ridgeline advise --hardware local`).
 """
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ from ridgeline.disagg.payload import Layout, spec_key
 from ridgeline.disagg.wire import Refused, check_transfer_id
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.errors import from_validation
 from ridgeline.serve.state import state_of
 from ridgeline.utils import internal_auth
 

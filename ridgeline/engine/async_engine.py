@@ -20,7 +20,6 @@ from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.errors import RankFailedError, RidgelineError
-from ridgeline.sampling_params import SamplingParams
 from ridgeline.engine.spec_stats import SpecStats
 
 log = logging.getLogger(__name__)
