@@ -156,7 +156,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    # a registered proposer (ridgeline.engine.proposal.PROPOSERS), or several joined by "+" (spec/cascade.py:
+    # a registered proposer (ridgeline.engine.proposal.PROPOSERS), or several joined by "+" (speculative/cascade.py:
     # each request takes the first that proposes, e.g. "ngram+eagle"); None: off
     speculative_method: str | None = None
     num_speculative_tokens: int = 4  # proposals per request per step, at most
@@ -231,7 +231,7 @@ class ParallelConfig:
     # stages holding contiguous layer ranges (ridgeline/distributed/stages.py); started like the ranks above
     pipeline_parallel_size: int = 1
     pipeline_microbatches: int | None = None  # micro-batches per step; None: one per stage
-    # expert parallelism with its own ranks (parallel/ep_runtime.py): > 1 starts them like tensor parallelism's,
+    # expert parallelism with its own ranks (distributed/ep_runtime.py): > 1 starts them like tensor parallelism's,
     # every layer whole on each rank but the experts, placed over the ranks
     expert_parallel_size: int = 1
 
@@ -306,7 +306,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     attention_backend: str = "auto"
     progress: bool = True
-    # sparse layers' experts spread over the ranks of a distributed launch (parallel/expert_group.py)
+    # sparse layers' experts spread over the ranks of a distributed launch (distributed/expert_group.py)
     expert_parallel: bool = False
 
     def __post_init__(self):

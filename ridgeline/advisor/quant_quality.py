@@ -1,5 +1,5 @@
 """Measured quality of each weight format on the default model (SmolLM2-135M), shared by `advise quant`
-and the console: one table, copied from docs/BENCHMARKS.md ("Quality on the default model" and "GGUF
+and the console: one table, copied from docs/performance.md ("Quality on the default model" and "GGUF
 blocks kept").
 
 How it was measured: `ridgeline eval --quantization Q --max-tokens 4096 --prompts 8 --gen-tokens 32`

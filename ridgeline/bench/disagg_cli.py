@@ -1,7 +1,7 @@
 """`ridgeline bench disagg`: the KV transfer cost per token on this machine (connectors x KV formats x
 prompt lengths) and the engine's own prefill and decode-step cost, stored in the local profile for
 `ridgeline advise disagg`; with --goodput, a 1P1D
-deployment against 2 co-located replicas on long prompts under a TPOT SLO (disaggregation/goodput.py)."""
+deployment against 2 co-located replicas on long prompts under a TPOT SLO (bench/disagg_goodput.py)."""
 from __future__ import annotations
 
 import argparse

@@ -3,7 +3,7 @@ as tensor parallelism's ranks are (distributed/runtime.py: one machine, rank 0 s
 pinned to their share of the cores; torchrun, every rank a process; rank 0 schedules and publishes
 each step's plan; a dead rank fails the requests in flight and ends the server), but no layer is
 split: attention, norms, routers, shared experts and the LM head are whole on every rank, and each
-sparse layer's experts are placed over the N ranks (parallel/expert_placement.py).
+sparse layer's experts are placed over the N ranks (distributed/expert_placement.py).
 
 Everything that can be refused is refused here, before a rank starts: a dense model, fewer experts
 than ranks (an expert count the ranks do not divide places unevenly, expert_placement.py), more

@@ -199,7 +199,7 @@ class SpecController:
         Outside probes the choice already priced the catch-ups it starts (choose()), so they leave
         the budget alone: charged there too, a chained proposer's head catching up after each run of
         lookup drafts kept the budget below zero, so a batch-1 request never probed past 2 rows and
-        drafted 1 token a step for good (docs/BENCHMARKS.md). It also measures the seconds per
+        drafted 1 token a step for good (docs/performance.md). It also measures the seconds per
         catch-up row that choose() prices a backlog with."""
         if self._probe_base is not None:
             self.budget -= seconds

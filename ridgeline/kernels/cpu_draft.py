@@ -1,7 +1,7 @@
 """ctypes binding of kernels/eagle_draft.c: an EAGLE head's step (fc, its layer on the decoder stack,
 the copy pointer's projections) and its drafts for n rows (its LM-head rows' matmul, the softmax's top
-token and probability, the copy pointer's mixture), one call each. spec/eagle_stack.py and
-spec/eagle.py gather the arguments; this module only moves addresses. Small index arrays are numpy
+token and probability, the copy pointer's mixture), one call each. speculative/eagle_stack.py and
+speculative/eagle.py gather the arguments; this module only moves addresses. Small index arrays are numpy
 (built from lists in microseconds); tensors are passed by data_ptr."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def draft_pick(rows_desc: torch.Tensor, feat_rows: np.ndarray, feats: torch.Tens
     int64: per row the address of its keys [m_i, d] fp32 and payload [m_i] int64, and m_i; gate
     [H + d + 3] (+ 1 for a pointer reading exact matches); mass [vocab] fp32 zeros; work [max m_i + d] fp32
     -> tokens [>= n] int64, probs [>= n] fp32. match_bias [M + 1] fp32: the pointer's bias by match length
-    (spec/eagle_pointer.py; None: it reads none); match: [3, n] int64 rows: the address of each row's
+    (speculative/eagle_pointer.py; None: it reads none); match: [3, n] int64 rows: the address of each row's
     tokens (int64, its chain's drafts after them), of its keys' positions (int64 [m_i]), and the index
     of its drafting position's last token."""
     n, H = len(feat_rows), feats.shape[1]

@@ -1,6 +1,6 @@
 """ctypes binding of kernels/moe.c: a sparse MLP's routing and grouped expert matmuls in one call.
 The module path (layers/moe.py) and the C decoder stack call the same function on the same
-descriptor, so their outputs are bitwise equal. Expert parallelism (parallel/expert_dispatch.py)
+descriptor, so their outputs are bitwise equal. Expert parallelism (distributed/expert_dispatch.py)
 calls the pieces (route, experts, combine, shared) with the token exchange between them, and puts
 a DISPATCH callback in the descriptor so that the decoder stack hands it the whole layer."""
 from __future__ import annotations

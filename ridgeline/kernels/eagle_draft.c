@@ -1,11 +1,11 @@
-/* An EAGLE head's drafting (spec/eagle.py) in two calls a step instead of dozens of small torch ops.
+/* An EAGLE head's drafting (speculative/eagle.py) in two calls a step instead of dozens of small torch ops.
  *
  * ridgeline_eagle_step: the head's step for T rows: fc over [embedding, target hidden] (+ bias), then
  * its decoder layer through decoder_stack.c (layer 0 of a one-layer descriptor, the head's own
- * paged K/V: spec/eagle_stack.py), then the residual added: features [T, H]; and where asked, the
+ * paged K/V: speculative/eagle_stack.py), then the residual added: features [T, H]; and where asked, the
  * copy pointer's query and key projections of the same rows.
  *
- * ridgeline_draft_pick: the draft decision (the torch reference is spec/eagle_pointer.py's
+ * ridgeline_draft_pick: the draft decision (the torch reference is speculative/eagle_pointer.py's
  * CopyPointer.attend + pick): for each of n rows, the head's logits over its
  * draft vocabulary (one matmul by the weight descriptor of its LM-head rows), their softmax's top
  * token and probability, and where the row has a copy pointer's context, the pointer's mixture
@@ -20,7 +20,7 @@
  * vocab_index [vocab] a token's row or -1 (NULL: identity), q_rows [n] addresses of fp32 queries [d],
  * keys[i] [m_i, d] fp32 and payload[i] [m_i] int64 by address (m_i = 0 or q_rows NULL: no pointer),
  * gate [H + d + 3] and its bias, mass [vocab] fp32 zeros (left zero), work [max m_i + d] fp32.
- * A pointer reading exact matches (match = M > 0; spec/eagle_pointer.py): each score gets
+ * A pointer reading exact matches (match = M > 0; speculative/eagle_pointer.py): each score gets
  * match_bias[L_j] (L_j: how many of the row's last tokens ctx[i][end_i], ctx[i][end_i - 1], ... equal
  * those ending at key j's, ctx[i][kpos[i][j] + 1], ..., in a row, at most M), and the gate reads
  * max_j L_j / M after its other inputs (gate [H + d + 4]); ctx, kpos [n] addresses of int64 arrays. */
@@ -220,14 +220,14 @@ int ridgeline_draft_pick(const int64_t *rows_w, const int64_t *feat_rows, float 
 }
 
 /* A greedy drafting chain for n requests in one call: what EagleProposer.propose does for greedy
- * requests by calling the pick and the head's step in turn from Python (spec/eagle.py), the same
+ * requests by calling the pick and the head's step in turn from Python (speculative/eagle.py), the same
  * calls on the same data in the same order (so the same drafts), without the interpreter between
  * them. Each step: the pick for every row; each row's chain goes on while its probabilities pass
  * the bars (a first draft's own probability min_first; the chain's product min_path, which the next
  * draft must also be able to pass) and it has drafted fewer than its k; then, unless every chain
  * stopped or k_max drafts were picked, the head's step for every row on its draft (its K/V at the
  * row's next head-cache slot, its pointer key at the memory's scratch row mem_n + s, its query into
- * chain_q), and the memory's scratch updated as spec/eagle_memory.py's set_payload and chain do.
+ * chain_q), and the memory's scratch updated as speculative/eagle_memory.py's set_payload and chain do.
  *
  * a [CH_FIELDS] int64: the pick's and the step's arguments (pointers as integers; see the enum);
  * f [CF_FIELDS] double: scale, gate bias, eps, the head attention's scale, min_first, min_path;
@@ -281,7 +281,7 @@ int ridgeline_eagle_chain(const int64_t *a, const double *f, const int64_t *rows
                                   PTR(const float, a[CH_MATCH_BIAS]), nt);
         if (rc) break;
         int going = 0;
-        for (int64_t i = 0; i < n; i++) { /* the gating of spec/eagle.py's propose, in the same double arithmetic */
+        for (int64_t i = 0; i < n; i++) { /* the gating of speculative/eagle.py's propose, in the same double arithmetic */
             path[i] *= (double)probs[i];
             const double bar = s == 0 ? f[CF_MIN_FIRST] : f[CF_MIN_PATH];
             stopped[i] = stopped[i] || path[i] < bar || s >= kk[i];
@@ -329,7 +329,7 @@ int ridgeline_eagle_chain(const int64_t *a, const double *f, const int64_t *rows
 }
 
 /* dst row dst_rows[i] = src row src_rows[i] for i < n, rows of row_bytes bytes (the target's hidden
- * rows an EAGLE head keeps beside the KV cache, spec/eagle_context.py: a step's rows in one call) */
+ * rows an EAGLE head keeps beside the KV cache, speculative/eagle_context.py: a step's rows in one call) */
 void ridgeline_copy_rows(char *dst, const char *src, const int64_t *dst_rows, const int64_t *src_rows, int64_t n,
                          int64_t row_bytes) {
     for (int64_t i = 0; i < n; i++)

@@ -19,7 +19,7 @@ with the decoded weight rounded to the input's dtype. Without triton (or off CUD
 False and the formats keep their dequantize-per-call torch path. Tests run the kernel on the CPU
 under TRITON_INTERPRET=1.
 
-Measured on an H100 (scripts/cuda_kernels_check.py, docs/BENCHMARKS.md): within 4e-7 of
+Measured on an H100 (scripts/cuda_kernels_check.py, docs/performance.md): within 4e-7 of
 dequantize-then-matmul for all nine formats; at 1-16 rows 3-6x faster than dequantizing per call
 at 7-8B-model shapes, but 0.3-0.6x of bf16 cuBLAS (100-500 GB/s of weights read), and no faster
 than dequantizing at 256 rows (BLOCK_M stays 16 for the invariant above).

@@ -13,7 +13,7 @@
 #ifndef W_PF_BYTES
 #if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
 /* AMD Zen (GCC 12 tunes a Zen 5 as znver3): on a Zen 5, 2- and 3-row tiles (a verification's rows)
- * ran ~5% faster 8 KB ahead than 2 KB, one row the same (docs/BENCHMARKS.md) */
+ * ran ~5% faster 8 KB ahead than 2 KB, one row the same (docs/performance.md) */
 #define W_PF_BYTES 8192
 #else
 #define W_PF_BYTES 2048 /* measured on the Xeon */
@@ -25,7 +25,7 @@
  * line kept in the caches only pushes out what the step reuses (the activations, the scratch rows, the
  * KV cache, a draft head's weights). On a Zen 5, batch-1 decode of the default model in bf16 with the
  * hint switched per prompt (ABBA over 24 prompts): plain 173.2 -> 177.4 tok/s, with an EAGLE head
- * drafting 2 tokens 243.7 -> 255.1 (docs/BENCHMARKS.md). */
+ * drafting 2 tokens 243.7 -> 255.1 (docs/performance.md). */
 #ifndef W_PF_HINT
 #if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
 #define W_PF_HINT _MM_HINT_NTA

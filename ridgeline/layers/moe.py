@@ -14,9 +14,9 @@ transformers):
 that expert placement reads; `touched` the experts that ran and the calls (weight bytes read).
 
 Expert parallelism (an `expert_group` in the build options): this rank builds, loads and runs only
-its block of experts (parallel/expert_placement.py; the others are absent from `experts`, a dict by
+its block of experts (distributed/expert_placement.py; the others are absent from `experts`, a dict by
 global id); the router and the shared expert are whole on every rank. The forward exchanges tokens
-with the other ranks (parallel/expert_dispatch.py); in the C stack the descriptor's dispatch
+with the other ranks (distributed/expert_dispatch.py); in the C stack the descriptor's dispatch
 callback hands the layer to that same forward. The counters then hold the whole group's load.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """`ridgeline train-draft MODEL --out DIR --data SRC [--data SRC ...] --tokens N --seed S`: train an
 EAGLE-style draft head for MODEL on this machine's CPU and save it as a folder for
 `--speculative-method eagle --draft-model DIR`. Data sources, each up to N tokens: `replies`, the
-model's own sampled replies to the shipped prompt seeds (spec/train_data.py; closest to what it will
+model's own sampled replies to the shipped prompt seeds (speculative/train_data.py; closest to what it will
 draft for, but each token costs a decode step); `tasks:FILE`, its sampled replies to document
 tasks over FILE's paragraphs (summarize, list, explain, follow-ups: replies that quote and rework a
 given text, as chat traffic does); `text:FILE` and `chat:FILE`, the model's hidden
-states teacher-forced over fixed text, plain or as chat turns (spec/train_text.py; one prefill per
+states teacher-forced over fixed text, plain or as chat turns (speculative/train_text.py; one prefill per
 chunk). FILE `calibration` is the bundled public-domain text."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                    help="weight of the smooth-L1 loss against the target's next hidden state (default 1)")
     p.add_argument("--copy-pointer", type=non_negative_int, default=64, metavar="D",
                    help="after the head, train a copy pointer of width D over the context's earlier positions "
-                        "(spec/eagle_pointer.py; the head frozen); 0: none (default 64)")
+                        "(speculative/eagle_pointer.py; the head frozen); 0: none (default 64)")
     p.add_argument("--pointer-epochs", type=float, default=8.0, metavar="E",
                    help="passes over the data for the copy pointer (default 8)")
     p.add_argument("--pointer-match", type=non_negative_int, default=8, metavar="M",

@@ -9,7 +9,7 @@ feeds what is missing (the prompt, or the target's last accepted and sampled tok
 first draft token; each further pass feeds the previous draft token. For a greedy request the drafts
 are the draft's argmax, kept while they equal the target's. For a request that samples they are
 drawn from the draft's own distribution q at the request's temperature, top-k, min-p and top-p
-(spec/sampled_drafts.py), its TOP_Q most likely tokens (renormalized: so q is exactly what is drawn
+(speculative/sampled_drafts.py), its TOP_Q most likely tokens (renormalized: so q is exactly what is drawn
 from), returned as a Draft and verified against q by rejection sampling: a draft close to the target
 (the target's own weights quantized) is then kept about as often as at temperature 0, where its
 argmax would be kept only with the target's probability of it. A request whose blocks do not fit the

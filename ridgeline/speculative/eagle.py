@@ -1,7 +1,7 @@
-"""The `eagle` proposer: a trained head (spec/eagle_head.py, `ridgeline train-draft`) drafts a chain of
+"""The `eagle` proposer: a trained head (speculative/eagle_head.py, `ridgeline train-draft`) drafts a chain of
 k tokens from the target's hidden states: its argmax for greedy requests (a deterministic guess the
 verification keeps while it equals the target's choice), a draw from its own distribution q for
-requests that sample (spec/sampled_drafts.py: verified against q by rejection sampling), so the
+requests that sample (speculative/sampled_drafts.py: verified against q by rejection sampling), so the
 output is exact either way.
 
 The runner hands over the hidden state of every row it computed (`wants_hidden`). After each step,
@@ -11,7 +11,7 @@ token the step sampled). Before the next draft, the head feeds a request's pendi
 layer, appending to that request's K/V cache, and drafts from the feature of the last one: possible
 when that pair is (hidden at n - 2, token n - 1), n the request's length. Positions a new request
 gets from the prefix cache are read from the target's hidden rows kept beside its KV blocks
-(spec/eagle_context.py; absent there, they are absent from the head's cache); a preempted request
+(speculative/eagle_context.py; absent there, they are absent from the head's cache); a preempted request
 recomputes positions the head already holds, which it skips (the tokens there never change). At
 most MAX_PENDING rows wait per request (older ones are dropped: a gap), so a request that drafts
 nothing for long costs bounded memory and a bounded catch-up."""
@@ -81,7 +81,7 @@ class _State:
     pending: list[tuple[int, torch.Tensor, int, list[int]]] = field(default_factory=list)
     num_pending: int = 0  # rows in pending
     memory: PointerMemory | None = None  # the copy pointer's context (heads that have one)
-    gen: torch.Generator | None = None  # a seeded sampling request's draft draws (spec/sampled_drafts.py)
+    gen: torch.Generator | None = None  # a seeded sampling request's draft draws (speculative/sampled_drafts.py)
 
     def add(self, start: int, hidden: torch.Tensor, toks: list[int], row: int = 0) -> None:
         """Queue rows hidden[row:row + len(toks) - 1], keeping the newest MAX_PENDING (a cut through
@@ -128,7 +128,7 @@ class EagleProposer(Proposer):
         head, vocab_ids, self.head_config = load_head(config.draft_model, self.lm)
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
         self.vocab_index = draft_vocab_index(self.vocab_ids, vocab_size)  # for the copy pointer's mixture
-        # the same two on the host, for sampled drafts (spec/sampled_drafts.py)
+        # the same two on the host, for sampled drafts (speculative/sampled_drafts.py)
         self._vocab_np = (None, None) if self.vocab_ids is None else (self.vocab_ids.cpu().numpy(),
                                                                        self.vocab_index.cpu().numpy())
         rows = head_rows(self.lm, self.vocab_ids)
@@ -225,7 +225,7 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposalRequest]) -> list[list[int] | Draft]:
-        impl = self._c or self  # the C path (spec/eagle_fast.py) or torch's (below): the same methods
+        impl = self._c or self  # the C path (speculative/eagle_fast.py) or torch's (below): the same methods
         states = [self.states.get(r.req_id) for r in requests]
         t0 = time.perf_counter()
         rows, _ = impl.catch_up([st for st in states if st is not None and st.pending])
@@ -304,7 +304,7 @@ class EagleProposer(Proposer):
         """For the sampling requests' chain rows: replace the head's pick with a draw from q, in place,
         and return each row's q as (probs over the draft vocabulary then x*, x*) (the whole
         vocabulary's: x* added in place). q mixes the pick x* (a copy pointer's, or the head's top)
-        into the head's distribution h (spec/sampled_drafts.py): q = b * [x*] + (1 - b) * h, b such
+        into the head's distribution h (speculative/sampled_drafts.py): q = b * [x*] + (1 - b) * h, b such
         that q(x*) is the pick's own probability where that exceeds h(x*) (b = 0 elsewhere). The
         chain's length rule reads q's top probability in place of the pick's: never the draw."""
         if not rows:
@@ -336,7 +336,7 @@ class EagleProposer(Proposer):
             out[n] = (q.astype(np.float32), star)
         return out
 
-    # The torch path (any device; the C path in spec/eagle_fast.py mirrors these four methods).
+    # The torch path (any device; the C path in speculative/eagle_fast.py mirrors these four methods).
 
     def start(self, states: list[_State]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafting rows: features [n, H] and (with a pointer) queries [n, d]."""
@@ -390,7 +390,7 @@ class EagleProposer(Proposer):
             m = mem.known + step
             if m:
                 lengths = None
-                if self.pointer.match:  # the pointer's exact-match lengths, on the host (spec/eagle_pointer.py)
+                if self.pointer.match:  # the pointer's exact-match lengths, on the host (speculative/eagle_pointer.py)
                     lengths = torch.from_numpy(match_lengths(mem.ctx, mem.pos_np[:m] + 1, mem.ntok - 1 + step,
                                                              self.pointer.match)).to(self.device)[None]
                 a, g = self.pointer.attend(queries[r:r + 1], mem.keys[:m], None, feats[r:r + 1], probs_top[r:r + 1],

@@ -8,7 +8,7 @@ microseconds (measured: a one-row copy 50-120 us, against 10 warm), so this path
 the per-step work: the head's features and the pointer's queries and keys are written by the C step
 straight into per-request buffers (a request's feature [H], its memory's query [d] and key rows),
 the hidden rows are read where the runner left them, indices travel in numpy arrays, and outputs
-land in buffers kept between steps. The torch path (spec/eagle.py) computes the same drafts
+land in buffers kept between steps. The torch path (speculative/eagle.py) computes the same drafts
 (tests/test_eagle_stack.py compares them)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 from ridgeline.kernels import cpu_draft
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 
-# rows of one catch-up call at most (a request holds at most MAX_PENDING, spec/eagle.py): bounds the
+# rows of one catch-up call at most (a request holds at most MAX_PENDING, speculative/eagle.py): bounds the
 # head's scratch (about 50 KB a row for the default model's head) when many prompts arrive at once
 CHUNK_ROWS = 512
 

@@ -3,7 +3,7 @@ hidden state at j] -> one decoder layer (causal attention over the head's own pa
 a feature f_j that stands in for the target's hidden state at j+1; the target's own LM head (or the
 rows of it for a reduced vocabulary of frequent tokens, as FR-Spec) turns f_j into logits for token
 j+2. Drafting a chain feeds f_j back as the hidden state of position j+1. Optionally a copy pointer
-(spec/eagle_pointer.py) mixes in the tokens that followed earlier positions like this one.
+(speculative/eagle_pointer.py) mixes in the tokens that followed earlier positions like this one.
 
 "Hidden state" is the target's last layer after its final norm: what its LM head reads.
 
@@ -34,7 +34,7 @@ class HeadConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
-    pointer_dim: int = 0  # a copy pointer of this width (spec/eagle_pointer.py); 0: none
+    pointer_dim: int = 0  # a copy pointer of this width (speculative/eagle_pointer.py); 0: none
     pointer_match: int = 0  # its exact-match lengths read up to this many tokens; 0: none
 
     def to_dict(self) -> dict:
@@ -67,7 +67,7 @@ class EagleHead(nn.Module):
         self._packed: dict[nn.Linear, object] | None = None  # set by use_kernels (drafting only)
         self._c_ops = False  # use_kernels on a CPU with the engine's C ops: norms, SiLU*up and rotary table there
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # drafting's cos, sin [P, 1, d/2] (fp32)
-        self.stack = None  # use_kernels where the C decoder stack runs the layer (spec/eagle_stack.py)
+        self.stack = None  # use_kernels where the C decoder stack runs the layer (speculative/eagle_stack.py)
 
     def use_kernels(self, pack) -> None:
         """Draft with other matmul kernels: pack(weight [N, K]) -> a callable x [M, K] -> x @ W^T

@@ -1,4 +1,4 @@
-"""One request's copy-pointer context (spec/eagle_pointer.py) while the EAGLE proposer drafts for it:
+"""One request's copy-pointer context (speculative/eagle_pointer.py) while the EAGLE proposer drafts for it:
 the pointer's key of every position the head was fed, those positions, the token that followed each
 (x_{j+2}, filled in as the request's tokens arrive) and the query of the last fed position; for a
 pointer that reads exact matches, also the request's tokens and the keys' positions on the host

@@ -6,11 +6,11 @@ token. A request that samples keeps a proposed token x with probability min(1, p
 the argmax as a deterministic guess (q a point mass) that is p(x), often small at temperature 1 (on
 the chat workload 19% of the EAGLE head's such drafts were kept, 53% for greedy requests). Drawing
 x from the drafter's own distribution q instead keeps sum_x min(p(x), q(x)) on average, near 1
-where the drafter matches the target. The verification (spec/rejection.py) is exact for any q it is
+where the drafter matches the target. The verification (runner/rejection.py) is exact for any q it is
 told, so q only moves acceptance: it is the drafter's softmax at the request's temperature, then
 its top-k, min-p and top-p, as the target's are applied (penalties are not: they need the request's
-history over the whole vocabulary); each proposer then shapes it (spec/eagle.py mixes in its copy
-pointer's pick, spec/draft.py keeps the most likely tokens).
+history over the whole vocabulary); each proposer then shapes it (speculative/eagle.py mixes in its copy
+pointer's pick, speculative/draft.py keeps the most likely tokens).
 
 Whether a chain drafts position j is decided before x_j is drawn (from the distribution there,
 never from x_j itself): a drawn token is always proposed, so each proposal is exactly a draw from
