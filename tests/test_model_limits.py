@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType as T, GGUFValueType as V
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.weights.gguf_convert import ensure_converted
-from ridgeline.weights.gguf_reader import read_gguf
+from ridgeline.gguf.convert import ensure_converted
+from ridgeline.gguf.reader import read_gguf
 from ridgeline.weights.hf_config import load_arch_config
 from ridgeline.weights.safetensors_loader import weight_files
 from test_gguf_fuzz import _layout, write_tiny_llama

@@ -97,10 +97,9 @@ _RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ri
 
 
 def _build() -> ctypes.CDLL:
+    from ridgeline.kernels.formats import stale_header
     from ridgeline.utils.device import cpu_flags
     from ridgeline.weights.cache_dir import model_cache_dir
-
-    from ridgeline.kernels.formats import stale_header
 
     stale = stale_header()  # the C side's format codes are the Python table's, or nothing is built
     if stale:
