@@ -1,9 +1,9 @@
 """`--quantization gguf`: every Linear keeps the blocks a GGUF file stores, in the nearest packed format.
 
 A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the widest
-of their layouts' kept formats, layouts.py): all Q4_0 -> int4-sym g32; Q4_0 / Q4_1 / Q4_K -> int4 g32;
-with Q8_0 or Q6_K -> int8-g32; a dense (F32 / F16 / BF16) or unsupported shard -> the dense format of
---dtype, its blocks dequantized. The
+of the formats their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with Q4_1 ->
+int4 g32, anything with Q8_0 -> int8-g32; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
+format of --dtype, its blocks dequantized. The
 tied LM head takes the embedding's type (the smollm2 file's Q8_0: int8-g32); the embedding itself is
 a dense table in --dtype, since a lookup reads one row per token, not the whole matrix.
 `layer_formats` rules still win where they match (a format that takes floats gets dequantized blocks).
