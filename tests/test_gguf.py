@@ -49,8 +49,8 @@ def test_dequant_roundtrip_of_gguf_quantize(qtype):
 
 
 def test_dequant_unsupported_type_names_type_and_tensor():
-    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*Q5_0"):
-        dequantize(np.zeros(22, np.uint8), T.Q5_0, (32,), "blk.3.ffn_up.weight")
+    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*Q5_1"):
+        dequantize(np.zeros(24, np.uint8), T.Q5_1, (32,), "blk.3.ffn_up.weight")
 
 
 # ---------------------------------------------------------------- tiny GGUF files

@@ -6,6 +6,8 @@ A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (
     Q4_0  32: d fp16; 16 bytes of nibbles            q in [0, 15], zero 8, scale d
     Q4_1  32: d, m fp16; 16 bytes of nibbles         q in [0, 15], scale d, min m
     Q8_0  32: d fp16; 32 int8                        q in [-127, 127], scale d
+    Q5_0  32: d fp16; 32 high bits (a little-endian uint32, bit j for element j); 16 bytes of nibbles
+                                                     q in [0, 31], zero 16, scale d
     Q4_K  256 = 8 x 32: d, dmin fp16, 12 bytes of 6-bit scales s and mins n, 128 bytes of nibbles
                                                      q in [0, 15], scale d * s, min -(dmin * n) (fp32)
     Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
@@ -74,6 +76,11 @@ def _q8_0(b):
     return Parts(b[:, 2:].contiguous().view(torch.int8).unsqueeze(1), 0, _f16(b[:, :2]), None)
 
 
+def _q5_0(b):
+    high = (b[:, 2:6].contiguous().view(torch.int32) >> torch.arange(32, dtype=torch.int32)) & 1  # [n, 32]
+    return Parts((_nibbles(b[:, 6:]) | (high.to(torch.uint8) << 4)).unsqueeze(1), 16, _f16(b[:, :2]), None)
+
+
 def _q4_k(b):
     d, dmin, sc, qs = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int(), b[:, 16:]
     # 8 sub-blocks of 32 share 6-bit scales and mins packed into 12 bytes
@@ -101,6 +108,7 @@ LAYOUTS: dict[T, Layout] = {
     T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4"})),
     T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4"})),
     T.Q8_0: Layout(_q8_0, "int8-g32", frozenset({"int8-g32"})),
+    T.Q5_0: Layout(_q5_0, "int8-g32", frozenset({"int8-g32"})),  # q - 16 in [-16, 15]: int8 exactly
     T.Q4_K: Layout(_q4_k, "int4", frozenset()),
     T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
 }
