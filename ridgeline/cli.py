@@ -224,7 +224,7 @@ def cmd_chat(args):
 
 
 def cmd_pull(args):
-    from ridgeline.weights.gguf_convert import ensure_converted
+    from ridgeline.gguf.convert import ensure_converted
     from ridgeline.weights.pull import pull
     path = pull(args.alias)
     print(f"{args.alias}: {path}")

@@ -35,7 +35,7 @@ def load(path: Path) -> None:
     from ridgeline.models.loader import build_model
     from ridgeline.models.options import BuildOptions
     from ridgeline.models.registry import model_class
-    from ridgeline.quant.gguf_load import kept_blocks
+    from ridgeline.gguf.load import kept_blocks
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.weights.resolve import resolve_model_source
     from ridgeline.weights.safetensors_loader import iter_tensors

@@ -11,9 +11,10 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFReader, GGUFWriter, quants
 
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
-from ridgeline.weights.gguf_convert import ensure_converted
-from ridgeline.weights.gguf_dequant import dequantize, read_gguf
-from ridgeline.weights.gguf_tokenizer import _byte_alphabet, load_gguf_tokenizer
+from ridgeline.gguf.convert import ensure_converted
+from ridgeline.gguf.dequant import dequantize
+from ridgeline.gguf.reader import read_gguf
+from ridgeline.gguf.tokenizer import _byte_alphabet, load_gguf_tokenizer
 
 # Byte offsets of the float16 scale fields inside one block, per type.
 _F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
@@ -48,8 +49,8 @@ def test_dequant_roundtrip_of_gguf_quantize(qtype):
 
 
 def test_dequant_unsupported_type_names_type_and_tensor():
-    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*Q5_0"):
-        dequantize(np.zeros(22, np.uint8), T.Q5_0, (32,), "blk.3.ffn_up.weight")
+    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*Q5_1"):
+        dequantize(np.zeros(24, np.uint8), T.Q5_1, (32,), "blk.3.ffn_up.weight")
 
 
 # ---------------------------------------------------------------- tiny GGUF files

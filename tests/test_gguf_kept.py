@@ -11,8 +11,8 @@ from gguf import GGMLQuantizationType as T
 from ridgeline import LLM
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_quant
-from ridgeline.quant import gguf_repack
-from ridgeline.weights.gguf_blocks import GGUFBlocks
+from ridgeline.gguf import repack as gguf_repack
+from ridgeline.gguf.blocks import GGUFBlocks
 from test_gguf import CHAT, HEADS, HIDDEN, KV_HEADS, MERGES, _add, _finish, llama_permute, random_blocks, tiny_vocab
 from test_quant_engine import _generate, _logits
 

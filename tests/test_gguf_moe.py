@@ -10,7 +10,7 @@ from gguf import GGUFWriter
 
 from ridgeline import LLM
 from ridgeline.errors import InvalidRequestError
-from ridgeline.weights.gguf_convert import ensure_converted
+from ridgeline.gguf.convert import ensure_converted
 from conftest import make_tiny_model
 from test_gguf import CHAT, MERGES, llama_permute, tiny_vocab
 from test_hf_parity import engine_logits, hf_model

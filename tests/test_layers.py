@@ -31,6 +31,7 @@ PENDING = {
     ("engine", "distributed"): "the parallel runtime becomes a registry the distributed package fills",
     ("engine", "quant"): "formats and checkpoint detection move into the core's formats; K-center calibration "
                          "becomes a KV-format hook",
+    ("gguf", "quant"): "the kept-block formats build on the core's formats",
     ("kernels", "quant"): "the Triton kernel reads its layouts from the core's formats",
     ("layers", "distributed"): "expert parallelism's dispatch enters SparseMoE through a core interface",
     ("layers", "quant"): "the KV quantization formats move into the core",

@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType as T, GGUFValueType as V
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.weights.gguf_convert import ensure_converted
-from ridgeline.weights.gguf_reader import read_gguf
+from ridgeline.gguf.convert import ensure_converted
+from ridgeline.gguf.reader import read_gguf
 from ridgeline.weights.hf_config import load_arch_config
 from ridgeline.weights.safetensors_loader import weight_files
 from test_gguf_fuzz import _layout, write_tiny_llama
@@ -106,8 +106,8 @@ def test_header_fields_are_checked_against_the_file(tmp_path, at, fmt, value, ma
 
 def test_a_type_that_cannot_be_dequantized_is_named_not_a_buffer_error(tmp_path, home):
     path = tmp_path / "q5.gguf"
-    write_tiny_llama(path, types={"ffn_up": T.Q5_0})
-    _refused(path, r"blk\.0\.ffn_up\.weight' has GGML type Q5_0, which Ridgeline cannot dequantize")
+    write_tiny_llama(path, types={"ffn_up": T.Q5_1})
+    _refused(path, r"blk\.0\.ffn_up\.weight' has GGML type Q5_1, which Ridgeline cannot dequantize")
 
 
 # ---------------------------------------------------------------- config.json and safetensors

@@ -43,7 +43,7 @@ def test_int4_round_trip_within_a_step(group, sym):
 
 def test_int4_asymmetric_g32_reproduces_a_q4_1_grid_exactly():
     gguf = pytest.importorskip("gguf")
-    from ridgeline.weights.gguf_dequant import dequantize
+    from ridgeline.gguf.dequant import dequantize
     w = _w(16, 128).numpy()
     on_grid = dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1,
                          (16, 128))
@@ -64,7 +64,7 @@ def test_int8_g32_round_trip_within_half_a_step_and_keeps_a_q8_0_grid():
     d = t.scale.float().repeat_interleave(32, dim=1)
     assert bool(((t.dequantize() - w).abs() <= d * (0.5 + 1e-3)).all())
     gguf = pytest.importorskip("gguf")
-    from ridgeline.weights.gguf_dequant import dequantize
+    from ridgeline.gguf.dequant import dequantize
     q8 = gguf.GGMLQuantizationType.Q8_0
     on_grid = dequantize(gguf.quants.quantize(w.numpy(), q8), q8, (24, 320))
     assert torch.equal(rtn.quantize_int8_g32(on_grid).dequantize(), on_grid)

@@ -16,7 +16,7 @@ import torch
 
 from ridgeline.distributed.layout import RankShard
 from ridgeline.errors import InvalidRequestError, ModelLoadError
-from ridgeline.weights.gguf_blocks import GGUFBlocks
+from ridgeline.gguf.blocks import GGUFBlocks
 
 _COLUMN = {"qkv_proj", "gate_up_proj"}  # output rows split
 _ROW = {"o_proj", "down_proj"}  # input columns split

@@ -20,7 +20,7 @@ def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, p
                                       "use none (the default for such a file), int8 or int4", "quantization")
         quantization = "none"
     if quantization == "gguf":
-        from ridgeline.quant.gguf_load import kept_blocks  # reads the file: the gguf package loads only here
+        from ridgeline.gguf.load import kept_blocks  # reads the file: the gguf package loads only here
         return *kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan), quantization
     quant, fmt = folder_quantization(folder, quantization, mc.quant_group_size, mc.quant_symmetric)
     default, rules = fmt or dense, mc.layer_formats + quant_implied_rules(quant)

@@ -97,9 +97,13 @@ _RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ri
 
 
 def _build() -> ctypes.CDLL:
+    from ridgeline.kernels.formats import stale_header
     from ridgeline.utils.device import cpu_flags
     from ridgeline.weights.cache_dir import model_cache_dir
 
+    stale = stale_header()  # the C side's format codes are the Python table's, or nothing is built
+    if stale:
+        raise RuntimeError(stale)
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH")

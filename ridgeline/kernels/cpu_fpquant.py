@@ -3,7 +3,7 @@ in registers, x fp32 (kernels/gemm_fp8.c); MXFP4 and NVFP4 weights through a 16-
 lanes against x quantized to int8 per row and block inside the call (kernels/gemm_fp4.c).
 
 Packed once, at load time, in the 48-column groups of the other quantized kernels (cpu_quant.py);
-`code` is the format in kernels/decoder_stack.c (enum weight_format), so the decoder stack calls the
+`code` is the format in the C descriptors (kernels/formats.py), so the decoder stack calls the
 same kernel on the same data as the module path.
 """
 from __future__ import annotations
@@ -14,9 +14,10 @@ import torch
 
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_quant import NC, PackedQuant, _groups
+from ridgeline.kernels.formats import code_of
 from ridgeline.quant.fpq import BlockTensor, Fp8Tensor
 
-C_FP8_E4M3, C_FP8_E5M2, C_MXFP8, C_MXFP4, C_NVFP4 = 40, 41, 42, 43, 44
+FP8_MODES = {"e4m3": 0, "e5m2": 1, "mx": 2}  # gemm_fp8.c's modes: the fp8 rows' parameter (kernels/formats.py)
 FP4_HEADER = 64  # bytes before the block scales: fp32 c (kernels/gemm_fp4.c)
 
 
@@ -44,12 +45,13 @@ class PackedFp8(PackedQuant):
         self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
         lib.ridgeline_pack_i8(t.q.contiguous().view(torch.int8).data_ptr(), self.data.data_ptr(), self.N, self.K)
         if isinstance(t, BlockTensor):
-            self.code, self.mode = C_MXFP8, 2
+            self.mode = FP8_MODES["mx"]
             self.scale = _block_scales(t.scale, self.N)
         else:
             e4m3 = t.element == "e4m3"
-            self.code, self.mode = (C_FP8_E4M3, 0) if e4m3 else (C_FP8_E5M2, 1)
+            self.mode = FP8_MODES[t.element]
             self.scale = _pad_rows(t.scale.float() * (256.0 if e4m3 else 1.0), G * NC)
+        self.code = code_of("fp8", self.mode)
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_fp8(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
@@ -64,7 +66,7 @@ class PackedFp4(PackedQuant):
         lib = cpu.lib()
         self.N, self.K = t.q.shape
         self.block = t.block
-        self.code = C_MXFP4 if t.kind == "mxfp4" else C_NVFP4
+        self.code = code_of("fp4", t.block)
         self.data = torch.empty(_groups(self.N) * (self.K // 8) * NC, dtype=torch.int32)
         if lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
             raise ValueError(f"fp4 packing needs K a multiple of 8, got {self.K}")

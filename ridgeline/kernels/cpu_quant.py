@@ -3,7 +3,7 @@ and with x quantized to int8 inside the call (kernels/gemm_a8.c: W8A8, W4A8).
 
 The quantized weight is packed once, at load time, into the 48-column groups of the packed kernels
 (k-major, one contiguous stream per group) with its scales beside it; x stays fp32 at the interface.
-`code` is the weight's format in kernels/decoder_stack.c (enum weight_format), so the C decoder stack
+`code` is the weight's format in the C descriptors (kernels/formats.py), so the C decoder stack
 calls the same kernel on the same data: the two paths agree bit for bit.
 """
 from __future__ import annotations
@@ -12,15 +12,10 @@ import torch
 
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
-from ridgeline.quant.rtn import INT4_GROUP_SIZES, Int4Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.kernels.formats import code_of
+from ridgeline.quant.rtn import Int4Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
-C_INT8 = 3
-C_INT4 = 4  # + group index (32, 64, 128) + 3 if symmetric: codes 4..9
-C_W8A8 = 10
-C_W4A8 = 11  # as C_INT4: codes 11..16
-C_INT8_G32 = 45  # int8 with an fp16 scale per 32 k (GGUF Q8_0's grid); 40..44: kernels/cpu_fpquant.py
-C_W8A8_G32 = 46  # the same grid against int8 activations
 KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
@@ -42,10 +37,6 @@ def int8_rounds_activations() -> bool:
     the bf16 kernels do; without AVX512-BF16 they multiply fp32 x."""
     lib = cpu.lib()
     return bool(lib is not None and lib.ridgeline_int8_bf16())
-
-
-def int4_code(group: int, symmetric: bool, base: int = C_INT4) -> int:
-    return base + INT4_GROUP_SIZES.index(group) + 3 * int(symmetric)
 
 
 def _groups(n: int) -> int:
@@ -84,7 +75,7 @@ class PackedInt8(PackedQuant):
     K2 = K rounded up to even, for bf16 dot products; else [groups][K][NC]); scale [groups * NC] fp32
     (zero past N)."""
 
-    code = C_INT8
+    code = code_of("i8")
 
     def __init__(self, t: Int8Tensor):
         lib = cpu.lib()
@@ -102,7 +93,7 @@ class PackedInt8(PackedQuant):
 class PackedInt8G32(PackedQuant):
     """int8 with an fp16 scale per 32 k: data as PackedInt8's, scale [groups][K/32][NC] fp16 (kernels/gemm_int8_g32.c)."""
 
-    code = C_INT8_G32
+    code = code_of("i8g32")
 
     def __init__(self, t: Int8GroupTensor):
         lib = cpu.lib()
@@ -124,7 +115,7 @@ class PackedInt4(PackedQuant):
         lib = cpu.lib()
         self.N, self.K = t.q.shape
         self.group, self.symmetric = t.group, t.symmetric
-        self.code = int4_code(t.group, t.symmetric)
+        self.code = code_of("i4", t.group, t.symmetric)
         G = _groups(self.N)
         self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
         if lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
@@ -143,7 +134,7 @@ class PackedW8A8(PackedQuant):
     """int8 weights against int8 activations: data [groups][K/4][NC][4] uint8 (q + 128); scale
     [groups * NC] fp32 (zero past N)."""
 
-    code = C_W8A8
+    code = code_of("w8a8")
 
     def __init__(self, t: Int8Tensor):
         self.N, self.K = t.q.shape
@@ -163,7 +154,7 @@ class PackedW8A8G32(PackedQuant):
     """int8 with an fp16 scale per 32 k against int8 activations: data as PackedW8A8's, scale
     [groups][K/32][NC] fp16 (PackedInt8G32's)."""
 
-    code = C_W8A8_G32
+    code = code_of("w8a8g32")
 
     def __init__(self, t: Int8GroupTensor):
         self.N, self.K = t.q.shape
@@ -182,7 +173,7 @@ class PackedW4A8(PackedInt4):
 
     def __init__(self, t: Int4Tensor):
         super().__init__(t)
-        self.code = int4_code(t.group, t.symmetric, C_W4A8)
+        self.code = code_of("w4a8", t.group, t.symmetric)
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_w4a8(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),

@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
 #include "quant_tile.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
@@ -61,15 +60,6 @@ int ridgeline_pack_w8a8(const int8_t *q, uint8_t *p, int64_t N, int64_t K) {
 #define A8_B 32 /* W8A8: k per activation block */
 #define A8_BLOCKS(K) (((K) + A8_B - 1) / A8_B)
 #define W4_MR 4
-#define A8_OWN_ROWS 8 /* up to this many rows each thread quantizes all of x itself */
-
-static inline int omp_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 static inline int32_t load4(const void *p) {
     int32_t v;
@@ -246,83 +236,61 @@ static const ukr_w4_fn UKRS_W4_WIDE[2] = {ukr_w4_1_2_0, ukr_w4_1_2_1};
 
 typedef struct {
     const void *p, *s; /* packed weights, scales */
-    const void *xq;    /* quantized x [M][K] */
-    const float *xs;   /* per block (W8A8) or group (W4A8) of each row: (a, -128 R) or (a, X) [M][blocks][2] */
+    const float *x;
     float *y;
-    int64_t N, K, G; /* G: 0 for W8A8 */
-    int sym;         /* W4A8: symmetric; W8A8: fp16 scales per block of 32 (g32) */
+    int64_t M, N, K, G; /* G: 0 for W8A8 */
+    int sym;            /* W4A8: symmetric; W8A8: fp16 scales per block of 32 (g32) */
 } a8_args;
 
-/* rows [m, m + mr), column groups [g, g + ng) */
-static void tile_a8(const a8_args *a, int mr, int ng, int64_t g, int64_t m) {
-    const int64_t N = a->N, K = a->K;
+/* the prepared x: xq [M][K] s8 r, then at the next 64 bytes xs [M][blocks or groups][2]: per block
+ * (W8A8) or group (W4A8) of each row (a, -128 R) or (a, X) */
+static inline int64_t a8_xs_row(const a8_args *a) { return 2 * (a->G ? a->K / a->G : A8_BLOCKS(a->K)); }
+static inline size_t a8_xs_offset(const a8_args *a) { return ((size_t)(a->M * a->K) + 63) & ~(size_t)63; }
+static inline const float *a8_xs(const a8_args *a, const void *ws) {
+    return (const float *)((const uint8_t *)ws + a8_xs_offset(a));
+}
+
+/* the driver's prep: rows [r0, r1) of x quantized to int8 */
+static void prep_a8(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const a8_args *a = args;
+    const int64_t K = a->K, xs_row = a8_xs_row(a);
+    float *xs = (float *)a8_xs(a, ws);
+    for (int64_t m = r0; m < r1; m++) {
+        if (a->G)
+            quant_row_groups(a->x + m * K, (int8_t *)ws + m * K, xs + m * xs_row, K, a->G);
+        else
+            quant_row_blocks(a->x + m * K, (int8_t *)ws + m * K, xs + m * xs_row, K);
+    }
+}
+
+/* the driver's tile: rows [m, m + mr), column groups [g, g + ng), all of k */
+static void tile_a8(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                    int flags) {
+    const a8_args *a = args;
+    const int64_t N = a->N, K = a->K, nb = a8_xs_row(a);
+    const int8_t *xq = (const int8_t *)ws + m * K;
+    const float *xs = a8_xs(a, ws) + m * nb;
+    (void)k0; (void)kc; (void)flags;
     if (!a->G) {
-        const int64_t nb = 2 * A8_BLOCKS(K), ss = a->sym ? K / A8_B * QT_NC : QT_NC;
+        const int64_t ss = a->sym ? K / A8_B * QT_NC : QT_NC;
         const ukr_w8_fn f = ng == 2 ? UKRS_W8_WIDE[a->sym] : UKRS_W8[a->sym][mr];
         const void *s = a->sym ? (const void *)((const uint16_t *)a->s + g * ss) : (const void *)((const float *)a->s + g * ss);
-        f((const uint8_t *)a->p + g * K * QT_NC, K * QT_NC, s, ss, (const int8_t *)a->xq + m * K, K, a->xs + m * nb, nb,
-          a->y + m * N, g * QT_NC, N, K);
+        f((const uint8_t *)a->p + g * K * QT_NC, K * QT_NC, s, ss, xq, K, xs, nb, a->y + m * N, g * QT_NC, N, K);
         return;
     }
     const int64_t KG = K / a->G, gs = K / 8 * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
     const ukr_w4_fn f = ng == 2 ? UKRS_W4_WIDE[a->sym] : UKRS_W4[a->sym][mr];
-    f((const uint32_t *)a->p + g * gs, gs, (const uint16_t *)a->s + g * ss, ss, (const int8_t *)a->xq + m * K, K,
-      a->xs + m * 2 * KG, 2 * KG, a->y + m * N, g * QT_NC, N, KG, a->G);
+    f((const uint32_t *)a->p + g * gs, gs, (const uint16_t *)a->s + g * ss, ss, xq, K, xs, nb, a->y + m * N, g * QT_NC,
+      N, KG, a->G);
 }
 
-static void quant_rows(const a8_args *a, const float *x, void *xq, float *xs, int64_t r0, int64_t r1) {
-    const int64_t K = a->K;
-    for (int64_t m = r0; m < r1; m++) {
-        if (a->G)
-            quant_row_groups(x + m * K, (int8_t *)xq + m * K, xs + m * 2 * (K / a->G), K, a->G);
-        else
-            quant_row_blocks(x + m * K, (int8_t *)xq + m * K, xs + m * 2 * A8_BLOCKS(K), K);
-    }
-}
-
-static int gemm_a8(a8_args a, const float *x, int64_t M, int nthreads) {
-    const int64_t NG = N_GROUPS(a.N), mr = a.G ? W4_MR : W8_MR, rows = qt_chunk_rows(a.K, 1, mr);
-    const int64_t xs_row = 2 * (a.G ? a.K / a.G : A8_BLOCKS(a.K));
-    /* a few rows (decode): every thread quantizes all of x into its own copy, with no barrier
-     * between quantizing and multiplying; more rows: each thread quantizes its share of one copy */
-    const int own = M <= A8_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
-    uint8_t *xq = aligned_alloc(64, (size_t)(copies * M * a.K + 63) & ~(size_t)63);
-    float *xs = malloc(sizeof(float) * (size_t)(copies * M * xs_row));
-    if (!xq || !xs) {
-        free(xq);
-        free(xs);
-        return -3;
-    }
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t r0 = 0, r1 = M, g0, g1;
-        const int64_t c = own ? omp_thread() : 0;
-        a8_args t = a;
-        t.xq = xq + c * M * a.K;
-        t.xs = xs + c * M * xs_row;
-        if (!own) omp_range(M, &r0, &r1);
-        quant_rows(&t, x, (void *)t.xq, (float *)t.xs, r0, r1);
-        if (!own) {
-            #pragma omp barrier
-        }
-        omp_range(NG, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t g = g0; g < g1;) {
-                if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
-                    tile_a8(&t, 1, 2, g, m0);
-                    g += 2;
-                    continue;
-                }
-                for (int64_t m = m0; m < m1; m += mr)
-                    tile_a8(&t, m1 - m < mr ? (int)(m1 - m) : (int)mr, 1, g, m);
-                g++;
-            }
-        }
-    }
-    free(xq);
-    free(xs);
-    return 0;
+static int gemm_a8(const a8_args *a, int nthreads) {
+    const int mr = a->G ? W4_MR : W8_MR;
+    const td_plan plan = {.M = a->M, .groups = N_GROUPS(a->N), .K = a->K, .KC = a->K,
+                          .rows = qt_chunk_rows(a->K, 1, mr), .mr = mr, .wide = 1,
+                          .ws_bytes = a8_xs_offset(a) + (size_t)(a->M * a8_xs_row(a)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS};
+    return ridgeline_td_run(&plan, a, prep_a8, tile_a8, nthreads);
 }
 #endif
 
@@ -331,8 +299,8 @@ int ridgeline_gemm_w8a8(const uint8_t *p, const float *s, const float *x, float 
                         int nthreads) {
 #if A8_ISA
     if (M < 1 || N < 1 || K < 1 || K % 4) return -1;
-    const a8_args a = {p, s, NULL, NULL, y, N, K, 0, 0};
-    return gemm_a8(a, x, M, nthreads);
+    const a8_args a = {p, s, x, y, M, N, K, 0, 0};
+    return gemm_a8(&a, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;
@@ -344,8 +312,8 @@ int ridgeline_gemm_w4a8(const uint32_t *p, const uint16_t *s, const float *x, fl
                         int64_t K, int64_t G, int sym, int nthreads) {
 #if A8_ISA
     if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
-    const a8_args a = {p, s, NULL, NULL, y, N, K, G, sym != 0};
-    return gemm_a8(a, x, M, nthreads);
+    const a8_args a = {p, s, x, y, M, N, K, G, sym != 0};
+    return gemm_a8(&a, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
     return -2;
@@ -357,8 +325,8 @@ int ridgeline_gemm_w8a8_g32(const uint8_t *p, const uint16_t *s, const float *x,
                             int64_t K, int nthreads) {
 #if A8_ISA
     if (M < 1 || N < 1 || K < 1 || K % A8_B) return -1;
-    const a8_args a = {p, s, NULL, NULL, y, N, K, 0, 1};
-    return gemm_a8(a, x, M, nthreads);
+    const a8_args a = {p, s, x, y, M, N, K, 0, 1};
+    return gemm_a8(&a, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
 #include "quant_tile.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
@@ -32,15 +31,6 @@ int ridgeline_fp4_available(void) { return FP4_ISA; }
 
 #if FP4_ISA
 #define FP4_MR 4
-#define FP4_OWN_ROWS 8 /* up to this many rows each thread quantizes all of x itself */
-
-static inline int fp4_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
 
 /* one row of K in blocks of B -> s8 r (each 8 k in nibble order: 0 4 1 5 2 6 3 7), per block a and R */
 static void quant_row_blocks(const float *x, int8_t *r, float *a, int32_t *R, int64_t K, int64_t B) {
@@ -136,18 +126,37 @@ typedef struct {
     const uint32_t *p;
     const uint8_t *s; /* block scales (past the header) */
     float c;
-    const int8_t *xq;
-    const float *xa;
-    const int32_t *xr;
+    const float *x;
     float *y;
-    int64_t N, K, B;
+    int64_t M, N, K, B;
 } fp4_args;
 
-/* rows [m, m + mr), column groups [g, g + ng) */
-static void tile_fp4(const fp4_args *a, int mr, int ng, int64_t g, int64_t m) {
+/* the prepared x: xq [M][K] s8 r, then (64-byte aligned) a [M][K/B] fp32, then R [M][K/B] int32 */
+static inline size_t fp4_a_offset(const fp4_args *f) { return ((size_t)(f->M * f->K) + 63) & ~(size_t)63; }
+static inline size_t fp4_r_offset(const fp4_args *f) {
+    return fp4_a_offset(f) + (((size_t)(f->M * (f->K / f->B)) * sizeof(float) + 63) & ~(size_t)63);
+}
+
+/* the driver's prep: rows [r0, r1) of x quantized to int8 per block */
+static void prep_fp4(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const fp4_args *f = args;
+    const int64_t K = f->K, KB = K / f->B;
+    float *xa = (float *)((uint8_t *)ws + fp4_a_offset(f));
+    int32_t *xr = (int32_t *)((uint8_t *)ws + fp4_r_offset(f));
+    for (int64_t m = r0; m < r1; m++)
+        quant_row_blocks(f->x + m * K, (int8_t *)ws + m * K, xa + m * KB, xr + m * KB, K, f->B);
+}
+
+/* the driver's tile: rows [m, m + mr), column groups [g, g + ng), all of k */
+static void tile_fp4(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                     int flags) {
+    const fp4_args *a = args;
     const int64_t KB = a->K / a->B, gs = a->K / 8 * QT_NC, ss = KB * QT_NC;
+    const float *xa = (const float *)((const uint8_t *)ws + fp4_a_offset(a));
+    const int32_t *xr = (const int32_t *)((const uint8_t *)ws + fp4_r_offset(a));
     const ukr_fp4_fn f = ng == 2 ? UKRS_FP4_WIDE[a->B == 32] : UKRS_FP4[a->B == 32][mr];
-    f(a->p + g * gs, gs, a->s + g * ss, ss, a->c, a->xq + m * a->K, a->K, a->xa + m * KB, a->xr + m * KB, KB,
+    (void)k0; (void)kc; (void)flags;
+    f(a->p + g * gs, gs, a->s + g * ss, ss, a->c, (const int8_t *)ws + m * a->K, a->K, xa + m * KB, xr + m * KB, KB,
       a->y + m * a->N, g * QT_NC, a->N, KB);
 }
 #endif
@@ -158,51 +167,14 @@ int ridgeline_gemm_fp4(const uint32_t *p, const uint8_t *s, const float *x, floa
                        int64_t K, int64_t B, int nthreads) {
 #if FP4_ISA
     if (M < 1 || N < 1 || K < 1 || (B != 16 && B != 32) || K % B) return -1;
-    const int64_t NG = (N + QT_NC - 1) / QT_NC, KB = K / B, rows = qt_chunk_rows(K, 1, FP4_MR);
-    /* a few rows (decode): every thread quantizes all of x into its own copy, with no barrier
-     * between quantizing and multiplying; more rows: each thread quantizes its share of one copy */
-    const int own = M <= FP4_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
-    int8_t *xq = aligned_alloc(64, (size_t)(copies * M * K + 63) & ~(size_t)63);
-    float *xa = malloc(sizeof(float) * (size_t)(copies * M * KB));
-    int32_t *xr = malloc(sizeof(int32_t) * (size_t)(copies * M * KB));
-    if (!xq || !xa || !xr) {
-        free(xq);
-        free(xa);
-        free(xr);
-        return -3;
-    }
     float c;
     memcpy(&c, s, sizeof c);
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t r0 = 0, r1 = M, g0, g1;
-        const int64_t cp = own ? fp4_thread() : 0;
-        const fp4_args a = {p, s + FP4_HEADER, c, xq + cp * M * K, xa + cp * M * KB, xr + cp * M * KB, y, N, K, B};
-        if (!own) omp_range(M, &r0, &r1);
-        for (int64_t m = r0; m < r1; m++)
-            quant_row_blocks(x + m * K, (int8_t *)a.xq + m * K, (float *)a.xa + m * KB, (int32_t *)a.xr + m * KB,
-                             K, B);
-        if (!own) {
-            #pragma omp barrier
-        }
-        omp_range(NG, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t g = g0; g < g1;) {
-                if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
-                    tile_fp4(&a, 1, 2, g, m0);
-                    g += 2;
-                    continue;
-                }
-                for (int64_t m = m0; m < m1; m += FP4_MR) tile_fp4(&a, m1 - m < FP4_MR ? (int)(m1 - m) : FP4_MR, 1, g, m);
-                g++;
-            }
-        }
-    }
-    free(xq);
-    free(xa);
-    free(xr);
-    return 0;
+    const fp4_args a = {p, s + FP4_HEADER, c, x, y, M, N, K, B};
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = K,
+                          .rows = qt_chunk_rows(K, 1, FP4_MR), .mr = FP4_MR, .wide = 1,
+                          .ws_bytes = fp4_r_offset(&a) + (size_t)(M * (K / B)) * sizeof(int32_t),
+                          .own_rows = TD_OWN_ROWS};
+    return ridgeline_td_run(&plan, &a, prep_fp4, tile_fp4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)B; (void)nthreads;
     return -2;

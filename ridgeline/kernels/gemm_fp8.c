@@ -16,7 +16,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "omp_range.h"
 #include "quant_tile.h"
 
 enum { FP8_E4M3 = 0, FP8_E5M2 = 1, FP8_MX = 2 };
@@ -74,7 +73,7 @@ ukr_fp8(const int mode, const int mr, const int ng, const uint8_t *pw, int64_t g
             }
         }
     }
-    if (mode != FP8_MX && (flags & QT_LAST))
+    if (mode != FP8_MX && (flags & TD_LAST))
         for (int v = 0; v < nv; v++) {
             const __m512 sv = _mm512_loadu_ps((const float *)s + 16 * v);
             for (int i = 0; i < mr; i++) acc[i][v] = _mm512_mul_ps(acc[i][v], sv);
@@ -112,8 +111,11 @@ typedef struct {
     int mode;
 } fp8_args;
 
-/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (whole blocks for MX) */
-static void tile_fp8(const fp8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
+/* the driver's tile: rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (whole blocks for MX) */
+static void tile_fp8(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                     int flags) {
+    const fp8_args *a = args;
+    (void)ws;
     const int64_t KB = a->K / FP8_BLOCK;
     const uint8_t *pw = a->p + (g * a->K + k0) * QT_NC;
     const void *s = a->mode == FP8_MX ? (const void *)((const uint8_t *)a->s + (g * KB + k0 / FP8_BLOCK) * QT_NC)
@@ -128,33 +130,11 @@ int ridgeline_gemm_fp8(const uint8_t *p, const void *s, const float *x, float *y
                        int mode, int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (M < 1 || N < 1 || K < 1 || mode < 0 || mode > FP8_MX || (mode == FP8_MX && K % FP8_BLOCK)) return -1;
-    const int64_t mr = FP8_MR;
-    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 4, mode == FP8_MX ? FP8_BLOCK : 1);
-    const int64_t rows = qt_chunk_rows(KC, 4, mr);
+    const int64_t KC = qt_k_block(M, K, 4, mode == FP8_MX ? FP8_BLOCK : 1);
     const fp8_args a = {p, s, x, y, N, K, mode};
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t g0, g1;
-        omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                const int flags = (k0 ? QT_ACC : 0) | (k0 + kc == K ? QT_LAST : 0);
-                for (int64_t g = g0; g < g1;) {
-                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two groups per tile */
-                        tile_fp8(&a, 1, 2, g, m0, k0, kc, flags);
-                        g += 2;
-                        continue;
-                    }
-                    for (int64_t m = m0; m < m1; m += mr)
-                        tile_fp8(&a, m1 - m < mr ? (int)(m1 - m) : (int)mr, 1, g, m, k0, kc, flags);
-                    g++;
-                }
-            }
-        }
-    }
-    return 0;
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 4, FP8_MR), .mr = FP8_MR, .wide = 1};
+    return ridgeline_td_run(&plan, &a, NULL, tile_fp8, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)mode; (void)nthreads;
     return -2;

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
 #include "quant_tile.h"
 
 int ridgeline_int4_available(void) {
@@ -49,7 +48,6 @@ int ridgeline_pack_i4(const uint8_t *q, uint32_t *p, int64_t N, int64_t K) {
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define I4_MR 4
-#define I4_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself */
 
 /* one pair of k (nibble pair j) of every vector against every row: S[i][v] += x pair . (16 + q) */
 #define I4_PAIR(j, SHIFTED) \
@@ -120,29 +118,29 @@ static const ukr_i4_fn UKRS_I4_WIDE[2] = {ukr_i4_1_2_0, ukr_i4_1_2_1};
 
 typedef struct {
     const uint32_t *p;
-    const uint16_t *s, *xb;
-    const float *xs;
+    const uint16_t *s;
+    const float *x;
     float *y;
-    int64_t N, K, G;
+    int64_t M, N, K, G;
     int sym;
 } i4_args;
 
-/* rows [m, m + mr), column groups [g, g + ng), k in [k0, k0 + kc) (whole quantization groups) */
-static void tile_i4(const i4_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc) {
+/* the prepared x: xb [M][K] bf16, then xs [M][K/G] fp32 (64-byte aligned: K is a multiple of 32) */
+static inline float *i4_sums(const i4_args *a, const void *ws) {
+    return (float *)((uint16_t *)ws + a->M * a->K);
+}
+
+/* the driver's tile: rows [m, m + mr), column groups [g, g + ng), k in [k0, k0 + kc) (whole
+ * quantization groups) */
+static void tile_i4(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                    int flags) {
+    const i4_args *a = args;
     const int64_t KG = a->K / a->G, gs = a->K / 8 * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
     const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC;
     const uint16_t *sc = a->s + g * ss + k0 / a->G * (a->sym ? 1 : 2) * QT_NC;
     const ukr_i4_fn f = ng == 2 ? UKRS_I4_WIDE[a->sym] : UKRS_I4[a->sym][mr];
-    f(pw, gs, sc, ss, a->xb + m * a->K + k0, a->K, a->xs + m * KG + k0 / a->G, KG, a->y + m * a->N, g * QT_NC, a->N,
-      kc / a->G, a->G, k0 ? QT_ACC : 0);
-}
-
-static inline int i4_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+    f(pw, gs, sc, ss, (const uint16_t *)ws + m * a->K + k0, a->K, i4_sums(a, ws) + m * KG + k0 / a->G, KG,
+      a->y + m * a->N, g * QT_NC, a->N, kc / a->G, a->G, flags);
 }
 
 /* x [M, K] fp32 -> xb [M, K] bf16 (round to nearest even) and xs [M, K/G]: each group's sum of xb */
@@ -161,57 +159,26 @@ static void to_bf16_groups(const float *x, uint16_t *xb, float *xs, int64_t M, i
             xs[m * (K / G) + k0 / G] = _mm512_reduce_add_ps(sum);
         }
 }
+
+/* the driver's prep: rows [r0, r1) of x rounded to bf16, and their group sums */
+static void prep_i4(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const i4_args *a = args;
+    to_bf16_groups(a->x + r0 * a->K, (uint16_t *)ws + r0 * a->K, i4_sums(a, ws) + r0 * (a->K / a->G), r1 - r0, a->K,
+                   a->G);
+}
 #endif
 
 int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
                        int64_t K, int64_t G, int sym, int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
-    const int64_t NG = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, G), rows = qt_chunk_rows(KC, 2, I4_MR);
-    /* a few rows (decode): every thread converts all of x into its own copy, with no barrier
-     * between converting and multiplying; more rows: each thread converts its share of one copy */
-    const int own = M <= I4_OWN_ROWS, copies = own && nthreads > 1 ? nthreads : 1;
-    const int64_t KG = K / G;
-    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K * 2 + 63) & ~(size_t)63);
-    float *xs = malloc(sizeof(float) * (size_t)(copies * M * KG));
-    if (!xb || !xs) {
-        free(xb);
-        free(xs);
-        return -3;
-    }
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t r0 = 0, r1 = M, g0, g1;
-        const int64_t c = own ? i4_thread() : 0;
-        uint16_t *xbc = xb + c * M * K;
-        float *xsc = xs + c * M * KG;
-        const i4_args a = {p, s, xbc, xsc, y, N, K, G, sym != 0};
-        if (!own) omp_range(M, &r0, &r1);
-        to_bf16_groups(x + r0 * K, xbc + r0 * K, xsc + r0 * KG, r1 - r0, K, G);
-        if (!own) {
-            #pragma omp barrier
-        }
-        omp_range(NG, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                for (int64_t g = g0; g < g1;) {
-                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
-                        tile_i4(&a, 1, 2, g, m0, k0, kc);
-                        g += 2;
-                        continue;
-                    }
-                    for (int64_t m = m0; m < m1; m += I4_MR)
-                        tile_i4(&a, m1 - m < I4_MR ? (int)(m1 - m) : I4_MR, 1, g, m, k0, kc);
-                    g++;
-                }
-            }
-        }
-    }
-    free(xb);
-    free(xs);
-    return 0;
+    const int64_t KC = qt_k_block(M, K, 2, G);
+    const i4_args a = {p, s, x, y, M, N, K, G, sym != 0};
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 2, I4_MR), .mr = I4_MR, .wide = 1,
+                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / G)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS};
+    return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
     return -2;

@@ -17,9 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
-#include "quant_tile.h"
 #include "int8_step.h"
+#include "quant_tile.h"
 
 int ridgeline_int8_available(void) {
 #ifdef __AVX512F__
@@ -78,7 +77,7 @@ ukr_i8(const int mr, const int ng, const int8_t *pw, int64_t gs, const float *s,
     const int nv = ng * QT_NR;
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     for (int64_t k = 0; k < kc; k += I8_STEP) i8_step(mr, ng, pw, gs, x, ldx, k, &acc[0][0], 2 * QT_NR);
-    if (flags & QT_LAST)
+    if (flags & TD_LAST)
         for (int v = 0; v < nv; v++) {
             const __m512 sv = _mm512_loadu_ps(s + 16 * v);
             for (int i = 0; i < mr; i++) acc[i][v] = _mm512_mul_ps(acc[i][v], sv);
@@ -97,24 +96,18 @@ typedef void (*ukr_i8_fn)(const int8_t *, int64_t, const float *, const i8_x *, 
 static const ukr_i8_fn UKRS_I8[I8_MR + 1] = {0, ukr_i8_1_1, ukr_i8_2_1, ukr_i8_3_1, ukr_i8_4_1,
                                              ukr_i8_5_1, ukr_i8_6_1, ukr_i8_7_1, ukr_i8_8_1};
 
-typedef struct {
-    const int8_t *p;
-    const float *s;
-    const i8_x *x;
-    float *y;
-    int64_t N, K; /* K: the packed k (K rounded up to even with bf16), x's row length */
-} i8_args;
-
-/* rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (multiples of I8_STEP) */
-static void tile_i8(const i8_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
-    const int8_t *pw = a->p + (g * a->K + k0) * QT_NC;
-    const float *s = a->s + g * QT_NC;
-    const i8_x *x = a->x + m * a->K + k0;
+/* the driver's tile: rows [m, m + mr), groups [g, g + ng), k in [k0, k0 + kc) (multiples of I8_STEP) */
+static void tile_i8(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                    int flags) {
+    const i8_args *a = args;
+    const int8_t *pw = a->p + (g * a->K2 + k0) * QT_NC;
+    const float *s = (const float *)a->s + g * QT_NC;
+    const i8_x *x = i8_x_at(a, ws, m, k0);
     float *y = a->y + m * a->N;
     if (ng == 2)
-        ukr_i8_1_2(pw, a->K * QT_NC, s, x, a->K, y, g * QT_NC, a->N, kc, flags);
+        ukr_i8_1_2(pw, a->K2 * QT_NC, s, x, a->K2, y, g * QT_NC, a->N, kc, flags);
     else
-        UKRS_I8[mr](pw, 0, s, x, a->K, y, g * QT_NC, a->N, kc, flags);
+        UKRS_I8[mr](pw, 0, s, x, a->K2, y, g * QT_NC, a->N, kc, flags);
 }
 #endif
 
@@ -125,34 +118,10 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
     if (M < 1 || N < 1 || K < 1) return -1;
     const int64_t G = (N + QT_NC - 1) / QT_NC, K2 = I8_STEP == 2 ? K + (K & 1) : K;
     const int64_t KC = qt_k_block(M, K2, sizeof(i8_x), I8_STEP), rows = qt_chunk_rows(KC, sizeof(i8_x), I8_MR);
-    int fail;
-    uint16_t *xb = i8_x_alloc(M, K2, nthreads, &fail);
-    if (fail) return -3;
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t g0, g1;
-        const i8_args a = {p, s, i8_x_rows(x, xb, M, K, K2), y, N, K2};
-        omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K2; k0 += KC) {
-                const int64_t kc = K2 - k0 < KC ? K2 - k0 : KC;
-                const int flags = (k0 ? QT_ACC : 0) | (k0 + kc == K2 ? QT_LAST : 0);
-                for (int64_t g = g0; g < g1;) {
-                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two groups per tile */
-                        tile_i8(&a, 1, 2, g, m0, k0, kc, flags);
-                        g += 2;
-                        continue;
-                    }
-                    for (int64_t m = m0; m < m1; m += I8_MR)
-                        tile_i8(&a, m1 - m < I8_MR ? (int)(m1 - m) : I8_MR, 1, g, m, k0, kc, flags);
-                    g++;
-                }
-            }
-        }
-    }
-    free(xb);
-    return 0;
+    const i8_args a = {p, s, x, y, N, K, K2};
+    const td_plan plan = {.M = M, .groups = G, .K = K2, .KC = KC, .rows = rows, .mr = I8_MR, .wide = 1,
+                          .ws_bytes = i8_x_bytes(M, K2), .own_rows = TD_OWN_ROWS};
+    return ridgeline_td_run(&plan, &a, I8_PREP, tile_i8, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;

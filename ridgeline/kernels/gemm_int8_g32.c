@@ -15,9 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
-#include "quant_tile.h"
 #include "int8_step.h"
+#include "quant_tile.h"
 
 #define I8G 32
 
@@ -56,21 +55,16 @@ typedef void (*ukr_i8g_fn)(const int8_t *, int64_t, const uint16_t *, int64_t, c
 UKR_I8G(1, 2) UKR_I8G(1, 1) UKR_I8G(2, 1) UKR_I8G(3, 1) UKR_I8G(4, 1)
 static const ukr_i8g_fn UKRS_I8G[I8G_MR + 1] = {0, ukr_i8g_1_1, ukr_i8g_2_1, ukr_i8g_3_1, ukr_i8g_4_1};
 
-typedef struct {
-    const int8_t *p;
-    const uint16_t *s;
-    const i8_x *x;
-    float *y;
-    int64_t N, K;
-} i8g_args;
-
-/* rows [m, m + mr), column groups [g, g + ng), k in [k0, k0 + kc) (whole quantization groups) */
-static void tile_i8g(const i8g_args *a, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc) {
-    const int64_t gs = a->K * QT_NC, ss = a->K / I8G * QT_NC;
+/* the driver's tile: rows [m, m + mr), column groups [g, g + ng), k in [k0, k0 + kc) (whole
+ * quantization groups) */
+static void tile_i8g(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                     int flags) {
+    const i8_args *a = args;
+    const int64_t gs = a->K2 * QT_NC, ss = a->K2 / I8G * QT_NC;
     const int8_t *pw = a->p + g * gs + k0 * QT_NC;
-    const uint16_t *sc = a->s + g * ss + k0 / I8G * QT_NC;
+    const uint16_t *sc = (const uint16_t *)a->s + g * ss + k0 / I8G * QT_NC;
     const ukr_i8g_fn f = ng == 2 ? ukr_i8g_1_2 : UKRS_I8G[mr];
-    f(pw, gs, sc, ss, a->x + m * a->K + k0, a->K, a->y + m * a->N, g * QT_NC, a->N, kc / I8G, k0 ? QT_ACC : 0);
+    f(pw, gs, sc, ss, i8_x_at(a, ws, m, k0), a->K2, a->y + m * a->N, g * QT_NC, a->N, kc / I8G, flags);
 }
 #endif
 
@@ -79,34 +73,10 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
 #ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1 || K % I8G) return -1;
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, sizeof(i8_x), I8G);
-    const int64_t rows = qt_chunk_rows(KC, sizeof(i8_x), I8G_MR);
-    int fail;
-    uint16_t *xb = i8_x_alloc(M, K, nthreads, &fail);
-    if (fail) return -3;
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t g0, g1;
-        const i8g_args a = {p, s, i8_x_rows(x, xb, M, K, K), y, N, K};
-        omp_range(G, &g0, &g1);
-        for (int64_t m0 = 0; m0 < M; m0 += rows) {
-            const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                for (int64_t g = g0; g < g1;) {
-                    if (m1 - m0 == 1 && g + 1 < g1) { /* one row: two column groups per tile */
-                        tile_i8g(&a, 1, 2, g, m0, k0, kc);
-                        g += 2;
-                        continue;
-                    }
-                    for (int64_t m = m0; m < m1; m += I8G_MR)
-                        tile_i8g(&a, m1 - m < I8G_MR ? (int)(m1 - m) : I8G_MR, 1, g, m, k0, kc);
-                    g++;
-                }
-            }
-        }
-    }
-    free(xb);
-    return 0;
+    const i8_args a = {p, s, x, y, N, K, K};
+    const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC, .rows = qt_chunk_rows(KC, sizeof(i8_x), I8G_MR),
+                          .mr = I8G_MR, .wide = 1, .ws_bytes = i8_x_bytes(M, K), .own_rows = TD_OWN_ROWS};
+    return ridgeline_td_run(&plan, &a, I8_PREP, tile_i8g, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
+#include "tile_driver.h"
 #include "weight_prefetch.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -26,8 +26,6 @@
 #define X_CHUNK_BYTES (768 * 1024) /* a block of x: most of L2 */
 #endif
 #define KC_MAX 1024 /* k per block at most */
-#define ST_NT 1     /* ukr flags: streaming stores */
-#define ST_ACC 2    /* add to the partial sums in y */
 #ifndef STREAM_OUT_BYTES
 #define STREAM_OUT_BYTES (8 << 20)
 #endif
@@ -85,13 +83,13 @@ static inline __mmask16 col_mask(int64_t n0, int64_t N) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* the mr x NC tile of y at columns n0..: zeros, or (ST_ACC) the partial sums stored there */
+/* the mr x NC tile of y at columns n0..: zeros, or (TD_ACC) the partial sums stored there */
 static inline __attribute__((always_inline)) void
 acc_start(const int mr, __m512 acc[MR][NR], const float *y, int64_t n0, int64_t N, int flags) {
     for (int j = 0; j < NR; j++) {
         const __mmask16 m = col_mask(n0 + 16 * j, N);
         for (int i = 0; i < mr; i++)
-            acc[i][j] = flags & ST_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
+            acc[i][j] = flags & TD_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * j) : _mm512_setzero_ps();
     }
 }
 
@@ -99,7 +97,7 @@ static inline __attribute__((always_inline)) void
 acc_store(const int mr, __m512 acc[MR][NR], float *y, int64_t n0, int64_t N, int flags) {
     for (int j = 0; j < NR; j++) {
         const __mmask16 m = col_mask(n0 + 16 * j, N);
-        if (flags & ST_NT && m == 0xFFFF)
+        if (flags & TD_STREAM && m == 0xFFFF)
             for (int i = 0; i < mr; i++) _mm512_stream_ps(y + i * N + n0 + 16 * j, acc[i][j]);
         else if (m)
             for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * N + n0 + 16 * j, m, acc[i][j]);
@@ -155,51 +153,32 @@ static int64_t chunk_rows(int64_t kc, int64_t elem) {
 }
 
 #ifdef __AVX512F__
-/* One call's operands, for the tile callbacks of walk(). */
+/* One call's operands, for the driver's callbacks (tile_driver.h). */
 typedef struct {
-    const void *p; /* packed W */
-    const void *x; /* fp32 x or bf16 xb, rows of ldx elements */
+    const void *p;  /* packed W */
+    const float *x; /* fp32 x [M][K] */
     float *y;
-    int64_t N, K, ldx;
+    int64_t N, K, Kp; /* Kp: K rounded up to even (bf16: the prepared rows' length) */
 } gemm_args;
 
-typedef void (*tile_fn)(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags);
-
-/* This thread's groups [g0, g1): for each block of rows (chunk) and of k, every group against every
- * MR rows; a k block after the first adds to the sums already in y. */
-static void walk(const gemm_args *a, tile_fn tile, int64_t M, int64_t Kp, int64_t KC, int64_t rows, int64_t g0,
-                 int64_t g1, int nt) {
-    for (int64_t m0 = 0; m0 < M; m0 += rows) {
-        const int64_t m1 = m0 + rows < M ? m0 + rows : M;
-        for (int64_t k0 = 0; k0 < Kp; k0 += KC) {
-            const int64_t kc = Kp - k0 < KC ? Kp - k0 : KC;
-            const int flags = nt | (k0 ? ST_ACC : 0);
-            for (int64_t g = g0; g < g1; g++)
-                for (int64_t m = m0; m < m1; m += MR)
-                    tile(a, m1 - m < MR ? (int)(m1 - m) : MR, g, m, k0, kc, flags);
-        }
-    }
-}
-
-static void tile_f32(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
-    UKRS_F32[mr]((const float *)a->p + (g * a->K + k0) * NC, (const float *)a->x + m * a->ldx + k0, a->ldx,
-                 a->y + m * a->N, g * NC, a->N, kc, flags);
+/* the driver's tile: rows [m, m + mr) against group g, k in [k0, k0 + kc) */
+static void tile_f32(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                     int flags) {
+    const gemm_args *a = args;
+    (void)ws; (void)ng;
+    UKRS_F32[mr]((const float *)a->p + (g * a->K + k0) * NC, a->x + m * a->K + k0, a->K, a->y + m * a->N, g * NC, a->N,
+                 kc, flags);
 }
 #endif
 
 int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
 #ifdef __AVX512F__
     if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t G = groups_of(N), KC = k_block(M, K, 4), rows = chunk_rows(KC, 4);
-    const int nt = KC >= K && stream_out(y, M, N) ? ST_NT : 0;
+    const int64_t KC = k_block(M, K, 4);
     const gemm_args a = {p, x, y, N, K, K};
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t g0, g1;
-        omp_range(G, &g0, &g1);
-        walk(&a, tile_f32, M, K, KC, rows, g0, g1, nt);
-    }
-    return 0;
+    const td_plan plan = {.M = M, .groups = groups_of(N), .K = K, .KC = KC, .rows = chunk_rows(KC, 4), .mr = MR,
+                          .flags = KC >= K && stream_out(y, M, N) ? TD_STREAM : 0};
+    return ridgeline_td_run(&plan, &a, NULL, tile_f32, nthreads);
 #else
     (void)p; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;
@@ -254,32 +233,31 @@ static void to_bf16_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int
     }
 }
 
-/* k0 and kc count elements of the even-padded K (Kp = a->ldx); the packed W and ukr count pairs */
-static void tile_bf16(const gemm_args *a, int mr, int64_t g, int64_t m, int64_t k0, int64_t kc, int flags) {
-    UKRS_BF16[mr]((const uint16_t *)a->p + (g * (a->ldx / 2) + k0 / 2) * NC * 2, (const uint16_t *)a->x + m * a->ldx + k0,
-                  a->ldx, a->y + m * a->N, g * NC, a->N, kc / 2, flags);
+/* the driver's prep: rows [r0, r1) of x rounded to bf16, [M][Kp] */
+static void prep_bf16(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const gemm_args *a = args;
+    to_bf16_rows(a->x + r0 * a->K, (uint16_t *)ws + r0 * a->Kp, r1 - r0, a->K, a->Kp);
+}
+
+/* the driver's tile; k0 and kc count elements of the even-padded Kp; the packed W and ukr count pairs */
+static void tile_bf16(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                      int flags) {
+    const gemm_args *a = args;
+    (void)ng;
+    UKRS_BF16[mr]((const uint16_t *)a->p + (g * (a->Kp / 2) + k0 / 2) * NC * 2, (const uint16_t *)ws + m * a->Kp + k0,
+                  a->Kp, a->y + m * a->N, g * NC, a->N, kc / 2, flags);
 }
 #endif
 
 int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (M < 1 || N < 1 || K < 1) return -1;
-    const int64_t Kh = (K + 1) / 2, Kp = 2 * Kh, G = groups_of(N), KC = k_block(M, Kp, 2), rows = chunk_rows(KC, 2);
-    const int nt = KC >= Kp && stream_out(y, M, N) ? ST_NT : 0;
-    uint16_t *xb = aligned_alloc(64, (size_t)(M * Kp * 2 + 63) & ~(size_t)63);
-    if (!xb) return -3;
-    const gemm_args a = {p, xb, y, N, K, Kp};
-    #pragma omp parallel num_threads(nthreads)
-    {
-        int64_t r0, r1, g0, g1;
-        omp_range(M, &r0, &r1);
-        to_bf16_rows(x + r0 * K, xb + r0 * Kp, r1 - r0, K, Kp);
-        #pragma omp barrier
-        omp_range(G, &g0, &g1);
-        walk(&a, tile_bf16, M, Kp, KC, rows, g0, g1, nt);
-    }
-    free(xb);
-    return 0;
+    const int64_t Kp = K + (K & 1), KC = k_block(M, Kp, 2);
+    const gemm_args a = {p, x, y, N, K, Kp};
+    const td_plan plan = {.M = M, .groups = groups_of(N), .K = Kp, .KC = KC, .rows = chunk_rows(KC, 2), .mr = MR,
+                          .flags = KC >= Kp && stream_out(y, M, N) ? TD_STREAM : 0,
+                          .ws_bytes = (size_t)(M * Kp) * sizeof(uint16_t)}; /* one shared copy */
+    return ridgeline_td_run(&plan, &a, prep_bf16, tile_bf16, nthreads);
 #else
     (void)p; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;

@@ -1,14 +1,13 @@
 /* One k step of the int8 weight-only kernels (gemm_int8.c, gemm_int8_g32.c), shared: with
- * AVX512-BF16 x is rounded to bf16 rows first (x_rows_to_bf16) and a step is a k pair, whose 32
- * weights per vector become bf16 pairs in registers (exact: |q| <= 127) for vdpbf16ps; without it a
- * step is one k, its 16 weights per vector widened to fp32 for FMAs on fp32 x. The weights come in
+ * AVX512-BF16 x is rounded to bf16 rows first (x_rows_to_bf16, their prep) and a step is a k pair,
+ * whose 32 weights per vector become bf16 pairs in registers (exact: |q| <= 127) for vdpbf16ps;
+ * without it a step is one k, its 16 weights per vector widened to fp32 for FMAs on fp32 x. The weights come in
  * the layout ridgeline_pack_i8_gemm writes: [K/2][NC][2] pairs, or [K][NC]. */
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_range.h"
 #include "quant_tile.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -42,45 +41,39 @@ static inline __attribute__((always_inline)) __m512bh i8_pairs_to_bf16(const int
 }
 #endif
 
-#define I8_OWN_ROWS 8 /* up to this many rows each thread converts all of x itself (bf16) */
+/* what the int8 kernels' driver callbacks (tile_driver.h) read */
+typedef struct {
+    const int8_t *p;
+    const void *s;  /* scales: fp32 per channel (gemm_int8.c), fp16 per 32 k (gemm_int8_g32.c) */
+    const float *x; /* fp32 rows of K */
+    float *y;
+    int64_t N, K, K2; /* K2: the packed k (K rounded up to even with bf16), the row length of x as read */
+} i8_args;
 
-/* x as the kernels read it, [M][K2] (K2: K, or K rounded up to even with bf16), in two halves:
- * i8_x_alloc before the parallel region (a buffer for bf16 copies, or NULL: x itself is read;
- * *fail on no memory), i8_x_rows inside it. A few rows (decode): every thread converts all of x into
- * its own copy, with no barrier between converting and multiplying; more rows: each thread converts
- * its share of one copy and waits for the others. */
-static inline uint16_t *i8_x_alloc(int64_t M, int64_t K2, int nthreads, int *fail) {
-    *fail = 0;
+/* bytes of x as the kernels read it, [M][K2]: the prepared copy with bf16, 0 (x is read as it is) without */
+static inline size_t i8_x_bytes(int64_t M, int64_t K2) {
 #if I8_BF16
-    const int64_t copies = M <= I8_OWN_ROWS && nthreads > 1 ? nthreads : 1;
-    uint16_t *xb = aligned_alloc(64, (size_t)(copies * M * K2 * 2 + 63) & ~(size_t)63);
-    *fail = xb == NULL;
-    return xb;
+    return (size_t)(M * K2) * sizeof(uint16_t);
 #else
-    (void)M; (void)K2; (void)nthreads;
-    return NULL;
+    (void)M; (void)K2;
+    return 0;
 #endif
 }
 
-static inline const i8_x *i8_x_rows(const float *x, uint16_t *xb, int64_t M, int64_t K, int64_t K2) {
 #if I8_BF16
-    const int own = M <= I8_OWN_ROWS;
-    int64_t r0 = 0, r1 = M;
-#ifdef _OPENMP
-    uint16_t *xbc = xb + (own ? omp_get_thread_num() : 0) * M * K2;
+/* the driver's prep: rows [r0, r1) of x rounded to bf16 into ws [M][K2] */
+static void i8_prep(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const i8_args *a = args;
+    x_rows_to_bf16(a->x + r0 * a->K, (uint16_t *)ws + r0 * a->K2, r1 - r0, a->K, a->K2);
+}
+#define I8_PREP i8_prep
 #else
-    uint16_t *xbc = xb;
+#define I8_PREP NULL
 #endif
-    if (!own) omp_range(M, &r0, &r1);
-    x_rows_to_bf16(x + r0 * K, xbc + r0 * K2, r1 - r0, K, K2);
-    if (!own) {
-        #pragma omp barrier
-    }
-    return xbc;
-#else
-    (void)xb; (void)M; (void)K; (void)K2;
-    return x;
-#endif
+
+/* x as a tile reads it, from row m and k k0: the prepared copy (bf16), or x itself */
+static inline const i8_x *i8_x_at(const i8_args *a, const void *ws, int64_t m, int64_t k0) {
+    return (ws ? (const i8_x *)ws : (const i8_x *)a->x) + m * a->K2 + k0;
 }
 
 #ifdef __AVX512F__

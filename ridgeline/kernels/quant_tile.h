@@ -1,11 +1,12 @@
-/* What the quantized matmuls (gemm_int8.c, gemm_int4.c) share: the packed column group (NC = 48
+/* What the quantized matmuls (gemm_int8.c, gemm_int4.c, ...) share: the packed column group (NC = 48
  * output columns, three vectors, as in gemm_packed.c), the blocking of x (a block of rows by a block
- * of k that fits L2 while a thread's groups stream past) and the start/store of a tile of y.
- * A k block after the first continues from the partial sums stored in y, so blocking never changes
- * an output's arithmetic. */
+ * of k that fits L2 while a thread's groups stream past; tile_driver.h walks it) and the start/store
+ * of a tile of y. A k block after the first continues from the partial sums stored in y, so blocking
+ * never changes an output's arithmetic. */
 #pragma once
 #include <stdint.h>
 
+#include "tile_driver.h"
 #include "weight_prefetch.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -15,8 +16,6 @@
 #define QT_NC (QT_NR * 16)
 #define QT_X_BYTES (768 * 1024) /* a block of x: most of L2 */
 #define QT_KC_MAX 1024          /* k per block at most */
-#define QT_ACC 1                /* tile flags: continue from the partial sums in y */
-#define QT_LAST 2               /* the last k block: finish the outputs (per-channel scale) */
 
 /* k per block: all of K when the whole x fits a block, else K split evenly into blocks of at most
  * QT_KC_MAX, each a multiple of `align` (a quantization group); elem: bytes per element of x */
@@ -38,13 +37,13 @@ static inline __mmask16 qt_mask(int64_t n0, int64_t N) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
 }
 
-/* acc[i * ld + v], i < mr rows, v < nv vectors of 16 columns from n0: zeros, or (QT_ACC) y's partial sums */
+/* acc[i * ld + v], i < mr rows, v < nv vectors of 16 columns from n0: zeros, or (TD_ACC) y's partial sums */
 static inline __attribute__((always_inline)) void
 qt_start(int mr, int nv, int ld, __m512 *acc, const float *y, int64_t n0, int64_t N, int flags) {
     for (int v = 0; v < nv; v++) {
         const __mmask16 m = qt_mask(n0 + 16 * v, N);
         for (int i = 0; i < mr; i++)
-            acc[i * ld + v] = flags & QT_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * v) : _mm512_setzero_ps();
+            acc[i * ld + v] = flags & TD_ACC ? _mm512_maskz_loadu_ps(m, y + i * N + n0 + 16 * v) : _mm512_setzero_ps();
     }
 }
 

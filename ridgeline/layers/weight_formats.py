@@ -7,7 +7,8 @@ one class, bound per engine to its KernelPlan (vLLM calls these linear methods):
     finish(layer)                     after every tensor is in: repack for the kernels
     apply(layer, x)                   x [M, K] -> [M, N] in x's dtype, without the bias
     stack_weight(layer)               (C format code, data pointer, scale pointer) for the C decoder
-                                      stack, or a sentence saying why the stack cannot run it
+                                      stack (codes: kernels/formats.py), or a sentence saying why the
+                                      stack cannot run it
 
 Dense fp32 and bf16 (and fp16, GPU only) are the first entries; the quantized ones register from
 ridgeline/quant/formats.py, which models/options.py (where formats are chosen by name) imports.
@@ -19,12 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ridgeline.kernels import cpu_gemm, cpu_gemv
+from ridgeline.kernels.formats import code_of
 from ridgeline.layers.kernel_plan import KernelPlan
 
 WEIGHT_FORMATS: dict[str, type[WeightFormat]] = {}
 
-# format codes the C decoder stack reads (kernels/decoder_stack.c, enum weight_format)
-C_F32_PACKED, C_BF16_PACKED = 1, 2
+# the dense formats' codes in the C descriptors (kernels/formats.py)
+C_F32_PACKED, C_BF16_PACKED = code_of("f32"), code_of("bf16")
 
 
 def register_weight_format(name: str):

@@ -12,7 +12,7 @@
     mxfp8  E4M3 in blocks of 32 with a power-of-two (E8M0) scale, weight-only
     mxfp4  E2M1 in blocks of 32, E8M0 scale; each linear's input quantized to int8 per row and block of 32
     nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16
-    gguf   a GGUF model's quantized blocks kept as the file stores them (quant/gguf_formats.py)
+    gguf   a GGUF model's quantized blocks kept as the file stores them (gguf/kept.py)
     auto   gguf for a GGUF model, none for anything else (the default)
     gptq, awq   a folder already quantized that way (its config.json's quantization_config says so and
            gives the group size and grid; such a folder loads so under auto too)

@@ -45,7 +45,7 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
 
 
 def ensure_converted(path: Path, progress: bool) -> Path:
-    from ridgeline.weights.gguf_convert import ensure_converted as convert  # gguf is imported only here
+    from ridgeline.gguf.convert import ensure_converted as convert  # gguf is imported only here
     return convert(path, progress=progress)
 
 

@@ -39,7 +39,7 @@ class GGUFBlocks:
         return GGUFBlocks(self.qtype, self.shape, self.raw[perm].contiguous(), self.name)
 
     def dequantize(self) -> torch.Tensor:
-        from ridgeline.weights.gguf_dequant import dequantize
+        from ridgeline.gguf.dequant import dequantize
         return dequantize(self.raw.numpy(), self.qtype, self.shape, self.name)
 
 
@@ -48,7 +48,7 @@ def matrix(g, name: str) -> GGUFBlocks | torch.Tensor:
     from gguf import GGMLQuantizationType as T
     info = g.tensors[name]
     if info.qtype in (T.F32, T.F16, T.BF16) or len(info.shape) != 2:
-        from ridgeline.weights.gguf_dequant import dequantize_tensor
+        from ridgeline.gguf.dequant import dequantize_tensor
         return dequantize_tensor(g, name)
     raw = torch.from_numpy(np.array(g.raw(info), copy=True)).view(info.shape[0], -1)
     return GGUFBlocks(info.qtype, info.shape, raw, name)
@@ -57,7 +57,7 @@ def matrix(g, name: str) -> GGUFBlocks | torch.Tensor:
 def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]:
     """(HF name, tensor) for every tensor of the file, q/k rows in HF order as the converted folder has
     them (cfg: the model's ArchConfig, for the head counts)."""
-    from ridgeline.weights.gguf_convert import ARCHITECTURES, _LAYER_RE, hf_name, unpermute_rope
+    from ridgeline.gguf.convert import _LAYER_RE, ARCHITECTURES, hf_name, unpermute_rope
     permuted = ARCHITECTURES[g.metadata["general.architecture"]][2]
     heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}
     for name in g.tensors:
@@ -74,5 +74,5 @@ def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]
 
 def tensor_types(g) -> dict:
     """HF name -> GGML type of every weight matrix in the file."""
-    from ridgeline.weights.gguf_convert import hf_name
+    from ridgeline.gguf.convert import hf_name
     return {hf_name(n): i.qtype for n, i in g.tensors.items() if hf_name(n) and len(i.shape) == 2}

@@ -21,13 +21,12 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
-from ridgeline.weights.cache_dir import model_cache_dir
+from ridgeline.gguf.dequant import dequantize_tensor
+from ridgeline.gguf.meta import MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int, meta_str
+from ridgeline.gguf.reader import GGUFFile, read_gguf
+from ridgeline.gguf.tokenizer import build_tokenizer, special_tokens
 from ridgeline.weights import limits
-from ridgeline.weights.gguf_meta import (MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int,
-                                         meta_str)
-from ridgeline.weights.gguf_dequant import dequantize_tensor
-from ridgeline.weights.gguf_reader import GGUFFile, read_gguf
-from ridgeline.weights.gguf_tokenizer import build_tokenizer, special_tokens
+from ridgeline.weights.cache_dir import model_cache_dir
 
 _FORMAT_VERSION = 1  # bump when the converted folder's contents change
 

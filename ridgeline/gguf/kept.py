@@ -1,8 +1,9 @@
 """`--quantization gguf`: every Linear keeps the blocks a GGUF file stores, in the nearest packed format.
 
-A layer's format follows the GGML types of the tensors fused into it (quant/gguf_repack.py):
-all Q4_0 -> int4-sym g32; Q4_0 / Q4_1 / Q4_K -> int4 g32; with Q8_0 or Q6_K -> int8-g32; a dense
-(F32 / F16 / BF16) or unsupported shard -> the dense format of --dtype, its blocks dequantized. The
+A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the widest
+of the formats their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with Q4_1 ->
+int4 g32, anything with Q8_0 -> int8-g32; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
+format of --dtype, its blocks dequantized. The
 tied LM head takes the embedding's type (the smollm2 file's Q8_0: int8-g32); the embedding itself is
 a dense table in --dtype, since a lookup reads one row per token, not the whole matrix.
 `layer_formats` rules still win where they match (a format that takes floats gets dequantized blocks).
@@ -17,11 +18,11 @@ import torch
 from torch import nn
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.gguf import repack
+from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import WEIGHT_FORMATS, WeightFormat, create_weight_format, register_weight_format
-from ridgeline.quant import gguf_repack
 from ridgeline.quant.formats import Int4, Int8G32, QuantizedFormat
-from ridgeline.weights.gguf_blocks import GGUFBlocks
 
 
 class KeptBlocks(QuantizedFormat):
@@ -49,11 +50,11 @@ class KeptBlocks(QuantizedFormat):
         if layer.weight is None:
             return
         shards = [None] if None in layer.blocks else list(range(len(layer.shard_sizes or [None])))
-        parts = [gguf_repack.convert(layer.blocks[s], self.target) for s in shards]
+        parts = [repack.convert(layer.blocks[s], self.target) for s in shards]
         types = sorted({layer.blocks[s].qtype.name for s in shards})
         exact = all(e for _, e in parts)
         layer.kept = f"{'+'.join(types)} {'kept' if exact else 'repacked'}"
-        t = gguf_repack.concat([p for p, _ in parts])
+        t = repack.concat([p for p, _ in parts])
         if self.runs_kernel(layer.weight):
             layer.packed = self.pack(t)
         else:  # the torch path dequantizes on the model's device (the blocks were read on the host)
@@ -115,6 +116,6 @@ def gguf_format_rules(rules: Sequence[tuple[str, str]], per_layer: dict[str, set
         rule = next((n for glob, n in rules if fnmatchcase(prefix, glob)), None)
         if rule is not None:
             return get(rule)
-        target = gguf_repack.target_for(per_layer.get(prefix, {None}))
+        target = repack.target_for(per_layer.get(prefix, {None}))
         return get(dense if target is None else f"gguf-{target}")
     return pick

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from ridgeline.gguf.blocks import iter_gguf_tensors, tensor_types
+from ridgeline.gguf.kept import gguf_format_rules, layer_types
+from ridgeline.gguf.reader import read_gguf
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import WeightFormat
 from ridgeline.models.registry import model_class
-from ridgeline.quant.gguf_formats import gguf_format_rules, layer_types
-from ridgeline.weights.gguf_blocks import iter_gguf_tensors, tensor_types
-from ridgeline.weights.gguf_reader import read_gguf
 from ridgeline.weights.hf_config import ArchConfig
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.weights.gguf_meta import in_file, meta_bool, meta_index, meta_numbers, meta_str, meta_strings
+from ridgeline.gguf.meta import in_file, meta_bool, meta_index, meta_numbers, meta_str, meta_strings
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
 MAX_SPM_TOKEN = 1024  # characters: finding a SentencePiece vocabulary's merges tries every split of a token
@@ -228,7 +228,7 @@ def _add_special_tokens(tok: Tokenizer, tokens: list[str], metadata: dict, byte_
 
 
 def build_tokenizer(metadata: dict) -> Tokenizer:
-    """`metadata` as returned by `gguf_dequant.read_gguf(path).metadata`."""
+    """`metadata` as returned by `reader.read_gguf(path).metadata`."""
     model = meta_str(metadata, "tokenizer.ggml.model")
     _tokens(metadata)
     if model == "gpt2":
@@ -250,7 +250,7 @@ def special_tokens(metadata: dict) -> dict[str, str | None]:
 
 
 def load_gguf_tokenizer(path) -> Tokenizer:
-    from ridgeline.weights.gguf_reader import read_gguf
+    from ridgeline.gguf.reader import read_gguf
 
     g = read_gguf(path)
     try:

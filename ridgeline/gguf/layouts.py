@@ -1,0 +1,114 @@
+"""GGML's quantized block layouts, each unpacked once into integers and scales: dequantization
+(dequant.py) and the conversion to our packed formats (repack.py) both read them from here.
+
+A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (q - zero) + min:
+
+    Q4_0  32: d fp16; 16 bytes of nibbles            q in [0, 15], zero 8, scale d
+    Q4_1  32: d, m fp16; 16 bytes of nibbles         q in [0, 15], scale d, min m
+    Q8_0  32: d fp16; 32 int8                        q in [-127, 127], scale d
+    Q5_0  32: d fp16; 32 high bits (a little-endian uint32, bit j for element j); 16 bytes of nibbles
+                                                     q in [0, 31], zero 16, scale d
+    Q4_K  256 = 8 x 32: d, dmin fp16, 12 bytes of 6-bit scales s and mins n, 128 bytes of nibbles
+                                                     q in [0, 15], scale d * s, min -(dmin * n) (fp32)
+    Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
+                                                     q in [0, 63], zero 32, scale d * s (fp32)
+
+Nibble order is GGML's: in Q4_0 / Q4_1 byte j holds elements j (low) and j + 16 (high); in Q4_K each
+32-byte chunk c holds sub-block 2c (low) and 2c + 1 (high). `kept` names the narrowest of our packed
+formats a layer of that type keeps its blocks in (repack.py), `exact` those that hold its values as
+they are. A new block type is one layout here: its unpacking, its kept format and where it is exact.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+
+
+@dataclass(frozen=True)
+class Parts:
+    """One tensor's blocks, unpacked: w[n, s, g] = scale[n, s] * (q[n, s, g] - zero) + min[n, s]."""
+    q: torch.Tensor  # [n, S, G] integers as stored (uint8; int8 for Q8_0)
+    zero: int
+    scale: torch.Tensor  # [n, S]: fp16 where the file stores one per sub-block, else the fp32 products
+    min: torch.Tensor | None  # [n, S] as scale, or None
+
+    def values(self) -> torch.Tensor:
+        """[n, S * G] float32."""
+        q = self.q.float()
+        if self.zero:
+            q = q - float(self.zero)
+        w = self.scale.float().unsqueeze(-1) * q
+        if self.min is not None:
+            w = w + self.min.float().unsqueeze(-1)
+        return w.reshape(len(w), -1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    unpack: Callable[[torch.Tensor], Parts]  # blocks [n, type_size] uint8 -> parts
+    kept: str  # the narrowest packed format a layer of this type keeps its blocks in
+    exact: frozenset[str]  # the packed formats that hold its values exactly
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float16)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[n, 16] bytes -> [n, 32]: low nibbles are elements 0..15, high nibbles 16..31."""
+    a = qs.numpy()  # numpy's single-threaded bit ops beat torch's on these strided byte views
+    return torch.from_numpy(np.concatenate([a & 0x0F, a >> 4], axis=-1))
+
+
+def _q4_0(b):
+    return Parts(_nibbles(b[:, 2:]).unsqueeze(1), 8, _f16(b[:, :2]), None)
+
+
+def _q4_1(b):
+    return Parts(_nibbles(b[:, 4:]).unsqueeze(1), 0, _f16(b[:, :2]), _f16(b[:, 2:4]))
+
+
+def _q8_0(b):
+    return Parts(b[:, 2:].contiguous().view(torch.int8).unsqueeze(1), 0, _f16(b[:, :2]), None)
+
+
+def _q5_0(b):
+    high = (b[:, 2:6].contiguous().view(torch.int32) >> torch.arange(32, dtype=torch.int32)) & 1  # [n, 32]
+    return Parts((_nibbles(b[:, 6:]) | (high.to(torch.uint8) << 4)).unsqueeze(1), 16, _f16(b[:, :2]), None)
+
+
+def _q4_k(b):
+    d, dmin, sc, qs = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int(), b[:, 16:]
+    # 8 sub-blocks of 32 share 6-bit scales and mins packed into 12 bytes
+    lo_s, lo_m = sc[:, 0:4] & 63, sc[:, 4:8] & 63
+    hi_s = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
+    hi_m = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+    q = qs.reshape(-1, 4, 1, 32)  # chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high
+    q = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(-1, 8, 32)
+    return Parts(q, 0, d * torch.cat([lo_s, hi_s], 1).float(), -(dmin * torch.cat([lo_m, hi_m], 1).float()))
+
+
+def _q6_k(b):
+    ql, qh = b[:, :128].reshape(-1, 2, 2, 32), b[:, 128:192].reshape(-1, 2, 1, 32)
+    sc = b[:, 192:208].contiguous().view(torch.int8).float()  # [n, 16]: one per 16 elements, in order
+    d = _f16(b[:, 208:210]).float()
+    # each 128-element half h: element 32 j + l (j < 4) takes its low 4 bits from ql[h][j % 2] (the
+    # low nibble for j < 2) and its high 2 bits from qh[h] at bit 2 j
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=2)  # [n, 2, 4, 32]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    q = low | (((qh >> shifts) & 3) << 4)
+    return Parts(q.reshape(-1, 16, 16), 32, d * sc, None)
+
+
+LAYOUTS: dict[T, Layout] = {
+    T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4"})),
+    T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4"})),
+    T.Q8_0: Layout(_q8_0, "int8-g32", frozenset({"int8-g32"})),
+    T.Q5_0: Layout(_q5_0, "int8-g32", frozenset({"int8-g32"})),  # q - 16 in [-16, 15]: int8 exactly
+    T.Q4_K: Layout(_q4_k, "int4", frozenset()),
+    T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
+}
