@@ -9,7 +9,7 @@ from ridgeline.version import __version__
 from ridgeline.cli_parser import RidgelineParser, positive_int
 from ridgeline.errors import RidgelineError
 from ridgeline.kv_spec import KV_CACHE_DTYPES
-from ridgeline.quant.options import QUANTIZATIONS
+from ridgeline.formats.options import QUANTIZATIONS
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`, so pipefail scripts see the same
 

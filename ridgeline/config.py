@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kv_spec import check_kv_cache_dtype
 from ridgeline.layers.rope_scaling import parse_override
-from ridgeline.quant import options as quant_options
+from ridgeline.formats import options as quant_options
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_EVICTION = ("none", "streaming", "h2o")
@@ -40,7 +40,7 @@ class ModelConfig:
     # per-layer weight formats: (glob over layer names such as "model.layers.3.*", format name), first
     # match wins; unmatched layers keep the dense format of `dtype`
     layer_formats: tuple[tuple[str, str], ...] = ()
-    # weight quantization of every Linear, the LM head included (ridgeline/quant/options.py): auto (gguf
+    # weight quantization of every Linear, the LM head included (ridgeline/formats/options.py): auto (gguf
     # for a .gguf model, else none), none, int8, int4, w8a8, w4a8, gguf
     quantization: str = "auto"
     quant_group_size: int | None = None  # int4: 32 (default), 64 or 128 input columns per scale

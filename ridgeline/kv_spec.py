@@ -49,7 +49,7 @@ KV_FORMATS = {f.name: f for f in (
     KVFormat("f32", 4), KVFormat("bf16", 2), KVFormat("f16", 2),
     KVFormat("int8", 1, 2),  # symmetric, an fp16 scale per (token, KV head): amax / 127
     KVFormat("int4", 0.5, 2, 32, rotate=True, center=True),  # K centered, Hadamard-rotated, symmetric groups
-    # of 32, fp16 scales (each group the best of four, quant/kv.py)
+    # of 32, fp16 scales (each group the best of four, formats/kv.py)
     KVFormat("fp8_e4m3", 1, 2),  # an fp16 scale per (token, KV head) from the data: amax -> 448
     KVFormat("fp8_e5m2", 1, 2),  # the same, amax -> 256 (the scale stays a normal fp16 number)
 )}

@@ -58,7 +58,7 @@ def wall(fn, reps: int = 200) -> float:
 
 def quant() -> None:
     from ridgeline.kernels import triton_quant as tq
-    from ridgeline.quant import fpq, rtn
+    from ridgeline.formats import fpq, rtn
     torch.manual_seed(0)
 
     def formats(w):

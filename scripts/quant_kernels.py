@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ridgeline.kernels import cpu_gemm, cpu_quant  # noqa: E402
 from ridgeline.kernels import cpu_fpquant  # noqa: E402
-from ridgeline.quant import fpq, rtn  # noqa: E402
+from ridgeline.formats import fpq, rtn  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LAYERS, HEAD = 30, (49152, 576)

@@ -33,7 +33,7 @@ def load(path: Path) -> None:
 
     from ridgeline.layers.kernel_plan import TORCH_ONLY
     from ridgeline.models.loader import build_model
-    from ridgeline.models.options import BuildOptions
+    from ridgeline.layers.build_options import BuildOptions
     from ridgeline.models.registry import model_class
     from ridgeline.gguf.load import kept_blocks
     from ridgeline.weights.hf_config import load_arch_config

@@ -9,9 +9,9 @@ from safetensors.torch import load_file, save_file
 from ridgeline.layers.kernel_plan import TORCH_ONLY
 from ridgeline.layers.linear import Linear
 from ridgeline.models.loader import build_model
-from ridgeline.models.options import BuildOptions, layer_format_rules
-from ridgeline.quant.checkpoint import folder_quantization
-from ridgeline.quant.options import implied_rules
+from ridgeline.layers.build_options import BuildOptions, layer_format_rules
+from ridgeline.weights.quant_checkpoint import folder_quantization
+from ridgeline.formats.options import implied_rules
 from ridgeline.weights.hf_config import load_arch_config
 from conftest import make_tiny_model
 

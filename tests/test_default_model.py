@@ -62,7 +62,7 @@ def test_long_prompt_matches_transformers_past_3000_tokens():
     float32: prompt logprobs over the last 256 positions within 2e-3 of transformers', and 8 greedy
     tokens equal (a step where transformers' two best logits lie within 1e-3 may go either way)."""
     import transformers
-    from ridgeline.eval import corpus
+    from ridgeline.data import corpus
     llm = LLM("smollm2-135m", dtype="float32", kv_cache_memory="512MiB", max_model_len=4096, quantization="none",
               max_num_batched_tokens=512, progress=False)
     prompt = llm.tokenizer.encode(corpus.text("heldout"))[:3200]

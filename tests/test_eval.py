@@ -9,7 +9,7 @@ import torch
 from ridgeline import LLM, SamplingParams
 from ridgeline.cli import main
 from ridgeline.eval.cli import setting_name
-from ridgeline.eval import corpus
+from ridgeline.data import corpus
 from ridgeline.eval.harness import Evaluator, Setting, reference_options
 from ridgeline.eval.metrics import Totals, compare, tokens_before_divergence
 from ridgeline.eval.sweep import ranking, sweep_settings

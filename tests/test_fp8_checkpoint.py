@@ -1,4 +1,4 @@
-"""FP8 checkpoints (quant/fp8_checkpoint.py): a folder in the compressed-tensors float8 layout (float8_e4m3fn
+"""FP8 checkpoints (weights/fp8_checkpoint.py): a folder in the compressed-tensors float8 layout (float8_e4m3fn
 weight + per-channel or per-tensor weight_scale, input_scale) or with quant_method "fp8" loads into the
 fp8 format with the checkpoint's own values and scales, never re-quantized; the LM head the checkpoint
 keeps in float stays float; an explicit other quantization sees the dequantized values; block-wise fp8
@@ -13,7 +13,7 @@ from ridgeline import LLM
 from ridgeline.errors import ModelLoadError
 from ridgeline.kernels import cpu_quant
 from ridgeline.layers.rotary import interleave_rows
-from ridgeline.quant import fpq
+from ridgeline.formats import fpq
 from conftest import make_tiny_model
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

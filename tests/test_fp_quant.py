@@ -1,4 +1,4 @@
-"""The floating-point weight formats (quant/fpq.py, kernels/gemm_fp8.c, kernels/gemm_fp4.c): round-trip
+"""The floating-point weight formats (formats/fpq.py, kernels/gemm_fp8.c, kernels/gemm_fp4.c): round-trip
 error bounds on fresh random tensors, each packed kernel equals dequantize-then-matmul (fp4: with the
 activations rounded to int8 per row and block as the kernel does), a row's result never depends on how
 many rows share the call, and K that is not whole blocks is a clear error."""
@@ -7,7 +7,7 @@ import torch
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_quant
-from ridgeline.quant import fpq, rtn
+from ridgeline.formats import fpq, rtn
 
 KINDS = ["fp8", "fp8-e5m2", "fp8-tensor", "fp8-e5m2-tensor", "mxfp8", "mxfp4", "nvfp4"]
 FP4 = ("mxfp4", "nvfp4")

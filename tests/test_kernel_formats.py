@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ridgeline.kernels import cpu, cpu_fpquant, cpu_quant, cpu_stack, formats
-from ridgeline.quant import fpq, rtn
+from ridgeline.formats import fpq, rtn
 
 
 def test_the_checked_in_header_is_the_tables():

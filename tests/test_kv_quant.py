@@ -14,7 +14,7 @@ from ridgeline.kernels import cpu, cpu_attention
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.forward_context import AttnGroup
 from ridgeline.layers.kv_cache import LayerKV, allocate_kv
-from ridgeline.quant import kv as kvq
+from ridgeline.formats import kv as kvq
 
 QUANTIZED = ["int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 ALL = ["f32", "bf16", "f16"] + QUANTIZED

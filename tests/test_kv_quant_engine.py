@@ -11,7 +11,7 @@ import torch
 from ridgeline import LLM, SamplingParams
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_gemm
-from ridgeline.quant import kv as kvq
+from ridgeline.formats import kv as kvq
 from conftest import make_tiny_model
 
 PROMPTS = ["Once upon a time", "The meaning of life is " * 6, "x", "abcdefghijklmnopqrstuvwxyz" * 3]

@@ -5,7 +5,7 @@ import torch
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_quant
-from ridgeline.quant import rtn
+from ridgeline.formats import rtn
 
 INT4 = [(g, s) for g in (32, 64, 128) for s in (False, True)]
 

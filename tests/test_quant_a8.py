@@ -7,7 +7,7 @@ import torch
 from ridgeline import LLM, SamplingParams
 from ridgeline.config import EngineConfig
 from ridgeline.kernels import cpu_quant
-from ridgeline.quant import rtn
+from ridgeline.formats import rtn
 from conftest import make_tiny_model
 
 pytestmark = pytest.mark.skipif(not cpu_quant.available("w8a8"), reason="no AVX512-VNNI kernels on this CPU")

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from ridgeline.entrypoints.llm import LLM
-from ridgeline.eval import corpus
+from ridgeline.data import corpus
 from ridgeline.quant import awq, awq_block, calibrate, sequential
 from ridgeline.quant.quantize import QuantizeOptions, fold_awq_layer, quantize_folder
 from ridgeline.weights.hf_config import load_arch_config

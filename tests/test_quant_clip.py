@@ -4,7 +4,8 @@ rounding the search uses equals the grid's quantize-then-dequantize."""
 import pytest
 import torch
 
-from ridgeline.quant import clip, grid
+from ridgeline.quant import clip
+from ridgeline.formats import grid
 
 
 def _group_errors(W, H, g, group):

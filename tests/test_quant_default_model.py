@@ -19,7 +19,7 @@ def folder():
 
 def test_int4_g32_reproduces_the_files_q4_1_matrices_exactly(folder):
     from safetensors import safe_open
-    from ridgeline.quant import rtn
+    from ridgeline.formats import rtn
     exact = []
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
@@ -38,7 +38,7 @@ def test_w4a8_keeps_the_files_grids_and_costs_under_half_a_percent(folder):
     from safetensors import safe_open
     from ridgeline.eval.harness import Evaluator, Setting
     from ridgeline.kernels import cpu_quant
-    from ridgeline.quant import rtn
+    from ridgeline.formats import rtn
     embs = []
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), "pt") as f:

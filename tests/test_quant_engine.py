@@ -184,7 +184,7 @@ def test_a_tied_head_is_quantized_from_the_checkpoint_tensor_not_the_rounded_tab
     """In a bf16 engine the embedding table is bf16; an int4 head still sees the fp32 checkpoint
     values (a Q4_1 file's grid comes back exactly only from those)."""
     from safetensors.torch import load_file
-    from ridgeline.quant import rtn
+    from ridgeline.formats import rtn
     llm = LLM(str(tied), dtype="bfloat16", kv_cache_memory="4MiB", progress=False, quantization="int4",
               layer_formats=[("lm_head", "int4")])
     model = llm.engine.runner.model

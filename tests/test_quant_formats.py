@@ -7,9 +7,9 @@ from ridgeline.kernels import cpu_quant
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.weight_formats import WEIGHT_FORMATS, create_weight_format
-from ridgeline.quant import formats as _quant_formats  # noqa: F401  registers the quantized formats
-from ridgeline.quant import rtn
-from ridgeline.quant.options import format_name
+from ridgeline.layers import int_formats as _quant_formats  # noqa: F401  registers the quantized formats
+from ridgeline.formats import rtn
+from ridgeline.formats.options import format_name
 
 
 def _w(N, K):

@@ -11,7 +11,7 @@ from ridgeline import LLM
 from ridgeline.cli import main
 from ridgeline.errors import InvalidRequestError, ModelLoadError
 from ridgeline.layers.rotary import interleave_rows
-from ridgeline.quant import grid, hub_layout
+from ridgeline.formats import grid, hub_layout
 from ridgeline.quant.quantize import QuantizeOptions, quantize_folder
 from conftest import make_tiny_model
 from quant_helpers import loaded_weight, torch_only_model
@@ -214,7 +214,7 @@ def test_requantizing_a_quantized_folder_is_an_error(src, tmp_path):
 
 
 def test_the_held_out_text_is_never_calibration(src, tmp_path):
-    from ridgeline.eval import corpus
+    from ridgeline.data import corpus
     with pytest.raises(InvalidRequestError, match="held-out"):
         quantize_folder(src, tmp_path / "q", QuantizeOptions("gptq", group_size=32,
                                                              calibration=str(corpus.TEXTS / "heldout.txt")),

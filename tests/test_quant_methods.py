@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from ridgeline import LLM
-from ridgeline.eval import corpus
-from ridgeline.quant import awq, calibrate, gptq, grid
+from ridgeline.data import corpus
+from ridgeline.quant import awq, calibrate, gptq
+from ridgeline.formats import grid
 from ridgeline.quant.quantize import QuantizeOptions, quantize_folder
 from quant_helpers import salient_model
 

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from ridgeline.eval import corpus
-from ridgeline.quant import grid, gptq, sequential
+from ridgeline.data import corpus
+from ridgeline.formats import grid
+from ridgeline.quant import gptq, sequential
 from ridgeline.quant.quantize import QuantizeOptions, quantize_folder
 from ridgeline.weights.safetensors_loader import iter_tensors
 from quant_helpers import salient_model

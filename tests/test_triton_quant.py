@@ -17,7 +17,7 @@ from ridgeline.kernels import triton_quant
 SCRIPT = textwrap.dedent("""
     import torch
     from ridgeline.kernels import triton_quant as tq
-    from ridgeline.quant import fpq, rtn
+    from ridgeline.formats import fpq, rtn
     torch.manual_seed(0)
     N, K = 72, 1024  # N not a multiple of the 64-column tile; K split four ways
     assert tq.split_k(N, K) > 1
@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, "tests")
     from conftest import make_tiny_model
     from ridgeline import LLM, SamplingParams
-    from ridgeline.quant.formats import QuantizedFormat
+    from ridgeline.layers.int_formats import QuantizedFormat
     QuantizedFormat.runs_kernel = lambda self, w: False
     folder = make_tiny_model(Path(tempfile.mkdtemp()) / "m", "llama")
     # every kernel call inside the engine checked against the dequantized weight on the very input it

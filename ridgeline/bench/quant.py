@@ -26,7 +26,7 @@ SPECIAL = {"none": {"quantization": "none"}, "int4-sym": {"quantization": "int4"
 
 def ladder(names: list[str] | None, is_gguf: bool) -> dict[str, dict]:
     """rung name -> engine options; the reference (none) always first."""
-    from ridgeline.quant.options import QUANTIZATIONS
+    from ridgeline.formats.options import QUANTIZATIONS
     known = ["none", "int8", "int4", "int4-sym", "w8a8", "w4a8"]
     known += [q for q in QUANTIZATIONS if q not in known and q not in ("auto", "gguf")]
     known += ["gguf"] if is_gguf else []

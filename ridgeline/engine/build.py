@@ -31,10 +31,10 @@ from ridgeline.kv_spec import KVCacheSpec, kv_formats
 from ridgeline.layers.kernel_plan import choose_kernels
 from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.loader import build_model as load_model
-from ridgeline.models.options import BuildOptions
+from ridgeline.layers.build_options import BuildOptions
 from ridgeline.models.registry import model_class
 from ridgeline.distributed.expert_group import expert_group
-from ridgeline.quant import options as quant_options
+from ridgeline.formats import options as quant_options
 from ridgeline.runner.kv_store import build_tier
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.engine.proposal import DraftTarget

@@ -26,7 +26,7 @@ from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.linear import weight_summary
-from ridgeline.quant.kv_center import calibrate_k_centers
+from ridgeline.engine.kv_centers import calibrate_k_centers
 from ridgeline.runner.kv_store import KVStoreError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.engine.spec_stats import SpecStats

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ridgeline.config import EngineConfig
 from ridgeline.errors import InvalidRequestError
-from ridgeline.models.options import layer_format_rules
-from ridgeline.quant import fp8_checkpoint
-from ridgeline.quant.checkpoint import folder_quantization
-from ridgeline.quant.options import implied_rules as quant_implied_rules
+from ridgeline.layers.build_options import layer_format_rules
+from ridgeline.weights import fp8_checkpoint
+from ridgeline.weights.quant_checkpoint import folder_quantization
+from ridgeline.formats.options import implied_rules as quant_implied_rules
 
 
 def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):

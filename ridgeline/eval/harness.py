@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from ridgeline.eval import corpus
+from ridgeline.data import corpus
 from ridgeline.eval.metrics import Totals, tokens_before_divergence
 
 # option -> its value in the reference engine, for the lossy options this engine build knows

@@ -14,7 +14,7 @@ from dataclasses import fields
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.eval.harness import Result, Setting
-from ridgeline.quant import options as quant_options
+from ridgeline.formats import options as quant_options
 
 # (component, layer-name glob) of the kinds of linear layer in the Llama-family models
 LAYER_KINDS = (("q/k/v projection", "*.qkv_proj"), ("attention output", "*.o_proj"),

@@ -22,7 +22,7 @@ from ridgeline.gguf import repack
 from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import WEIGHT_FORMATS, WeightFormat, create_weight_format, register_weight_format
-from ridgeline.quant.formats import Int4, Int8G32, QuantizedFormat
+from ridgeline.layers.int_formats import Int4, Int8G32, QuantizedFormat
 
 
 class KeptBlocks(QuantizedFormat):

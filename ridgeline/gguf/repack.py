@@ -17,7 +17,7 @@ import torch
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.gguf.layouts import LAYOUTS
-from ridgeline.quant import rtn
+from ridgeline.formats import rtn
 
 TARGETS = ("int4-sym", "int4", "int8-g32")  # each holds the grids of those before it
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}

@@ -15,7 +15,7 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_quant import NC, PackedQuant, _groups
 from ridgeline.kernels.formats import code_of
-from ridgeline.quant.fpq import BlockTensor, Fp8Tensor
+from ridgeline.formats.fpq import BlockTensor, Fp8Tensor
 
 FP8_MODES = {"e4m3": 0, "e5m2": 1, "mx": 2}  # gemm_fp8.c's modes: the fp8 rows' parameter (kernels/formats.py)
 FP4_HEADER = 64  # bytes before the block scales: fp32 c (kernels/gemm_fp4.c)

@@ -13,7 +13,7 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.quant.rtn import Int4Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import Int4Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
 KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py

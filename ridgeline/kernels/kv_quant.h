@@ -1,6 +1,6 @@
 /* KV-cache formats: one (token, KV head) vector of D fp32 values stored and read back, scalar code
  * (writes are T x Hkv vectors a step; the attention kernels read with AVX-512 where they can).
- * The same arithmetic as ridgeline/quant/kv.py, bit for bit (see there for the formats):
+ * The same arithmetic as ridgeline/formats/kv.py, bit for bit (see there for the formats):
  * x * (1 / s) with 1 / s exact, fp16 scales rounded to nearest even, round-to-nearest-even codes. */
 #pragma once
 #include <math.h>

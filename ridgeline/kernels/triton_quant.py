@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ridgeline.quant import fpq, rtn
+from ridgeline.formats import fpq, rtn
 from ridgeline.utils.device import nvidia_sm80
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # optional: CUDA builds of torch bring it
@@ -122,7 +122,7 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
 
 
 def pack(t) -> TritonWeight:
-    """Any of the quantized tensors (quant/rtn.py, quant/fpq.py) as the kernel reads it."""
+    """Any of the quantized tensors (formats/rtn.py, formats/fpq.py) as the kernel reads it."""
     if isinstance(t, rtn.Int8Tensor):
         N, K = t.q.shape
         return TritonWeight(t.q.view(torch.uint8).contiguous(), t.scale.float().view(N, 1).contiguous(), None,

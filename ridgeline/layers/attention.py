@@ -27,7 +27,7 @@ from ridgeline.kernels import cpu_attention
 from ridgeline.layers.forward_context import AttnGroup, get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.kv_cache import LayerKV
-from ridgeline.quant.kv import hadamard
+from ridgeline.formats.kv import hadamard
 
 BACKENDS: dict[str, type[AttentionBackend]] = {}
 AUTO_ORDER = ("paged_c", "flash", "sdpa")

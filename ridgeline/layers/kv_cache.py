@@ -3,7 +3,7 @@
 The cache of all layers is one allocation laid out as the engine's KVCacheSpec says
 (ridgeline/kv_spec.py): per layer, K data, K scales (quantized formats), V data, V scales; each
 attention layer holds a LayerKV over its regions. Writes go through `write` (torch, quantizing with
-ridgeline/quant/kv.py) or `write_rope` (rotary + quantize + write in one C pass, kernels/ops.c); the C
+ridgeline/formats/kv.py) or `write_rope` (rotary + quantize + write in one C pass, kernels/ops.c); the C
 decoder stack calls that same C function.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from ridgeline.kernels import cpu_ops
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec, KVFormat
-from ridgeline.quant import kv as kvq
+from ridgeline.formats import kv as kvq
 
 # what the C kernels read and write (paged_attention.c, ops.c: enum kv_format); a layer passes
 # k_code | v_code << 8
@@ -64,7 +64,7 @@ class LayerKV:
     v_format: str | None = None  # V's; None: the same as K's
     k_scale: torch.Tensor | None = None  # [NB, bs, Hkv, scales per vector] fp16, quantized K only
     v_scale: torch.Tensor | None = None
-    # [3, Hkv, D] fp32, K formats with `center` (set once at start-up by quant/kv_center.py through
+    # [3, Hkv, D] fp32, K formats with `center` (set once at start-up by engine/kv_centers.py through
     # set_centers, before any block is kept): [0] `k_shift`, subtracted from every k before it is stored
     # (softmax ignores a shift common to a query's keys); [1] subtracted instead from the k at position 0
     # (the attention sink: its key lies far from the others', so one center cannot serve both); [2]

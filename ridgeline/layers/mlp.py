@@ -7,7 +7,7 @@ from torch import nn
 
 from ridgeline.kernels import cpu_ops
 from ridgeline.layers.linear import Linear
-from ridgeline.models.options import BuildOptions
+from ridgeline.layers.build_options import BuildOptions
 
 
 class MLP(nn.Module):

@@ -28,7 +28,7 @@ from ridgeline.kernels import cpu, cpu_moe, cpu_stack
 from ridgeline.layers.linear import Linear
 from ridgeline.layers.mlp import MLP
 from ridgeline.layers.weight_formats import DENSE, create_weight_format
-from ridgeline.models.options import BuildOptions
+from ridgeline.layers.build_options import BuildOptions
 from ridgeline.layers.expert_compute import CExperts, TorchExperts
 from ridgeline.distributed.expert_dispatch import ExpertParallel
 from ridgeline.distributed.expert_placement import ExpertPlacement

@@ -11,7 +11,7 @@ one class, bound per engine to its KernelPlan (vLLM calls these linear methods):
                                       stack cannot run it
 
 Dense fp32 and bf16 (and fp16, GPU only) are the first entries; the quantized ones register from
-ridgeline/quant/formats.py, which models/options.py (where formats are chosen by name) imports.
+ridgeline/layers/int_formats.py, which layers/build_options.py (where formats are chosen by name) imports.
 """
 from __future__ import annotations
 

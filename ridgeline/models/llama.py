@@ -30,7 +30,7 @@ from ridgeline.layers.moe import SparseMoE
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
 from ridgeline.models.elsewhere import Elsewhere
-from ridgeline.models.options import BuildOptions
+from ridgeline.layers.build_options import BuildOptions
 from ridgeline.weights.hf_config import ArchConfig
 
 Hook = Callable[[int, int, torch.Tensor], None]

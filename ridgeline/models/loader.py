@@ -15,10 +15,10 @@ from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.layers.linear import Linear, finish_loading
 from ridgeline.layers.rotary import Rotary
 from ridgeline.layers.weight_formats import load_rows
-from ridgeline.models.options import BuildOptions
+from ridgeline.layers.build_options import BuildOptions
 from ridgeline.models.registry import model_class
-from ridgeline.quant import fp8_checkpoint
-from ridgeline.quant.checkpoint import read_quant_config, unpack_checkpoint
+from ridgeline.weights import fp8_checkpoint
+from ridgeline.weights.quant_checkpoint import read_quant_config, unpack_checkpoint
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors, weight_files
 

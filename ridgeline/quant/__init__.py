@@ -1,2 +1,2 @@
-"""Weight quantization: round-to-nearest quantizers (rtn.py), the quantized weight formats of the
-weight-format registry (formats.py) and the `quantization` engine option (options.py)."""
+"""Quantization by calibration: `ridgeline quantize` (GPTQ, AWQ, clipping) over a calibration text, the
+model run layer by layer through the runner. The formats it writes live in the core (formats/, layers/)."""

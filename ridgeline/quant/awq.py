@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.quant import grid
+from ridgeline.formats import grid
 
 ALPHAS = tuple(i / 20 for i in range(20))  # 0, 0.05, ..., 0.95
 SEARCH_ROWS = 256  # output rows (evenly spaced over the group's layers) the search scores; all are quantized

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.quant import awq, grid
+from ridgeline.quant import awq
+from ridgeline.formats import grid
 
 SCORE_TOKENS = 2048  # calibration tokens (whole windows, at least one) each candidate is scored on
 BLOCKS = ("self_attn", "mlp")  # the blocks whose input projections are scored on the block's output

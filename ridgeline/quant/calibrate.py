@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.eval import corpus
+from ridgeline.data import corpus
 from ridgeline.layers.linear import Linear
 
 DEFAULT_TOKENS = 16384
@@ -79,7 +79,7 @@ class InputStats:
 def calibration_text(source: str | Path | None) -> tuple[str, str]:
     """(text, name for the config) of --calibration: None -> the shipped calibration part."""
     if source is None:
-        return corpus.text("calibration"), "ridgeline/eval/texts/calibration.txt (World Factbook, public domain)"
+        return corpus.text("calibration"), "ridgeline/data/texts/calibration.txt (World Factbook, public domain)"
     path = Path(source)
     if path.resolve() == (corpus.TEXTS / "heldout.txt").resolve():
         raise InvalidRequestError("the held-out text is what `ridgeline eval` scores; calibrating on it would "

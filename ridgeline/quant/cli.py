@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ridgeline.cli_parser import positive_int
 from ridgeline.quant.calibrate import DEFAULT_TOKENS
-from ridgeline.quant.options import INT4_GROUP_SIZES
+from ridgeline.formats.options import INT4_GROUP_SIZES
 from ridgeline.quant.quantize import BITS, METHODS
 
 

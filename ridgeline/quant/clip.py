@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.quant import grid
+from ridgeline.formats import grid
 
 RATIOS = tuple(1 - i / 40 for i in range(21))  # 1, 0.975, ..., 0.5
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant import grid
+from ridgeline.formats import grid
 
 BLOCK = 128  # a multiple of every group size
 DAMP = 0.01

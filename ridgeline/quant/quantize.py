@@ -27,8 +27,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant import awq, awq_block, calibrate, clip, gptq, grid, hub_layout, sequential
-from ridgeline.quant.checkpoint import read_quant_config
+from ridgeline.quant import awq, awq_block, calibrate, clip, gptq, sequential
+from ridgeline.formats import grid, hub_layout
+from ridgeline.weights.quant_checkpoint import read_quant_config
 
 METHODS = ("rtn", "gptq", "awq")
 BITS = (4,)

@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.eval import corpus
+from ridgeline.data import corpus
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.layers.linear import Linear
 from ridgeline.quant.calibrate import WINDOW, InputStats, module_path

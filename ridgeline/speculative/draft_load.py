@@ -19,9 +19,9 @@ def load_draft_model(config: SpeculativeConfig, target: DraftTarget, vocab_size:
     from ridgeline.layers.kernel_plan import choose_kernels
     from ridgeline.layers.weight_formats import DENSE
     from ridgeline.models.loader import build_model
-    from ridgeline.models.options import BuildOptions, layer_format_rules
+    from ridgeline.layers.build_options import BuildOptions, layer_format_rules
     from ridgeline.models.registry import model_class
-    from ridgeline.quant import options as quant_options
+    from ridgeline.formats import options as quant_options
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.weights.resolve import resolve_model
 

@@ -27,7 +27,7 @@ import torch
 from ridgeline.kernels import cpu_draft, cpu_stack
 from ridgeline.kernels.cpu_ops import EMBED_FORMATS
 from ridgeline.layers.linear import matmul_fn
-from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
+from ridgeline.formats.options import INT4_GROUP_SIZES, format_name
 from ridgeline.engine.proposal import DraftTarget
 from ridgeline.speculative.eagle_context import HiddenRows
 from ridgeline.speculative.eagle_fast import CDrafting
@@ -142,7 +142,7 @@ class EagleProposer(Proposer):
         if target.device.type == "cpu" and target.dtype in plan.packed:
             fmt = self.weight_format = head_format(plan.quant, head.cfg)
             if fmt:
-                import ridgeline.quant.formats  # noqa: F401  (registers the int8 weight format)
+                import ridgeline.layers.int_formats  # noqa: F401  (registers the int8 weight format)
 
             def pack(w):  # the head's weight multiplied as the target's dense (or int8) layers are
                 return matmul_fn(w.to(target.dtype).contiguous(), plan, fmt)

@@ -10,7 +10,7 @@ second where sampling replies gives tens. Two shapes of the same text:
   model's chat template, so the head also sees the template's turns as chat traffic has them.
 
 FILE is a path, or `calibration`: the package's public-domain calibration text (World Factbook
-country profiles, ridgeline/eval/texts/README.md), which shares no paragraph with the held-out
+country profiles, ridgeline/data/texts/README.md), which shares no paragraph with the held-out
 text `ridgeline eval` scores nor with the benchmark workloads' corpus."""
 from __future__ import annotations
 

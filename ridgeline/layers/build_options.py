@@ -10,9 +10,9 @@ import torch
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import DENSE, WEIGHT_FORMATS, WeightFormat, create_weight_format
-from ridgeline.quant import formats as _quant_formats  # noqa: F401  registers the quantized formats
-from ridgeline.quant import fp_formats as _fp_formats  # noqa: F401  and the floating-point ones
-from ridgeline.quant import prequantized as _prequantized  # noqa: F401  and the GPTQ / AWQ folders' formats
+from ridgeline.layers import int_formats as _quant_formats  # noqa: F401  registers the quantized formats
+from ridgeline.layers import fp_formats as _fp_formats  # noqa: F401  and the floating-point ones
+from ridgeline.layers import prequantized as _prequantized  # noqa: F401  and the GPTQ / AWQ folders' formats
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant import rtn
+from ridgeline.formats import rtn
 
 SCALE_BITS = 7  # significant bits kept in an asymmetric scale (s * z exact in fp16 for z < 16)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.quant.options import INT4_GROUP_SIZES
+from ridgeline.formats.options import INT4_GROUP_SIZES
 
 _FP16_MAX = 65504.0
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ridgeline.quant.kv import hadamard
+from ridgeline.formats.kv import hadamard
 
 CALIBRATION_TOKENS = 512
 SINK_PROMPTS = 16  # one-token prompts whose position-0 keys are averaged into the sink center
@@ -26,7 +26,7 @@ _SKIP = 4  # the first positions (attention sinks) have keys unlike the rest
 
 
 def calibration_ids(tokenizer, n: int) -> list[int]:
-    from ridgeline.eval.corpus import text
+    from ridgeline.data.corpus import text
     return tokenizer.encode(text("calibration")[:16 * n])[:n]
 
 

@@ -26,8 +26,8 @@ from torch import nn
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_quant, triton_quant
 from ridgeline.layers.weight_formats import WeightFormat, register_weight_format
-from ridgeline.quant import rtn
-from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
+from ridgeline.formats import rtn
+from ridgeline.formats.options import INT4_GROUP_SIZES, format_name
 
 
 class QuantizedFormat(WeightFormat):

@@ -21,9 +21,9 @@ from torch import nn
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.layers.weight_formats import load_rows, register_weight_format
-from ridgeline.quant import rtn
-from ridgeline.quant.formats import Int4
-from ridgeline.quant.options import INT4_GROUP_SIZES, format_name
+from ridgeline.formats import rtn
+from ridgeline.layers.int_formats import Int4
+from ridgeline.formats.options import INT4_GROUP_SIZES, format_name
 
 
 class PreQuantized(Int4):

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.quant import grid, hub_layout
+from ridgeline.formats import grid, hub_layout
 
 METHODS = ("gptq", "awq")
 PARTS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales")}
@@ -37,7 +37,7 @@ class QuantConfig:
     produced_by: str | None = None  # `ridgeline quantize`'s method (rtn, gptq, awq), when it wrote the folder
 
 
-FP8_METHODS = ("fp8", "compressed-tensors")  # read by quant/fp8_checkpoint.py
+FP8_METHODS = ("fp8", "compressed-tensors")  # read by weights/fp8_checkpoint.py
 
 
 def read_quant_config(folder: Path) -> QuantConfig | None:
@@ -52,7 +52,7 @@ def read_quant_config(folder: Path) -> QuantConfig | None:
         return None
     method = str(qc.get("quant_method", "")).lower()
     if method in FP8_METHODS:
-        return None  # fp8 checkpoints: quant/fp8_checkpoint.py reads them
+        return None  # fp8 checkpoints: weights/fp8_checkpoint.py reads them
     if method not in METHODS:
         raise ModelLoadError(f"{path}: quantization_config quant_method {method or 'missing'!r} is not one this "
                              f"engine loads ({', '.join(METHODS + FP8_METHODS)})")
@@ -119,7 +119,7 @@ def folder_quantization(folder: Path, requested: str, group_size: int | None, sy
     (under `none`, the default, or its own method); asking for another method, or for gptq / awq of a
     folder without that config, is an error before any weight is read."""
     from ridgeline.errors import InvalidRequestError
-    from ridgeline.quant.options import PREQUANTIZED, format_name
+    from ridgeline.formats.options import PREQUANTIZED, format_name
     qc = read_quant_config(folder)
     if qc is None:
         if requested in PREQUANTIZED:

@@ -8,7 +8,7 @@
            dot products)
     w4a8   int4's weights (the same group sizes and grids), the input quantized to int8 per row and group
     fp8    E4M3 with a scale per output channel, weight-only (fp8-e5m2, fp8-tensor, fp8-e5m2-tensor: registered
-           formats for layer_formats); an fp8 checkpoint loads into it as it is (quant/fp8_checkpoint.py)
+           formats for layer_formats); an fp8 checkpoint loads into it as it is (weights/fp8_checkpoint.py)
     mxfp8  E4M3 in blocks of 32 with a power-of-two (E8M0) scale, weight-only
     mxfp4  E2M1 in blocks of 32, E8M0 scale; each linear's input quantized to int8 per row and block of 32
     nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16

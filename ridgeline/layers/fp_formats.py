@@ -1,4 +1,4 @@
-"""Floating-point weight formats as entries of the weight-format registry (quant/fpq.py defines the numbers):
+"""Floating-point weight formats as entries of the weight-format registry (formats/fpq.py defines the numbers):
 
     fp8, fp8-e5m2                     E4M3 / E5M2, one fp32 scale per output channel; weight-only
     fp8-tensor, fp8-e5m2-tensor       the same with one scale for the whole tensor
@@ -10,8 +10,8 @@
 fp8 is emulated (converted to fp32 in the kernel, kernels/gemm_fp8.c); fp4 runs natively with integer
 dot products, so mxfp4 and nvfp4 quantize each linear's input inside their C call, at every batch size
 (the activation format belongs to the weight format, as for w4a8). Weights load into an fp32 staging
-copy, quantized and packed in finish() like the int formats (quant/formats.py). The fp8 formats also
-take an fp8 checkpoint's own values (quant/fp8_checkpoint.py): a float8 `weight` with its per-tensor or
+copy, quantized and packed in finish() like the int formats (layers/int_formats.py). The fp8 formats also
+take an fp8 checkpoint's own values (weights/fp8_checkpoint.py): a float8 `weight` with its per-tensor or
 per-channel `weight_scale`, kept exactly, never re-quantized.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from torch import nn
 from ridgeline.errors import ModelLoadError
 from ridgeline.kernels import cpu_fpquant
 from ridgeline.layers.weight_formats import load_rows, register_weight_format
-from ridgeline.quant import fpq, rtn
-from ridgeline.quant.formats import QuantizedFormat
+from ridgeline.formats import fpq, rtn
+from ridgeline.layers.int_formats import QuantizedFormat
 
 
 class Fp8(QuantizedFormat):
