@@ -27,8 +27,6 @@ NAMES = {CORE: "core", FEATURE: "feature", TOOL: "tool", ENTRY: "entry point"}
 SEAMS: set[tuple[str, str]] = set()
 # arrows that break the contract today, (from, to): what moves where to end each
 PENDING = {
-    ("engine", "distributed"): "the parallel runtime becomes a registry the distributed package fills",
-    ("layers", "distributed"): "expert parallelism's dispatch enters SparseMoE through a core interface",
     ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
     ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",

@@ -17,6 +17,7 @@ import torch
 
 from ridgeline.distributed.group import RankContext, torchrun_env
 from ridgeline.distributed.runtime import TPRuntime
+from ridgeline.engine.parallel_runtime import register_runtime
 from ridgeline.errors import InvalidRequestError
 from ridgeline.distributed.expert_placement import expert_blocks
 
@@ -47,6 +48,7 @@ def check_launch(size: int, pin_cores: bool) -> None:
                                   "expert_parallel_size")
 
 
+@register_runtime("expert")
 class EPRuntime(TPRuntime):
     """TPRuntime's launch, plan channel, followers and failure path over N whole-model ranks: `shard`,
     `comm` and `slicer` are None (nothing splits), `arch` is the model's own."""
@@ -63,13 +65,13 @@ class EPRuntime(TPRuntime):
         self.shard = self.comm = self.slicer = None
         self.arch = arch
 
-    def info(self, model, kv_bytes: int) -> "EPInfo":
+    def info(self, model, kv, pool_bytes: int) -> "EPInfo":
         """Every rank's experts and resident bytes (gathered: one collective, on every rank at start-up)."""
         from ridgeline.distributed.memory import resident_weight_bytes
         from ridgeline.distributed.expert_load import sparse_layers
         layers = sparse_layers(model)
         held = [e for e, _ in layers[0].expert_items()]
-        mine = (held[0], held[-1] + 1, resident_weight_bytes(model), kv_bytes)
+        mine = (held[0], held[-1] + 1, resident_weight_bytes(model), pool_bytes)
         return EPInfo(self.ctx.size, layers[0].num_experts, len(layers), tuple(self.gather(mine)),
                       tuple(self.workers.pids) if self.workers else ())
 

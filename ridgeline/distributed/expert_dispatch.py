@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ridgeline.distributed.expert_placement import ExpertPlacement
+from ridgeline.layers.expert_sharding import ExpertExchange
 
 ALL_TO_ALL_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -45,7 +46,7 @@ def gather_rows(group, t: torch.Tensor, world: int) -> torch.Tensor:
     return out
 
 
-class ExpertParallel:
+class ExpertParallel(ExpertExchange):
     def __init__(self, group, placement: ExpertPlacement, dispatch: str = "auto"):
         self.group, self.placement = group, placement
         self.dispatch = pick_dispatch(group, dispatch)

@@ -23,13 +23,14 @@ from ridgeline.distributed.layout import layout_for
 from ridgeline.distributed.agreement import check_agreement
 from ridgeline.distributed.shard import Slicer, check_groups, local_arch
 from ridgeline.distributed.stages import stage_layout
+from ridgeline.engine.parallel_runtime import ParallelRuntime, register_runtime
 from ridgeline.errors import InvalidRequestError, RankFailedError
 from ridgeline.utils import internal_auth
 
 FAILURE_WAIT_S = 2.0  # after a failed collective, how long to wait for the dead rank's exit to show
 
 
-class GroupRuntime:
+class GroupRuntime(ParallelRuntime):
     """The process group of one engine (`size` ranks; param names the size option in errors)."""
     param, what = "tensor_parallel_size", "tensor-parallel rank"
 
@@ -171,6 +172,7 @@ def launch_secret(pc) -> bytes:
     return internal_auth.deployment_secret(pc.internal_secret_file, required=True)
 
 
+@register_runtime("tensor")
 class TPRuntime(GroupRuntime):
     def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
         size = config.parallel.tensor_parallel_size
@@ -183,7 +185,14 @@ class TPRuntime(GroupRuntime):
         self.slicer = Slicer(self.shard, arch.head_dim)
         self.arch = local_arch(arch, self.shard)
 
+    def info(self, model, kv, pool_bytes: int):
+        """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up)."""
+        from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
+        return TPInfo(self.ctx.size, tuple(self.gather((self.shard, resident_weight_bytes(model), pool_bytes))),
+                      tuple(self.workers.pids) if self.workers else ())
 
+
+@register_runtime("pipeline")
 class PPRuntime(GroupRuntime):
     """A pipeline stage: rank r holds stage r's layers (distributed/stages.py); rank 0 is the first stage."""
     param, what = "pipeline_parallel_size", "pipeline stage"
@@ -194,6 +203,24 @@ class PPRuntime(GroupRuntime):
         self._join(config, size, device, rank, arch)
         self.stage = stages[self.ctx.rank]
         self.arch = arch
+
+    def info(self, model, kv, pool_bytes: int):
+        """Every stage's layers, resident weight bytes, KV bytes and the tokens its own KV budget holds
+        (gathered: one collective at start-up), beside what the same budget holds in one process."""
+        from ridgeline.distributed.memory import PPInfo, resident_weight_bytes
+        spec = kv.spec
+        mine = (self.stage, resident_weight_bytes(model), kv.num_blocks * spec.bytes_per_block,
+                (kv.own_blocks - 1) * spec.block_size)
+        whole = spec.bytes_per_block // spec.num_layers * self.stage.num_layers  # a block of every layer
+        return PPInfo(self.ctx.size, tuple(self.gather(mine)), (kv.num_blocks - 1) * spec.block_size,
+                      kv.kv_bytes // whole * spec.block_size, tuple(self.workers.pids) if self.workers else ())
+
+    def attach(self, runner, config) -> None:
+        """The runner sends its stage's hidden states on and receives the previous stage's."""
+        from ridgeline.distributed.pipeline import PipelineStage
+        arch = self.arch
+        runner.pipeline = PipelineStage(self.stage, config.parallel.pipeline_microbatches, arch.hidden_size,
+                                        arch.vocab_size)
 
     def probe(self, sizes: tuple[int, ...] = (1, 1 << 18), reps: int = 20) -> list[float]:
         """Stage 0: time a message of each size to stage 1 and back (the link, apart from the model)."""

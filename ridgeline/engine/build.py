@@ -23,6 +23,7 @@ from ridgeline.engine.context_length import context_length, with_rope_override
 from ridgeline.engine.info import available_memory
 from ridgeline.engine.kv_eviction import Evictor, conflict, peak_tokens
 from ridgeline.engine.kv_manager import KVCacheManager
+from ridgeline.engine.parallel_runtime import ParallelRuntime, runtime
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.engine.speculation import Speculation
 from ridgeline.engine.startup import weight_formats
@@ -33,7 +34,6 @@ from ridgeline.layers.weight_formats import DENSE
 from ridgeline.models.loader import build_model as load_model
 from ridgeline.layers.build_options import BuildOptions
 from ridgeline.models.registry import model_class
-from ridgeline.distributed.expert_group import expert_group
 from ridgeline.formats import options as quant_options
 from ridgeline.runner.kv_store import build_tier
 from ridgeline.runner.model_runner import ModelRunner
@@ -90,17 +90,17 @@ def resolve_source(config: EngineConfig) -> Source:
 
 @dataclass
 class Parallel:
-    """This process's parallel runtime (at most one kind), or none."""
-    tp: object = None  # distributed.runtime.TPRuntime
-    pp: object = None  # distributed.runtime.PPRuntime
-    ep: object = None  # parallel.ep_runtime.EPRuntime: expert parallelism's own ranks
+    """This process's parallel runtime (at most one kind, engine/parallel_runtime.py), or none."""
+    tp: ParallelRuntime | None = None  # tensor parallelism: a slice of every layer
+    pp: ParallelRuntime | None = None  # pipeline parallelism: a range of layers
+    ep: ParallelRuntime | None = None  # expert parallelism: a block of every sparse layer's experts
 
     @property
-    def group(self):
+    def group(self) -> ParallelRuntime | None:
         return self.tp or self.pp or self.ep
 
     @property
-    def shards(self):
+    def shards(self) -> ParallelRuntime | None:
         """The runtime whose ranks each hold a slice of every layer (tensor parallelism), or None."""
         return self.tp
 
@@ -108,14 +108,11 @@ class Parallel:
 def start_parallel(config: EngineConfig, src: Source, rank) -> Parallel:
     pc, arch, device = config.parallel, src.arch, src.device
     if pc.tensor_parallel_size > 1:
-        from ridgeline.distributed.runtime import TPRuntime
-        return Parallel(tp=TPRuntime(config, arch, device, rank))
+        return Parallel(tp=runtime("tensor")(config, arch, device, rank))
     if pc.pipeline_parallel_size > 1:
-        from ridgeline.distributed.runtime import PPRuntime
-        return Parallel(pp=PPRuntime(config, arch, device, rank))
+        return Parallel(pp=runtime("pipeline")(config, arch, device, rank))
     if pc.expert_parallel_size > 1:
-        from ridgeline.distributed.ep_runtime import EPRuntime
-        return Parallel(ep=EPRuntime(config, arch, device, rank))
+        return Parallel(ep=runtime("expert")(config, arch, device, rank))
     return Parallel()
 
 
@@ -127,8 +124,9 @@ def build_model(config: EngineConfig, src: Source, par: Parallel, max_len: int):
                                                      DENSE[src.dtype], plan)
     tp = par.shards
     backend = "h2o" if config.cache.kv_eviction == "h2o" else config.attention_backend
+    experts = runtime("expert-sharding")(True) if config.expert_parallel_on else None
     opts = BuildOptions(plan, src.dtype, src.act_dtype, backend, formats, tp.comm if tp else None,
-                        expert_group=expert_group(config.expert_parallel_on), stage=par.pp.stage if par.pp else None)
+                        experts=experts, stage=par.pp.stage if par.pp else None)
     # with tensor parallelism each rank builds its own heads and widths and reads only its slices
     model = load_model(tp.arch if tp else src.arch, src.folder, opts, src.device, max_len, tensors, tp and tp.slicer)
     return model, plan, quantization
@@ -178,10 +176,8 @@ def context_of(config: EngineConfig, src: Source) -> int:
 def build_runner(config: EngineConfig, src: Source, par: Parallel, model, kv: KVPlan, eos: tuple[int, ...]):
     """(the runner, the second KV tier's index or None, its start-up line or None)."""
     runner = ModelRunner(model, src.arch, src.device, kv.spec, kv.num_blocks, list(eos))
-    if par.pp is not None:
-        from ridgeline.distributed.pipeline import PipelineStage
-        runner.pipeline = PipelineStage(par.pp.stage, config.parallel.pipeline_microbatches, src.arch.hidden_size,
-                                        src.arch.vocab_size)
+    if par.group is not None:
+        par.group.attach(runner, config)  # a pipeline stage's sends and receives
     if par.group is not None and par.group.rank == 0:
         par.group.lead(runner)
     runner.store, tier, line = build_tier(config.cache, kv.spec.bytes_per_block, runner.kv, src.device,

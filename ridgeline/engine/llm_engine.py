@@ -19,7 +19,7 @@ from ridgeline.engine.kv_tier import store_now
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
 from ridgeline.engine.request import Request, Status
-from ridgeline.engine.startup import pp_info, spec_line, tp_info
+from ridgeline.engine.startup import spec_line
 from ridgeline.engine.step_clock import StepClock
 from ridgeline.engine.tier_steps import drop_tier, observe_step
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
@@ -107,9 +107,9 @@ class LLMEngine:
             speculative=spec_line(config, proposer), quantization=quantization, kv_window=src.arch.kv_window,
             kv_budget=cc.kv_eviction_budget if evict else None,
             kv_eviction=describe_eviction(cc) if evict else None, offload=offload_line,
-            tensor_parallel=par.tp and tp_info(par.tp, model, pool_bytes),
-            pipeline_parallel=par.pp and pp_info(par.pp, model, kv.spec, kv.num_blocks, kv.own_blocks, kv.kv_bytes),
-            expert_parallel=par.ep and par.ep.info(model, pool_bytes))
+            tensor_parallel=par.tp and par.tp.info(model, kv, pool_bytes),
+            pipeline_parallel=par.pp and par.pp.info(model, kv, pool_bytes),
+            expert_parallel=par.ep and par.ep.info(model, kv, pool_bytes))
 
     def follow(self) -> None:
         """A follower rank: run rank 0's calls until it stops the group."""

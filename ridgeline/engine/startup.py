@@ -31,27 +31,6 @@ def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, p
     return layer_format_rules(rules, default, plan), None, quant
 
 
-def tp_info(tp, model, kv_bytes: int):
-    """Every rank's shard, resident weight bytes and KV bytes (gathered: one collective at start-up); None
-    for expert parallelism's ranks (no shard: their experts are described by EPRuntime.info)."""
-    if tp.shard is None:
-        return None
-    from ridgeline.distributed.memory import TPInfo, resident_weight_bytes
-    return TPInfo(tp.ctx.size, tuple(tp.gather((tp.shard, resident_weight_bytes(model), kv_bytes))),
-                  tuple(tp.workers.pids) if tp.workers else ())
-
-
-def pp_info(pp, model, kv_spec, num_blocks: int, own_blocks: int, kv_bytes: int):
-    """Every stage's layers, resident weight bytes, KV bytes and the tokens its own KV budget holds
-    (gathered: one collective at start-up), beside what the same budget holds in one process."""
-    from ridgeline.distributed.memory import PPInfo, resident_weight_bytes
-    mine = (pp.stage, resident_weight_bytes(model), num_blocks * kv_spec.bytes_per_block,
-            (own_blocks - 1) * kv_spec.block_size)
-    whole = kv_spec.bytes_per_block // kv_spec.num_layers * pp.stage.num_layers  # a block of every layer
-    return PPInfo(pp.ctx.size, tuple(pp.gather(mine)), (num_blocks - 1) * kv_spec.block_size,
-                  kv_bytes // whole * kv_spec.block_size, tuple(pp.workers.pids) if pp.workers else ())
-
-
 def spec_line(config: EngineConfig, proposer=None) -> str | None:
     sc = config.speculative
     if sc.method is None:

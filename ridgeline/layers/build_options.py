@@ -8,6 +8,7 @@ from fnmatch import fnmatchcase
 import torch
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.layers.expert_sharding import ExpertSharding
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import DENSE, WEIGHT_FORMATS, WeightFormat, create_weight_format
 from ridgeline.layers import int_formats as _quant_formats  # noqa: F401  registers the quantized formats
@@ -25,7 +26,7 @@ class BuildOptions:
     # tensor parallelism: this rank's distributed.comm.TPComm (its shard and process group); None: one process.
     # The modules are built from the rank's ArchConfig (distributed.shard.local_arch)
     tp: object | None = None
-    expert_group: object = None  # torch.distributed group sparse layers spread their experts over (None: off)
+    experts: ExpertSharding | None = None  # expert parallelism: how sparse layers spread their experts (None: off)
     # pipeline parallelism: this process's distributed.stages.Stage; the model builds only its layers (the
     # embedding on the first stage, final norm and LM head on the last). None: every layer
     stage: object | None = None

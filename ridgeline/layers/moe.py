@@ -13,10 +13,10 @@ transformers):
 `load_counts` [E] accumulates the (token, slot) pairs each expert received: the per-expert load
 that expert placement reads; `touched` the experts that ran and the calls (weight bytes read).
 
-Expert parallelism (an `expert_group` in the build options): this rank builds, loads and runs only
-its block of experts (distributed/expert_placement.py; the others are absent from `experts`, a dict by
+Expert parallelism (an ExpertSharding as the build options' `experts`): this rank builds, loads and runs only
+its block of experts (the sharding's placement; the others are absent from `experts`, a dict by
 global id); the router and the shared expert are whole on every rank. The forward exchanges tokens
-with the other ranks (distributed/expert_dispatch.py); in the C stack the descriptor's dispatch
+with the other ranks (the sharding's exchange); in the C stack the descriptor's dispatch
 callback hands the layer to that same forward. The counters then hold the whole group's load.
 """
 from __future__ import annotations
@@ -30,8 +30,6 @@ from ridgeline.layers.mlp import MLP
 from ridgeline.layers.weight_formats import DENSE, create_weight_format
 from ridgeline.layers.build_options import BuildOptions
 from ridgeline.layers.expert_compute import CExperts, TorchExperts
-from ridgeline.distributed.expert_dispatch import ExpertParallel
-from ridgeline.distributed.expert_placement import ExpertPlacement
 from ridgeline.weights.hf_config import MoEConfig
 
 
@@ -44,14 +42,13 @@ class SparseMoE(nn.Module):
         router_format = create_weight_format(DENSE[opts.dtype], opts.plan)  # routers stay unquantized
         self.gate = Linear(hidden, cfg.num_experts, router_format, prefix=f"{prefix}.gate")
         self.ep = None
-        if opts.expert_group is None:
+        if opts.experts is None:
             self.experts = nn.ModuleList(MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
                                          for e in range(cfg.num_experts))
         else:  # only this rank's experts: the checkpoint's other experts find no module and are skipped
-            placement = ExpertPlacement.for_group(cfg.num_experts, opts.expert_group)
-            self.ep = ExpertParallel(opts.expert_group, placement)
+            self.ep = opts.experts.exchange(cfg.num_experts)  # layers/expert_sharding.py ExpertExchange
             self.experts = nn.ModuleDict({str(e): MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
-                                          for e in placement.local})
+                                          for e in self.ep.placement.local})
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_intermediate_size:
             self.shared_expert = MLP(hidden, cfg.shared_intermediate_size, opts, f"{prefix}.shared_expert")
