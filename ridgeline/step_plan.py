@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ridgeline.engine.kv_tier import TierCopies
 from ridgeline.sampling_params import SamplingParams
+
+
+@dataclass
+class TierCopies:
+    """One step's copies, in order: stores (pool block -> slot), then loads (slot -> pool block)."""
+    stores: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.stores or self.loads)
 
 
 @dataclass

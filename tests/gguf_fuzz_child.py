@@ -37,7 +37,7 @@ def load(path: Path) -> None:
     from ridgeline.models.registry import model_class
     from ridgeline.gguf.load import kept_blocks
     from ridgeline.weights.hf_config import load_arch_config
-    from ridgeline.weights.resolve import resolve_model_source
+    from ridgeline.models.resolve import resolve_model_source
     from ridgeline.weights.safetensors_loader import iter_tensors
     from ridgeline.weights.tokenizer import Tokenizer
 
@@ -47,7 +47,7 @@ def load(path: Path) -> None:
     Tokenizer(folder).encode("hello world, 12 times")
     for _ in iter_tensors(folder):
         pass
-    formats, tensors = kept_blocks(gguf, arch, (), "f32", TORCH_ONLY)
+    formats, tensors = kept_blocks(gguf, arch, model_class(arch.architecture).packed, (), "f32", TORCH_ONLY)
     opts = BuildOptions(TORCH_ONLY, torch.float32, torch.float32, "auto", formats)
     build_model(arch, folder, opts, torch.device("cpu"), arch.max_position_embeddings, tensors)
 

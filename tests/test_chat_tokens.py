@@ -71,7 +71,7 @@ def test_a_template_that_trims_contents(tmp_path):
 
 @pytest.mark.default_model
 def test_default_model_keeps_its_ids_and_refuses_forged_roles():
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
     tok = Tokenizer(resolve_model("smollm2-135m", progress=False))
     question = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tok.encode_chat(question)

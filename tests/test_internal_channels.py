@@ -24,7 +24,7 @@ from ridgeline.distributed import plan_channel, wire, wire_types  # noqa: F401
 from ridgeline.distributed.plan_check import Limits, PlanError, check_answer, check_call
 from ridgeline.entrypoints.llm import LLM
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.step_plan import SampledSeq, ScheduledSeq, StepPlan
 from ridgeline.utils import internal_auth
 
@@ -136,7 +136,7 @@ def test_a_follower_refuses_indices_outside_what_it_holds(bad, match):
 
 
 def test_a_follower_refuses_other_calls_and_shapes():
-    from ridgeline.engine.kv_tier import TierCopies
+    from ridgeline.step_plan import TierCopies
     with pytest.raises(PlanError, match="unknown call"):
         check_call("__init__", (), LIM)
     with pytest.raises(PlanError, match="takes 3 arguments"):

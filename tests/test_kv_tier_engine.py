@@ -12,7 +12,7 @@ import torch
 from conftest import make_tiny_model
 from ridgeline import LLM, SamplingParams
 from ridgeline.bench.workloads import multi_turn_workload
-from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.step_plan import TierCopies
 from ridgeline.errors import InvalidRequestError
 from ridgeline.kv_spec import KV_FORMATS, KVCacheSpec
 from ridgeline.layers.kv_cache import allocate_kv

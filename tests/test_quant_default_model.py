@@ -13,7 +13,7 @@ pytestmark = pytest.mark.default_model
 
 @pytest.fixture(scope="module")
 def folder():
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
     return resolve_model("smollm2-135m", progress=False)
 
 

@@ -8,7 +8,7 @@ import torch
 from ridgeline.layers.sampler import Sampler, SamplingMetadata
 from ridgeline.layers.sampler_probs import kept_probs
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.runner.rejection import rejection_verify
 from stats_helpers import chi2_pvalue
 

@@ -11,7 +11,7 @@ import torch
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.speculative.sampled_drafts import draft_distribution, draw
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=np.float32))
 

@@ -13,7 +13,8 @@ from ridgeline import LLM
 from ridgeline.config import SpeculativeConfig
 from ridgeline.errors import InvalidRequestError
 from ridgeline.speculative.cascade import CascadeProposer
-from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer
+from ridgeline.engine.proposal import ProposalRequest, Proposer
+from ridgeline.runner.draft import Draft
 from test_multi_token_steps import OPTS, _params, _run, same_as_plain
 
 BASE = dict(dtype="float32", kv_cache_memory="2MiB", progress=False)

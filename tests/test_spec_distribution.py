@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
-from ridgeline.engine.proposal import PROPOSERS, Draft, Proposer
+from ridgeline.engine.proposal import PROPOSERS, Proposer
+from ridgeline.runner.draft import Draft
 from stats_helpers import chi2_pvalue
 
 PROMPT = [40, 71, 12, 99, 5, 63]

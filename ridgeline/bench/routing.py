@@ -57,7 +57,7 @@ def pool_bytes(model: str, dtype: str, tokens: int, block_size: int = 16) -> tup
     from ridgeline.kv_spec import KVCacheSpec, kv_formats
     from ridgeline.utils.device import pick_device, pick_dtype
     from ridgeline.weights.hf_config import load_arch_config
-    from ridgeline.weights.resolve import resolve_model_source
+    from ridgeline.models.resolve import resolve_model_source
     folder, _ = resolve_model_source(model, progress=False)
     arch = load_arch_config(folder)
     name = str(pick_dtype(dtype, pick_device("cpu")).dtype).removeprefix("torch.")
@@ -139,7 +139,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
     from ridgeline.bench.routing_workload import routing_workload
     from ridgeline.router.data_parallel import replica_spec
     from ridgeline.serve.state import ServerSettings
-    from ridgeline.weights.resolve import resolve_model_source
+    from ridgeline.models.resolve import resolve_model_source
     from ridgeline.weights.tokenizer import Tokenizer
 
     folder, _ = resolve_model_source(args.model, progress=False)

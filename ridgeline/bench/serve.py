@@ -64,7 +64,7 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def load_tokenizer(spec: str):
     """A Ridgeline Tokenizer for a model spec; a hub id fetches only the tokenizer files."""
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
     from ridgeline.weights.tokenizer import Tokenizer
 
     path = Path(spec).expanduser()

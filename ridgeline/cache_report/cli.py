@@ -38,7 +38,7 @@ def cmd_cache_report(args: argparse.Namespace) -> int:
     from ridgeline.cache_report.analyze import divergences, share_fraction, simulate
     from ridgeline.cache_report.load import load_prompts
     from ridgeline.errors import InvalidRequestError
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
     from ridgeline.weights.tokenizer import Tokenizer
 
     CacheConfig(block_size=args.block_size)  # validates

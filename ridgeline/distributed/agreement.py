@@ -8,9 +8,9 @@ import dataclasses
 
 import torch
 
-import ridgeline
 from ridgeline.distributed.frames import all_gather
 from ridgeline.errors import InvalidRequestError
+from ridgeline.version import __version__
 
 # options that may differ between ranks: progress bars, where a node keeps the model files, and the
 # rendezvous address (the rendezvous itself has already agreed on it)
@@ -31,7 +31,7 @@ def _flatten(value, prefix: str, out: dict[str, str]) -> None:
 
 def fingerprint(config, arch) -> dict[str, str]:
     """What must be equal on every rank: versions, the engine options and the model's architecture."""
-    out = {"ridgeline version": ridgeline.__version__, "torch version": torch.__version__}
+    out = {"ridgeline version": __version__, "torch version": torch.__version__}
     _flatten(dataclasses.asdict(config), "", out)
     if arch is not None:
         _flatten(dataclasses.asdict(arch), "architecture.", out)

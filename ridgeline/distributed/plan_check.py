@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.step_plan import TierCopies
 from ridgeline.errors import RidgelineError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.step_plan import PromptLogprobs, SampledSeq, ScheduledSeq, StepPlan
 
 # runner methods that run the model (or gather / reset a pipeline's counters), and the group's own calls

@@ -9,9 +9,9 @@ from ridgeline.distributed.layout import RankShard
 from ridgeline.distributed.pipeline_stats import StageStats
 from ridgeline.distributed.stages import Stage
 from ridgeline.distributed.wire import wire_type
-from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.step_plan import TierCopies
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.step_plan import PromptLogprobs, SampledSeq, ScheduledSeq, StepPlan
 
 for _cls in (StepPlan, ScheduledSeq, TierCopies, Draft, SampledSeq, PromptLogprobs, RankShard, Stage, StageStats,

@@ -35,13 +35,14 @@ from ridgeline.models.loader import build_model as load_model
 from ridgeline.layers.build_options import BuildOptions
 from ridgeline.models.registry import model_class
 from ridgeline.formats import options as quant_options
-from ridgeline.runner.kv_store import build_tier
+from ridgeline.runner.kv_store import create_store
+from ridgeline.engine.kv_tier import SwapCosts, TierIndex
 from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.engine.proposal import DraftTarget
 from ridgeline.engine.proposal import create_proposer
 from ridgeline.utils.device import pick_device, pick_dtype
 from ridgeline.weights.hf_config import ArchConfig, load_arch_config
-from ridgeline.weights.resolve import resolve_model_source
+from ridgeline.models.resolve import resolve_model_source
 
 DEFAULT_KV_CAP = 4 << 30
 
@@ -183,6 +184,22 @@ def build_runner(config: EngineConfig, src: Source, par: Parallel, model, kv: KV
     runner.store, tier, line = build_tier(config.cache, kv.spec.bytes_per_block, runner.kv, src.device,
                                           available_memory())
     return runner, tier, line
+
+
+def build_tier(cc, block_bytes: int, layers: list[LayerKV], device: torch.device, free_memory: int):
+    """(store, TierIndex, a line for the start-up summary) for a CacheConfig, or (None, None, None)
+    when kv_offload is none or the disk cannot be written."""
+    if cc.kv_offload == "none":
+        return None, None, None
+    store = create_store(cc.kv_offload, cc.kv_offload_size, block_bytes, layers, device, cc.kv_offload_path,
+                         free_memory)
+    if store is None:
+        return None, None, f"{cc.kv_offload} tier disabled (its file cannot be written): evicted blocks are recomputed"
+    rate = 8e9 if cc.kv_offload == "cpu" else 1e9  # bytes/s until measured
+    tier = TierIndex(cc.kv_offload, store.num_slots, block_bytes, SwapCosts(cc.preemption_mode, rate))
+    line = (f"{cc.kv_offload} tier of {store.num_slots} blocks ({store.num_slots * block_bytes / 2**30:.2f} GiB, "
+            f"{store.where}); preemption {cc.preemption_mode}")
+    return store, tier, line
 
 
 def build_scheduler(config: EngineConfig, src: Source, kv: KVPlan, tier) -> tuple[KVCacheManager, Scheduler]:

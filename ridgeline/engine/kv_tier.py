@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ridgeline.step_plan import TierCopies
 
 Key = tuple  # the prefix cache's BlockKey: (parent hash | None, tokens, extra keys | None)
 
@@ -36,16 +38,6 @@ class TierStats:
     swaps_out: int = 0  # preempted requests whose blocks went to the tier
     swaps_in: int = 0  # ... and came back
     swap_fallbacks: int = 0  # preemptions that wanted a swap and recomputed (tier full)
-
-
-@dataclass
-class TierCopies:
-    """One step's copies, in order: stores (pool block -> slot), then loads (slot -> pool block)."""
-    stores: list[tuple[int, int]] = field(default_factory=list)
-    loads: list[tuple[int, int]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.stores or self.loads)
 
 
 @dataclass

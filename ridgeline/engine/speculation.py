@@ -11,7 +11,8 @@ import time
 from ridgeline.config import SpeculativeConfig
 from ridgeline.engine.request import Request
 from ridgeline.engine.spec_controller import SpecController
-from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer
+from ridgeline.engine.proposal import ProposalRequest, Proposer
+from ridgeline.runner.draft import Draft
 from ridgeline.engine.spec_stats import SpecStats
 from ridgeline.step_plan import SampledSeq, StepPlan
 

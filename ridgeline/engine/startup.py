@@ -6,6 +6,7 @@ from __future__ import annotations
 from ridgeline.config import EngineConfig
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.build_options import layer_format_rules
+from ridgeline.models.registry import model_class
 from ridgeline.weights import fp8_checkpoint
 from ridgeline.weights.quant_checkpoint import folder_quantization
 from ridgeline.formats.options import implied_rules as quant_implied_rules
@@ -21,7 +22,8 @@ def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, p
         quantization = "none"
     if quantization == "gguf":
         from ridgeline.gguf.load import kept_blocks  # reads the file: the gguf package loads only here
-        return *kept_blocks(gguf_file, arch, mc.layer_formats, dense, plan), quantization
+        packed = model_class(arch.architecture).packed
+        return *kept_blocks(gguf_file, arch, packed, mc.layer_formats, dense, plan), quantization
     quant, fmt = folder_quantization(folder, quantization, mc.quant_group_size, mc.quant_symmetric)
     default, rules = fmt or dense, mc.layer_formats + quant_implied_rules(quant)
     # an explicit none dequantizes an fp8 checkpoint; the default (auto) keeps it

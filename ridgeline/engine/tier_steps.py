@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.step_plan import TierCopies
 from ridgeline.engine.request import Status
 from ridgeline.engine.scheduler import Scheduler
 from ridgeline.step_plan import StepPlan, StepResult

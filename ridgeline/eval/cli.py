@@ -105,7 +105,7 @@ def setting_name(weight_format: str | None, options: dict) -> str | None:
 def _format_label(args: argparse.Namespace) -> str | None:
     """The weight format the evaluated setting loads: gguf for a GGUF model's kept blocks (auto on a .gguf)."""
     from ridgeline.formats.options import format_name, resolve
-    from ridgeline.weights.resolve import resolve_model_source
+    from ridgeline.models.resolve import resolve_model_source
     quantization = args.quantization
     if quantization in ("auto", "gguf"):
         quantization = resolve(quantization, resolve_model_source(args.model, progress=args.progress)[1])

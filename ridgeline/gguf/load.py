@@ -10,15 +10,15 @@ from ridgeline.gguf.kept import gguf_format_rules, layer_types
 from ridgeline.gguf.reader import read_gguf
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import WeightFormat
-from ridgeline.models.registry import model_class
 from ridgeline.weights.hf_config import ArchConfig
 
 
-def kept_blocks(path: Path, arch: ArchConfig, rules: Sequence[tuple[str, str]], dense: str,
+def kept_blocks(path: Path, arch: ArchConfig, packed: dict, rules: Sequence[tuple[str, str]], dense: str,
                 plan: KernelPlan) -> tuple[Callable[[str], WeightFormat], Iterator]:
-    """(prefix -> format, (name, tensor or blocks) iterator); the file is closed once the iterator ends."""
+    """(prefix -> format, (name, tensor or blocks) iterator); the file is closed once the iterator ends.
+    packed: the model class's fused projections (checkpoint name -> (fused name, shard))."""
     g = read_gguf(path)
-    per_layer = layer_types(tensor_types(g), model_class(arch.architecture).packed, arch.tie_word_embeddings)
+    per_layer = layer_types(tensor_types(g), packed, arch.tie_word_embeddings)
     return gguf_format_rules(rules, per_layer, dense, plan), _tensors(g, arch)
 
 

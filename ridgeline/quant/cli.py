@@ -43,7 +43,7 @@ def register(subparsers) -> None:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ridgeline.quant.quantize import QuantizeOptions, quantize_folder
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
     opts = QuantizeOptions(args.method, args.bits, args.group_size, args.symmetric, args.act_order,
                            args.calibration, args.calibration_tokens, awq_duo=args.awq_duo)
     opts.check()  # before the model is resolved or read

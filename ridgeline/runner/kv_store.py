@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.engine.kv_tier import TierCopies
+from ridgeline.step_plan import TierCopies
 from ridgeline.layers.kv_cache import LayerKV
 
 log = logging.getLogger(__name__)
@@ -123,20 +123,3 @@ def _file_slab(directory: str, nbytes: int) -> torch.Tensor:
     finally:
         os.close(fd)
     return torch.from_numpy(np.frombuffer(m, dtype=np.uint8))  # the array keeps the mapping alive
-
-
-def build_tier(cc, block_bytes: int, layers: list[LayerKV], device: torch.device, free_memory: int):
-    """(store, TierIndex, a line for the start-up summary) for a CacheConfig, or (None, None, None)
-    when kv_offload is none or the disk cannot be written."""
-    from ridgeline.engine.kv_tier import SwapCosts, TierIndex
-    if cc.kv_offload == "none":
-        return None, None, None
-    store = create_store(cc.kv_offload, cc.kv_offload_size, block_bytes, layers, device, cc.kv_offload_path,
-                         free_memory)
-    if store is None:
-        return None, None, f"{cc.kv_offload} tier disabled (its file cannot be written): evicted blocks are recomputed"
-    rate = 8e9 if cc.kv_offload == "cpu" else 1e9  # bytes/s until measured
-    tier = TierIndex(cc.kv_offload, store.num_slots, block_bytes, SwapCosts(cc.preemption_mode, rate))
-    line = (f"{cc.kv_offload} tier of {store.num_slots} blocks ({store.num_slots * block_bytes / 2**30:.2f} GiB, "
-            f"{store.where}); preemption {cc.preemption_mode}")
-    return store, tier, line

@@ -15,7 +15,7 @@ from ridgeline.layers import attention_flash  # noqa: F401  (registers the "flas
 from ridgeline.layers import attention_scores_q  # noqa: F401  (registers "sdpa-scores-int8")
 from ridgeline.layers.attention_h2o import slot_attention
 from ridgeline.runner.step_sampler import StepSampler
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.weights.hf_config import ArchConfig
 
 SMALL_DECODE = 16  # steps of at most this many decodes (and nothing else) are prepared in plain Python

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from ridgeline.layers.sampler import race
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 
 
 def rejection_verify(p: torch.Tensor, first_rows: Sequence[int], proposals: Sequence[Sequence[int]],

@@ -22,7 +22,7 @@ import torch
 
 from ridgeline.layers.sampler import Sampler, SamplingMetadata, uniform_noise
 from ridgeline.layers.sampler_probs import kept_probs
-from ridgeline.engine.proposal import Draft
+from ridgeline.runner.draft import Draft
 from ridgeline.runner.rejection import rejection_verify
 from ridgeline.step_plan import SampledSeq, ScheduledSeq
 

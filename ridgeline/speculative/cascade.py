@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer
+from ridgeline.engine.proposal import ProposalRequest, Proposer
+from ridgeline.runner.draft import Draft
 
 
 class CascadeProposer(Proposer):

@@ -28,7 +28,8 @@ from ridgeline.runner.model_runner import ModelRunner
 from ridgeline.engine.proposal import DraftTarget
 from ridgeline.speculative.draft_load import load_draft_model
 from ridgeline.speculative.sampled_drafts import draft_distribution, draw, samples, seed_generator
-from ridgeline.engine.proposal import DRAFT_GREEDY, Draft, ProposalRequest, Proposer, register_proposer
+from ridgeline.engine.proposal import DRAFT_GREEDY, ProposalRequest, Proposer, register_proposer
+from ridgeline.runner.draft import Draft
 from ridgeline.step_plan import ScheduledSeq, StepPlan
 
 TOP_Q = 256  # a sampled draft's q keeps the draft's this many most likely tokens

@@ -23,7 +23,7 @@ def load_draft_model(config: SpeculativeConfig, target: DraftTarget, vocab_size:
     from ridgeline.models.registry import model_class
     from ridgeline.formats import options as quant_options
     from ridgeline.weights.hf_config import load_arch_config
-    from ridgeline.weights.resolve import resolve_model
+    from ridgeline.models.resolve import resolve_model
 
     folder = target.folder if config.draft_model == "self" else resolve_model(config.draft_model,
                                                                                 progress=target.progress)

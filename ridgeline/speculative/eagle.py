@@ -36,7 +36,8 @@ from ridgeline.speculative.eagle_memory import PointerMemory
 from ridgeline.speculative.eagle_pointer import CopyPointer, draft_vocab_index, match_lengths, pick
 from ridgeline.speculative.sampled_drafts import draft_distribution, draw, samples, seed_generator
 from ridgeline.speculative.eagle_stack import weight_desc
-from ridgeline.engine.proposal import Draft, ProposalRequest, Proposer, register_proposer
+from ridgeline.engine.proposal import ProposalRequest, Proposer, register_proposer
+from ridgeline.runner.draft import Draft
 from ridgeline.utils.device import pick_dtype
 
 MAX_PENDING = 256

@@ -71,12 +71,11 @@ def _write(fd: int, data: bytes) -> None:
 
 class _Worker:
     def __init__(self, max_bytes: int):
-        import ridgeline
         env = {k: v for k, v in os.environ.items() if not k.startswith("RIDGELINE_")}  # no API key or secret
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ridgeline.weights.template_worker", str(max_bytes)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            cwd=Path(ridgeline.__file__).resolve().parent.parent)  # imports this process's ridgeline
+            cwd=Path(__file__).resolve().parents[2])  # imports this process's ridgeline
         self.reply_limit = 6 * max_bytes + 4096  # JSON escapes a control character in 6 bytes
         try:
             ready = _recv(self.proc.stdout.fileno(), 1024, time.monotonic() + START_TIMEOUT_S)
