@@ -115,7 +115,7 @@ def table(rows: list[dict], peaks: dict | None) -> str:
 
 
 def cmd_quant(args: argparse.Namespace) -> int:
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     from ridgeline.weights.resolve import resolve_model_source
     names = [n.strip() for n in args.ladder.split(",") if n.strip()] if args.ladder else None
     rungs = ladder(names, resolve_model_source(args.model, progress=args.progress)[1] is not None)

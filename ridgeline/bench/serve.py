@@ -111,7 +111,7 @@ def build_requests(args: argparse.Namespace, tok, num_requests: int, seed: int) 
 
 def engine_cli_args(args: argparse.Namespace) -> list[str]:
     """The engine options given to this command, as `ridgeline serve` flags (defaults left out)."""
-    from ridgeline.cli import add_engine_args
+    from ridgeline.engine.args import add_engine_args
     p = argparse.ArgumentParser(add_help=False)
     add_engine_args(p)
     out: list[str] = []

@@ -39,7 +39,7 @@ def _names(text: str) -> list[str]:
 
 
 def build_engines(args: argparse.Namespace) -> dict:
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     from ridgeline.entrypoints.llm import LLM
     engines = {}
     for label in args.methods:

@@ -26,7 +26,7 @@ def dtype_name(dtype) -> str:
 
 
 def build_llm(args: argparse.Namespace):
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     from ridgeline.entrypoints.llm import LLM
     llm = LLM(args.model, **engine_kwargs(args))
     print(llm.info.summary(), file=sys.stderr)

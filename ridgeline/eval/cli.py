@@ -12,7 +12,7 @@ DEFAULT_KV_MEMORY = "512MiB"  # per engine (two are loaded at once): a window ba
 
 
 def register(subparsers) -> None:
-    from ridgeline.cli import add_engine_args
+    from ridgeline.engine.args import add_engine_args
     p = subparsers.add_parser(
         "eval", help="quality of a (quantized) model against the unquantized one on held-out text",
         description="Perplexity on the shipped held-out text (prompt logprobs, windows of --window tokens), "
@@ -80,7 +80,7 @@ def eviction_settings(options: dict, budgets: tuple[int, ...], policies: tuple[s
 
 
 def _options(args: argparse.Namespace) -> dict:
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     kw = engine_kwargs(args)
     if kw.get("kv_cache_memory") is None:
         kw["kv_cache_memory"] = DEFAULT_KV_MEMORY
