@@ -4,11 +4,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from tqdm.auto import tqdm
-
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.engine.run import run_to_completion
 from ridgeline.errors import InvalidRequestError
 from ridgeline.inputs import chat_messages, check_text
 from ridgeline.sampling_params import SamplingParams
@@ -74,29 +73,8 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise InvalidRequestError(f"sampling_params: must be a SamplingParams or a list of them, not "
                                           f"{type(p).__name__}", "sampling_params")
-        order = {}
-        try:
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
-                rid = f"gen-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p, texts[i] if texts else None)
-                order[rid] = i
-        except Exception:
-            for rid in order:
-                self.engine.abort_request(rid)
-            raise
-        results: list[RequestOutput | None] = [None] * len(prompts)
-        bar = tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm)
-        try:
-            while any(r is None for r in results):
-                for out in self.engine.step(emit_unfinished=False):
-                    if out.finished and out.request_id in order:
-                        results[order[out.request_id]] = out
-                        bar.update(1)
-        finally:
-            bar.close()
-            for rid in order:
-                self.engine.abort_request(rid)  # no-op for finished ones; frees blocks on Ctrl-C
-        return results
+        ids = (f"gen-{next(self._ids)}" for _ in plist)
+        return run_to_completion(self.engine, prompts, plist, texts, ids, use_tqdm)
 
 
 def _is_ids(value) -> bool:
