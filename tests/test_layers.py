@@ -38,15 +38,11 @@ PENDING = {
     ("models", "quant"): "GGUF kept-block loading and formats move into the core",
     ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
     ("quant", "eval"): "the held-out text moves into the core's data (eval and quant both read it)",
-    ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
     ("speculative", "quant"): "the draft head's int4/int8 packing uses the core's formats",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
-    ("advisor", "__init__"): "the advisor's measured validations drive LLMEngine, not the offline API",
-    ("bench", "entrypoints"): "the benchmarks drive LLMEngine, not the offline API",
     ("bench", "serve"): "the serving benchmark starts servers as processes only",
     ("cache_report", "serve"): "the request log's reader moves beside its writer, below the entry points",
-    ("eval", "entrypoints"): "eval drives LLMEngine, not the offline API",
 }
 
 
