@@ -41,7 +41,6 @@ PENDING = {
     ("speculative", "quant"): "the draft head's int4/int8 packing uses the core's formats",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
-    ("cache_report", "serve"): "the request log's reader moves beside its writer, below the entry points",
 }
 
 
