@@ -1,10 +1,10 @@
 """`ridgeline bench throughput`: offline throughput on a fixed-seed workload, against HF transformers.
 
-Ridgeline runs the whole workload through the engine to completion (engine/run.py, the loop behind
-LLM.generate(); greedy, fixed output length, ignore_eos)
-after a warm-up on different prompts; then, in the same process, on the same model folder, dtype
-and token ids: HF one request at a time and HF left-padded batches. The table reports output tok/s,
-total (prompt + output) tok/s and useful GFLOP/s (2 * params per processed token / time).
+Ridgeline runs the whole workload through the engine to completion (the loop behind LLM.generate();
+greedy, fixed output length, ignore_eos) after a warm-up on different prompts; then, in the same
+process, on the same model folder, dtype and token ids: HF one request at a time and HF left-padded
+batches. The table reports output tok/s, total (prompt + output) tok/s and useful GFLOP/s (2 * params
+per processed token / time).
 """
 from __future__ import annotations
 
