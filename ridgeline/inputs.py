@@ -89,3 +89,26 @@ def chat_messages(messages, param: str = "messages") -> list[dict]:
         check_text(content, f"{where}.content")
         out.append(template_message(role, content))
     return out
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(type(t) is int for t in value)
+
+
+def prompt_list(prompts, param: str = "prompts") -> list[str | list[int]]:
+    """A string, token ids, or a list of either (the offline API's `prompts`, a completion body's
+    `prompt`) -> a list of prompts; anything else is an InvalidRequestError naming the offending prompt."""
+    if isinstance(prompts, str):
+        check_text(prompts, param)
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise InvalidRequestError(f"{param}: must be a string, a list of token ids or a list of either, not "
+                                  f"{type(prompts).__name__}", param)
+    if prompts and _is_ids(prompts):
+        return [list(prompts)]
+    for i, p in enumerate(prompts):
+        if not (isinstance(p, str) or (_is_ids(p) and p)):
+            raise InvalidRequestError(f"{param}.{i}: must be a string or a non-empty list of integer token ids, "
+                                      f"not {type(p).__name__}", param)
+        check_text(p, f"{param}.{i}")
+    return [p if isinstance(p, str) else list(p) for p in prompts]

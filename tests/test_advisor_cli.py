@@ -221,6 +221,7 @@ def test_validate_quant_rows_predict_and_measure_int8_and_int4(tiny_llama):
     from ridgeline.advisor.model_config import spec_from_arch
     from ridgeline.advisor.roofline import Platform
     from ridgeline.advisor.validate_quant import quant_rows
+    from ridgeline.engine.run import start_engine
     from ridgeline.sampling_params import SamplingParams
 
     def decode(eng, batch, steps, salt, clock):  # validate._decode's contract, with the tiny vocabulary's ids
@@ -235,7 +236,8 @@ def test_validate_quant_rows_predict_and_measure_int8_and_int4(tiny_llama):
     hw = HardwareSpec("test", "cpu", 1e10, 1e9, {"bf16": 1e15, "int8": 1e15})  # 1 GB/s: weights dominate
     pl = Platform(spec_from_arch(base.engine.arch, "tiny"), hw, "bf16", "bf16")
     step, _, _ = decode(base.engine, 1, 4, 1, time.perf_counter)
-    rows = quant_rows(lambda q: LLM(str(tiny_llama), kv_cache_memory="4MiB", dtype="bfloat16", quantization=q),
+    rows = quant_rows(lambda q: start_engine(str(tiny_llama), kv_cache_memory="4MiB", dtype="bfloat16",
+                                            quantization=q),
                       pl, step, 0, 37, 4, time.perf_counter, decode)
     assert [r[0] for r in rows] == ["batch-1 decode speed-up, int8 (x)", "batch-1 decode speed-up, int4 (x)"]
     (_, p8, m8, note8), (_, p4, m4, _) = rows

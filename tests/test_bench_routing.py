@@ -1,8 +1,9 @@
 """`ridgeline bench routing`'s parts that need no replicas: the multi-tenant workload, the KV pool
-sizing, per-run numbers from request records, and the report with its target verdicts."""
+sizing, the server it starts (a `ridgeline serve --data-parallel-size N` command line the CLI accepts),
+replica numbering, per-run numbers from request records, and the report with its target verdicts."""
 from __future__ import annotations
 
-from ridgeline.bench.routing import pool_bytes
+from ridgeline.bench.routing import pool_bytes, replica_indices, serve_command
 from ridgeline.bench.routing_report import run_stats, summarize
 from ridgeline.bench.routing_workload import routing_workload
 from ridgeline.weights.tokenizer import Tokenizer
@@ -25,6 +26,24 @@ def test_pool_bytes_counts_blocks_of_the_models_kv(tiny_llama):
     # tiny llama: 2 layers x 2 KV heads x head_dim 16, K and V, float32 -> 512 B per token
     kv, dtype = pool_bytes(str(tiny_llama), "float32", 100)
     assert dtype == "float32" and kv == 7 * 16 * 512
+
+
+def test_the_started_server_is_a_data_parallel_serve_on_loopback():
+    from ridgeline.cli import build_parser
+    cmd = serve_command("m", ["--dtype", "float32", "--kv-cache-memory", "4096"], 3, "least-load")
+    assert cmd[1:4] == ["-m", "ridgeline.cli", "serve"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.model_positional, args.host, args.port, args.data_parallel_size, args.router_policy) == \
+        ("m", "127.0.0.1", 0, 3, "least-load")
+    assert (args.dtype, args.kv_cache_memory, args.served_model_name, args.api_key) == \
+        ("float32", "4096", "bench", None)
+
+
+def test_replicas_are_numbered_by_url_whatever_answered_first():
+    a, b = "http://127.0.0.1:4001", "http://127.0.0.1:3999"
+    results = [{"replica": a}, {"error": "HTTP 500"}, {"replica": a}]
+    assert replica_indices(results, {b, a}) == {b: 0, a: 1}
+    assert replica_indices([{"replica": b}], {""}) == {b: 0}  # a reply without the header names none
 
 
 def _records(replicas_of_tenant: dict[int, list[int]], cached: int, predicted: int) -> list[dict]:

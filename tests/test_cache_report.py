@@ -74,3 +74,24 @@ def test_simulated_offload_tier_counts_hits_loads_and_stores():
     assert sim.tier_stores == 8  # a's blocks, evicted for b's, then b's for a's again
     # a's first 3 blocks come back (a match leaves the prompt's last token to compute)
     assert (sim.tier_loads, sim.tier_hit_tokens, sim.hit_tokens) == (3, 48, 48)
+
+
+def test_the_log_reader_takes_the_servers_prompt_shapes(tiny_llama, tmp_path):
+    """Chat content as text parts (joined as the server joins them), completion prompts as text, token
+    ids or a list of either; a body the server would refuse is a skipped line naming what is wrong."""
+    from ridgeline.cache_report.load import load_prompts
+    from ridgeline.weights.tokenizer import Tokenizer
+    tok = Tokenizer(tiny_llama)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    rows = [parts, {"messages": [{"role": "user", "content": "a\nb"}], "cache_salt": "s"},
+            {"prompt": [[5, 6, 7], "hello"]}, {"prompt": [9, 8]},
+            {"messages": [{"role": "robot", "content": "hi"}]}, {"prompt": []}, {"prompt": [[]]}]
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    prompts, problems = load_prompts(log, tok)
+    assert [p.line for p in prompts] == [1, 2, 3, 3, 4]
+    assert prompts[0].ids == prompts[1].ids and (prompts[0].salt, prompts[1].salt) == (None, "s")
+    assert prompts[2].ids == [5, 6, 7] and prompts[3].ids == tok.encode("hello") and prompts[4].ids == [9, 8]
+    assert problems == ["line 5: messages.0.role: must be one of system, user, assistant, developer",
+                        "line 6: prompt: must not be empty",
+                        "line 7: prompt.0: must be a string or a non-empty list of integer token ids, not list"]

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ridgeline import LLM
+from ridgeline.engine.run import start_engine
 from ridgeline.errors import InvalidRequestError
 from ridgeline.speculative import train_text
 from ridgeline.weights.tokenizer import Tokenizer
@@ -76,13 +76,13 @@ def test_document_tasks_paste_each_paragraph_and_are_no_benchmark_prompt(tiny_ll
 
 
 def test_teacher_forced_hidden_states_are_the_prompts(tiny_llama):
-    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
-    seqs = train_text.source_sequences(llm.tokenizer, "text:calibration", 0, 64)[:3]
-    samples = list(train_text.teacher_forced(llm, seqs, 100, "t", progress=False))
+    eng = start_engine(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
+    seqs = train_text.source_sequences(eng.tokenizer, "text:calibration", 0, 64)[:3]
+    samples = list(train_text.teacher_forced(eng, seqs, 100, "t", progress=False))
     assert len(samples) == 2  # stops once 100 tokens are taken
     assert samples[0].tokens.tolist() == seqs[0] and samples[0].hidden.dtype == torch.bfloat16
     assert samples[1].hidden.device.type == "cpu"  # the head trains there, whatever the target's device
-    assert torch.allclose(samples[1].hidden.float(), llm.engine.prompt_hidden(seqs[1]).cpu(), atol=1e-2)
+    assert torch.allclose(samples[1].hidden.float(), eng.prompt_hidden(seqs[1]).cpu(), atol=1e-2)
 
 
 def test_train_draft_mixes_sources_and_reuses_cached_data(tiny_llama, tmp_path, monkeypatch):
@@ -116,9 +116,9 @@ def test_replies_continue_where_an_earlier_run_stopped(tiny_llama):
     """Sample n is the reply to prompt n with its own seed, whatever the batching: a cached run that
     stopped after n samples is continued by start=n."""
     from ridgeline.speculative.train_data import self_distill
-    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
-    whole = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=4, progress=False), 6)
-    rest = _first(self_distill(llm, 10**6, seed=2, max_tokens=12, batch=3, progress=False, start=4), 2)
+    eng = start_engine(str(tiny_llama), dtype="float32", kv_cache_memory="2MiB", progress=False)
+    whole = _first(self_distill(eng, 10**6, seed=2, max_tokens=12, batch=4, progress=False), 6)
+    rest = _first(self_distill(eng, 10**6, seed=2, max_tokens=12, batch=3, progress=False, start=4), 2)
     assert [s.tokens.tolist() for s in rest] == [s.tokens.tolist() for s in whole[4:6]]
 
 

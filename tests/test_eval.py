@@ -8,6 +8,7 @@ import torch
 
 from ridgeline import LLM, SamplingParams
 from ridgeline.cli import main
+from ridgeline.engine.run import start_engine
 from ridgeline.eval.cli import setting_name
 from ridgeline.data import corpus
 from ridgeline.eval.harness import Evaluator, Setting, reference_options
@@ -91,7 +92,7 @@ def test_prompt_logits_match_prompt_logprobs_and_free_their_blocks(tiny_llama):
 
 def _evaluator(folder, **kw):
     def make(opts):
-        return LLM(str(folder), progress=False, **opts)
+        return start_engine(str(folder), progress=False, **opts)
     base = {"dtype": "float32", "kv_cache_memory": "4MiB", **kw}
     return Evaluator(make, base, window=48, max_tokens=96, prompts=3, gen_tokens=6, progress=False)
 

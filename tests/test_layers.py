@@ -28,16 +28,8 @@ SEAMS: set[tuple[str, str]] = set()
 # arrows that break the contract today, (from, to): what moves where to end each
 PENDING = {
     ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
-    ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
-    ("advisor", "__init__"): "the advisor's measured validations drive LLMEngine, not the offline API",
-    ("bench", "cli"): "the benchmarks take the engine's flags from the core's option table, not the CLI",
-    ("bench", "entrypoints"): "the benchmarks drive LLMEngine, not the offline API",
-    ("bench", "serve"): "the serving benchmark starts servers as processes only",
-    ("cache_report", "serve"): "the request log's reader moves beside its writer, below the entry points",
-    ("eval", "cli"): "eval takes the engine's flags from the core's option table, not the CLI",
-    ("eval", "entrypoints"): "eval drives LLMEngine, not the offline API",
 }
 
 

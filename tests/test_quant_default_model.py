@@ -36,6 +36,7 @@ def test_w4a8_keeps_the_files_grids_and_costs_under_half_a_percent(folder):
     perplexity stays within +0.5% of the float model's (llama.cpp pays +0.3% for its Q8
     activations); one activation scale per whole row cost over +4%."""
     from safetensors import safe_open
+    from ridgeline.engine.run import start_engine
     from ridgeline.eval.harness import Evaluator, Setting
     from ridgeline.kernels import cpu_quant
     from ridgeline.formats import rtn
@@ -48,8 +49,8 @@ def test_w4a8_keeps_the_files_grids_and_costs_under_half_a_percent(folder):
         pytest.skip("no AVX512-VNNI kernels on this CPU")
 
     def make(options):
-        return LLM("smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=1024, progress=False,
-                   **options)
+        return start_engine("smollm2-135m", dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=1024,
+                            progress=False, **options)
     ev = Evaluator(make, {"quantization": "none"}, window=512, max_tokens=2048, prompts=0, progress=False)
     ref = ev.start()
     got = ev.measure(Setting("w4a8", {"quantization": "w4a8"}))

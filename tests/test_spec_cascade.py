@@ -102,7 +102,7 @@ def test_bad_chains_are_clear_errors(method, extra, why):
 def test_an_unknown_member_is_named(tiny_llama):
     with pytest.raises(InvalidRequestError, match="unknown speculative method 'bogus'"):
         LLM(str(tiny_llama), speculative_method="ngram+bogus", **BASE)
-    from ridgeline.cli import speculative_method
+    from ridgeline.engine.args import speculative_method
     assert speculative_method("ngram+eagle") == "ngram+eagle"
     with pytest.raises(argparse.ArgumentTypeError, match="'bogus'"):
         speculative_method("eagle+bogus")

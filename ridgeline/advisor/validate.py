@@ -119,14 +119,14 @@ def _saturation_batch(batches: list[int], times: list[float]) -> float:
     return times[0] * max(b / t for b, t in zip(batches, times))
 
 
-def _quant_rows(args, llm, pl: Platform, clock) -> list[tuple]:
-    """int8 and int4 engines' batch-1 decode speed-up over `llm`'s, predicted and measured."""
-    from ridgeline import LLM
+def _quant_rows(args, eng, pl: Platform, clock) -> list[tuple]:
+    """int8 and int4 engines' batch-1 decode speed-up over `eng`'s, predicted and measured."""
     from ridgeline.advisor.validate_quant import quant_rows
+    from ridgeline.engine.run import start_engine
 
-    base_step, base_calls, ctx = _decode(llm.engine, 1, args.steps, 899, clock)
-    return quant_rows(lambda q: LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-                                    quantization=q), pl, base_step, base_calls, ctx, args.steps, clock, _decode)
+    base_step, base_calls, ctx = _decode(eng, 1, args.steps, 899, clock)
+    return quant_rows(lambda q: start_engine("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                                             quantization=q), pl, base_step, base_calls, ctx, args.steps, clock, _decode)
 
 
 def crossover_row(eng, spec, info) -> tuple:
@@ -152,11 +152,11 @@ def crossover_row(eng, spec, info) -> tuple:
 
 
 def run_validate(args) -> int:
-    from ridgeline import LLM
     from ridgeline.advisor.local_profile import local_hardware
     from ridgeline.advisor.model_config import spec_from_arch
 
     from ridgeline.config import parse_bytes
+    from ridgeline.engine.run import start_engine
 
     try:
         batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
@@ -172,9 +172,9 @@ def run_validate(args) -> int:
         torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
     hw = local_hardware(refresh=args.reprofile, clock="cpu" if args.cpu_time else "wall")
-    llm = LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-              max_num_seqs=max(256, batches[-1]), quantization="none")  # the file's blocks dequantized
-    eng, info = llm.engine, llm.info
+    eng = start_engine("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                       max_num_seqs=max(256, batches[-1]), quantization="none")  # the file's blocks dequantized
+    info = eng.info
     name = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
     wp, kp = name[str(info.dtype)], name[str(info.kv_dtype)]
     spec = spec_from_arch(eng.arch, "smollm2-135m")
@@ -212,7 +212,7 @@ def run_validate(args) -> int:
     rows.append(("KV capacity (tokens)", kv_pred, info.kv_capacity_tokens, "kv_cache_memory / KV bytes per token"))
     rows.append(("ridge batch: t(1) x best tok/s of sweep", _saturation_batch(batches, predicted),
                  _saturation_batch(batches, measured), "same estimator on both curves"))
-    rows += _quant_rows(args, llm, pl, clock)
+    rows += _quant_rows(args, eng, pl, clock)
     rows.append(crossover_row(eng, spec, info))
     analytic = ridge_batch(pl, PROMPT + 3 + args.steps // 2)
     print("\n".join(["", "decode sweep (greedy, ignore_eos):"] + ["  " + n for n in notes]))

@@ -15,20 +15,20 @@ from ridgeline.advisor.roofline import Platform, decode_step
 FORMATS = ("int8", "int4")
 
 
-def quant_rows(make_llm, pl: Platform, base_step: float, base_calls: int, ctx: int, steps: int, clock,
+def quant_rows(make_engine, pl: Platform, base_step: float, base_calls: int, ctx: int, steps: int, clock,
                decode) -> list[tuple]:
-    """(label, predicted, measured, note) rows; make_llm(quantization) -> LLM; decode: validate._decode;
+    """(label, predicted, measured, note) rows; make_engine(quantization) -> LLMEngine; decode: validate._decode;
     base_step / base_calls: the unquantized engine's measured batch-1 step and its torch calls; ctx: the
     context length the sweep decodes at."""
     base_pred = decode_step(pl.with_(ops_per_step=base_calls), 1, ctx).total
     rows = []
     for q in FORMATS:
-        llm = make_llm(q)
+        engine = make_engine(q)
         try:
-            dt, calls, _ = decode(llm.engine, 1, steps, 900 + FORMATS.index(q), clock)
-            bytes_w = llm.info.weight_bytes
+            dt, calls, _ = decode(engine, 1, steps, 900 + FORMATS.index(q), clock)
+            bytes_w = engine.info.weight_bytes
         finally:
-            del llm
+            del engine
             gc.collect()
         pred = decode_step(pl.with_(weights=q, ops_per_step=calls), 1, ctx).total
         rows.append((f"batch-1 decode speed-up, {q} (x)", base_pred / pred, base_step / dt,

@@ -47,16 +47,16 @@ def _measure(eng, batch: int, length: int, steps: int, salt: int) -> tuple[float
 
 
 def run_tp_validate(args) -> int:
-    from ridgeline import LLM
+    from ridgeline.engine.run import start_engine
     size = args.tensor_parallel_size
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     if not batches or batches[0] < 1:
         raise AdvisorError("--batches needs positive batch sizes, e.g. 1,4,16", "batches")
-    llm = LLM("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory, tensor_parallel_size=size,
-              max_num_seqs=max(256, batches[-1]), progress=False)
+    eng = start_engine("smollm2-135m", dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+                       tensor_parallel_size=size, max_num_seqs=max(256, batches[-1]), progress=False)
     try:
-        eng, arch = llm.engine, llm.engine.arch
-        print(llm.info.summary())
+        arch = eng.arch
+        print(eng.info.summary())
         small, large = eng.tp.probe((1, LARGE))
         link = Link.from_probe(small, large, LARGE, size)
         print(f"machine    load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other processes share them)")
@@ -76,5 +76,5 @@ def run_tp_validate(args) -> int:
               "for the slower rank included; error = (predicted - measured) / measured; wall time, under "
               "whatever else runs on this machine.")
     finally:
-        llm.engine.close()
+        eng.close()
     return 0

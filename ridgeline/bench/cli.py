@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     from ridgeline.bench.serve import add_serve_parser
     from ridgeline.bench.spec import add_spec_parser
     from ridgeline.bench.throughput import add_throughput_parser
-    from ridgeline.cli import add_engine_args
+    from ridgeline.engine.args import add_engine_args
     from ridgeline.advisor.cli import VALIDATORS
     from ridgeline.bench.spec_validate import add_spec_validate_args, run_spec_validate
 

@@ -30,10 +30,9 @@ def weight_bytes_per_token(arch, dtype) -> int:
     return params * dtype.itemsize
 
 
-def ridgeline_decode_timing(llm, prompt: list[int], output_len: int, tag: str) -> dict:
+def ridgeline_decode_timing(eng, prompt: list[int], output_len: int, tag: str) -> dict:
     """Drive the engine step by step, stamping each new token of one request."""
     from ridgeline.sampling_params import SamplingParams
-    eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
     t0 = time.perf_counter()
     eng.add_request(tag, prompt, params)
@@ -72,13 +71,13 @@ def _run(tok_s: float, stolen: float | None) -> str:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    wall0, machine, llm = start(args)
+    wall0, machine, engine = start(args)
     skipped = hf_baseline.unavailable(args.baseline == "hf", machine)
     if skipped:
         print(f"baseline   {skipped}", file=sys.stderr)
-    arch, info = llm.engine.arch, llm.info
+    arch, info = engine.arch, engine.info
     slack = max(4, args.prompt_len // 10)
-    prompt = chat_workload(llm.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
+    prompt = chat_workload(engine.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
                            args.workload_seed)[0]
     quantized = info.quantization != "none"
     # quantized: the linear weights as stored, scales included (the norms' few KB left out)
@@ -87,14 +86,14 @@ def cmd_decode(args: argparse.Namespace) -> int:
     print(f"decode     prompt {len(prompt)} tokens, {args.output_len} decode tokens, dtype "
           f"{label}, weights read per token {_num(wbytes / 1e6)} MB; best of {args.repeats}",
           file=sys.stderr)
-    ridgeline_decode_timing(llm, prompt, 8, "bench-decode-warmup")
-    rl = _best([ridgeline_decode_timing(llm, prompt, args.output_len, f"bench-decode-{i}")
+    ridgeline_decode_timing(engine, prompt, 8, "bench-decode-warmup")
+    rl = _best([ridgeline_decode_timing(engine, prompt, args.output_len, f"bench-decode-{i}")
                 for i in range(args.repeats)])
     rows = [("Ridgeline", rl)]
     hf = None
     if args.baseline == "hf" and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
-        del llm
+        del engine
         gc.collect()
         model = hf_baseline.load_model(folder, info.dtype)
         hf_baseline.warm_up(model)

@@ -62,10 +62,10 @@ def prompt_ids(length: int, vocab: int, seed: int) -> list[int]:
     return [(1000 + 7919 * seed + 31 * j + (j * j) % 97) % (vocab - 200) + 100 for j in range(length)]
 
 
-def measure(llm, lengths: list[int], decode_tokens: int, repeats: int, profile_threads: int = 1) -> list[dict]:
+def measure(eng, lengths: list[int], decode_tokens: int, repeats: int, profile_threads: int = 1) -> list[dict]:
     import torch
 
-    eng, info = llm.engine, llm.info
+    info = eng.info
     arch = eng.arch
     from ridgeline.advisor.model_config import spec_from_arch
     spec = spec_from_arch(arch, "model")
@@ -76,7 +76,7 @@ def measure(llm, lengths: list[int], decode_tokens: int, repeats: int, profile_t
     rows = []
     for L in lengths:
         # a distinct prompt per run: a repeated one would be served from the prefix cache
-        runs = [ridgeline_decode_timing(llm, prompt_ids(L, arch.vocab_size, L * 64 + i), decode_tokens,
+        runs = [ridgeline_decode_timing(eng, prompt_ids(L, arch.vocab_size, L * 64 + i), decode_tokens,
                                         f"long-{L}-{i}") for i in range(repeats)]
         prev = torch.get_num_threads()
         torch.set_num_threads(profile_threads)

@@ -62,16 +62,16 @@ def plot(rows: list[dict], cpp: dict | None, path: str, title: str) -> None:
 def cmd_long_context(args: argparse.Namespace) -> int:
     from ridgeline.advisor.local_profile import local_hardware
 
-    wall0, machine, llm = start(args)
+    wall0, machine, engine = start(args)
     # 'max': the longest prompt that still leaves room for the decode tokens within max_model_len
-    lengths = parse_lengths(args.lengths, llm.engine.max_model_len - args.decode_tokens - 1)
+    lengths = parse_lengths(args.lengths, engine.max_model_len - args.decode_tokens - 1)
     cpp = llama_bench_rates(args.llama_bench) if args.llama_bench else None
     bandwidth = args.bandwidth * 1e9 if args.bandwidth else local_hardware(verbose=True).bandwidth
-    rows = measure(llm, lengths, args.decode_tokens, args.repeats, args.profile_threads)
-    info = llm.info
+    rows = measure(engine, lengths, args.decode_tokens, args.repeats, args.profile_threads)
+    info = engine.info
     title = (f"{args.model} ({dtype_name(info.dtype)}, KV {info.kv_format_name}) on {machine['cpu']}, "
              f"{machine['torch_threads']} threads")
-    print(f"\nLong context: {title}; prefill in chunks of {llm.engine.config.scheduler.max_num_batched_tokens}, "
+    print(f"\nLong context: {title}; prefill in chunks of {engine.config.scheduler.max_num_batched_tokens}, "
           f"decode over {args.decode_tokens} tokens, best of {args.repeats}; read bandwidth {bandwidth / 1e9:.1f} GB/s")
     print("\n".join(_table(rows, bandwidth, cpp)))
     print("att share: one layer's attention / (attention + matmuls), CPU time, "

@@ -6,32 +6,36 @@ and the point-to-point time of the step's bytes over the link measured just befo
 time them (distributed/pipeline.py). Empty for an engine without pipeline stages."""
 from __future__ import annotations
 
+import weakref
+
 from ridgeline.advisor.parallel_comm import Link, pp_step_comm
 from ridgeline.distributed.stages import bubble_fraction
 
 PROBE_FLOATS = 1 << 18
+_links: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its link, measured once
 
 
-def reset(llm) -> None:
-    """Before the timed run: measure the link (once per engine), then zero every stage's counters."""
-    pp = llm.engine.pp
+def reset(engine) -> Link | None:
+    """Before the timed run: measure the link (once per engine), then zero every stage's counters; the
+    link, for collect (None without pipeline stages)."""
+    pp = engine.pp
     if pp is None:
-        return
-    if getattr(llm, "_pp_link", None) is None:
+        return None
+    if engine not in _links:
         small, large = pp.probe((1, PROBE_FLOATS))
         # the large message's own time: its excess over the small one's, unless noise (a loaded machine)
         # leaves too little of it to trust; then its whole time (a lower bound on the bandwidth)
         moving = large - small if large - small > 0.1 * large else large
-        llm._pp_link = Link(small, PROBE_FLOATS * 4 / moving)
-    llm.engine.runner.reset_pipeline_stats()
+        _links[engine] = Link(small, PROBE_FLOATS * 4 / moving)
+    engine.runner.reset_pipeline_stats()
+    return _links[engine]
 
 
-def collect(llm, elapsed: float) -> dict | None:
-    pp = llm.engine.pp
+def collect(engine, link: Link | None, elapsed: float) -> dict | None:
+    pp = engine.pp
     if pp is None:
         return None
-    stats, info, link, arch = llm.engine.runner.pipeline_stats(), llm.info.pipeline_parallel, llm._pp_link, \
-        llm.engine.arch
+    stats, info, arch = engine.runner.pipeline_stats(), engine.info.pipeline_parallel, engine.arch
     s0 = stats[0]
     steps = max(s0.steps, 1)
     rows, mb = s0.rows / steps, s0.microbatches / steps  # per step, mean

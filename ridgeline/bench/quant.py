@@ -38,9 +38,9 @@ def ladder(names: list[str] | None, is_gguf: bool) -> dict[str, dict]:
     return {n: SPECIAL.get(n, {"quantization": n}) for n in picked}
 
 
-def _linear_params(llm) -> int:
+def _linear_params(engine) -> int:
     from ridgeline.layers.linear import Linear
-    return sum(m.in_features * m.out_features for name, m in llm.engine.runner.model.named_modules()
+    return sum(m.in_features * m.out_features for name, m in engine.runner.model.named_modules()
                if isinstance(m, Linear) and name != "lm_head")
 
 
@@ -54,31 +54,31 @@ def _peaks() -> dict | None:
 
 def run_ladder(args: argparse.Namespace, rungs: dict[str, dict], base: dict) -> list[dict]:
     from ridgeline.bench.quant_speed import measure_speeds
-    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.engine.run import start_engine
     from ridgeline.eval.harness import Evaluator, Setting
 
     ready: dict[str, object] = {}
 
-    def make_llm(opts: dict):
+    def make_engine(opts: dict):
         key = repr(sorted(opts.items()))
-        return ready.pop(key) if key in ready else LLM(args.model, **opts)
+        return ready.pop(key) if key in ready else start_engine(args.model, **opts)
 
-    ev = Evaluator(make_llm, {**base, **rungs["none"]}, args.window, args.max_tokens or None, args.prompts,
+    ev = Evaluator(make_engine, {**base, **rungs["none"]}, args.window, args.max_tokens or None, args.prompts,
                    args.gen_tokens, args.progress, log=lambda line: print(line, file=sys.stderr))
     ref = ev.start()
     rows = []
     for name, opts in rungs.items():
         t0 = time.perf_counter()
-        llm = ev.ref if name == "none" else make_llm({**base, **opts})
-        speed = measure_speeds(llm, args.repeats, args.output_len, args.prefill_prompts, args.prefill_len,
+        engine = ev.ref if name == "none" else make_engine({**base, **opts})
+        speed = measure_speeds(engine, args.repeats, args.output_len, args.prefill_prompts, args.prefill_len,
                                args.batch)
-        row = {"name": name, "options": opts, "weight_formats": llm.info.weight_formats,
-               "weight_bytes": llm.info.weight_bytes, "linear_params": _linear_params(llm), **speed}
+        row = {"name": name, "options": opts, "weight_formats": engine.info.weight_formats,
+               "weight_bytes": engine.info.weight_bytes, "linear_params": _linear_params(engine), **speed}
         if name == "none":
             q = ref
         else:
-            ready[repr(sorted({**base, **opts}.items()))] = llm
-            del llm
+            ready[repr(sorted({**base, **opts}.items()))] = engine
+            del engine
             q = ev.measure(Setting(name, opts))
         row.update(perplexity=q.perplexity, ppl_ref=ref.perplexity, agreement=q.agreement, kl=q.kl,
                    seconds=time.perf_counter() - t0)
@@ -115,7 +115,7 @@ def table(rows: list[dict], peaks: dict | None) -> str:
 
 
 def cmd_quant(args: argparse.Namespace) -> int:
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     from ridgeline.models.resolve import resolve_model_source
     names = [n.strip() for n in args.ladder.split(",") if n.strip()] if args.ladder else None
     rungs = ladder(names, resolve_model_source(args.model, progress=args.progress)[1] is not None)

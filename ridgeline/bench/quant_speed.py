@@ -41,12 +41,12 @@ def _run_batch(eng, prompts: list[list[int]], max_tokens: int, tag: str) -> tupl
             eng.abort_request(rid)
 
 
-def measure_speeds(llm, repeats: int, output_len: int, prefill_prompts: int, prefill_len: int,
+def measure_speeds(eng, repeats: int, output_len: int, prefill_prompts: int, prefill_len: int,
                    batch: int) -> dict:
-    eng, vocab = llm.engine, llm.engine.arch.vocab_size
+    vocab = eng.arch.vocab_size
     prompt = distinct_prompts(1, 32, 0, vocab)[0]
-    ridgeline_decode_timing(llm, prompt, 4, "bq-warm")
-    decode = max(ridgeline_decode_timing(llm, distinct_prompts(1, 32, 1 + r, vocab)[0], output_len,
+    ridgeline_decode_timing(eng, prompt, 4, "bq-warm")
+    decode = max(ridgeline_decode_timing(eng, distinct_prompts(1, 32, 1 + r, vocab)[0], output_len,
                                          f"bq-d{r}")["decode_tok_per_s"] for r in range(repeats))
     _run_batch(eng, distinct_prompts(2, prefill_len, 50, vocab), 1, "bq-pw")
     pre = []

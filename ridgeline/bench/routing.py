@@ -1,9 +1,9 @@
 """`ridgeline bench routing`: round-robin against cache-aware routing over N replicas on a
 multi-tenant workload (bench/routing_workload.py), each replica's KV pool sized to hold about
 --pool-tenants of the tenants' prompts (default: its share of them, tenants / replicas, plus half a
-prompt for the requests' own tokens). Per policy, fresh replicas (processes, the cores split, each
-warmed by one short request) and a router; the same requests in the same order, at most
---concurrency in flight. Reports per run the prefix hit rate (each request's
+prompt for the requests' own tokens). Per policy, a fresh `ridgeline serve --data-parallel-size N
+--router-policy POLICY` process (its replicas processes, the cores split), warmed by short requests
+through its router; the same requests in the same order, at most --concurrency in flight. Reports per run the prefix hit rate (each request's
 usage.prompt_tokens_details.cached_tokens over its prompt tokens), TTFT (streamed, to the first
 generated text), each replica's share of the requests, the share that reached its tenant's
 most used replica, and how often the replica's cached tokens differ from the router's prediction
@@ -104,41 +104,53 @@ async def _drive(url: str, requests: list[dict], concurrency: int, rate: float |
                                       for i, b in enumerate(requests)))
 
 
-def _warm(urls: list[str]) -> None:
-    """One short request on each replica (first-call costs out of the measured TTFTs; a few blocks
-    no tenant shares)."""
-    for url in urls:
-        httpx.post(url + "/v1/completions", json={"model": "bench", "prompt": "Warm up.", "max_tokens": 2},
-                   timeout=600.0).raise_for_status()
+async def _warm(url: str, replicas: int) -> set[str]:
+    """Two short requests per replica through the router, sent together so that every policy spreads
+    them (first-call costs out of the measured TTFTs; distinct prompts under a block, so nothing is
+    cached); the replicas' URLs that answered."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        async def one(i: int) -> str:
+            r = await client.post(url + "/v1/completions", json={"model": "bench", "prompt": f"Warm up {i}.",
+                                                                 "max_tokens": 2})
+            r.raise_for_status()
+            return r.headers.get("x-ridgeline-replica", "")
+        return set(await asyncio.gather(*(one(i) for i in range(2 * replicas))))
 
 
-def run_policy(policy: str, args, spec: dict, bodies: list[dict], tenants: list[int]) -> dict:
-    from ridgeline.router.core import RouterSettings
-    from ridgeline.router.launch import ProcessLauncher
-    from ridgeline.router.serve import RouterThread, build_router
+def serve_command(model: str, engine_flags: list[str], replicas: int, policy: str) -> list[str]:
+    """`ridgeline serve` with `replicas` data-parallel replicas behind its router, on a free loopback port."""
+    return [sys.executable, "-m", "ridgeline.cli", "serve", model, "--host", "127.0.0.1", "--port", "0", "--quiet",
+            "--served-model-name", "bench", "--data-parallel-size", str(replicas), "--router-policy", policy,
+            *engine_flags]
 
-    launcher = ProcessLauncher()
-    try:
-        replicas = launcher.start([spec] * args.replicas, kv_events=True)
-        urls = [r.url for r in replicas]
-        _warm(urls)
-        router = asyncio.run(build_router(urls, RouterSettings(policy)))
-        with RouterThread(router) as rt:
-            results = asyncio.run(_drive(rt.url, bodies, args.concurrency, args.rate))
-    finally:
-        launcher.stop()
+
+def replica_indices(results: list[dict], warmed: set[str]) -> dict[str, int]:
+    """Each replica's URL (the router's x-ridgeline-replica header) -> an index, in the order of the URLs."""
+    seen = warmed | {r["replica"] for r in results if "error" not in r}
+    return {u: i for i, u in enumerate(sorted(u for u in seen if u))}
+
+
+def run_policy(policy: str, args, engine_flags: list[str], bodies: list[dict], tenants: list[int]) -> dict:
+    from ridgeline.bench.serve import LaunchedServer
+
+    from ridgeline.utils.api_key_env import env_with_api_key
+
+    # no key: the server listens on loopback only, and a $RIDGELINE_API_KEY of this shell is not inherited
+    cmd = serve_command(args.model, engine_flags, args.replicas, policy)
+    with LaunchedServer(cmd, env=env_with_api_key(None)) as server:
+        warmed = asyncio.run(_warm(server.url, args.replicas))
+        results = asyncio.run(_drive(server.url, bodies, args.concurrency, args.rate))
+    index = replica_indices(results, warmed)
     records = []
     for tenant, r in zip(tenants, results):
         if "error" not in r:
-            r = {**r, "replica": urls.index(r["replica"]) if r["replica"] in urls else -1}
+            r = {**r, "replica": index.get(r["replica"], -1)}
         records.append({"tenant": tenant, **r})
     return {**run_stats(policy, records, args.replicas), "records": records}
 
 
 def cmd_routing(args: argparse.Namespace) -> int:
     from ridgeline.bench.routing_workload import routing_workload
-    from ridgeline.router.data_parallel import replica_spec
-    from ridgeline.serve.state import ServerSettings
     from ridgeline.models.resolve import resolve_model_source
     from ridgeline.weights.tokenizer import Tokenizer
 
@@ -151,8 +163,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
     longest = max(len(tok.encode_chat(m)) for _, m in workload) + args.max_tokens
     pool_tenants = args.pool_tenants if args.pool_tenants is not None else args.tenants / args.replicas + 0.5
     kv, dtype = pool_bytes(args.model, args.dtype, int(pool_tenants * longest))
-    engine = {"dtype": dtype, "kv_cache_memory": str(kv), "max_num_batched_tokens": 512}
-    spec = replica_spec(args.model, engine, ServerSettings("bench", quiet=True))
+    engine_flags = ["--dtype", dtype, "--kv-cache-memory", str(kv), "--max-num-batched-tokens", "512"]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pace = f", {args.rate:g} req/s at most" if args.rate else ""
     print(f"routing bench: {args.model} ({dtype}), {args.replicas} replicas, {len(bodies)} requests = "
@@ -162,7 +173,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
     runs = []
     for rep in range(args.repeats):
         for policy in policies:
-            runs.append({**run_policy(policy, args, spec, bodies, [t for t, _ in workload]), "repeat": rep})
+            runs.append({**run_policy(policy, args, engine_flags, bodies, [t for t, _ in workload]), "repeat": rep})
             print(row(runs[-1]), file=sys.stderr, flush=True)
     report = summarize(runs, policies)
     print(report["table"])

@@ -38,7 +38,7 @@ from ridgeline.bench.loadgen import (LoadConfig, RequestSpec, parse_prometheus, 
                                      prefix_cache_delta, summarize)
 from ridgeline.cli_parser import non_negative_int, output_file, positive_float, positive_float_or_inf, positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.front_limits import env_with_api_key
+from ridgeline.utils.api_key_env import API_KEY_ENV, env_with_api_key
 
 
 # ---------------------------------------------------------------- tokenizer and workload
@@ -111,7 +111,7 @@ def build_requests(args: argparse.Namespace, tok, num_requests: int, seed: int) 
 
 def engine_cli_args(args: argparse.Namespace) -> list[str]:
     """The engine options given to this command, as `ridgeline serve` flags (defaults left out)."""
-    from ridgeline.cli import add_engine_args
+    from ridgeline.engine.args import add_engine_args
     p = argparse.ArgumentParser(add_help=False)
     add_engine_args(p)
     out: list[str] = []
@@ -476,7 +476,7 @@ def add_serve_parser(bsub) -> argparse.ArgumentParser:
                    help="the `model` of each request body (default: --model if the server lists it, else the "
                         "first model its /v1/models lists)")
     g.add_argument("--tokenizer", default=None, help="tokenizer for the workload prompts (default: --model)")
-    g.add_argument("--api-key", default=os.environ.get("RIDGELINE_API_KEY"),
+    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help="sent as a Bearer token (default: $RIDGELINE_API_KEY)")
     g.add_argument("--server-args", default=None,
                    help="extra `ridgeline serve` flags for a started server, given as --server-args='--flag value' "

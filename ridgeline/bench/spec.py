@@ -39,8 +39,8 @@ def _names(text: str) -> list[str]:
 
 
 def build_engines(args: argparse.Namespace) -> dict:
-    from ridgeline.cli import engine_kwargs
-    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.engine.args import engine_kwargs
+    from ridgeline.engine.run import start_engine
     engines = {}
     for label in args.methods:
         method, _, layers = label.partition(":")  # layer-skip:L (else --speculative-layers)
@@ -55,8 +55,8 @@ def build_engines(args: argparse.Namespace) -> dict:
             kw["speculative_layers"] = None
         if kw.get("kv_cache_memory") is None:
             kw["kv_cache_memory"] = "1GiB"  # several engines share the machine
-        engines[label] = llm = LLM(args.model, **kw)
-        print(llm.info.summary(), file=sys.stderr)
+        engines[label] = engine = start_engine(args.model, **kw)
+        print(engine.info.summary(), file=sys.stderr)
     return engines
 
 
@@ -71,13 +71,13 @@ def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
     for workload in args.workloads:
         prompts = make_workload(workload, tok, max(args.batch_sizes + [args.requests]), seed=args.workload_seed)
         # warm-up: kernels, and the controller's first measurements
-        for method, llm in engines.items():
+        for method, engine in engines.items():
             for s in settings_for(method, args.k, args.controller):
-                timed_run(llm, prompts[:2], s, 16, args.ignore_eos, args.temperature)
+                timed_run(engine, prompts[:2], s, 16, args.ignore_eos, args.temperature)
         for B in args.batch_sizes:
-            for method, llm in engines.items():
+            for method, engine in engines.items():
                 settings = settings_for(method, args.k, args.controller)
-                runs = repeated_runs(llm, prompts[:max(B, args.requests)], B, settings, args.repeats,
+                runs = repeated_runs(engine, prompts[:max(B, args.requests)], B, settings, args.repeats,
                                      args.output_len, args.ignore_eos, args.temperature)
                 plain = runs[settings[0]]
                 for s in settings:

@@ -50,12 +50,11 @@ class Run:
         return self.decode_time / self.decode_steps if self.decode_steps else float("nan")
 
 
-def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, ignore_eos: bool,
+def timed_run(eng, prompts: list[list[int]], setting: Setting, output_len: int, ignore_eos: bool,
               temperature: float = 0.0) -> Run:
     """Run the batch once; the prefix cache is emptied first, so every setting prefills the same.
     temperature > 0: requests sample, unseeded (the goodput controller drafts for no seeded sampling
     request: its draws would depend on the step timings); outputs then differ by setting."""
-    eng = llm.engine
     eng.spec.configure(setting.k, setting.controller)
     eng.spec.stats = SpecStats()
     eng.kv.reset_prefix_cache()
@@ -82,10 +81,10 @@ def timed_run(llm, prompts: list[list[int]], setting: Setting, output_len: int, 
     return Run(sum(map(len, outs)), elapsed, dec_tokens, dec_time, dec_steps, eng.spec.stats, outs)
 
 
-def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,
+def timed_runs(eng, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,
                ignore_eos: bool, temperature: float = 0.0) -> Run:
     """The prompts `batch` at a time, one batch after another, summed into one Run."""
-    parts = [timed_run(llm, prompts[i:i + batch], setting, output_len, ignore_eos, temperature)
+    parts = [timed_run(eng, prompts[i:i + batch], setting, output_len, ignore_eos, temperature)
              for i in range(0, len(prompts), batch)]
     spec = SpecStats()
     for r in parts:
@@ -95,14 +94,14 @@ def timed_runs(llm, prompts: list[list[int]], batch: int, setting: Setting, outp
                [o for r in parts for o in r.outputs])
 
 
-def repeated_runs(llm, prompts: list[list[int]], batch: int, settings: list[Setting], repeats: int, output_len: int,
+def repeated_runs(eng, prompts: list[list[int]], batch: int, settings: list[Setting], repeats: int, output_len: int,
                   ignore_eos: bool, temperature: float = 0.0) -> dict[Setting, list[Run]]:
     """Every setting `repeats` times over the prompts (timed_runs), the order rotated each repeat so
     that no setting always runs first (the machine's speed drifts within an invocation)."""
     runs: dict[Setting, list[Run]] = {s: [] for s in settings}
     for rep in range(repeats):
         for s in settings[rep % len(settings):] + settings[:rep % len(settings)]:
-            runs[s].append(timed_runs(llm, prompts, batch, s, output_len, ignore_eos, temperature))
+            runs[s].append(timed_runs(eng, prompts, batch, s, output_len, ignore_eos, temperature))
     return runs
 
 

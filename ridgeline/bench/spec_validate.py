@@ -53,7 +53,7 @@ def _batches(text: str) -> list[int]:
 
 
 def run_spec_validate(args) -> int:
-    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.engine.run import start_engine
     from ridgeline.advisor.local_profile import local_hardware
     from ridgeline.advisor.model_config import spec_from_arch
     from ridgeline.bench.spec_runs import Setting, expected_tokens, repeated_runs, summarize, timed_run
@@ -63,19 +63,19 @@ def run_spec_validate(args) -> int:
     if k < 1 or args.requests < 1 or args.repeats < 1:
         raise AdvisorError("--validate needs --draft-len >= 1, --requests >= 1 and --repeats >= 1")
     hw = local_hardware(refresh=args.reprofile)
-    llm = LLM(args.model, dtype=args.spec_dtype, quantization="none", speculative_method=args.speculative_method,
-              draft_model=args.draft_model, num_speculative_tokens=k, speculative_controller="off",
-              max_num_seqs=max(256, batches[-1]))
-    eng, info = llm.engine, llm.info
+    eng = start_engine(args.model, dtype=args.spec_dtype, quantization="none",
+                       speculative_method=args.speculative_method, draft_model=args.draft_model,
+                       num_speculative_tokens=k, speculative_controller="off", max_num_seqs=max(256, batches[-1]))
+    info = eng.info
     weights, kv = precision(args.spec_dtype), precision(str(info.kv_dtype).removeprefix("torch."))
     pl = Platform(spec_from_arch(eng.arch, str(args.model)), hw, weights, kv, ops_per_step=0)
     print(info.summary())
     print(f"profile    {hw.name}: read {hw.bandwidth / 1e9:.1f} GB/s, {pl.weights} GEMM "
           f"{hw.flops.get(pl.weights, 0) / 1e9:.0f} GFLOP/s ({hw.source})")
-    prompts = make_workload(args.workload, llm.tokenizer, max(batches + [args.requests]), seed=0)
+    prompts = make_workload(args.workload, eng.tokenizer, max(batches + [args.requests]), seed=0)
     off, on = Setting(args.speculative_method, 0), Setting(args.speculative_method, k)
     for s in (off, on):  # warm-up: kernels, the proposer's first request
-        timed_run(llm, prompts[:2], s, 16, True)
+        timed_run(eng, prompts[:2], s, 16, True)
     out_len = args.output_len
     ctx = statistics.mean(len(p) for p in prompts) + out_len / 2
     print(f"\n{args.speculative_method}, k = {k}, {args.workload}, {out_len} tokens per request, greedy; "
@@ -83,7 +83,7 @@ def run_spec_validate(args) -> int:
     print(f"{'batch':>5} {'alpha':>6} {'k_eff':>6} {'c_draft':>8} {'verify/decode':>14} {'predicted':>10} "
           f"{'measured':>9} {'error':>7}")
     for B in batches:
-        runs = repeated_runs(llm, prompts[:max(B, args.requests)], B, [off, on], args.repeats, out_len, True)
+        runs = repeated_runs(eng, prompts[:max(B, args.requests)], B, [off, on], args.repeats, out_len, True)
         row = summarize(on, runs[on], runs[off])
         if "acceptance" not in row:
             print(f"{B:>5}  nothing drafted: no prediction")

@@ -1,9 +1,10 @@
 """`ridgeline bench throughput`: offline throughput on a fixed-seed workload, against HF transformers.
 
-Ridgeline runs the whole workload through LLM.generate() (greedy, fixed output length, ignore_eos)
-after a warm-up on different prompts; then, in the same process, on the same model folder, dtype
-and token ids: HF one request at a time and HF left-padded batches. The table reports output tok/s,
-total (prompt + output) tok/s and useful GFLOP/s (2 * params per processed token / time).
+Ridgeline runs the whole workload through the engine to completion (the loop behind LLM.generate();
+greedy, fixed output length, ignore_eos) after a warm-up on different prompts; then, in the same
+process, on the same model folder, dtype and token ids: HF one request at a time and HF left-padded
+batches. The table reports output tok/s, total (prompt + output) tok/s and useful GFLOP/s (2 * params
+per processed token / time).
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def build_llm(args: argparse.Namespace):
-    from ridgeline.cli import engine_kwargs
-    from ridgeline.entrypoints.llm import LLM
-    llm = LLM(args.model, **engine_kwargs(args))
-    print(llm.info.summary(), file=sys.stderr)
-    return llm
+def build_engine(args: argparse.Namespace):
+    from ridgeline.engine.args import engine_kwargs
+    from ridgeline.engine.run import start_engine
+    engine = start_engine(args.model, **engine_kwargs(args))
+    print(engine.info.summary(), file=sys.stderr)
+    return engine
 
 
 def start(args: argparse.Namespace) -> tuple[float, dict, object]:
@@ -38,7 +39,7 @@ def start(args: argparse.Namespace) -> tuple[float, dict, object]:
     wall0 = time.perf_counter()
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)
-    return wall0, machine, build_llm(args)
+    return wall0, machine, build_engine(args)
 
 
 def workload_from_args(args: argparse.Namespace, tokenizer, num_requests: int, seed: int) -> list[list[int]]:
@@ -47,25 +48,26 @@ def workload_from_args(args: argparse.Namespace, tokenizer, num_requests: int, s
                          conversations=args.conversations, turns=args.turns)
 
 
-def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts: list[list[int]] | None = None,
+def run_ridgeline(engine, prompts: list[list[int]], output_len: int, warmup_prompts: list[list[int]] | None = None,
                   progress: bool = True) -> tuple[RunResult, list[list[int]]]:
+    from ridgeline.engine.run import run_to_completion
     from ridgeline.sampling_params import SamplingParams
     if warmup_prompts:
-        llm.generate(warmup_prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        run_to_completion(engine, warmup_prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    llm.engine.reset_kv_usage()
-    moe_report.reset(llm.engine.runner.model)
-    pp_report.reset(llm)  # its link probe before the CPU-time counter starts
-    tp_report.reset(llm)
+    engine.reset_kv_usage()
+    moe_report.reset(engine.runner.model)
+    pp_link = pp_report.reset(engine)  # its link probe before the CPU-time counter starts
+    cpu0 = tp_report.reset(engine)
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=progress)
+    outs = run_to_completion(engine, prompts, params, use_tqdm=progress)
     elapsed = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     cached = sum(o.num_cached_tokens or 0 for o in outs)
     res = RunResult("Ridgeline", len(prompts), sum(map(len, prompts)), sum(map(len, tokens)), elapsed,
                     total_requests=len(prompts), extra={"cached_prompt_tokens": cached,
-                                                        "kv_waste": llm.engine.kv_waste(),
-                                                        "preemptions": llm.engine.scheduler.num_preemptions})
+                                                        "kv_waste": engine.kv_waste(),
+                                                        "preemptions": engine.scheduler.num_preemptions})
     short = sum(len(t) < output_len for t in tokens)
     notes = [f"KV slots allocated but empty: {100 * res.extra['kv_waste']:.1f}% (mean over steps)"]
     if cached:
@@ -73,9 +75,10 @@ def run_ridgeline(llm, prompts: list[list[int]], output_len: int, warmup_prompts
     if short:
         notes.append(f"{short} requests stopped before {output_len} tokens (max_model_len?)")
     res.note = "; ".join(notes)
-    res.extra["moe"] = moe_report.collect(llm.engine.runner.model, elapsed)
-    res.extra["tensor_parallel"] = tp_report.collect(llm, elapsed, sum(map(len, prompts)), sum(map(len, tokens)))
-    res.extra["pipeline_parallel"] = pp_report.collect(llm, elapsed)
+    res.extra["moe"] = moe_report.collect(engine.runner.model, elapsed)
+    res.extra["tensor_parallel"] = tp_report.collect(engine, cpu0, elapsed, sum(map(len, prompts)),
+                                                     sum(map(len, tokens)))
+    res.extra["pipeline_parallel"] = pp_report.collect(engine, pp_link, elapsed)
     return res, tokens
 
 
@@ -101,14 +104,14 @@ def check_workload_args(args: argparse.Namespace) -> None:
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     check_workload_args(args)
-    wall0, machine, llm = start(args)
+    wall0, machine, engine = start(args)
     skipped = hf_baseline.unavailable(args.baseline == "hf" and bool(args.hf_requests or args.hf_batch), machine)
     if skipped:
         print(f"baseline   {skipped}", file=sys.stderr)
-    arch, info = llm.engine.arch, llm.info
+    arch, info = engine.arch, engine.info
     num_params = arch.active_params  # FLOPs per token: a sparse model runs top_k of its experts
-    prompts = workload_from_args(args, llm.tokenizer, args.num_requests, args.workload_seed)
-    warm = workload_from_args(args, llm.tokenizer, min(8, args.num_requests), args.workload_seed + 10_000)
+    prompts = workload_from_args(args, engine.tokenizer, args.num_requests, args.workload_seed)
+    warm = workload_from_args(args, engine.tokenizer, min(8, args.num_requests), args.workload_seed + 10_000)
     lens = [len(p) for p in prompts]
     print(f"workload   {args.workload}, seed {args.workload_seed}: {len(prompts)} requests, prompts "
           f"{min(lens)}-{max(lens)} tokens (mean {statistics.mean(lens):.0f}, total {sum(lens)}), "
@@ -116,12 +119,12 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     print(f"dtype      {dtype_name(info.dtype)} for Ridgeline and the baselines; {arch.num_params / 1e6:.1f} M params"
           f"{f', {num_params / 1e6:.1f} M active per token' if arch.moe else ''}", file=sys.stderr)
 
-    rl, rl_tokens = run_ridgeline(llm, prompts, args.output_len, warm, progress=not args.no_progress)
+    rl, rl_tokens = run_ridgeline(engine, prompts, args.output_len, warm, progress=not args.no_progress)
     results, agreement = [rl], None
     if args.baseline == "hf" and (args.hf_requests or args.hf_batch) and not skipped:
         folder, eos = info.model_folder, set(info.eos_token_ids)
-        llm.engine.close()  # tensor parallelism: the other ranks stop before the baseline runs
-        llm = None
+        engine.close()  # tensor parallelism: the other ranks stop before the baseline runs
+        engine = None
         gc.collect()
         model = hf_baseline.load_model(folder, info.dtype)
         print(f"HF         transformers {machine['transformers']} loaded {folder} in {model.load_seconds:.1f}s",
@@ -155,8 +158,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
               f"mean matching prefix {agreement['mean_matching_prefix']:.0%} (informational)")
     if skipped:
         print(f"\n{skipped}")
-    if llm is not None:
-        llm.engine.close()
+    if engine is not None:
+        engine.close()
     wall = time.perf_counter() - wall0
     print(f"bench wall time {wall:.0f}s")
     if args.json:

@@ -4,18 +4,20 @@ link measured just before the run (advisor/parallel_comm.py). Empty for a one-pr
 from __future__ import annotations
 
 import os
+import weakref
 
 from ridgeline.advisor.parallel_comm import Link, tp_step_comm
 
 PROBE_FLOATS = 1 << 18
+_links: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> its link, measured once
 
 
-def cpu_seconds(llm) -> float:
+def cpu_seconds(engine) -> float:
     """CPU time (user + system) of this process and of the ranks it started: what a run costs on a
     shared machine, where wall time also holds other processes' turns."""
     t = os.times()
     total = t.user + t.system
-    group = llm.engine.group  # tensor-parallel ranks or pipeline stages
+    group = engine.group  # tensor-parallel ranks or pipeline stages
     for pid in (group.workers.pids if group is not None and group.workers is not None else ()):
         try:
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -25,29 +27,29 @@ def cpu_seconds(llm) -> float:
     return total
 
 
-def reset(llm) -> None:
-    """Before the timed run: measure the link (once per engine), then zero the counters."""
-    tp = llm.engine.tp
+def reset(engine) -> float:
+    """Before the timed run: measure the link (once per engine), then zero the counters; the CPU time
+    so far, for collect."""
+    tp = engine.tp
     if tp is None or tp.comm is None:  # one process, or expert parallelism (its exchange is in the MoE report)
-        llm._cpu0 = cpu_seconds(llm)
-        return
-    if getattr(llm, "_tp_link", None) is None:
+        return cpu_seconds(engine)
+    if engine not in _links:
         small, large = tp.probe((1, PROBE_FLOATS))
-        llm._tp_link = Link.from_probe(small, large, PROBE_FLOATS, tp.ctx.size)
+        _links[engine] = Link.from_probe(small, large, PROBE_FLOATS, tp.ctx.size)
     tp.comm.reset()
-    llm._cpu0 = cpu_seconds(llm)
+    return cpu_seconds(engine)
 
 
-def collect(llm, elapsed: float, prompt_tokens: int, output_tokens: int) -> dict:
-    tp = llm.engine.tp
-    cpu = cpu_seconds(llm) - llm._cpu0
+def collect(engine, cpu0: float, elapsed: float, prompt_tokens: int, output_tokens: int) -> dict:
+    tp = engine.tp
+    cpu = cpu_seconds(engine) - cpu0
     if tp is None or tp.comm is None:
         return {"size": 1, "cpu_s": cpu, "cpu_ms_per_output_token": 1e3 * cpu / max(output_tokens, 1)}
-    comm, arch, link = tp.comm, llm.engine.arch, llm._tp_link
+    comm, arch, link = tp.comm, engine.arch, _links[engine]
     steps = max(comm.forwards, 1)
     tokens, sampled = (prompt_tokens + output_tokens) / steps, output_tokens / steps  # rows per step, mean
     pred, n = tp_step_comm(arch.num_layers, arch.hidden_size, arch.vocab_size, tp.ctx.size, tokens, sampled, link)
-    info = llm.info.tensor_parallel
+    info = engine.info.tensor_parallel
     return {"size": tp.ctx.size, "steps": comm.forwards, "comm_s": comm.seconds, "collectives": comm.calls,
             "comm_ms_per_step": 1e3 * comm.seconds / steps, "step_ms": 1e3 * elapsed / steps,
             "predicted_comm_ms_per_step": 1e3 * pred, "predicted_collectives_per_step": n,

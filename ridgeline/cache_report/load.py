@@ -1,15 +1,15 @@
 """Logged request bodies (one OpenAI-style JSON body per line) -> prompt token ids, as the server
-would tokenize them: chat bodies through the model's chat template, completion bodies as given."""
+would tokenize them: chat bodies through the model's chat template, completion bodies as given. Only
+the prompt is read, with the checks the server and the offline API share (ridgeline/inputs.py): the
+rest of a body (sampling fields, anything unknown) is not the report's concern."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.protocol import ChatCompletionRequest, CompletionRequest
+from ridgeline.inputs import chat_messages, prompt_list
 
 
 @dataclass
@@ -33,7 +33,7 @@ def load_prompts(path: str | Path, tokenizer) -> tuple[list[LoggedPrompt], list[
         try:
             body = _parse(line)
             prompts += [LoggedPrompt(no, ids, body.get("cache_salt")) for ids in _tokenize(body, tokenizer)]
-        except (ValueError, ValidationError, RidgelineError) as e:
+        except (ValueError, RidgelineError) as e:
             problems.append(f"line {no}: {_short(e)}")
     return prompts, problems
 
@@ -45,25 +45,22 @@ def _parse(line: str) -> dict:
         raise ValueError(f"not JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
-    body.setdefault("model", "")
     return body
 
 
 def _tokenize(body: dict, tokenizer) -> list[list[int]]:
     if "messages" in body:
-        req = ChatCompletionRequest.model_validate(body)
-        text = tokenizer.apply_chat_template([m.as_template_input() for m in req.messages])
+        text = tokenizer.apply_chat_template(chat_messages(body["messages"]))
         return [tokenizer.encode(text, add_special_tokens=False)]
     if "prompt" in body:
-        req = CompletionRequest.model_validate(body)
-        return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        prompts = prompt_list(body["prompt"], "prompt")
+        if not prompts:
+            raise ValueError("prompt: must not be empty")
+        return [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
     raise ValueError("neither `messages` (chat) nor `prompt` (completion)")
 
 
 def _short(e: Exception) -> str:
-    if isinstance(e, ValidationError):
-        err = e.errors()[0]
-        return f"invalid body: {'.'.join(map(str, err['loc']))}: {err['msg']}"
     if isinstance(e, RidgelineError):
         return e.message
     return str(e).splitlines()[0][:120]

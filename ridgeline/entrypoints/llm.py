@@ -4,13 +4,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from tqdm.auto import tqdm
-
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.engine.run import run_to_completion
 from ridgeline.errors import InvalidRequestError
-from ridgeline.inputs import chat_messages, check_text
+from ridgeline.inputs import chat_messages, prompt_list
 from ridgeline.sampling_params import SamplingParams
 
 
@@ -47,7 +46,7 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Prompts: a string, token ids, or a list of either. Returns outputs in prompt order.
         Special-token text in a string prompt is parsed (a raw prompt may hand-build a template)."""
-        return self._run(_prompt_list(prompts), sampling_params, None, use_tqdm)
+        return self._run(prompt_list(prompts), sampling_params, None, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -74,49 +73,5 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise InvalidRequestError(f"sampling_params: must be a SamplingParams or a list of them, not "
                                           f"{type(p).__name__}", "sampling_params")
-        order = {}
-        try:
-            for i, (prompt, p) in enumerate(zip(prompts, plist)):
-                rid = f"gen-{next(self._ids)}"
-                self.engine.add_request(rid, prompt, p, texts[i] if texts else None)
-                order[rid] = i
-        except Exception:
-            for rid in order:
-                self.engine.abort_request(rid)
-            raise
-        results: list[RequestOutput | None] = [None] * len(prompts)
-        bar = tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm)
-        try:
-            while any(r is None for r in results):
-                for out in self.engine.step(emit_unfinished=False):
-                    if out.finished and out.request_id in order:
-                        results[order[out.request_id]] = out
-                        bar.update(1)
-        finally:
-            bar.close()
-            for rid in order:
-                self.engine.abort_request(rid)  # no-op for finished ones; frees blocks on Ctrl-C
-        return results
-
-
-def _is_ids(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(type(t) is int for t in value)
-
-
-def _prompt_list(prompts) -> list[str | list[int]]:
-    """A string, token ids, or a list of either -> a list of prompts; anything else is an
-    InvalidRequestError naming the offending prompt."""
-    if isinstance(prompts, str):
-        check_text(prompts, "prompts")
-        return [prompts]
-    if not isinstance(prompts, (list, tuple)):
-        raise InvalidRequestError(f"prompts: must be a string, a list of token ids or a list of either, not "
-                                  f"{type(prompts).__name__}", "prompts")
-    if prompts and _is_ids(prompts):
-        return [list(prompts)]
-    for i, p in enumerate(prompts):
-        if not (isinstance(p, str) or (_is_ids(p) and p)):
-            raise InvalidRequestError(f"prompts.{i}: must be a string or a non-empty list of integer token ids, "
-                                      f"not {type(p).__name__}", "prompts")
-        check_text(p, f"prompts.{i}")
-    return [p if isinstance(p, str) else list(p) for p in prompts]
+        ids = (f"gen-{next(self._ids)}" for _ in plist)
+        return run_to_completion(self.engine, prompts, plist, texts, ids, use_tqdm)

@@ -12,7 +12,7 @@ DEFAULT_KV_MEMORY = "512MiB"  # per engine (two are loaded at once): a window ba
 
 
 def register(subparsers) -> None:
-    from ridgeline.cli import add_engine_args
+    from ridgeline.engine.args import add_engine_args
     p = subparsers.add_parser(
         "eval", help="quality of a (quantized) model against the unquantized one on held-out text",
         description="Perplexity on the shipped held-out text (prompt logprobs, windows of --window tokens), "
@@ -80,7 +80,7 @@ def eviction_settings(options: dict, budgets: tuple[int, ...], policies: tuple[s
 
 
 def _options(args: argparse.Namespace) -> dict:
-    from ridgeline.cli import engine_kwargs
+    from ridgeline.engine.args import engine_kwargs
     kw = engine_kwargs(args)
     if kw.get("kv_cache_memory") is None:
         kw["kv_cache_memory"] = DEFAULT_KV_MEMORY
@@ -115,7 +115,7 @@ def _format_label(args: argparse.Namespace) -> str | None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ridgeline.bench.report import describe_machine, machine_info, write_json
-    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.engine.run import start_engine
     from ridgeline.eval import report
     from ridgeline.eval.harness import Evaluator, Setting
     from ridgeline.eval.sweep import ranking, sweep_settings
@@ -135,10 +135,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)
 
-    def make_llm(opts: dict):
-        return LLM(args.model, **opts)
+    def make_engine(opts: dict):
+        return start_engine(args.model, **opts)
 
-    ev = Evaluator(make_llm, options, args.window, args.max_tokens or None, args.prompts, args.gen_tokens,
+    ev = Evaluator(make_engine, options, args.window, args.max_tokens or None, args.prompts, args.gen_tokens,
                    args.progress, log=lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     ref = ev.start()

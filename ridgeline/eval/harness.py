@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from ridgeline.data import corpus
+from ridgeline.engine.run import run_to_completion
 from ridgeline.eval.metrics import Totals, tokens_before_divergence
 
 # option -> its value in the reference engine, for the lossy options this engine build knows
@@ -79,13 +80,13 @@ def reference_options(options: dict) -> dict:
 
 
 class Evaluator:
-    """make_llm(options) -> an LLM; window/max_tokens: how the held-out text is cut; prompts and
+    """make_engine(options) -> an LLMEngine; window/max_tokens: how the held-out text is cut; prompts and
     gen_tokens: the divergence test (0 prompts skips it)."""
 
-    def __init__(self, make_llm: Callable[[dict], object], options: dict, window: int = 512,
+    def __init__(self, make_engine: Callable[[dict], object], options: dict, window: int = 512,
                  max_tokens: int | None = 16384, prompts: int = 16, gen_tokens: int = 64, progress: bool = True,
                  log: Callable[[str], None] = lambda line: None):
-        self.make_llm, self.options, self.progress, self.log = make_llm, options, progress, log
+        self.make_engine, self.options, self.progress, self.log = make_engine, options, progress, log
         self.window, self.max_tokens, self.num_prompts, self.gen_tokens = window, max_tokens, prompts, gen_tokens
         self.ref = None
         self.windows: list[list[int]] = []
@@ -96,7 +97,7 @@ class Evaluator:
     def start(self) -> Result:
         """Load the reference, cut the text, and measure the reference itself."""
         t0 = time.perf_counter()
-        self.ref = self.make_llm(reference_options(self.options))
+        self.ref = self.make_engine(reference_options(self.options))
         tok = self.ref.tokenizer
         self.windows = corpus.windows(tok.encode(corpus.text("heldout")), self.window, self.max_tokens)
         docs = corpus.documents("heldout")[:self.num_prompts]
@@ -113,31 +114,31 @@ class Evaluator:
 
     def measure(self, setting: Setting) -> Result:
         t0 = time.perf_counter()
-        llm = self.make_llm({**self.options, **setting.options})
+        engine = self.make_engine({**self.options, **setting.options})
         try:
-            info = llm.info
+            info = engine.info
             self.log(f"{setting.name}: weights {info.weight_formats}: {info.weight_bytes / 1e6:.1f} MB")
-            totals, top1 = self._perplexity(llm, setting.name)
+            totals, top1 = self._perplexity(engine, setting.name)
             evicting = info.kv_eviction is not None
             if evicting:
                 for ref, got in zip(self.ref_top1, top1):
                     totals.add_agreement(ref, got)
             else:
-                self._compare(llm, totals, setting.name)
-            gen = self._generate(llm)
+                self._compare(engine, totals, setting.name)
+            gen = self._generate(engine)
             div = [tokens_before_divergence(r, g) for r, g in zip(self.ref_gen, gen)]
             return Result(setting.name, setting.options, info.weight_formats, info.weight_bytes, totals.perplexity,
                           totals.agreement, None if evicting else totals.mean_kl, div, self.gen_tokens,
                           time.perf_counter() - t0, setting.component,
                           info.tokens_per_request if evicting else None, totals.agreement_by_position)
         finally:
-            del llm
+            del engine
             gc.collect()
 
     def _bar(self, total: int, desc: str):
         return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=not self.progress, leave=False)
 
-    def _perplexity(self, llm, name: str) -> tuple[Totals, list[list[int]]]:
+    def _perplexity(self, engine, name: str) -> tuple[Totals, list[list[int]]]:
         """Perplexity over the windows, and each window's top-1 token after each position."""
         from ridgeline.sampling_params import SamplingParams
         totals, top1 = Totals(), []
@@ -145,22 +146,22 @@ class Evaluator:
         with self._bar(self.num_tokens, f"{name}: perplexity") as bar:
             for i in range(0, len(self.windows), CHUNK):
                 chunk = self.windows[i:i + CHUNK]
-                for out in llm.generate(chunk, params, use_tqdm=False):
+                for out in run_to_completion(engine, chunk, params):
                     totals.add_logprobs([lp.logprob for lp in out.prompt_logprobs[1:]])
                     top1.append([lp.top[0][0] for lp in out.prompt_logprobs[1:]])
                 bar.update(sum(map(len, chunk)))
         return totals, top1
 
-    def _compare(self, llm, totals: Totals, name: str) -> None:
+    def _compare(self, engine, totals: Totals, name: str) -> None:
         """Rows 0..W-2 of each window: the positions that predict a token of the window."""
         with self._bar(self.num_tokens, f"{name}: agreement, KL") as bar:
             for w in self.windows:
-                totals.add_comparison(self.ref.engine.prompt_logits(w)[:-1], llm.engine.prompt_logits(w)[:-1])
+                totals.add_comparison(self.ref.prompt_logits(w)[:-1], engine.prompt_logits(w)[:-1])
                 bar.update(len(w))
 
-    def _generate(self, llm) -> list[list[int]]:
+    def _generate(self, engine) -> list[list[int]]:
         if not self.prompts:
             return []
         from ridgeline.sampling_params import SamplingParams
         params = SamplingParams(temperature=0, max_tokens=self.gen_tokens, ignore_eos=True)
-        return [list(o.outputs[0].token_ids) for o in llm.generate(self.prompts, params, use_tqdm=False)]
+        return [list(o.outputs[0].token_ids) for o in run_to_completion(engine, self.prompts, params)]

@@ -86,7 +86,7 @@ def _source(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected replies, tasks:FILE, text:FILE or chat:FILE, got {text!r}")
 
 
-def _gather(llm, args: argparse.Namespace) -> list:
+def _gather(eng, args: argparse.Namespace) -> list:
     """The samples of every --data source, each up to --tokens tokens."""
     samples = []
     for src in args.data:
@@ -97,7 +97,7 @@ def _gather(llm, args: argparse.Namespace) -> list:
         if args.data_cache is not None:
             name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
             cache = _Cache(args.data_cache / f"{src.partition(':')[0]}-{name}.pt", key)
-        samples += _source_samples(llm, args, src, cache)
+        samples += _source_samples(eng, args, src, cache)
     return samples
 
 
@@ -137,7 +137,7 @@ def _take(samples, num_tokens: int) -> list:
     return out
 
 
-def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | None) -> list:
+def _source_samples(eng, args: argparse.Namespace, src: str, cache: _Cache | None) -> list:
     from ridgeline.speculative.train_data import doc_task_prompts, self_distill
     from ridgeline.speculative.train_text import paragraphs, resolve_text, source_sequences, teacher_forced
     have = _take(cache.samples, args.tokens) if cache else []
@@ -145,15 +145,15 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
     if have_tokens >= args.tokens:
         return have
     if src == "replies":
-        new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
+        new = self_distill(eng, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
                            batch=64, progress=not args.quiet, start=len(have))
     elif src.startswith("tasks:"):
         prompts = doc_task_prompts(paragraphs(resolve_text(src.partition(":")[2])), args.seed)
-        new = self_distill(llm, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
+        new = self_distill(eng, args.tokens - have_tokens, args.seed, args.max_reply_tokens, args.temperature,
                            batch=64, progress=not args.quiet, start=len(have), prompts=prompts, desc=src)
     else:
-        seqs = source_sequences(llm.tokenizer, src, args.seed, min(512, llm.engine.max_model_len))
-        new = teacher_forced(llm, seqs[len(have):], args.tokens - have_tokens, src, progress=not args.quiet)
+        seqs = source_sequences(eng.tokenizer, src, args.seed, min(512, eng.max_model_len))
+        new = teacher_forced(eng, seqs[len(have):], args.tokens - have_tokens, src, progress=not args.quiet)
     out = list(have)
     for s in new:
         out.append(s)
@@ -165,7 +165,7 @@ def _source_samples(llm, args: argparse.Namespace, src: str, cache: _Cache | Non
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
-    from ridgeline.entrypoints.llm import LLM
+    from ridgeline.engine.run import start_engine
     from ridgeline.speculative.eagle_io import head_config_for, head_rows, load_head, save_head, target_fingerprint
     from ridgeline.speculative.eagle_pointer import train_pointer
     from ridgeline.speculative.train_data import frequent_tokens
@@ -174,14 +174,14 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     if args.from_head is not None and args.copy_pointer == 0:
         raise InvalidRequestError("--from-head trains only a copy pointer: give --copy-pointer D > 0", "copy_pointer")
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="512MiB")
-    print(llm.info.summary(), file=sys.stderr)
-    eng, lm = llm.engine, llm.engine.runner.model
+    eng = start_engine(args.model, dtype=args.dtype, progress=not args.quiet, kv_cache_memory="512MiB")
+    print(eng.info.summary(), file=sys.stderr)
+    lm = eng.runner.model
     if args.from_head is not None:  # refused here, before any data is gathered, if trained for another model
         head, vocab_ids, old = load_head(args.from_head, lm)
         training = old["training"]
     args.data = args.data or ["replies"]
-    samples = _gather(llm, args)
+    samples = _gather(eng, args)
     t_data = time.perf_counter() - t0
     bf16 = pick_dtype("auto", torch.device("cpu")).dtype == torch.bfloat16
     if args.from_head is None:

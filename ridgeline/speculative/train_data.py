@@ -73,7 +73,7 @@ def _encode(tok, prompt: str | list[dict]) -> list[int]:
     return tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:")
 
 
-def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
+def self_distill(eng, num_tokens: int, seed: int, max_tokens: int = 256, temperature: float = 0.8,
                  top_p: float = 0.95, batch: int = 16, progress: bool = True, start: int = 0,
                  prompts: list | None = None, desc: str = "self-distillation data") -> Iterator[Sample]:
     """Samples until their tokens (prompt + reply) reach num_tokens; replies sampled `batch` at a time.
@@ -82,7 +82,9 @@ def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, tempera
     (lists of messages); default the shipped seeds (seed_prompts). A prompt longer than the model's
     context is cut to fit."""
     from tqdm import tqdm
-    eng, tok = llm.engine, llm.tokenizer
+
+    from ridgeline.engine.run import run_to_completion
+    tok = eng.tokenizer
     prompts = seed_prompts(seed) if prompts is None else prompts
     limit = eng.max_model_len - 1
     bar = tqdm(total=num_tokens, unit="tok", desc=desc, disable=not progress)
@@ -94,7 +96,7 @@ def self_distill(llm, num_tokens: int, seed: int, max_tokens: int = 256, tempera
             params = [SamplingParams(temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + i + j,
                                      max_tokens=min(max_tokens, limit - len(p))) for j, p in enumerate(ids)]
             i += batch
-            for p, out in zip(ids, llm.generate(ids, params, use_tqdm=False)):
+            for p, out in zip(ids, run_to_completion(eng, ids, params)):
                 seq = p + list(out.outputs[0].token_ids)
                 hidden = eng.prompt_hidden(seq)
                 yield Sample(torch.tensor(seq), hidden.to("cpu", torch.bfloat16))  # trained on the CPU

@@ -91,10 +91,10 @@ def source_sequences(tok, spec: str, seed: int, max_tokens: int) -> list[list[in
     return [s for s in seqs if len(s) > 2]
 
 
-def teacher_forced(llm, seqs: list[list[int]], num_tokens: int, desc: str, progress: bool = True) -> Iterator[Sample]:
+def teacher_forced(eng, seqs: list[list[int]], num_tokens: int, desc: str, progress: bool = True) -> Iterator[Sample]:
     """The target's hidden states over seqs, in order, until their tokens reach num_tokens."""
     from tqdm import tqdm
-    eng, done = llm.engine, 0
+    done = 0
     with tqdm(total=min(num_tokens, sum(map(len, seqs))), unit="tok", desc=desc, disable=not progress) as bar:
         for ids in seqs:
             if done >= num_tokens:
