@@ -7,6 +7,7 @@ import uuid
 from fastapi import APIRouter, Request
 
 from ridgeline.serve.generate import Job, Prompt, accept, admitted, request_namespace, sse_response
+from ridgeline.serve.fields import ignored_header
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.limits import TextBound
 from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
@@ -30,7 +31,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     head = {"id": rid, "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     if body.stream:
-        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage))
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage),
+                            ignored_header(body.model_extra))
     [out] = await job.results(request)
     usage = job.usage()
 
@@ -41,7 +43,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                    for c in out.outputs)
         return object_bytes({**head, "object": "chat.completion"}, choices, {"usage": usage})
 
-    return await json_response(state, rid, build)
+    return await json_response(state, rid, build, ignored_header(body.model_extra))
 
 
 def _prompt(tok, messages: list[dict], render=None, bound: TextBound | None = None) -> Prompt:

@@ -20,6 +20,7 @@ from ridgeline.engine.cache_namespace import cache_namespace, tenant_salt
 from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.serve.fields import ignored_fields
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
 from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
@@ -39,8 +40,9 @@ class Prompt:
 
 
 def warn_unknown(body: BaseModel, route: str) -> None:
-    if body.model_extra:
-        log.warning("%s: ignoring unknown field(s): %s", route, clean(", ".join(sorted(body.model_extra))))
+    names = ignored_fields(body.model_extra)
+    if names:
+        log.warning("%s: ignoring unknown field(s): %s", route, clean(", ".join(names)))
 
 
 def accept(state, body, route: str):
@@ -230,7 +232,8 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
+def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None) -> StreamingResponse:
+    """headers: more response headers (the ignored fields' warning)."""
     async def body():
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
@@ -245,7 +248,7 @@ def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
         yield "data: [DONE]\n\n"
 
     return _JobResponse(job, body(), media_type="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
 class _JobResponse(StreamingResponse):
