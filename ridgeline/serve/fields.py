@@ -21,7 +21,7 @@ class Peer(NamedTuple):
     feature: str  # what is missing, in the user's words (refused on every route whose model lacks the field)
 
 
-_STRUCTURED = "structured output"
+_STRUCTURED = "structured output in this spelling (use response_format or structured_outputs)"
 _TOOLS = "tool calling"
 _REASONING = "reasoning models (separate reasoning content, effort, budgets)"
 _TEMPLATE = "chat template options"
@@ -30,7 +30,6 @@ _LORA = "LoRA adapters"
 
 REFUSED: dict[str, Peer] = {
     # OpenAI
-    "response_format": Peer(({"type": "text"},), "structured output (JSON mode, JSON schema)"),
     "tools": Peer(([],), _TOOLS),
     "tool_choice": Peer(("none",), _TOOLS),
     "parallel_tool_calls": Peer((), _TOOLS),
@@ -46,14 +45,8 @@ REFUSED: dict[str, Peer] = {
     "store": Peer((False,), "stored completions"),
     "service_tier": Peer(("auto", "default"), "service tiers"),
     # vLLM
-    "structured_outputs": Peer((), _STRUCTURED),
-    "guided_json": Peer((), _STRUCTURED),
-    "guided_regex": Peer((), _STRUCTURED),
-    "guided_choice": Peer((), _STRUCTURED),
-    "guided_grammar": Peer((), _STRUCTURED),
-    "structural_tag": Peer((), _STRUCTURED),
-    "guided_decoding_backend": Peer((), _STRUCTURED),
-    "guided_whitespace_pattern": Peer((), _STRUCTURED),
+    "structural_tag": Peer((), "structural tags"),
+    "guided_whitespace_pattern": Peer((), "a whitespace pattern for JSON (JSON is compact)"),
     "use_beam_search": Peer((False,), "beam search"),
     "length_penalty": Peer((1.0,), "beam search"),
     "spaces_between_special_tokens": Peer((True,), "detokenizing without spaces between special tokens"),

@@ -21,6 +21,7 @@ from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.fields import ignored_fields
+from ridgeline.structured.request import renamed
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
 from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
@@ -31,6 +32,7 @@ from ridgeline.serve.state import ServerState
 from ridgeline.engine.spec_stats import SpecStats
 
 log = logging.getLogger("ridgeline.serve")
+COMPILE_SECONDS = 2.0  # a grammar that takes longer to compile is refused (llguidance's limits bound the work)
 
 
 @dataclass
@@ -54,6 +56,24 @@ def accept(state, body, route: str):
     params = body.sampling_params()
     check_n(state.settings.max_n, params)
     return params
+
+
+async def compile_structured(state: ServerState, body, params: SamplingParams, name: str) -> None:
+    """Structured outputs: compile the request's grammar into the engine's cache on the server's
+    executor (never on the event loop or the step thread), within COMPILE_SECONDS once the token
+    table is built; errors name the field the client used."""
+    if params.structured is None:
+        return
+    field = body.structured_field or "structured_outputs"
+    try:
+        backend = state.engine.constraints
+        await state.offload(name, backend.load)  # once per engine: not under the deadline
+        await asyncio.wait_for(state.offload(name, backend.prepare, params.structured), COMPILE_SECONDS)
+    except asyncio.TimeoutError:
+        raise InvalidRequestError(f"{field}: compiling it took over {COMPILE_SECONDS:g} s; simplify it", field,
+                                  code="unsupported_parameter") from None
+    except InvalidRequestError as e:
+        raise renamed(e, field) from None
 
 
 def request_namespace(state: ServerState, request: Request, cache_salt: str | None) -> str | None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.inputs import check_text, shown, template_message
 from ridgeline.sampling_params import MAX_LOGPROBS, SamplingParams
 from ridgeline.serve.fields import refuse_peer_fields
+from ridgeline.structured.request import GUIDED, from_request
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
@@ -80,6 +81,15 @@ class _GenerateRequest(_Strict):
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share KV blocks
     logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100], added to its logit
     best_of: int | None = None  # only None or n
+    # structured outputs (ridgeline/structured/request.py): one of these at most
+    response_format: dict[str, Any] | None = None  # OpenAI's
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older spellings
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    _structured_field: str | None = PrivateAttr(default=None)  # the field that asked for structured outputs
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +99,11 @@ class _GenerateRequest(_Strict):
         except InvalidRequestError as e:
             raise BodyError(e) from None
         return data
+
+    @property
+    def structured_field(self) -> str | None:
+        """After sampling_params(): the field that asked for structured outputs (errors name it)."""
+        return self._structured_field
 
     @property
     def include_usage(self) -> bool:
@@ -108,6 +123,11 @@ class _GenerateRequest(_Strict):
             raise InvalidRequestError(f"temperature: must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
                                       "temperature")
         fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
+        structured, self._structured_field = from_request(self.response_format, self.structured_outputs,
+                                                          {k: getattr(self, k) for k in GUIDED},
+                                                          self.guided_decoding_backend)
+        if structured is not None:
+            fields["structured"] = structured
         if self.logit_bias:
             fields["logit_bias"] = {_token_id(k): v for k, v in self.logit_bias.items()}
         return SamplingParams(**fields, max_tokens=value, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
