@@ -81,11 +81,22 @@ class StructuredOutputs:
     regex: str | None = None
     choice: tuple[str, ...] | list[str] | None = None  # stored as a tuple
     grammar: str | None = None
+    field: str = PARAM  # the request field it came from: errors about it name that field
 
     def _given(self) -> list[str]:
         return [k for k in KINDS if (self.json_object is True if k == "json_object" else getattr(self, k) is not None)]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.field, str):
+            raise _bad("field: must be a string")
+        try:
+            self._validate()
+        except InvalidRequestError as e:
+            if self.field == PARAM:
+                raise
+            raise InvalidRequestError(self.field + e.message.removeprefix(PARAM), self.field, e.code) from None
+
+    def _validate(self) -> None:
         given = self._given()
         if self.json_object is not True and self.json_object is not False:
             raise _bad("json_object: must be true or false")

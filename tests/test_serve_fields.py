@@ -119,9 +119,10 @@ def test_server_sends_the_header_and_refuses_peer_fields(tiny_server, stream):
                                                  "max_tokens": 2, "stream": stream})
         assert r.status_code == 200 and IGNORED_HEADER not in r.headers
         r = c.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                                 "stream": stream, "guided_choice": ["a", "b"]})
+                                                 "stream": stream, "chat_template_kwargs": {"a": 1}})
         assert r.status_code == 400, r.text
-        assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("guided_choice", "unsupported_parameter")
+        assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("chat_template_kwargs",
+                                                                             "unsupported_parameter")
 
 
 def test_the_unsupported_page_names_every_field():

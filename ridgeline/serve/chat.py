@@ -6,7 +6,8 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, compile_structured, request_namespace, sse_response
+from ridgeline.serve.generate import (Job, Prompt, accept, admitted, compile_structured, request_namespace,
+                                      sse_response)
 from ridgeline.serve.fields import ignored_header
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.limits import TextBound
@@ -23,7 +24,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    await compile_structured(state, body, params, rid)
+    await compile_structured(state, params, rid)
     messages = [m.as_template_input() for m in body.messages]
     with admitted(state, 1, params.n) as hold:
         prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound)

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request
 
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, compile_structured, request_namespace, sse_response
+from ridgeline.serve.generate import (Job, Prompt, accept, admitted, compile_structured, request_namespace,
+                                      sse_response)
 from ridgeline.serve.fields import ignored_header
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.logprobs import (LegacyLogprobs, TokenTexts, as_raw, completion_logprobs, join_logprobs,
@@ -24,7 +25,7 @@ async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
     params = accept(state, body, "/v1/completions")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    await compile_structured(state, body, params, rid)
+    await compile_structured(state, params, rid)
     texts = body.prompts
     if state.text_bound is not None:
         for p in texts:

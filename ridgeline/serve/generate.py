@@ -21,7 +21,6 @@ from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.fields import ignored_fields
-from ridgeline.structured.request import renamed
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
 from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
@@ -58,13 +57,13 @@ def accept(state, body, route: str):
     return params
 
 
-async def compile_structured(state: ServerState, body, params: SamplingParams, name: str) -> None:
+async def compile_structured(state: ServerState, params: SamplingParams, name: str) -> None:
     """Structured outputs: compile the request's grammar into the engine's cache on the server's
     executor (never on the event loop or the step thread), within COMPILE_SECONDS once the token
-    table is built; errors name the field the client used."""
+    table is built; errors name the field the client used (StructuredOutputs.field)."""
     if params.structured is None:
         return
-    field = body.structured_field or "structured_outputs"
+    field = params.structured.field
     try:
         backend = state.engine.constraints
         await state.offload(name, backend.load)  # once per engine: not under the deadline
@@ -72,8 +71,6 @@ async def compile_structured(state: ServerState, body, params: SamplingParams, n
     except asyncio.TimeoutError:
         raise InvalidRequestError(f"{field}: compiling it took over {COMPILE_SECONDS:g} s; simplify it", field,
                                   code="unsupported_parameter") from None
-    except InvalidRequestError as e:
-        raise renamed(e, field) from None
 
 
 def request_namespace(state: ServerState, request: Request, cache_salt: str | None) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.inputs import check_text, shown, template_message
@@ -89,7 +89,6 @@ class _GenerateRequest(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
-    _structured_field: str | None = PrivateAttr(default=None)  # the field that asked for structured outputs
 
     @model_validator(mode="before")
     @classmethod
@@ -99,11 +98,6 @@ class _GenerateRequest(_Strict):
         except InvalidRequestError as e:
             raise BodyError(e) from None
         return data
-
-    @property
-    def structured_field(self) -> str | None:
-        """After sampling_params(): the field that asked for structured outputs (errors name it)."""
-        return self._structured_field
 
     @property
     def include_usage(self) -> bool:
@@ -123,7 +117,7 @@ class _GenerateRequest(_Strict):
             raise InvalidRequestError(f"temperature: must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
                                       "temperature")
         fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
-        structured, self._structured_field = from_request(self.response_format, self.structured_outputs,
+        structured, _ = from_request(self.response_format, self.structured_outputs,
                                                           {k: getattr(self, k) for k in GUIDED},
                                                           self.guided_decoding_backend)
         if structured is not None:

@@ -18,7 +18,7 @@ import llguidance as llg
 
 from ridgeline.engine.constraint import Constraint, ConstraintBackend, register_constraint_backend
 from ridgeline.errors import InvalidRequestError
-from ridgeline.structured_params import PARAM, StructuredOutputs
+from ridgeline.structured_params import StructuredOutputs
 
 CACHE_SIZE = 128  # compiled grammars kept per engine
 MAX_ERROR_CHARS = 400
@@ -31,7 +31,7 @@ def limits() -> llg.LLParserLimits:
 
 
 def grammar_of(spec: StructuredOutputs) -> str:
-    """spec as an llguidance grammar (text); InvalidRequestError when it cannot be built."""
+    """spec as an llguidance grammar (text); ValueError when it cannot be built."""
     kind, text = spec.key
     try:
         if kind == "json_object":
@@ -43,16 +43,20 @@ def grammar_of(spec: StructuredOutputs) -> str:
         if kind == "regex":
             return llg.LLMatcher.grammar_from_regex(text)
         return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
-    except (ValueError, RecursionError) as e:
-        raise _refused(kind, str(e)) from None
+    except RecursionError as e:
+        raise ValueError(str(e)) from None
 
 
-def _refused(kind: str, error: str) -> InvalidRequestError:
+class Refused(str):
+    """A compile error, cached as its text: each request's error names its own field."""
+
+
+def _refused(spec: StructuredOutputs, error: str) -> InvalidRequestError:
     error = " ".join(error.split())
     if len(error) > MAX_ERROR_CHARS:
         error = error[:MAX_ERROR_CHARS - 3] + "..."
-    return InvalidRequestError(f"{PARAM}: this {kind.replace('_', ' ')} cannot be enforced: {error}", PARAM,
-                               code="unsupported_parameter")
+    return InvalidRequestError(f"{spec.field}: this {spec.kind.replace('_', ' ')} cannot be enforced: {error}",
+                               spec.field, code="unsupported_parameter")
 
 
 class LLGConstraint(Constraint):
@@ -88,7 +92,7 @@ class LLGBackend(ConstraintBackend):
         super().__init__(tokenizer, vocab_size, eos_ids)
         self._lock = threading.Lock()
         self._tok: llg.LLTokenizer | None = None
-        self._cache: OrderedDict[tuple[str, str], llg.LLMatcher | InvalidRequestError] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], llg.LLMatcher | Refused] = OrderedDict()
         self.mask_bytes = (vocab_size + 31) // 32 * 4
         self.compiles = 0  # cache misses, for tests and metrics
 
@@ -111,22 +115,20 @@ class LLGBackend(ConstraintBackend):
                 self._cache[key] = hit
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        if isinstance(hit, InvalidRequestError):
-            raise InvalidRequestError(hit.message, hit.param, hit.code)
+        if isinstance(hit, Refused):
+            raise _refused(spec, hit)
         return hit
 
-    def _compile(self, spec: StructuredOutputs) -> llg.LLMatcher | InvalidRequestError:
+    def _compile(self, spec: StructuredOutputs) -> llg.LLMatcher | Refused:
         """Outside the lock: llguidance drops the GIL while it builds, bounded by its limits."""
         tok = self._tokenizer()
         try:
             grammar = grammar_of(spec)
-        except InvalidRequestError as e:
-            return e
+        except ValueError as e:
+            return Refused(str(e))
         self.compiles += 1
         m = llg.LLMatcher(tok, grammar, log_level=0, limits=limits())
-        if m.is_error():
-            return _refused(spec.kind, m.get_error())
-        return m
+        return Refused(m.get_error()) if m.is_error() else m
 
     def load(self) -> None:
         self._tokenizer()

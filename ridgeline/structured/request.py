@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.structured_params import PARAM, StructuredOutputs
+from ridgeline.structured_params import StructuredOutputs
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 BACKENDS = (None, "auto", "guidance", "llguidance")
@@ -33,16 +33,7 @@ def _bad(field: str, message: str) -> InvalidRequestError:
 
 
 def _build(field: str, **kw) -> StructuredOutputs:
-    try:
-        return StructuredOutputs(**kw)
-    except InvalidRequestError as e:
-        raise renamed(e, field) from None
-
-
-def renamed(e: InvalidRequestError, field: str) -> InvalidRequestError:
-    """e (raised about `structured_outputs`) as about the field the client used."""
-    msg = e.message.removeprefix(f"{PARAM}: ")
-    return InvalidRequestError(f"{field}: {msg}", param=field, code=e.code)
+    return StructuredOutputs(**kw, field=field)
 
 
 def _response_format(rf: dict) -> StructuredOutputs | None:
