@@ -14,6 +14,7 @@ from functools import cached_property
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.inputs import check_text
+from ridgeline.structured_params import StructuredOutputs
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -142,6 +143,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None  # stored as sorted (id, bias) pairs
     best_of: int | None = None  # only None or n: returning the best of more choices is not supported
+    # the output must match this (a JSON schema, a regex, a choice, a grammar): every token is drawn from
+    # the tokens it allows, and the request stops when it is complete (engine/constraint.py)
+    structured: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         for name, value in self._validated().items():
@@ -191,6 +195,8 @@ class SamplingParams:
         if self.best_of is not None and _int("best_of", self.best_of, 1) != v["n"]:
             raise InvalidRequestError("best_of: not supported (only best_of == n); ask for n choices instead",
                                       param="best_of", code="unsupported_parameter")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutputs):
+            raise _bad("structured", f"must be a StructuredOutputs, got {type(self.structured).__name__}")
         return v
 
     @cached_property
@@ -205,7 +211,8 @@ class SamplingParams:
     @cached_property
     def plain_greedy(self) -> bool:
         """Greedy with nothing that moves the argmax or asks for more than the token: no penalties,
-        logit bias, min_tokens bans or logprobs (the step sampler then takes the argmax directly)."""
-        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
+        logit bias, min_tokens bans, structured outputs or logprobs (the step sampler then takes the argmax
+        directly)."""
+        return (self.greedy and self.structured is None and self.repetition_penalty == 1.0 and not self.presence_penalty
                 and not self.frequency_penalty and not self.logit_bias and self.min_tokens == 0
                 and self.logprobs is None)

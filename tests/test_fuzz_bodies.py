@@ -122,7 +122,8 @@ FIELDS = ["model", "prompt", "messages", "n", "temperature", "top_p", "top_k", "
           "stop_token_ids", "max_tokens", "max_completion_tokens", "min_tokens", "logprobs", "top_logprobs",
           "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "best_of", "stream",
           "stream_options", "echo", "ignore_eos", "skip_special_tokens", "user", "cache_salt", "response_format",
-          "tools", "tool_choice", "suffix", "unknown_field"]
+          "tools", "tool_choice", "suffix", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+          "guided_grammar", "unknown_field"]
 SAMPLED = ("seed", "top_k", "min_p", "top_p", "repetition_penalty", "logit_bias")  # matter only when sampling
 NUMERIC = ["n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens", "min_tokens",
            "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "best_of"]
@@ -222,7 +223,8 @@ POISON = [  # each used to pass validation and then fail the engine step of ever
     (CMPL, {"stop": ["ab"] * 5000}),
     (CMPL, {"prompt": "x\ud800"}),
     (CHAT, {"messages": [{"role": "user", "content": "\ud800"}]}),
-    (CHAT, {"response_format": {"type": "json_object"}}),
+    (CHAT, {"chat_template_kwargs": {"enable_thinking": True}}),
+    (CMPL, {"guided_regex": "(a)\\1"}),
 ]
 POISON_AT_ADMISSION = [(CMPL, {"logit_bias": {"384": 5}})]  # needs the model's vocabulary: checked on add
 

@@ -139,8 +139,10 @@ CASES = [  # id, route, body, status, param, code
     ("logit-bias-string", CMPL, cmpl(logit_bias={"5": "x"}), 400, "logit_bias", None),
     # refused, never silently ignored
     ("best-of", CMPL, cmpl(best_of=2), 400, "best_of", "unsupported_parameter"),
-    ("response-format-json", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format",
+    ("structural-tag", CHAT, chat(structural_tag="{}"), 400, "structural_tag", "unsupported_parameter"),
+    ("chat-template-kwargs", CHAT, chat(chat_template_kwargs={"x": 1}), 400, "chat_template_kwargs",
      "unsupported_parameter"),
+    ("bad-regex", CMPL, cmpl(guided_regex="(?=a)b"), 400, "guided_regex", "unsupported_parameter"),
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
      "unsupported_parameter"),
     ("tool-choice", CHAT, chat(tool_choice="auto"), 400, "tool_choice", "unsupported_parameter"),

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.engine.constraint import Constraint
 from ridgeline.engine.spec_stats import SpecStats
 
 
@@ -44,6 +45,8 @@ class Request:
     token_ids: list[int] = field(init=False)  # prompt + output, appended in place (verified tokens only)
     spec_token_ids: list[int] = field(default_factory=list)  # proposed for the next step, not yet verified
     spec_stats: SpecStats | None = None  # speculation on: what was drafted and accepted for this request
+    # structured outputs: this choice's matcher, advanced with every verified output token (engine/constraint.py)
+    constraint: Constraint | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -1,4 +1,4 @@
-"""Batched sampler, run once per step: logit bias, penalties, min_tokens bans, temperature, top-k / top-p /
+"""Batched sampler, run once per step: structured-output masks, logit bias, penalties, min_tokens bans, temperature, top-k / top-p /
 min-p, exponential-race sampling (argmax(p / q), q ~ Exp(1); no multinomial) and logprobs of the
 raw logits.
 
@@ -45,11 +45,15 @@ class SamplingMetadata:
     bans: tuple[torch.Tensor, torch.Tensor] | None  # rows [N], ids [N]: set to -inf
     logprob_rows: torch.Tensor | None  # [Lr] int64 rows that asked for logprobs; None if none did
     num_top_logprobs: int  # K
+    # structured outputs: rows [M] int64, their allowed-token bitmasks [M, ceil(V / 32)] int32 (bit t % 32 of
+    # word t // 32: token t allowed); every other token of those rows is set to -inf first
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(cls, params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]],
               generators: list[torch.Generator | None], eos_ids: list[int], vocab_size: int,
-              device: torch.device) -> SamplingMetadata:
+              device: torch.device, allowed: list[bytes | None] | None = None) -> SamplingMetadata:
+        """allowed: per row, its structured-output bitmask (Constraint.allowed_mask) or None."""
         def ints(xs):
             return torch.tensor(xs, dtype=torch.long, device=device)
 
@@ -91,12 +95,31 @@ class SamplingMetadata:
             bans=(ints(ban_rows), ints(ban_ids)) if ban_rows else None,
             logprob_rows=ints(lp) if lp else None,
             num_top_logprobs=max((params[i].logprobs for i in lp), default=0),
+            allowed=_allowed(allowed, vocab_size, device) if allowed and any(a is not None for a in allowed) else None,
         )
 
     @property
     def fast_greedy(self) -> bool:
         return (len(self.random_rows) == 0 and self.repetition is None and self.presence_frequency is None
-                and self.bans is None and self.bias is None)
+                and self.bans is None and self.bias is None and self.allowed is None)
+
+
+def _allowed(allowed: list[bytes | None], vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [i for i, a in enumerate(allowed) if a is not None]
+    words = (vocab_size + 31) // 32
+    buf = bytearray(b"".join(allowed[i] for i in rows))
+    if len(buf) != 4 * words * len(rows):
+        raise ValueError(f"a structured-output mask is not {4 * words} bytes")
+    bits = torch.frombuffer(buf, dtype=torch.int32).view(len(rows), words)
+    return torch.tensor(rows, dtype=torch.long, device=device), bits.to(device)
+
+
+def apply_allowed(logits: torch.Tensor, allowed: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """In place on logits [B, V]: tokens a row's bitmask forbids become -inf."""
+    rows, words = allowed
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    ok = ((words[:, :, None] >> shifts) & 1).view(len(rows), -1)[:, :logits.shape[1]].bool()
+    logits[rows] = logits[rows].masked_fill_(~ok, float("-inf"))
 
 
 def _flat_index(rows: list[int], seqs: list[list[int]], vocab_size: int,
@@ -134,9 +157,12 @@ def _bias_index(rows: list[int], columns: list[tuple[tuple[int, ...], tuple[floa
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
-    """In place on logits [B, V] (contiguous): logit bias (added, as OpenAI defines it), then
-    repetition, presence and frequency penalties, then min_tokens bans. Repeated tokens scatter
-    equal values, so duplicates are harmless."""
+    """In place on logits [B, V] (contiguous): structured-output masks (-inf stays -inf whatever
+    follows: the mask wins over a bias), logit bias (added, as OpenAI defines it), then repetition,
+    presence and frequency penalties, then min_tokens bans. Repeated tokens scatter equal values, so
+    duplicates are harmless."""
+    if meta.allowed is not None:
+        apply_allowed(logits, meta.allowed)
     flat = logits.view(-1)
     if meta.bias is not None:
         idx, bias = meta.bias

@@ -42,11 +42,13 @@ class ModelRunner:
         self.pipeline = None  # pipeline parallelism: this stage's distributed.pipeline.PipelineStage
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None) -> StepResult:
+    def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None,
+                masks: dict[str, list[bytes]] | None = None) -> StepResult:
         """One forward over every scheduled token; logits only for the rows that need them: the last
         num_spec + 1 rows of a sampling sequence (the tokens it keeps), and the prompt rows of a
         request that asked for prompt logprobs. drafts: request id -> the Draft (tokens with their
-        draft distribution) its proposals came from; absent for deterministic proposals."""
+        draft distribution) its proposals came from; absent for deterministic proposals. masks: request
+        id -> the allowed-token bitmask of each of its sampled rows (structured outputs; one process only)."""
         if self.leader is not None:
             self.leader("execute", (plan, drafts))
         self.sample.forget(plan.finished_ids)
@@ -81,7 +83,7 @@ class ModelRunner:
             if tokens is not None:
                 result.sampled = self.sample.matched(sampling, tokens)
             else:
-                result.sampled = self.sample(sampling, self.model.compute_logits(rows), drafts)
+                result.sampled = self.sample(sampling, self.model.compute_logits(rows), drafts, masks)
         return result
 
     @torch.inference_mode()

@@ -13,6 +13,11 @@ been accepted (penalties and min_tokens see them). Two verifications, both exact
   min(1, p/q), resample from max(p - q, 0) at the first rejection, a bonus token from the last row
   when all are accepted (runner/rejection.py).
 
+A request with structured outputs comes with one allowed-token bitmask per row (masks: request id
+-> k + 1 rows, row j after proposals 1..j); the sampler sets what a row forbids to -inf before
+everything else (layers/sampler.py), so both verifications see the masked distribution. Logprobs
+stay the model's raw ones.
+
 A seeded request draws from its own generator, always in the same order, so its output is the same
 on every run with the same speculation settings.
 """
@@ -37,6 +42,7 @@ class StepSampler:
         self.eos_ids = eos_ids
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # seeded requests: one generator, drawn in row order
+        self.masks: dict[str, list[bytes]] = {}  # this call's structured-output rows, by request id
 
     def set_generator(self, request_id: str, generator: torch.Generator) -> None:
         """A seeded request's generator, continued from elsewhere (its prefill on another engine)."""
@@ -55,10 +61,13 @@ class StepSampler:
         return g
 
     def __call__(self, seqs: list[ScheduledSeq], logits: torch.Tensor,
-                 drafts: dict[str, Draft] | None = None) -> list[SampledSeq]:
+                 drafts: dict[str, Draft] | None = None, masks: dict[str, list[bytes]] | None = None
+                 ) -> list[SampledSeq]:
         """seqs: the sampling ones, in order; logits [sum(num_spec + 1), V] float32, their rows in order
-        (scratch). drafts: request id -> the Draft its proposals were drawn from (absent: deterministic)."""
+        (scratch). drafts: request id -> the Draft its proposals were drawn from (absent: deterministic).
+        masks: request id -> its rows' allowed-token bitmasks (structured outputs)."""
         drafts = drafts or {}
+        self.masks = masks or {}
         by_q = [bool(s.num_spec and not s.params.greedy and s.req_id in drafts) for s in seqs]
         if not any(by_q):
             return self._match(seqs, logits)
@@ -74,12 +83,16 @@ class StepSampler:
 
     def _meta(self, seqs: list[ScheduledSeq], V: int) -> SamplingMetadata:
         """Per logit row: the request's parameters, its generator, and the history penalties see."""
-        params, prompts, outputs, gens = [], [], [], []
+        params, prompts, outputs, gens, allowed = [], [], [], [], []
         for s in seqs:
             g = self._generator(s)
             proposals = _proposals(s)
+            rows = self.masks.get(s.req_id)
+            if s.params.structured is not None and (rows is None or len(rows) != s.num_spec + 1):
+                raise RuntimeError(f"request {s.req_id} has structured outputs but no mask for each of its rows")
             for j in range(s.num_spec + 1):
                 params.append(s.params)
+                allowed.append(None if rows is None else rows[j])
                 gens.append(g)
                 if s.history is not None:
                     prompts.append(s.history[:s.num_prompt_tokens])
@@ -87,7 +100,7 @@ class StepSampler:
                 else:
                     prompts.append([])
                     outputs.append([])
-        return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device)
+        return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device, allowed)
 
     @staticmethod
     def takes_argmax(seqs: list[ScheduledSeq]) -> bool:

@@ -6,7 +6,9 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, request_namespace, sse_response
+from ridgeline.serve.generate import (Job, Prompt, accept, admitted, compile_structured, request_namespace,
+                                      sse_response)
+from ridgeline.serve.fields import ignored_header
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.limits import TextBound
 from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
@@ -22,6 +24,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     rid = f"chatcmpl-{uuid.uuid4().hex}"
+    await compile_structured(state, params, rid)
     messages = [m.as_template_input() for m in body.messages]
     with admitted(state, 1, params.n) as hold:
         prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound)
@@ -30,7 +33,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     head = {"id": rid, "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     if body.stream:
-        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage))
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage),
+                            ignored_header(body.model_extra))
     [out] = await job.results(request)
     usage = job.usage()
 
@@ -41,7 +45,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                    for c in out.outputs)
         return object_bytes({**head, "object": "chat.completion"}, choices, {"usage": usage})
 
-    return await json_response(state, rid, build)
+    return await json_response(state, rid, build, ignored_header(body.model_extra))
 
 
 def _prompt(tok, messages: list[dict], render=None, bound: TextBound | None = None) -> Prompt:

@@ -8,7 +8,9 @@ from fastapi import APIRouter, Request
 
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
-from ridgeline.serve.generate import Job, Prompt, accept, admitted, request_namespace, sse_response
+from ridgeline.serve.generate import (Job, Prompt, accept, admitted, compile_structured, request_namespace,
+                                      sse_response)
+from ridgeline.serve.fields import ignored_header
 from ridgeline.serve.json_body import json_response, object_bytes
 from ridgeline.serve.logprobs import (LegacyLogprobs, TokenTexts, as_raw, completion_logprobs, join_logprobs,
                                       prompt_logprobs_block)
@@ -23,6 +25,7 @@ async def completions(body: CompletionRequest, request: Request):
     state = state_of(request)
     params = accept(state, body, "/v1/completions")
     rid = f"cmpl-{uuid.uuid4().hex}"
+    await compile_structured(state, params, rid)
     texts = body.prompts
     if state.text_bound is not None:
         for p in texts:
@@ -36,11 +39,12 @@ async def completions(body: CompletionRequest, request: Request):
             "system_fingerprint": state.system_fingerprint}
     tok, n = state.engine.tokenizer, params.n
     if body.stream:
-        return sse_response(job, _chunks(job, head, TokenTexts(tok), n, body.echo, body.include_usage))
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), n, body.echo, body.include_usage),
+                            ignored_header(body.model_extra))
     outs = await job.results(request)
     usage = job.usage()
     return await json_response(state, rid, lambda: object_bytes(head, _choices(tok, prompts, outs, n, body.echo),
-                                                                {"usage": usage}))
+                                                                {"usage": usage}), ignored_header(body.model_extra))
 
 
 def _choices(tok, prompts: list[Prompt], outs: list[RequestOutput], n: int, echo: bool):

@@ -20,6 +20,7 @@ from ridgeline.engine.cache_namespace import cache_namespace, tenant_salt
 from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.sampling_params import SamplingParams
+from ridgeline.serve.fields import ignored_fields
 from ridgeline.serve.errors import ApiError, error_body, public, status_of
 from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
@@ -30,6 +31,7 @@ from ridgeline.serve.state import ServerState
 from ridgeline.engine.spec_stats import SpecStats
 
 log = logging.getLogger("ridgeline.serve")
+COMPILE_SECONDS = 2.0  # a grammar that takes longer to compile is refused (llguidance's limits bound the work)
 
 
 @dataclass
@@ -39,8 +41,9 @@ class Prompt:
 
 
 def warn_unknown(body: BaseModel, route: str) -> None:
-    if body.model_extra:
-        log.warning("%s: ignoring unknown field(s): %s", route, clean(", ".join(sorted(body.model_extra))))
+    names = ignored_fields(body.model_extra)
+    if names:
+        log.warning("%s: ignoring unknown field(s): %s", route, clean(", ".join(names)))
 
 
 def accept(state, body, route: str):
@@ -52,6 +55,22 @@ def accept(state, body, route: str):
     params = body.sampling_params()
     check_n(state.settings.max_n, params)
     return params
+
+
+async def compile_structured(state: ServerState, params: SamplingParams, name: str) -> None:
+    """Structured outputs: compile the request's grammar into the engine's cache on the server's
+    executor (never on the event loop or the step thread), within COMPILE_SECONDS once the token
+    table is built; errors name the field the client used (StructuredOutputs.field)."""
+    if params.structured is None:
+        return
+    field = params.structured.field
+    try:
+        backend = state.engine.constraints
+        await state.offload(name, backend.load)  # once per engine: not under the deadline
+        await asyncio.wait_for(state.offload(name, backend.prepare, params.structured), COMPILE_SECONDS)
+    except asyncio.TimeoutError:
+        raise InvalidRequestError(f"{field}: compiling it took over {COMPILE_SECONDS:g} s; simplify it", field,
+                                  code="unsupported_parameter") from None
 
 
 def request_namespace(state: ServerState, request: Request, cache_salt: str | None) -> str | None:
@@ -230,7 +249,8 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
+def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None) -> StreamingResponse:
+    """headers: more response headers (the ignored fields' warning)."""
     async def body():
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
@@ -245,7 +265,7 @@ def sse_response(job: Job, chunks: AsyncIterator[dict]) -> StreamingResponse:
         yield "data: [DONE]\n\n"
 
     return _JobResponse(job, body(), media_type="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
 class _JobResponse(StreamingResponse):

@@ -41,6 +41,6 @@ def object_bytes(head: dict, choices: Iterable[dict], tail: dict) -> bytes:
     return "".join(parts).encode("utf-8")
 
 
-async def json_response(state, name: str, build: Callable[[], bytes]) -> Response:
+async def json_response(state, name: str, build: Callable[[], bytes], headers: dict | None = None) -> Response:
     """build() on the server's executor (state.offload: the drain's deadline applies)."""
-    return Response(await state.offload(name, build), media_type="application/json")
+    return Response(await state.offload(name, build), media_type="application/json", headers=headers)

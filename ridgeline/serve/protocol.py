@@ -1,9 +1,9 @@
 """Request bodies as OpenAI defines them (plus vLLM's sampling extensions), validated strictly:
 a wrong JSON type is a 400, never coerced. Before any field is read, the whole body (unknown fields
-and keys included) must be valid Unicode, and features not supported yet must be absent or at
-their default. OpenAI's own ranges are checked here; what the engine can hold is SamplingParams'
-job, checked once there. Unknown fields are kept in `model_extra` so the route can log and ignore
-them."""
+and keys included) must be valid Unicode, and a peer's feature not supported yet (the table in
+serve/fields.py) must be absent or off. OpenAI's own ranges are checked here; what the engine can
+hold is SamplingParams' job, checked once there. Unknown fields are kept in `model_extra` so the
+route can name them (log and response header) and ignore them."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -13,21 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.inputs import check_text, shown, template_message
 from ridgeline.sampling_params import MAX_LOGPROBS, SamplingParams
+from ridgeline.serve.fields import refuse_peer_fields
+from ridgeline.structured.request import GUIDED, from_request
 
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                     "frequency_penalty", "seed", "stop", "stop_token_ids", "min_tokens", "ignore_eos",
-                    "skip_special_tokens", "best_of")
+                    "skip_special_tokens", "include_stop_str_in_output", "best_of")
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 
-# field -> (values that mean "off", what is missing): anything else is refused, never ignored
-_UNSUPPORTED = {
-    "response_format": (({"type": "text"},), "structured output (JSON mode, JSON schema)"),
-    "tools": (([],), "tool calling"),
-    "tool_choice": (("none",), "tool calling"),
-    "functions": (([],), "function calling"),
-    "function_call": (("none",), "function calling"),
-    "suffix": (("",), "insertion with a suffix"),
-}
 
 
 class BodyError(RidgelineError):
@@ -39,17 +32,12 @@ class BodyError(RidgelineError):
         self.status, self.type = e.status, e.type
 
 
-def check_body(data: Any) -> None:
+def check_body(data: Any, model_fields) -> None:
     """Whole-body rules, on the parsed JSON before any field is read: valid Unicode everywhere,
-    no unsupported feature switched on."""
+    no peer feature that is not supported switched on (model_fields: those the route enforces)."""
     check_text(data, "")
-    if not isinstance(data, dict):
-        return
-    for name, (off, feature) in _UNSUPPORTED.items():
-        value = data.get(name)
-        if value is not None and value not in off:
-            raise InvalidRequestError(f"{name}: {feature} is not supported yet; leave {name} unset",
-                                      param=name, code="unsupported_parameter")
+    if isinstance(data, dict):
+        refuse_peer_fields(data, model_fields)
 
 
 class _Strict(BaseModel):
@@ -89,15 +77,24 @@ class _GenerateRequest(_Strict):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share KV blocks
     logit_bias: dict[str, float] | None = None  # token id (a string) -> bias in [-100, 100], added to its logit
     best_of: int | None = None  # only None or n
+    # structured outputs (ridgeline/structured/request.py): one of these at most
+    response_format: dict[str, Any] | None = None  # OpenAI's
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older spellings
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _whole_body(cls, data: Any) -> Any:
         try:
-            check_body(data)
+            check_body(data, cls.model_fields)
         except InvalidRequestError as e:
             raise BodyError(e) from None
         return data
@@ -120,6 +117,11 @@ class _GenerateRequest(_Strict):
             raise InvalidRequestError(f"temperature: must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
                                       "temperature")
         fields = {k: v for k in _SAMPLING_FIELDS if (v := getattr(self, k)) is not None}
+        structured, _ = from_request(self.response_format, self.structured_outputs,
+                                                          {k: getattr(self, k) for k in GUIDED},
+                                                          self.guided_decoding_backend)
+        if structured is not None:
+            fields["structured"] = structured
         if self.logit_bias:
             fields["logit_bias"] = {_token_id(k): v for k, v in self.logit_bias.items()}
         return SamplingParams(**fields, max_tokens=value, logprobs=logprobs, prompt_logprobs=prompt_logprobs)

@@ -79,6 +79,10 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts)] if not self.add_bos else [self.encode(t) for t in texts]
 
+    def to_json(self) -> str:
+        """The `tokenizers` tokenizer as its tokenizer.json text (for a grammar backend's token table)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

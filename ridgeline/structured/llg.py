@@ -1,0 +1,140 @@
+"""The llguidance constraint backend. llguidance compiles JSON schemas, regexes, choices and Lark or
+GBNF grammars against the tokenizer's token table, and computes each step's allowed-token bitmask
+from an Earley parser over a lazy lexer; every step's work is bounded by its own limits (lexer fuel,
+Earley items), so a pathological grammar costs a bounded time per mask, and its compile is refused
+when it runs past the limits. Nothing is fetched: a remote `$ref` is an error.
+
+Compiled grammars are cached by (kind, text) per backend (one backend per engine, so per tokenizer):
+each request gets a copy of the cached matcher at its start state. JSON is compact: no whitespace
+between tokens (`{"a":1,"b":[2,3]}`), so output stays short and a schema's bounds fit max_tokens."""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import llguidance as llg
+
+from ridgeline.engine.constraint import Constraint, ConstraintBackend, register_constraint_backend
+from ridgeline.errors import InvalidRequestError
+from ridgeline.structured_params import StructuredOutputs
+
+CACHE_SIZE = 128  # compiled grammars kept per engine
+MAX_ERROR_CHARS = 400
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False}
+
+
+def limits() -> llg.LLParserLimits:
+    """llguidance's own limits (its defaults), errors without the parser's state."""
+    return llg.LLParserLimits(verbose_errors=False)
+
+
+def grammar_of(spec: StructuredOutputs) -> str:
+    """spec as an llguidance grammar (text); ValueError when it cannot be built."""
+    kind, text = spec.key
+    try:
+        if kind == "json_object":
+            return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
+        if kind == "json":
+            return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        if kind == "choice":
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+        if kind == "regex":
+            return llg.LLMatcher.grammar_from_regex(text)
+        return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
+    except RecursionError as e:
+        raise ValueError(str(e)) from None
+
+
+class Refused(str):
+    """A compile error, cached as its text: each request's error names its own field."""
+
+
+def _refused(spec: StructuredOutputs, error: str) -> InvalidRequestError:
+    error = " ".join(error.split())
+    if len(error) > MAX_ERROR_CHARS:
+        error = error[:MAX_ERROR_CHARS - 3] + "..."
+    return InvalidRequestError(f"{spec.field}: this {spec.kind.replace('_', ' ')} cannot be enforced: {error}",
+                               spec.field, code="unsupported_parameter")
+
+
+class LLGConstraint(Constraint):
+    def __init__(self, matcher: llg.LLMatcher, mask_bytes: int):
+        self.m = matcher
+        self.mask_bytes = mask_bytes
+
+    def allowed_mask(self) -> bytes:
+        return self.m.compute_bitmask()[:self.mask_bytes]
+
+    def advance(self, token: int) -> bool:
+        return self.m.consume_token(token) and not self.m.is_error()
+
+    def rollback(self, n: int) -> None:
+        if n and not self.m.rollback(n):
+            raise RuntimeError(f"the matcher could not roll back {n} tokens: {self.m.get_error()}")
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        return self.m.validate_tokens(list(tokens)) if tokens else 0
+
+    @property
+    def accepts_eos(self) -> bool:
+        return self.m.is_accepting()
+
+    @property
+    def is_done(self) -> bool:
+        return self.m.is_stopped()
+
+
+@register_constraint_backend("llguidance")
+class LLGBackend(ConstraintBackend):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]):
+        super().__init__(tokenizer, vocab_size, eos_ids)
+        self._lock = threading.Lock()
+        self._tok: llg.LLTokenizer | None = None
+        self._cache: OrderedDict[tuple[str, str], llg.LLMatcher | Refused] = OrderedDict()
+        self.mask_bytes = (vocab_size + 31) // 32 * 4
+        self.compiles = 0  # cache misses, for tests and metrics
+
+    def _tokenizer(self) -> llg.LLTokenizer:
+        with self._lock:
+            if self._tok is None:  # about a second for a large vocabulary: once per engine
+                n = max(self.vocab_size, self.tokenizer.vocab_size)
+                self._tok = llg.LLTokenizer(self.tokenizer.to_json(), n_vocab=n, eos_token=list(self.eos_ids))
+            return self._tok
+
+    def _compiled(self, spec: StructuredOutputs) -> llg.LLMatcher:
+        key = spec.key
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+        if hit is None:
+            hit = self._compile(spec)
+            with self._lock:
+                self._cache[key] = hit
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        if isinstance(hit, Refused):
+            raise _refused(spec, hit)
+        return hit
+
+    def _compile(self, spec: StructuredOutputs) -> llg.LLMatcher | Refused:
+        """Outside the lock: llguidance drops the GIL while it builds, bounded by its limits."""
+        tok = self._tokenizer()
+        try:
+            grammar = grammar_of(spec)
+        except ValueError as e:
+            return Refused(str(e))
+        self.compiles += 1
+        m = llg.LLMatcher(tok, grammar, log_level=0, limits=limits())
+        return Refused(m.get_error()) if m.is_error() else m
+
+    def load(self) -> None:
+        self._tokenizer()
+
+    def prepare(self, spec: StructuredOutputs) -> None:
+        self._compiled(spec)
+
+    def create(self, spec: StructuredOutputs) -> LLGConstraint:
+        return LLGConstraint(self._compiled(spec).deep_copy(), self.mask_bytes)
