@@ -28,7 +28,6 @@ NAMES = {CORE: "core", FEATURE: "feature", TOOL: "tool", ENTRY: "entry point"}
 SEAMS: set[tuple[str, str]] = set()
 # arrows that break the contract today, (from, to): what moves where to end each
 PENDING = {
-    ("quant", "entrypoints"): "calibration runs the model through the runner's public interface, not LLM",
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
 }

@@ -25,7 +25,7 @@ def src(tmp_path_factory):
 def test_layer_by_layer_equals_the_engine_forward_and_weights_set_back_change_nothing(src):
     runner = sequential.LayerRunner(src, corpus.text("calibration"), TOKENS, window=128, progress=False)
     try:
-        engine = runner.llm.engine
+        engine = runner.engine
         want = [engine.prompt_hidden(w) for w in runner.windows]  # before set_weights: the C stack reads the old
         tensors = dict(iter_tensors(src))
         model = runner.model

@@ -93,15 +93,13 @@ def calibration_text(source: str | Path | None) -> tuple[str, str]:
 def capture(folder: Path, text: str, max_tokens: int = DEFAULT_TOKENS, window: int = WINDOW,
             progress: bool = True) -> dict[str, InputStats]:
     """Linear prefix (the engine's names: qkv_proj, o_proj, gate_up_proj, down_proj) -> its input stats."""
-    from ridgeline.entrypoints.llm import LLM
-    llm = LLM(str(folder), dtype="float32", quantization="none", kv_cache_memory="256MiB",
-              enable_prefix_caching=False, progress=progress)
-    ids = llm.tokenizer.encode(text)
-    window = min(window, llm.engine.max_model_len)
+    engine = calibration_engine(folder, progress)
+    ids = engine.tokenizer.encode(text)
+    window = min(window, engine.max_model_len)
     windows = corpus.windows(ids, window, max_tokens) or ([ids[:window]] if len(ids) >= 2 else [])
     if not windows:
         raise InvalidRequestError("the calibration text is empty (it needs at least 2 tokens)", "calibration")
-    model = llm.engine.runner.model
+    model = engine.runner.model
     stats: dict[str, InputStats] = {}
     handles = []
     for m in model.modules():
@@ -111,11 +109,18 @@ def capture(folder: Path, text: str, max_tokens: int = DEFAULT_TOKENS, window: i
     try:
         with module_path(model), torch.inference_mode():
             for w in tqdm(windows, desc="calibration", unit="window", disable=not progress):
-                llm.engine.prompt_logits(w)
+                engine.prompt_logits(w)
     finally:
         for h in handles:
             h.remove()
     return stats
+
+
+def calibration_engine(folder: Path, progress: bool):
+    """The unquantized fp32 engine calibration runs (module path, no prefix cache: every window computed)."""
+    from ridgeline.engine.run import start_engine
+    return start_engine(str(folder), dtype="float32", quantization="none", kv_cache_memory="256MiB",
+                        enable_prefix_caching=False, progress=progress)
 
 
 @contextmanager

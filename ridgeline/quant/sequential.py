@@ -28,7 +28,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.data import corpus
 from ridgeline.layers.forward_context import forward_context
 from ridgeline.layers.linear import Linear
-from ridgeline.quant.calibrate import WINDOW, InputStats, module_path
+from ridgeline.quant.calibrate import WINDOW, InputStats, calibration_engine, module_path
 
 _RID = "\0calibration"
 
@@ -36,12 +36,9 @@ _RID = "\0calibration"
 class LayerRunner:
     def __init__(self, folder: Path, text: str, max_tokens: int, window: int = WINDOW, progress: bool = True):
         from ridgeline.step_plan import ScheduledSeq
-        from ridgeline.entrypoints.llm import LLM
         self.progress = progress
-        self.llm = LLM(str(folder), dtype="float32", quantization="none", kv_cache_memory="256MiB",
-                       enable_prefix_caching=False, progress=progress)
-        engine = self.llm.engine
-        ids = self.llm.tokenizer.encode(text)
+        self.engine = engine = calibration_engine(folder, progress)
+        ids = engine.tokenizer.encode(text)
         window = min(window, engine.max_model_len, len(ids))
         self.windows = corpus.windows(ids, window, max_tokens) if window >= 2 else []
         if not self.windows:
