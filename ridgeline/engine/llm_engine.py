@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import weakref
 from dataclasses import replace
@@ -10,7 +9,8 @@ from dataclasses import replace
 import torch
 
 from ridgeline.config import EngineConfig
-from ridgeline.engine.constraint import ConstraintBackend, create_backend, mask_rows
+from ridgeline.engine.constraint import ConstraintBackend
+from ridgeline.engine.constraints import EngineConstraints
 from ridgeline.engine.build import (build_model, build_runner, build_scheduler, build_speculation, context_of,
                                     plan_kv, resolve_source, start_parallel)
 from ridgeline.engine.detokenizer import Detokenizer
@@ -91,8 +91,8 @@ class LLMEngine:
         self.step_clock = StepClock()  # where the time between busy steps goes (engine/step_clock.py)
         self.kv_usage = [0, 0]
         self.requests: dict[str, Request] = {}
-        self._constraints: ConstraintBackend | None = None  # structured outputs: built on first use
-        self._constraints_lock = threading.Lock()
+        # structured outputs (engine/constraints.py): the backend is built on first use
+        self.structured = EngineConstraints(self.tokenizer, self.arch.vocab_size, self.eos_ids, par.group is not None)
         self.info = self._describe(config, src, par, model, plan, quantization, kv, eos, proposer, offload_line,
                                    time.perf_counter() - t0)
 
@@ -158,21 +158,9 @@ class LLMEngine:
 
     @property
     def constraints(self) -> ConstraintBackend:
-        """The structured-output backend (built on first use, from this engine's tokenizer): its
-        prepare(spec) compiles into its cache from any thread, so a server compiles before adding."""
-        with self._constraints_lock:  # the server's event loop and the step thread may both ask first
-            if self._constraints is None:
-                self._constraints = create_backend(self.tokenizer, self.arch.vocab_size, sorted(self.eos_ids))
-            return self._constraints
-
-    def _new_constraints(self, params: SamplingParams) -> list:
-        """One constraint per choice (None each without structured outputs)."""
-        if params.structured is None:
-            return [None] * params.n
-        if self.group is not None:
-            raise InvalidRequestError("structured outputs are not supported with tensor, pipeline or expert "
-                                      "parallelism yet", "structured_outputs", code="unsupported_parameter")
-        return [self.constraints.create(params.structured) for _ in range(params.n)]
+        """The structured-output backend: its prepare(spec) compiles into its cache from any thread, so a
+        server compiles before adding."""
+        return self.structured.backend
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -241,7 +229,7 @@ class LLMEngine:
                 "raise --kv-cache-memory", "prompt")
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        constraints = self._new_constraints(params)
+        constraints = self.structured.for_choices(params)
         members: list[Request] = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
@@ -319,12 +307,12 @@ class LLMEngine:
                 spec.propose(self.scheduler.running)
             except KVStoreError as e:  # a proposer's early tier stores (layer-skip): no drafts this step
                 self._lose_tier(None, e)
-            self._cut_proposals()
+            self.structured.cut_proposals(self.scheduler.running)
         plan = self.scheduler.schedule()
         t0 = time.perf_counter()
         clock.mark()
         try:
-            result = self.runner.execute(plan, spec.drafts if spec is not None else None, self._masks(plan))
+            result = self.runner.execute(plan, spec.drafts if spec is not None else None, self.structured.masks(plan, self.requests))
         except KVStoreError as e:
             self._lose_tier(plan, e)
             return []
@@ -377,30 +365,6 @@ class LLMEngine:
         clock.end(bool(self.groups))
         return outputs
 
-    def _advance_constraint(self, req: Request, token: int) -> Status | None:
-        """The output grew by token: its constraint follows; complete (nothing but EOS may come) ends
-        it with finish_reason stop, even on its last allowed token (a complete output is not cut)."""
-        if not req.constraint.advance(token):  # the mask forbids it: never sampled, unless a bug
-            log.error("request %s: token %d is outside its structured output; ending it", req.request_id, token)
-            return Status.FINISHED_STOPPED
-        return Status.FINISHED_STOPPED if req.constraint.is_done else None
-
-    def _cut_proposals(self) -> None:
-        """Structured outputs: a request's proposals end before the first token its constraint forbids."""
-        for req in self.scheduler.running:
-            if req.constraint is not None and req.spec_token_ids:
-                del req.spec_token_ids[req.constraint.valid_prefix(req.spec_token_ids):]
-
-    def _masks(self, plan) -> dict[str, list[bytes]] | None:
-        """Structured outputs: the allowed-token bitmask of every row each constrained request samples."""
-        masks = None
-        for s in plan.seqs:
-            c = self.requests[s.req_id].constraint if s.sample else None
-            if c is not None:
-                masks = masks or {}
-                masks[s.req_id] = mask_rows(c, s.token_ids[len(s.token_ids) - s.num_spec:] if s.num_spec else [])
-        return masks
-
     def _store_evicted(self) -> None:
         """Blocks an allocation evicted go to the KV tier before anything outside a step writes over them."""
         try:
@@ -449,7 +413,7 @@ class LLMEngine:
         elif group.detoks[req.index].add(token):
             status, req.stop_reason = Status.FINISHED_STOPPED, group.detoks[req.index].stopped_by
         if status is None and req.constraint is not None:
-            status = self._advance_constraint(req, token)
+            status = self.structured.advance(req, token)
         if status is None and (req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len):
             status = Status.FINISHED_LENGTH
         if status is not None:
