@@ -20,7 +20,7 @@ LAYERS = {
                      "cli_parser", "version"], CORE),
     # features: plug into the core through its seams
     **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant", "structured"], FEATURE),
-    **dict.fromkeys(["bench", "advisor", "eval", "cache_report"], TOOL),
+    **dict.fromkeys(["bench", "advisor", "eval", "cache_report", "measure"], TOOL),
     **dict.fromkeys(["cli", "__main__", "serve", "entrypoints", "__init__"], ENTRY),
 }
 NAMES = {CORE: "core", FEATURE: "feature", TOOL: "tool", ENTRY: "entry point"}
