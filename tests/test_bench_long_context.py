@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ridgeline.bench.attn_profile import LayerShape, profile_prefill
 from ridgeline.bench.long_context import llama_bench_rates, parse_lengths
 from ridgeline.cli import main
 from ridgeline.errors import InvalidRequestError
+from ridgeline.measure.attn_profile import LayerShape, profile_prefill
 
 
 def test_parse_lengths():
@@ -62,9 +62,9 @@ def test_bench_long_context(tiny_llama, tmp_path, capsys, monkeypatch):
 
 def test_crossover_from_the_profiled_curve(monkeypatch):
     """advise --validate reads n* off the measured attention share curve (log-interpolated at 50%)."""
-    from ridgeline.bench import long_context
-    monkeypatch.setattr(long_context, "profile_prefill",
+    from ridgeline.measure import attn_profile
+    monkeypatch.setattr(attn_profile, "profile_prefill",
                         lambda shape, n, *a: SimpleNamespace(attention_share=n / (n + 1000)))
-    got = long_context.crossover_from_profile(None, [256, 512, 2048, 4096], 512, None, None)
+    got = attn_profile.crossover_from_profile(None, [256, 512, 2048, 4096], 512, None, None)
     assert 950 < got < 1050
-    assert long_context.crossover_from_profile(None, [64, 128], 512, None, None) is None
+    assert attn_profile.crossover_from_profile(None, [64, 128], 512, None, None) is None

@@ -11,7 +11,7 @@ from ridgeline.advisor import transfer_profile
 from ridgeline.advisor.disagg_sim import Costs, TraceRequest, colocated, disaggregated, load_trace
 from ridgeline.advisor.errors import AdvisorError
 from ridgeline.cli import main
-from ridgeline.bench.disagg_transfer import Shape, fit_line, measure
+from ridgeline.measure.kv_transfer import Shape, fit_line, measure
 
 
 @pytest.fixture

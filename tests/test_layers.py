@@ -4,7 +4,11 @@ imports the core, features and tools; entry points import anything. An arrow bet
 runs through a seam the design page lists. Shown failing on a planted upward import.
 
 PENDING lists the arrows that still break the contract, each with where it is to go: the test fails
-on any arrow not listed, and on a listed one that no longer exists (so the list only shrinks)."""
+on any arrow not listed, and on a listed one that no longer exists (so the list only shrinks).
+
+No two packages import each other, directly or round a loop (tools and entry points included, which
+the layers alone allow): the package graph has no cycle. PENDING_CYCLES names the pairs still in
+one, and shrinks the same way."""
 from __future__ import annotations
 
 import ast
@@ -20,7 +24,7 @@ LAYERS = {
                      "cli_parser", "version"], CORE),
     # features: plug into the core through its seams
     **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant", "structured"], FEATURE),
-    **dict.fromkeys(["bench", "advisor", "eval", "cache_report"], TOOL),
+    **dict.fromkeys(["bench", "advisor", "eval", "cache_report", "measure"], TOOL),
     **dict.fromkeys(["cli", "__main__", "serve", "entrypoints", "__init__"], ENTRY),
 }
 NAMES = {CORE: "core", FEATURE: "feature", TOOL: "tool", ENTRY: "entry point"}
@@ -30,6 +34,13 @@ SEAMS: set[tuple[str, str]] = set()
 PENDING = {
     ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
     ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
+}
+
+# pairs of packages that still import each other, with what ends the cycle; the arrows between the
+# two are left out of the cycle check, which fails once the two no longer lie on a cycle
+PENDING_CYCLES = {
+    frozenset({"disagg", "serve"}): "disagg -> serve goes (PENDING)",
+    frozenset({"router", "serve"}): "router -> serve goes (PENDING)",
 }
 
 
@@ -99,3 +110,78 @@ def test_the_check_fails_on_a_planted_upward_import(tmp_path):
     (pkg / "quant").mkdir()
     (pkg / "quant" / "x.py").write_text("from ridgeline.speculative import ngram\n")
     assert ("quant", "speculative") in violations(imports(pkg))
+
+
+def cycles(edges, pending=frozenset()) -> list[list[str]]:
+    """The strongly connected components of more than one package (each sorted), leaving out the
+    arrows between the two packages of each pair in `pending` (Tarjan's algorithm)."""
+    succ: dict[str, list[str]] = defaultdict(list)
+    for a, b in edges:
+        if frozenset({a, b}) not in pending:
+            succ[a].append(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in succ[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted({x for e in edges for x in e}):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def describe_cycles(edges, comps: list[list[str]]) -> str:
+    """Each cycle's packages, then every arrow inside it with the file:line of each import."""
+    lines = []
+    for comp in comps:
+        lines.append("cycle: " + ", ".join(comp))
+        for (a, b), where in sorted(edges.items()):
+            if a in comp and b in comp:
+                lines.append(f"  {a} -> {b}: {', '.join(where)}")
+    return "\n".join(lines)
+
+
+def test_no_import_cycle_between_packages():
+    edges = imports()
+    found = cycles(edges, frozenset(PENDING_CYCLES))
+    assert not found, "packages that import each other (all imports, module level and in functions):\n" + \
+        describe_cycles(edges, found)
+    together = [set(c) for c in cycles(edges)]
+    stale = sorted(sorted(pair) for pair in PENDING_CYCLES if not any(pair <= c for c in together))
+    assert not stale, f"no longer on a cycle, take them off PENDING_CYCLES: {stale}"
+
+
+def test_the_cycle_check_fails_on_a_planted_cycle(tmp_path):
+    pkg = tmp_path / "ridgeline"
+    for name in ("bench", "advisor", "eval", "measure"):
+        (pkg / name).mkdir(parents=True)
+    (pkg / "measure" / "m.py").write_text("")
+    (pkg / "advisor" / "a.py").write_text("from ridgeline.measure import m\n")
+    (pkg / "bench" / "b.py").write_text("from ridgeline.advisor.a import x\nimport ridgeline.measure.m\n")
+    assert cycles(imports(pkg)) == []
+    (pkg / "advisor" / "v.py").write_text("def f():\n    from ridgeline.bench.b import y\n")  # inside a function
+    edges = imports(pkg)
+    assert cycles(edges) == [["advisor", "bench"]]
+    text = describe_cycles(edges, cycles(edges))
+    assert "advisor -> bench: advisor/v.py:2" in text and "bench -> advisor: bench/b.py:1" in text
+    assert cycles(edges, frozenset({frozenset({"advisor", "bench"})})) == []  # a pending pair is left out
+    (pkg / "advisor" / "v.py").write_text("")
+    (pkg / "measure" / "m.py").write_text("import ridgeline.eval.e\n")  # round a loop of three
+    (pkg / "eval" / "e.py").write_text("from ridgeline.bench import b\n")
+    assert cycles(imports(pkg)) == [["advisor", "bench", "eval", "measure"]]  # bench -> advisor -> measure too

@@ -137,7 +137,7 @@ def _p90(xs: list[float]) -> float:
 
 
 def validate(args, s) -> int:
-    from ridgeline.bench.disagg_transfer import Shape, measure
+    from ridgeline.measure.kv_transfer import Shape, measure
 
     cost = tp.measured_cost(s, args.connector)
     if cost is None:

@@ -131,13 +131,12 @@ def _quant_rows(args, eng, pl: Platform, clock) -> list[tuple]:
 
 def crossover_row(eng, spec, info) -> tuple:
     """n* = 4P/a (attention FLOPs overtake the linears') against the prompt length where one layer's
-    attention time overtakes its matmuls' in the engine's kernels (bench/attn_profile.py, CPU time on
+    attention time overtakes its matmuls' in the engine's kernels (measure/attn_profile.py, CPU time on
     one thread, the engine's prefill chunks). Measured below predicted: attention runs below the
     matmul rate (the ratio is its share of that rate)."""
     import torch
 
-    from ridgeline.bench.attn_profile import LayerShape
-    from ridgeline.bench.long_context import crossover_from_profile
+    from ridgeline.measure.attn_profile import LayerShape, crossover_from_profile
 
     prev = torch.get_num_threads()
     torch.set_num_threads(1)

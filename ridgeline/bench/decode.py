@@ -15,10 +15,10 @@ import sys
 import time
 
 from ridgeline.bench import hf_baseline
-from ridgeline.bench.report import write_json
 from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.bench.workloads import chat_workload
 from ridgeline.cli_parser import output_file, positive_int
+from ridgeline.measure.record import write_json
 from ridgeline.utils.steal import StealMeter
 
 

@@ -58,7 +58,7 @@ def add_disagg_parser(bsub) -> argparse.ArgumentParser:
 
 def _shape(model: str):
     from ridgeline.advisor.model_config import resolve_spec
-    from ridgeline.bench.disagg_transfer import Shape
+    from ridgeline.measure.kv_transfer import Shape
 
     s = resolve_spec(model)
     return Shape(s.num_layers, s.num_kv_heads, s.head_dim)
@@ -79,7 +79,7 @@ def format_transfer(result: dict) -> str:
 
 def cmd_bench_disagg(args: argparse.Namespace) -> int:
     from ridgeline.advisor import transfer_profile
-    from ridgeline.bench.disagg_transfer import measure
+    from ridgeline.measure.kv_transfer import measure
 
     shape = _shape(args.model)
     load = os.getloadavg()[0]

@@ -4,7 +4,7 @@ For each length L (512 ... 8,000 and the model's maximum by default): one prompt
 prefill tok/s = L / time to first token (the engine's chunked prefill), then decode tok/s at depth L
 over --decode-tokens tokens; best of --repeats. Beside them:
 - the attention share of a prefill step: one decoder layer's matmuls and attention timed apart in CPU
-  time (bench/attn_profile.py), and the FLOP share the advisor counts (a n^2 / 2 against 2 P n);
+  time (measure/attn_profile.py), and the FLOP share the advisor counts (a n^2 / 2 against 2 P n);
 - decode against its bandwidth floor: (weight bytes + KV bytes at depth L) / the measured read
   bandwidth (the advisor's machine profile) as tok/s, and the share of it reached;
 - llama.cpp's pp and tg rates at the same lengths when given its `llama-bench -o json` output
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 
-from ridgeline.bench.attn_profile import LayerShape, profile_prefill
 from ridgeline.bench.decode import ridgeline_decode_timing, weight_bytes_per_token
 from ridgeline.errors import InvalidRequestError
+from ridgeline.measure.attn_profile import LayerShape, profile_prefill
 
 
 def parse_lengths(text: str, longest: int) -> list[int]:
@@ -93,14 +93,3 @@ def measure(eng, lengths: list[int], decode_tokens: int, repeats: int, profile_t
                      "matmul_gflops": prof.matmul_gflops, "decode_bytes_per_token": wbytes + kv_per_token * L})
     return rows
 
-
-def crossover_from_profile(shape: LayerShape, lengths: list[int], chunk: int, dtype, kv_dtype) -> float | None:
-    """The prompt length where one layer's attention time reaches its matmul time (log-interpolated
-    between profiled lengths), or None if it does not within them."""
-    import math
-    pts = [(n, profile_prefill(shape, n, chunk, dtype, kv_dtype).attention_share) for n in lengths]
-    for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
-        if s0 < 0.5 <= s1:
-            f = (0.5 - s0) / (s1 - s0)
-            return math.exp(math.log(n0) + f * (math.log(n1) - math.log(n0)))
-    return None

@@ -6,9 +6,9 @@ import sys
 import time
 
 from ridgeline.bench.long_context import __doc__ as DOC, llama_bench_rates, measure, parse_lengths
-from ridgeline.bench.report import write_json
 from ridgeline.bench.throughput import dtype_name, start
 from ridgeline.cli_parser import output_file, positive_int
+from ridgeline.measure.record import write_json
 
 
 def _table(rows: list[dict], bandwidth: float, cpp: dict | None) -> list[str]:

@@ -17,9 +17,9 @@ import json
 import sys
 import time
 
-from ridgeline.bench.report import describe_machine, machine_info, write_json
 from ridgeline.cli_parser import output_file, positive_int
 from ridgeline.errors import InvalidRequestError
+from ridgeline.measure.record import describe_machine, machine_info, write_json
 
 SPECIAL = {"none": {"quantization": "none"}, "int4-sym": {"quantization": "int4", "quant_symmetric": True}}
 

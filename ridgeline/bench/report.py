@@ -1,12 +1,7 @@
-"""Results, machine facts and the printed table shared by the bench subcommands."""
+"""Results and the printed tables shared by the bench subcommands."""
 from __future__ import annotations
 
-import json
-import platform
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-
-from ridgeline.errors import RidgelineError
 
 
 @dataclass
@@ -51,41 +46,6 @@ class RunResult:
         return d
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict:
-    import os
-
-    import torch
-    info = {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "python": platform.python_version()}
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        info["transformers"] = None
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
-def describe_machine(info: dict) -> str:
-    s = (f"machine    {info['cpu']} ({info['cpus']} CPUs, torch {info['torch']} on {info['torch_threads']} "
-         f"threads, {info['cpu_capability']})")
-    if info.get("gpu"):
-        s += f"; GPU {info['gpu']}"
-    return s
-
-
 def throughput_table(results: list[RunResult], num_params: int) -> str:
     head = (f"{'':<24}{'requests':>10}{'prompt tok':>12}{'output tok':>12}{'elapsed s':>11}"
             f"{'output tok/s':>14}{'total tok/s':>13}{'GFLOP/s':>9}")
@@ -106,10 +66,3 @@ def ratio_lines(base: RunResult, others: list[RunResult]) -> tuple[list[str], di
         ratios[f"{base.name} / {o.name}"] = {"output_tok_per_s": out, "total_tok_per_s": tot}
         lines.append(f"{base.name} / {o.name}: {out:.2f}x output tok/s, {tot:.2f}x total tok/s")
     return lines, ratios
-
-
-def write_json(path: str, payload: dict) -> None:
-    try:
-        Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    except OSError as e:
-        raise RidgelineError(f"cannot write {path}: {e.strerror}") from None

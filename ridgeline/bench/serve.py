@@ -337,7 +337,7 @@ def _finite(x):
 
 
 def _machine() -> dict:
-    from ridgeline.bench.report import cpu_model
+    from ridgeline.measure.record import cpu_model
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform()}
 
@@ -435,7 +435,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - wall0
 
     if args.json:
-        from ridgeline.bench.report import write_json
+        from ridgeline.measure.record import write_json
         write_json(args.json, _finite({
             "command": "bench serve", "label": args.label, "machine": _machine(),
             "server": {"url": url, "started_by_bench": server is not None,

@@ -17,11 +17,11 @@ import argparse
 import sys
 import time
 
-from ridgeline.bench.report import write_json
 from ridgeline.bench.spec_runs import Setting, repeated_runs, summarize, timed_run
 from ridgeline.bench.throughput import dtype_name
 from ridgeline.bench.workloads import make_workload
 from ridgeline.cli_parser import non_negative_float, output_file, positive_int
+from ridgeline.measure.record import write_json
 
 
 def _ints(text: str) -> list[int]:
@@ -105,7 +105,7 @@ def print_row(r: dict) -> None:
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
-    from ridgeline.bench.report import describe_machine, machine_info
+    from ridgeline.measure.record import describe_machine, machine_info
     wall0 = time.perf_counter()
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)

@@ -15,11 +15,11 @@ import sys
 import time
 
 from ridgeline.bench import hf_baseline, moe_report, pp_report, tp_report
-from ridgeline.bench.report import (RunResult, describe_machine, machine_info, ratio_lines, throughput_table,
-                                    write_json)
+from ridgeline.bench.report import RunResult, ratio_lines, throughput_table
 from ridgeline.bench.workloads import make_workload
 from ridgeline.cli_parser import non_negative_int, output_file, positive_int
 from ridgeline.errors import InvalidRequestError
+from ridgeline.measure.record import describe_machine, machine_info, write_json
 
 
 def dtype_name(dtype) -> str:

@@ -114,7 +114,7 @@ def _format_label(args: argparse.Namespace) -> str | None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ridgeline.bench.report import describe_machine, machine_info, write_json
+    from ridgeline.measure.record import describe_machine, machine_info, write_json
     from ridgeline.engine.run import start_engine
     from ridgeline.eval import report
     from ridgeline.eval.harness import Evaluator, Setting

@@ -6,10 +6,12 @@ tokens (in chunks of the engine's token budget, each chunk's rows attending caus
 before them) into its two costs: the four projections (qkv, o, gate_up, down: 2 x params x tokens
 FLOPs) and attention (4 x heads x head_dim x keys FLOPs per query row: q.k and p.v). Times are this
 process's CPU time (steadier than wall time on a shared machine); with one thread the ratio of the
-two is the ratio of their work on one core.
+two is the ratio of their work on one core. Profiled at several lengths, the share curve gives the
+prompt length where attention overtakes the matmuls (`crossover_from_profile`).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -105,3 +107,14 @@ def profile_prefill(shape: LayerShape, n: int, chunk: int = 512, dtype: torch.dt
                                                               row_seq=row_seq, tiled=tiled))
     att_flops = sum(shape.attention_flops(s, min(chunk, n - s)) for s in range(0, n, chunk))
     return StepProfile(n, mm_s, att_s, shape.matmul_flops(n), att_flops)
+
+
+def crossover_from_profile(shape: LayerShape, lengths: list[int], chunk: int, dtype, kv_dtype) -> float | None:
+    """The prompt length where one layer's attention time reaches its matmul time (log-interpolated
+    between profiled lengths), or None if it does not within them."""
+    pts = [(n, profile_prefill(shape, n, chunk, dtype, kv_dtype).attention_share) for n in lengths]
+    for (n0, s0), (n1, s1) in zip(pts, pts[1:]):
+        if s0 < 0.5 <= s1:
+            f = (0.5 - s0) / (s1 - s0)
+            return math.exp(math.log(n0) + f * (math.log(n1) - math.log(n0)))
+    return None
