@@ -129,3 +129,9 @@ def _first(it, n):
         if len(out) == n:
             break
     return out
+
+
+def test_the_calibration_text_resolves_to_the_shipped_file():
+    from ridgeline.speculative.train_text import resolve_text
+    path = resolve_text("calibration")
+    assert path.is_file() and path.read_text(encoding="utf-8").strip()

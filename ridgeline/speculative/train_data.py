@@ -40,6 +40,12 @@ def _prompt_lines(name: str) -> list[str]:
     return [t for t in _prompt_text(name).splitlines() if t.strip()]
 
 
+# asks about a paragraph's topic (the two-turn conversations of doc_task_prompts)
+ASKS = ["Describe {topic} in a few sentences.", "Give me an overview of {topic}.",
+        "Write a short paragraph about {topic}.", "Summarize what is known about {topic}.",
+        "What is the background of {topic}?", "Tell me something about {topic}."]
+
+
 def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[list[dict]]:
     """Conversations over a text's paragraphs (the `tasks:FILE` source), shuffled by seed: for each
     paragraph, every shipped document task with the paragraph pasted in (after a system prompt one
@@ -47,7 +53,6 @@ def doc_task_prompts(paras: list[tuple[str | None, str]], seed: int) -> list[lis
     a follow-up) per task, so about half the conversations of each kind."""
     tasks = [t.strip("\n") for t in _prompt_text("doc_tasks.txt").split("\n---\n") if t.strip()]
     systems, follow_ups = _prompt_lines("systems.txt"), _prompt_lines("follow_ups.txt")
-    from ridgeline.speculative.train_text import ASKS
     rng = random.Random(seed)
     out = []
     for title, text in paras:

@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
 import torch
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.speculative.train_data import Sample
+from ridgeline.data.corpus import TEXTS
+from ridgeline.speculative.train_data import ASKS, Sample
 
 # user turns of `chat:` conversations; written for this project, none of them a benchmark prompt
-ASKS = ["Describe {topic} in a few sentences.", "Give me an overview of {topic}.",
-        "Write a short paragraph about {topic}.", "Summarize what is known about {topic}.",
-        "What is the background of {topic}?", "Tell me something about {topic}."]
 TITLE_WORDS = 8  # a paragraph of at most this many words is a title: the topic of those after it
 
 
 def resolve_text(name: str) -> Path:
     if name == "calibration":
-        return Path(str(resources.files("ridgeline.eval") / "texts" / "calibration.txt"))
+        return TEXTS / "calibration.txt"
     path = Path(name)
     if not path.is_file():
         raise InvalidRequestError(f"training text {name!r} is not a file (or 'calibration', the bundled text)", "data")
