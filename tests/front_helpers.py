@@ -23,7 +23,7 @@ from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.router.core import RouterSettings
 from ridgeline.router.serve import RouterThread, build_router
 from ridgeline.serve.app import build_app
-from ridgeline.serve.front_limits import FrontLimits
+from ridgeline.http.front_limits import FrontLimits
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 

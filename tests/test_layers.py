@@ -16,7 +16,8 @@ CORE, FEATURE, TOOL, ENTRY = 0, 1, 2, 3
 LAYERS = {
     # core: the engine and what it is made of, the weight and KV formats, config, plans
     **dict.fromkeys(["engine", "runner", "models", "layers", "kernels", "weights", "gguf", "formats", "config",
-                     "step_plan", "kv_spec", "errors", "inputs", "sampling_params", "utils", "cli_parser", "version"], CORE),
+                     "step_plan", "kv_spec", "errors", "inputs", "sampling_params", "utils", "cli_parser", "version",
+                     "http"], CORE),
     # features: plug into the core through its seams
     **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant"], FEATURE),
     **dict.fromkeys(["bench", "advisor", "eval", "cache_report"], TOOL),

@@ -21,7 +21,7 @@ from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS, AuthListener
 from ridgeline.disagg.wire import (LABEL_PREFILL, MAX_HEADER, Refused, at_frame_boundary_closed, check_transfer_id,
                                    parse_address, recv_json, send_json)
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.errors import error_body, error_headers, from_validation, public, status_of
+from ridgeline.http.errors import error_body, error_headers, from_validation, public, status_of
 
 log = logging.getLogger(__name__)
 

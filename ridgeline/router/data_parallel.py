@@ -13,7 +13,7 @@ import asyncio
 
 from ridgeline.errors import RidgelineError
 from ridgeline.router.core import RouterSettings
-from ridgeline.serve.front_limits import new_api_key
+from ridgeline.http.front_limits import new_api_key
 from ridgeline.utils.internal_auth import deployment_secret
 
 
@@ -31,7 +31,7 @@ def replica_spec(model: str, engine: dict, settings, replica_key: str, secret: b
 
 def serve_data_parallel(args: argparse.Namespace, model: str, engine: dict, settings, sock) -> int:
     from ridgeline.router.serve import build_router, serve_router
-    from ridgeline.serve.server import url_of
+    from ridgeline.http.server import url_of
 
     n = args.data_parallel_size
     caching = engine["enable_prefix_caching"] and engine["kv_eviction"] == "none"

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import httpx
 
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.front_limits import auth_headers
+from ridgeline.http.front_limits import auth_headers
 from ridgeline.utils.cpus import available_cpus, core_shares
-from ridgeline.serve.server import bind, url_of
+from ridgeline.http.server import bind, url_of
 
 START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
 

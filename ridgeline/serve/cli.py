@@ -7,7 +7,7 @@ import logging
 from ridgeline.cli import add_engine_args, engine_kwargs
 from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
+from ridgeline.http.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
                                           warn_if_exposed)
 from ridgeline.serve.state import ServerSettings
 
@@ -211,7 +211,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.engine.async_engine import build_off_main_thread
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.serve.app import build_app
-    from ridgeline.serve.server import bind, serve_forever, url_of
+    from ridgeline.http.server import bind, url_of
+    from ridgeline.serve.server import serve_forever
 
     _check(args)
     model = _model(args)

@@ -1,7 +1,7 @@
 """What every HTTP front Ridgeline runs (the OpenAI server, the router, the disaggregated front)
 enforces, the flags that set it, and how an API key is read and handed to child processes.
 
-- `FrontLimits`: the Guard's and the HTTP protocol's settings (serve/guard.py, serve/transport.py).
+- `FrontLimits`: the Guard's and the HTTP protocol's settings (guard.py, transport.py).
 - `add_front_args` / `front_limits`: the same flags with the same defaults on every front's command.
 - The key: `--api-key`, else $RIDGELINE_API_KEY; an empty one is an error, never "auth off". Read
   once and removed from this process's environment, so nothing it starts inherits it unasked; a
@@ -31,7 +31,7 @@ class FrontLimits:
     timeout_header: float = 10.0  # seconds a connection gets to send a request's headers
     timeout_body: float = 60.0  # seconds a request gets to send its whole body, once its headers are in
     max_connections: int = 1000  # open connections; a request on one over the cap gets 503
-    api_key_file: str | None = None  # several keys, each with its tenant (serve/api_keys.py); not with api_key
+    api_key_file: str | None = None  # several keys, each with its tenant (api_keys.py); not with api_key
     allowed_origins: tuple[str, ...] = ()  # web pages (besides this front's own) that may send requests
     # a launcher's internal key: requests that carry it name their tenant in x-ridgeline-tenant (the
     # front in front of this process authenticated the client); never set for a key a client holds
