@@ -245,7 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
         **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
-        from ridgeline.router.data_parallel import serve_data_parallel
+        from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
     config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
     engine = build_off_main_thread(lambda: LLMEngine(config))
