@@ -41,8 +41,6 @@ PENDING = {
     ("quant", "eval"): "the held-out text moves into the core's data (eval and quant both read it)",
     ("speculative", "entrypoints"): "train-draft runs through the engine, its CLI moves to the entry points",
     ("speculative", "quant"): "the draft head's int4/int8 packing uses the core's formats",
-    ("disagg", "serve"): "the worker routes and the front move to the entry points; the connector stays",
-    ("router", "serve"): "the HTTP fronts' shared guard moves below the entry points",
     ("advisor", "__init__"): "the advisor's measured validations drive LLMEngine, not the offline API",
     ("bench", "cli"): "the benchmarks take the engine's flags from the core's option table, not the CLI",
     ("bench", "entrypoints"): "the benchmarks drive LLMEngine, not the offline API",

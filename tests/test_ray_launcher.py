@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from ridgeline.errors import RidgelineError
-from ridgeline.router.data_parallel import replica_spec
 from ridgeline.http.front_limits import auth_headers
+from ridgeline.router.data_parallel import replica_spec
 from ridgeline.serve.state import ServerSettings
 
 pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")

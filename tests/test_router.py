@@ -13,13 +13,13 @@ from server_helpers import metric, wait_until
 
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.http.front_limits import FrontLimits
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.policy import Route
 from ridgeline.router.replica import Replica
 from ridgeline.router.serve import RouterThread, build_router
 from ridgeline.router.startup import RouterConfigError
 from ridgeline.serve.app import build_app
-from ridgeline.http.front_limits import FrontLimits
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 

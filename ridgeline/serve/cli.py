@@ -210,8 +210,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.config import EngineConfig
     from ridgeline.engine.async_engine import build_off_main_thread
     from ridgeline.engine.llm_engine import LLMEngine
-    from ridgeline.serve.app import build_app
     from ridgeline.http.server import bind, url_of
+    from ridgeline.serve.app import build_app
     from ridgeline.serve.server import serve_forever
 
     _check(args)
@@ -253,7 +253,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.role != "colocated":
         from ridgeline.config import parse_bytes
         from ridgeline.disagg.transports import ReceiveLimits, create_connector
-        from ridgeline.disagg.worker import DisaggWorker, install
+        from ridgeline.disagg.worker import DisaggWorker
+        from ridgeline.serve.disagg_worker import install
         limits = ReceiveLimits(args.internal_max_connections, parse_bytes(args.kv_inbox_size))
         connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.internal_host,
                                      port=args.kv_port, secret=secret, limits=limits)

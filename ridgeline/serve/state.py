@@ -10,10 +10,10 @@ from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
-from ridgeline.sampling_params import MAX_N
-from ridgeline.serve.drain import Drain
 from ridgeline.http.errors import ApiError
 from ridgeline.http.front_limits import FrontLimits
+from ridgeline.sampling_params import MAX_N
+from ridgeline.serve.drain import Drain
 from ridgeline.serve.limits import CHAT_TEMPLATE_TIMEOUT_S, MAX_LOGPROB_ENTRIES
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog

@@ -1,5 +1,6 @@
 """The prefill worker's request: an OpenAI body read as its own route reads it, computed up to its
-first token, its prompt KV shipped to a decode worker's connector."""
+first token, its prompt KV shipped to a decode worker's connector. run_prefill is the `prefill` its
+internal endpoint (disagg/prefill_server.py) runs, handed over by disagg_worker.install."""
 from __future__ import annotations
 
 import asyncio
