@@ -7,11 +7,13 @@ from ridgeline.config import EngineConfig
 from ridgeline.disagg.front import Front, Worker, build_front
 from ridgeline.disagg.launch import front_server
 from ridgeline.disagg.transports import ReceiveLimits, create_connector
-from ridgeline.disagg.worker import DisaggWorker, install
+from ridgeline.disagg.worker import DisaggWorker
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.http.front_limits import FrontLimits, auth_headers
+from ridgeline.http.server import UvicornThread, bind
 from ridgeline.serve.app import build_app
-from ridgeline.serve.front_limits import FrontLimits, auth_headers
-from ridgeline.serve.server import ServerThread, UvicornThread, bind
+from ridgeline.serve.disagg_worker import install
+from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 
 SAFETY_S = 60.0

@@ -20,10 +20,10 @@ from server_helpers import wait_until
 from ridgeline.config import EngineConfig
 from ridgeline.disagg.front import Front, Worker
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.http.front_limits import FrontLimits
 from ridgeline.router.core import RouterSettings
 from ridgeline.router.serve import RouterThread, build_router
 from ridgeline.serve.app import build_app
-from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 

@@ -26,5 +26,5 @@ def test_a_given_environment_is_copied_not_changed():
 
 
 def test_it_is_the_variable_the_server_reads():
-    from ridgeline.serve.front_limits import API_KEY_ENV as served
+    from ridgeline.http.front_limits import API_KEY_ENV as served
     assert API_KEY_ENV == served

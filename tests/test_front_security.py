@@ -13,8 +13,8 @@ from router_helpers import FakeReplica
 
 from ridgeline.cli import main
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.front_limits import (API_KEY_ENV, env_with_api_key, exposure_warning, is_loopback,
-                                          resolve_api_key)
+from ridgeline.http.front_limits import exposure_warning, is_loopback, resolve_api_key
+from ridgeline.utils.api_key_env import API_KEY_ENV, env_with_api_key
 from ridgeline.serve.kv_publisher import endpoint_warning
 
 

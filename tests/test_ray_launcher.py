@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from ridgeline.errors import RidgelineError
+from ridgeline.http.front_limits import auth_headers
 from ridgeline.router.data_parallel import replica_spec
-from ridgeline.serve.front_limits import auth_headers
 from ridgeline.serve.state import ServerSettings
 
 pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'ridgeline[router]')")
@@ -83,7 +83,7 @@ class _Stub:
 
 
 def _launcher(monkeypatch, nodes, kv_transport):
-    from ridgeline.router.ray_executor import RayLauncher
+    from ridgeline.serve.ray_executor import RayLauncher
     stubs = iter(_Stub(f"http://10.0.0.{i}:8000", n) for i, n in enumerate(nodes))
     ray = fake_ray(lambda spec, kv: next(stubs))
     monkeypatch.setitem(sys.modules, "ray", ray)
@@ -109,7 +109,7 @@ def test_replicas_on_other_nodes_need_tcp_kv_events_for_cache_aware_routing(monk
 @pytest.mark.parametrize("kv, scheme", [("ipc", "ipc://"), ("tcp", "tcp://127.0.0.1:")])
 def test_a_replica_actor_serves_under_the_launch_key_with_its_events_where_asked(kv, scheme, monkeypatch,
                                                                                  tiny_llama):
-    from ridgeline.router.ray_executor import ReplicaActor
+    from ridgeline.serve.ray_executor import ReplicaActor
     monkeypatch.setitem(sys.modules, "ray", fake_ray(None))
     settings = ServerSettings("tiny", api_key="the-users-key", kv_events_endpoint="tcp://*:5557")
     spec = {**replica_spec(str(tiny_llama), {"dtype": "float32", "kv_cache_memory": "2MiB"}, settings, "launch-key", b"s" * 32),

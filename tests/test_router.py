@@ -13,13 +13,13 @@ from server_helpers import metric, wait_until
 
 from ridgeline.config import EngineConfig
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.http.front_limits import FrontLimits
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.policy import Route
 from ridgeline.router.replica import Replica
 from ridgeline.router.serve import RouterThread, build_router
 from ridgeline.router.startup import RouterConfigError
 from ridgeline.serve.app import build_app
-from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.server import ServerThread
 from ridgeline.serve.state import ServerSettings
 
@@ -246,8 +246,8 @@ def test_a_request_is_authenticated_before_it_is_tokenized_and_replicas_get_thei
 
 def test_metrics_key_is_looked_up_by_its_keyed_hash(monkeypatch):
     """The key is never compared byte by byte: it is looked up by an HMAC under a per-process key
-    (serve/api_keys.py), so the time does not depend on how much of it matches."""
-    from ridgeline.serve.api_keys import ApiKeys
+    (http/api_keys.py), so the time does not depend on how much of it matches."""
+    from ridgeline.http.api_keys import ApiKeys
     looked, real = [], ApiKeys._digest
 
     def spy(self, key):

@@ -347,7 +347,7 @@ def test_the_listening_socket_is_tcp_so_responses_skip_nagle():
     """asyncio turns on TCP_NODELAY for accepted connections only when the listening socket names
     IPPROTO_TCP; without it each response waited ~40 ms for the client's delayed ACK."""
     import socket
-    from ridgeline.serve.server import bind
+    from ridgeline.http.server import bind
     sock = bind("127.0.0.1", 0)
     try:
         assert sock.proto == socket.IPPROTO_TCP

@@ -1,4 +1,4 @@
-"""API keys with tenants (serve/api_keys.py) and the prefix-cache namespace they key
+"""API keys with tenants (http/api_keys.py) and the prefix-cache namespace they key
 (engine/cache_namespace.py): one tenant's requests reuse its own blocks and never another's."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from ridgeline.engine.cache_namespace import cache_namespace, tenant_salt
 from ridgeline.engine.prefix_cache import block_hashes
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.api_keys import load_api_keys, read_key_file
+from ridgeline.http.api_keys import load_api_keys, read_key_file
 
 
 def _file(tmp_path, text, mode=0o600):
@@ -135,7 +135,7 @@ def test_without_a_key_only_a_literal_host_is_its_own_origin():
     """DNS rebinding: a page at http://rebound.example:8000 whose name now resolves to 127.0.0.1 sends
     Origin and Host both rebound.example: 'same origin', so a keyless front trusts only IP literals
     and localhost as its own."""
-    from ridgeline.serve.origins import OriginPolicy
+    from ridgeline.http.origins import OriginPolicy
     keyless = OriginPolicy()
     assert keyless.refusal({}) is None  # curl, SDKs
     assert keyless.refusal({"origin": "http://127.0.0.1:8000", "host": "127.0.0.1:8000"}) is None

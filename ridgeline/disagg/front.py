@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from ridgeline.disagg.pair import PDClient
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.errors import error_body, install_error_handlers
-from ridgeline.serve.front_limits import FrontLimits, auth_headers
-from ridgeline.serve.guard import install_guard, read_body
+from ridgeline.http.errors import error_body, install_error_handlers
+from ridgeline.http.front_limits import FrontLimits, auth_headers
+from ridgeline.http.guard import install_guard, read_body
 
 
 class DisaggConfigError(RidgelineError):

@@ -26,8 +26,9 @@ import time
 import httpx
 
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
-from ridgeline.serve.front_limits import FrontLimits, auth_headers, env_with_api_key, front_limits, new_api_key
-from ridgeline.serve.transport import guarded_protocol
+from ridgeline.http.front_limits import FrontLimits, auth_headers, front_limits, new_api_key
+from ridgeline.utils.api_key_env import env_with_api_key
+from ridgeline.http.transport import guarded_protocol
 from ridgeline.utils import internal_auth
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
@@ -175,7 +176,7 @@ def front_server(app, limits: FrontLimits):
 
 
 def launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> int:
-    from ridgeline.serve.server import bind, url_of
+    from ridgeline.http.server import bind, url_of
 
     x, y = parse_xpyd(args.disaggregate)
     sock = bind(args.host, args.port)  # before starting anything: a busy port fails at once

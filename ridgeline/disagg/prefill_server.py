@@ -7,8 +7,9 @@ One request per frame, answered in one frame (a connection may carry several, in
      "transfer_id": the id the decode worker issued, "target": its connector's address}
     -> {"status": "sent", "bytes", "seconds", "prompt_tokens"} | {"status": "skip", "reason"}
      | {"status": "failed", "error"} | {"status": "rejected", "http_status": 4xx, "error": OpenAI body}
-The body is read exactly as its route reads it (prefill_route.py); "rejected" is the client's error
-(the front returns it as is), "failed" and "skip" send the request to the decode worker whole."""
+The body is read exactly as its route reads it: `prefill`, the OpenAI server's (serve/prefill_route.py),
+handed over by whatever installs the worker on the server; "rejected" is the client's error (the
+front returns it as is), "failed" and "skip" send the request to the decode worker whole."""
 from __future__ import annotations
 
 import asyncio
@@ -21,15 +22,17 @@ from ridgeline.disagg.listener import DEFAULT_MAX_CONNECTIONS, AuthListener
 from ridgeline.disagg.wire import (LABEL_PREFILL, MAX_HEADER, Refused, at_frame_boundary_closed, check_transfer_id,
                                    parse_address, recv_json, send_json)
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.errors import error_body, error_headers, from_validation, public, status_of
+from ridgeline.http.errors import error_body, error_headers, from_validation, public, status_of
 
 log = logging.getLogger(__name__)
 
 
 class PrefillEndpoint:
-    def __init__(self, state, worker, secret: bytes, host: str, port: int,
+    def __init__(self, state, worker, prefill, secret: bytes, host: str, port: int,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS):
-        self.state, self.worker = state, worker
+        """prefill(state, worker, route, body, transfer_id, target) -> the answer: computes the request
+        up to its first token and ships its KV (raising what the route would answer)."""
+        self.state, self.worker, self.prefill = state, worker, prefill
         self.cap = state.settings.max_body_bytes + MAX_HEADER
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listener = AuthListener("prefill-internal", LABEL_PREFILL, secret, host, port, self._serve,
@@ -67,18 +70,17 @@ class PrefillEndpoint:
                 send_json(session, {"status": "failed", "error": e.message})
                 continue
             job = asyncio.run_coroutine_threadsafe(
-                answer(self.state, self.worker, request.get("route"), request["body"], tid, target), self.loop)
+                answer(self.prefill, self.state, self.worker, request.get("route"), request["body"], tid, target),
+                self.loop)
             send_json(session, job.result())
 
 
-async def answer(state, worker, route, body: dict, transfer_id: str, target: str) -> dict:
+async def answer(prefill, state, worker, route, body: dict, transfer_id: str, target: str) -> dict:
     """One prefill request's answer (never raises)."""
-    from ridgeline.disagg.prefill_route import run_prefill
-
     if state.drain.draining:
         return {"status": "failed", "error": "the prefill worker is shutting down"}
     try:
-        return await run_prefill(state, worker, route, body, transfer_id, target)
+        return await prefill(state, worker, route, body, transfer_id, target)
     except ValidationError as e:
         return _rejected(from_validation(e.errors()))  # the route's own 400, naming the field
     except (TransferError, asyncio.TimeoutError) as e:

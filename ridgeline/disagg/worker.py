@@ -9,20 +9,17 @@
   from the inbox (waiting at most the transfer timeout) and starts decoding after it; without it
   (failed, timed out, unusable, an id this worker did not issue) it computes the prompt itself.
   Whatever its request did with it, a transfer ends with its request.
-Both answer `GET /disagg/info` (role, model, configuration fingerprint, KV layout, connector and
-internal addresses) so a front can check a set of workers before serving through them.
+Both answer `GET /disagg/info` (`DisaggWorker.info`: role, model, configuration fingerprint, KV
+layout, connector and internal addresses) so a front can check a set of workers before serving
+through them. The OpenAI server installs a worker on its app (serve/disagg_worker.py): that route,
+TransferHeaders, and a prefill worker's internal endpoint running the server's own prefill.
 
 A worker with a role needs the deployment's secret (`deployment_secret`): from the environment of
 a launcher that started it (`ridgeline serve --disaggregate`), else from --internal-secret-file."""
 from __future__ import annotations
 
-import asyncio
 import contextvars
-from contextlib import asynccontextmanager
 from dataclasses import replace
-
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from ridgeline.disagg.adopt import attach as attach_adoptions
 from ridgeline.disagg.connector import KVConnector
@@ -32,7 +29,6 @@ from ridgeline.disagg.payload import Layout, spec_key
 from ridgeline.disagg.wire import Refused, check_transfer_id
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.state import state_of
 from ridgeline.utils import internal_auth
 
 ROLES = ("colocated", "prefill", "decode")
@@ -61,7 +57,7 @@ class DisaggWorker:
         self.role, self.engine, self.connector, self.timeout = role, engine, connector, timeout
         self.internal_host, self.internal_port, self.max_connections = internal_host, internal_port, max_connections
         self.exports = Exports(engine, connector) if role == "prefill" else None
-        self.endpoint = None  # prefill: the internal endpoint (install makes it)
+        self.endpoint = None  # prefill: the internal endpoint (serve/disagg_worker.py's install makes it)
         # decode: the scheduler's external KV source, where transferred prompts wait for room
         self.adoptions = attach_adoptions(engine) if role == "decode" else None
         if role == "decode":
@@ -103,7 +99,7 @@ class DisaggWorker:
             self.adoptions.close()
 
 
-class _TransferHeaders:
+class TransferHeaders:
     """ASGI middleware: the transfer named by a request's headers, for `attach` on the same task; the
     transfer ends with the request (a payload it did not take is released)."""
 
@@ -131,35 +127,3 @@ def _transfer_id(raw: bytes | None) -> str | None:
         return check_transfer_id(raw.decode("latin-1"))
     except Refused:
         return None  # not an id this worker issued: the request is computed here
-
-
-def install(app: FastAPI, worker: DisaggWorker, secret: bytes | None = None) -> None:
-    """The worker's routes on app; a prefill worker's internal endpoint (it needs `secret`) is bound
-    now and serves while the app runs."""
-    state = app.state.ridgeline
-    state.disagg = worker
-    app.add_api_route("/disagg/info", _info, methods=["GET"])
-    app.add_middleware(_TransferHeaders, worker=worker)
-    if worker.role != "prefill":
-        return
-    from ridgeline.disagg.prefill_server import PrefillEndpoint
-    if not secret:
-        raise ValueError("a prefill worker's internal endpoint needs the deployment's secret")
-    worker.endpoint = endpoint = PrefillEndpoint(state, worker, secret, worker.internal_host, worker.internal_port,
-                                                 worker.max_connections)
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a):
-        async with inner(a) as value:
-            endpoint.start(asyncio.get_running_loop())
-            try:
-                yield value
-            finally:
-                endpoint.close()
-    app.router.lifespan_context = lifespan
-
-
-async def _info(request: Request):
-    state = state_of(request)
-    return JSONResponse(state.disagg.info(state))

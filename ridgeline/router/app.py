@@ -13,13 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ridgeline.http.errors import install_error_handlers
+from ridgeline.http.guard import TENANT_HEADER, install_guard, read_body, tenant_of
 from ridgeline.version import __version__
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
-from ridgeline.serve.errors import install_error_handlers
 from ridgeline.engine.cache_namespace import tenant_salt
-from ridgeline.serve.guard import TENANT_HEADER, install_guard, read_body, tenant_of
 from ridgeline.utils.internal_auth import deployment_secret
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")

@@ -7,7 +7,7 @@ import logging
 
 from ridgeline.cli_parser import positive_float
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.front_limits import add_front_args, front_limits, front_problems, resolve_api_key, warn_if_exposed
+from ridgeline.http.front_limits import add_front_args, front_limits, front_problems, resolve_api_key, warn_if_exposed
 
 
 def register(subparsers) -> None:
@@ -43,9 +43,9 @@ def register(subparsers) -> None:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
+    from ridgeline.http.server import bind, url_of
     from ridgeline.router.core import RouterSettings
     from ridgeline.router.serve import build_router, serve_router
-    from ridgeline.serve.server import bind, url_of
 
     bad = front_problems(args) + ([] if 0 <= args.port <= 65535 else ["--port must be in [0, 65535]"])
     if bad:

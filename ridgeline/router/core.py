@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import httpx
 
+from ridgeline.http.errors import ApiError
+from ridgeline.http.front_limits import FrontLimits, auth_headers
 from ridgeline.router.kv_index import KVIndex
 from ridgeline.router.kv_subscriber import KVFollower, connect_address, follow
 from ridgeline.router.metrics import RouterMetrics
 from ridgeline.router.policy import Route, create_policy
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.replica import Replica, Ticket
-from ridgeline.serve.errors import ApiError
-from ridgeline.serve.front_limits import FrontLimits, auth_headers
 
 log = logging.getLogger("ridgeline.router")
 

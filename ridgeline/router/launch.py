@@ -1,7 +1,10 @@
 """Start N replicas of one model on this machine as processes, each on a loopback socket the parent
 binds on a port the OS picks (so two servers on one host never collide) and with its KV events on an
 ipc:// socket in a private folder, and split the CPU cores between them. A replica's spec, its API
-key included, reaches it over its stdin, never its command line (which any local user can read)."""
+key included, reaches it over its stdin, never its command line (which any local user can read).
+
+A replica is the OpenAI server, an entry point: each process runs the program REPLICA_MAIN
+(serve/replica_main.py) as `python -m REPLICA_MAIN FD`; this module starts it, never imports it."""
 from __future__ import annotations
 
 import contextlib
@@ -17,11 +20,12 @@ from dataclasses import dataclass
 import httpx
 
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.front_limits import auth_headers
+from ridgeline.http.front_limits import auth_headers
+from ridgeline.http.server import bind, url_of
 from ridgeline.utils.cpus import available_cpus, core_shares
-from ridgeline.serve.server import bind, url_of
 
 START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
+REPLICA_MAIN = "ridgeline.serve.replica_main"  # the program one replica process runs (FD, then its spec on stdin)
 
 
 def _hand_over(proc: subprocess.Popen, spec: dict) -> None:
@@ -60,7 +64,7 @@ class ProcessLauncher:
                     "settings": {**spec["settings"], "kv_events_endpoint": events}}
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
             # the spec (its key included) goes over stdin: a command line is readable by any local user
-            proc = subprocess.Popen([sys.executable, "-m", "ridgeline.router.replica_main", str(sock.fileno())],
+            proc = subprocess.Popen([sys.executable, "-m", REPLICA_MAIN, str(sock.fileno())],
                                     pass_fds=[sock.fileno()], env=env, stdin=subprocess.PIPE)
             sock.close()  # the child holds its own copy
             self.replicas.append(ReplicaProcess(i, url, proc, spec["settings"].get("api_key")))

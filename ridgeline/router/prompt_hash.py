@@ -1,7 +1,8 @@
-"""A request body -> its Route: token ids exactly as a replica computes them (the chat template
-rendered by the same Tokenizer code from the replicas' model folder, completions encoded as
-LLMEngine.encode_prompt does), then the replicas' block hashes (in the request's prefix-cache
-namespace: its tenant's field and `cache_salt`, engine/cache_namespace.py).
+"""A request body -> its Route: token ids exactly as a replica computes them (a chat's messages
+checked as the server checks them, inputs.chat_messages, and its template rendered by the same
+Tokenizer code from the replicas' model folder; completions encoded as LLMEngine.encode_prompt
+does), then the replicas' block hashes (in the request's prefix-cache namespace: its tenant's field
+and `cache_salt`, engine/cache_namespace.py).
 
 A body the router cannot read is routed without hashes (load only): the replica it reaches answers
 the error, so the router never refuses a request a replica would accept."""
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from ridgeline.engine.cache_namespace import cache_namespace
 from ridgeline.engine.prefix_cache import block_hashes
+from ridgeline.inputs import chat_messages
 from ridgeline.router.policy import Route
 
 CHAT = "/v1/chat/completions"
@@ -23,10 +25,8 @@ class PromptHasher:
         self.block_size = block_size
 
     def token_ids(self, path: str, body: dict) -> list[int]:
-        if path == CHAT:
-            from ridgeline.serve.protocol import ChatCompletionRequest
-            messages = ChatCompletionRequest.model_validate(body).messages
-            return self.tokenizer.encode_chat([m.as_template_input() for m in messages])
+        if path == CHAT:  # the messages as the server validates them, then its template input
+            return self.tokenizer.encode_chat(chat_messages(body.get("messages")))
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             prompt = prompt[0]  # several prompts: the first one decides

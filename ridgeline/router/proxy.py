@@ -18,10 +18,10 @@ import re
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
+from ridgeline.http.errors import error_body
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.replica import Replica, Ticket
-from ridgeline.serve.errors import error_body
 
 log = logging.getLogger("ridgeline.router")
 # not Authorization: the router checked the client's key; replicas get theirs from the router's client

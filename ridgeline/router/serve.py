@@ -6,12 +6,12 @@ import socket
 import httpx
 import uvicorn
 
+from ridgeline.http.front_limits import auth_headers
+from ridgeline.http.server import SignalServer, UvicornThread, bind
+from ridgeline.http.transport import guarded_protocol
 from ridgeline.router.core import Router, RouterSettings
 from ridgeline.router.prompt_hash import PromptHasher
 from ridgeline.router.startup import discover, tokenizer_folder
-from ridgeline.serve.front_limits import auth_headers
-from ridgeline.serve.server import SignalServer, UvicornThread, bind
-from ridgeline.serve.transport import guarded_protocol
 
 
 async def build_router(urls: list[str], settings: RouterSettings, tokenizer: str | None = None) -> Router:

@@ -11,6 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ridgeline.http.errors import install_error_handlers
+from ridgeline.http.guard import install_guard
 from ridgeline.version import __version__
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
@@ -18,8 +20,6 @@ from ridgeline.serve import chat, completions
 from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
-from ridgeline.serve.errors import install_error_handlers
-from ridgeline.serve.guard import install_guard
 from ridgeline.serve.limits import CHAT_TEMPLATE_MIN_BYTES, text_bound
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.replica_info import install_replica_routes, start_publisher

@@ -7,7 +7,7 @@ import logging
 from ridgeline.cli import add_engine_args, engine_kwargs
 from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
-from ridgeline.serve.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
+from ridgeline.http.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
                                           warn_if_exposed)
 from ridgeline.serve.state import ServerSettings
 
@@ -210,8 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ridgeline.config import EngineConfig
     from ridgeline.engine.async_engine import build_off_main_thread
     from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.http.server import bind, url_of
     from ridgeline.serve.app import build_app
-    from ridgeline.serve.server import bind, serve_forever, url_of
+    from ridgeline.serve.server import serve_forever
 
     _check(args)
     model = _model(args)
@@ -244,7 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
         **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
-        from ridgeline.router.data_parallel import serve_data_parallel
+        from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
     config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
     engine = build_off_main_thread(lambda: LLMEngine(config))
@@ -252,7 +253,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.role != "colocated":
         from ridgeline.config import parse_bytes
         from ridgeline.disagg.transports import ReceiveLimits, create_connector
-        from ridgeline.disagg.worker import DisaggWorker, install
+        from ridgeline.disagg.worker import DisaggWorker
+        from ridgeline.serve.disagg_worker import install
         limits = ReceiveLimits(args.internal_max_connections, parse_bytes(args.kv_inbox_size))
         connector = create_connector(args.kv_connector, args.kv_transfer_timeout, host=args.internal_host,
                                      port=args.kv_port, secret=secret, limits=limits)

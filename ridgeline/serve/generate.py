@@ -19,13 +19,13 @@ from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.cache_namespace import cache_namespace, tenant_salt
 from ridgeline.engine.outputs import Accumulator, RequestOutput
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
+from ridgeline.http.errors import ApiError, error_body, public, status_of
+from ridgeline.http.guard import tenant_of
+from ridgeline.http.logtext import clean
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.serve.fields import ignored_fields
-from ridgeline.serve.errors import ApiError, error_body, public, status_of
-from ridgeline.serve.guard import tenant_of
 from ridgeline.serve.json_body import dumps
 from ridgeline.serve.limits import check_logprob_entries, check_n
-from ridgeline.serve.logtext import clean
 from ridgeline.serve.metrics import RequestTracker
 from ridgeline.serve.state import ServerState
 from ridgeline.engine.spec_stats import SpecStats

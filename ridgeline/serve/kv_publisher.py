@@ -25,7 +25,7 @@ import threading
 
 from ridgeline.engine.kv_events import KVEventRecorder, apply_events
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.front_limits import is_loopback
+from ridgeline.http.front_limits import is_loopback
 
 TOPIC = b"kv"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ridgeline.http.errors import ApiError
 from ridgeline.version import __version__
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.errors import ApiError
 from ridgeline.serve.kv_publisher import KVEventPublisher
 
 

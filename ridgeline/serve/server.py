@@ -1,4 +1,4 @@
-"""Run the app under uvicorn on a socket bound up front (port 0 picks a free one).
+"""The OpenAI server under uvicorn, on a socket bound up front (ridgeline/http/server.py's bind).
 
 serve_forever: the CLI's main-thread server. SIGINT/SIGTERM (or ServerThread.stop) drains: stop
 accepting, answer new requests on open connections with 503, let in-flight requests finish for up to
@@ -9,31 +9,20 @@ ServerThread: the same server on a background thread (tests, notebooks, benchmar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
 import sys
-import threading
 import time
 
 import uvicorn
 from fastapi import FastAPI
 
-from ridgeline.serve.transport import guarded_protocol
-from ridgeline.utils.net import bind_tcp
+from ridgeline.http.server import SignalServer, UvicornThread, bind
+from ridgeline.http.transport import guarded_protocol
 
 log = logging.getLogger("ridgeline.serve")
 WRITE_GRACE_S = 5.0  # after the drain deadline: time for routes to write their errors before connections close
-
-
-def bind(host: str, port: int) -> socket.socket:
-    return bind_tcp(host, port)
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _config(app: FastAPI, drain_timeout: float | None, access_log: bool) -> uvicorn.Config:
@@ -42,26 +31,6 @@ def _config(app: FastAPI, drain_timeout: float | None, access_log: bool) -> uvic
     return uvicorn.Config(app, lifespan="on", timeout_graceful_shutdown=drain, access_log=access_log,
                           log_level="info", timeout_keep_alive=5,
                           http=guarded_protocol(s.timeout_header, s.max_connections))
-
-
-class SignalServer(uvicorn.Server):
-    """A uvicorn server whose SIGINT/SIGTERM (in the main thread) go to _on_signal, instead of uvicorn
-    capturing them and re-raising them once it has stopped."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-    def _on_signal(self, sig: int, frame) -> None:
-        raise NotImplementedError
 
 
 class _DrainingServer(SignalServer):
@@ -128,36 +97,6 @@ def serve_forever(app: FastAPI, sock: socket.socket, drain_timeout: float | None
     server = _DrainingServer(_config(app, drain_timeout, access_log))
     server.run(sockets=[sock])
     return server.exit_status
-
-
-class UvicornThread:
-    """A uvicorn server on a background thread, on a socket already bound (tests, benchmarks)."""
-
-    def __init__(self, server: uvicorn.Server, sock, what: str):
-        self.server, self.sock, self.what = server, sock, what
-        self.url = url_of(sock)
-        self.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"ridgeline-{what}",
-                                       daemon=True)
-
-    def start(self, timeout: float = 30.0):
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the {self.what} at {self.url} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-        self.sock.close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class ServerThread(UvicornThread):

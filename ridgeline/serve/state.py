@@ -10,10 +10,10 @@ from pydantic import BaseModel
 
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.http.errors import ApiError
+from ridgeline.http.front_limits import FrontLimits
 from ridgeline.sampling_params import MAX_N
 from ridgeline.serve.drain import Drain
-from ridgeline.serve.errors import ApiError
-from ridgeline.serve.front_limits import FrontLimits
 from ridgeline.serve.limits import CHAT_TEMPLATE_TIMEOUT_S, MAX_LOGPROB_ENTRIES
 from ridgeline.serve.metrics import ServerMetrics
 from ridgeline.serve.request_log import RequestLog
@@ -23,7 +23,7 @@ from ridgeline.utils import internal_auth
 @dataclass(frozen=True)
 class ServerSettings:
     served_model_name: str
-    api_key: str | None = None  # this and the other FrontLimits fields: see serve/front_limits.py
+    api_key: str | None = None  # this and the other FrontLimits fields: see http/front_limits.py
     max_waiting: int = 1024  # sequences (prompts x n) accepted but without a first token; more get 429
     max_body_bytes: int = FrontLimits.max_body_bytes
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGINT/SIGTERM
@@ -40,8 +40,8 @@ class ServerSettings:
     max_logprob_entries: int = MAX_LOGPROB_ENTRIES  # n x tokens x (1 + top logprobs), prompt's included
     chat_template_timeout: float = CHAT_TEMPLATE_TIMEOUT_S  # seconds one rendering may take
     chat_template_max_bytes: int | None = None  # rendered output; None: 1 MiB, or the longest prompt that fits
-    api_key_file: str | None = None  # keys with tenants (serve/api_keys.py); not with api_key
-    allowed_origins: tuple[str, ...] = ()  # web pages allowed besides the console (serve/origins.py)
+    api_key_file: str | None = None  # keys with tenants (http/api_keys.py); not with api_key
+    allowed_origins: tuple[str, ...] = ()  # web pages allowed besides the console (http/origins.py)
     tenant_header: bool = False  # behind a launcher's front: its internal key's requests name their tenant
 
     @property

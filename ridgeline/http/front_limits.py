@@ -1,7 +1,7 @@
 """What every HTTP front Ridgeline runs (the OpenAI server, the router, the disaggregated front)
 enforces, the flags that set it, and how an API key is read and handed to child processes.
 
-- `FrontLimits`: the Guard's and the HTTP protocol's settings (serve/guard.py, serve/transport.py).
+- `FrontLimits`: the Guard's and the HTTP protocol's settings (guard.py, transport.py).
 - `add_front_args` / `front_limits`: the same flags with the same defaults on every front's command.
 - The key: `--api-key`, else $RIDGELINE_API_KEY; an empty one is an error, never "auth off". Read
   once and removed from this process's environment, so nothing it starts inherits it unasked; a
@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.utils.api_key_env import API_KEY_ENV
 
-API_KEY_ENV = "RIDGELINE_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class FrontLimits:
     timeout_header: float = 10.0  # seconds a connection gets to send a request's headers
     timeout_body: float = 60.0  # seconds a request gets to send its whole body, once its headers are in
     max_connections: int = 1000  # open connections; a request on one over the cap gets 503
-    api_key_file: str | None = None  # several keys, each with its tenant (serve/api_keys.py); not with api_key
+    api_key_file: str | None = None  # several keys, each with its tenant (api_keys.py); not with api_key
     allowed_origins: tuple[str, ...] = ()  # web pages (besides this front's own) that may send requests
     # a launcher's internal key: requests that carry it name their tenant in x-ridgeline-tenant (the
     # front in front of this process authenticated the client); never set for a key a client holds
@@ -110,14 +110,6 @@ def resolve_api_key(given: str | None, flag: str = "--api-key") -> str | None:
 def new_api_key() -> str:
     """A key for one launch's internal servers (replicas, workers), which only their front knows."""
     return secrets.token_urlsafe(32)
-
-
-def env_with_api_key(key: str | None, env: dict[str, str] | None = None) -> dict[str, str]:
-    """A child's environment carrying `key` in $RIDGELINE_API_KEY (or none at all, for None)."""
-    out = {k: v for k, v in (os.environ if env is None else env).items() if k != API_KEY_ENV}
-    if key is not None:
-        out[API_KEY_ENV] = key
-    return out
 
 
 def auth_headers(key: str | None) -> dict[str, str]:

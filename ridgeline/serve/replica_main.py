@@ -1,8 +1,9 @@
-"""One replica of `ridgeline serve --data-parallel-size N`: `python -m ridgeline.router.replica_main FD`
-serves the OpenAI routes on the listening socket FD its parent bound, with the threads (and CPUs,
-where the parent gave some) of its share. Its spec comes as JSON on stdin (it holds the replica's API
-key: a command line is readable by any local user): {"model", "engine": engine keyword arguments,
-"settings": ServerSettings fields, "threads", "cpus", "index", "parent"}."""
+"""One replica of `ridgeline serve --data-parallel-size N`: `python -m ridgeline.serve.replica_main FD`
+(the program router/launch.py starts) serves the OpenAI routes on the listening socket FD its parent
+bound, with the threads (and CPUs, where the parent gave some) of its share. Its spec comes as JSON
+on stdin (it holds the replica's API key: a command line is readable by any local user): {"model",
+"engine": engine keyword arguments, "settings": ServerSettings fields, "threads", "cpus", "index",
+"parent"}."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from ridgeline.utils.lifetime import end_with_parent
 
 
 def build_replica_app(spec: dict):
-    """The FastAPI app of one replica (a process here, a Ray actor in router/ray_executor.py)."""
+    """The FastAPI app of one replica (a process here, a Ray actor in serve/ray_executor.py)."""
     import torch
 
     from ridgeline.config import EngineConfig

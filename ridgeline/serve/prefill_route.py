@@ -1,5 +1,6 @@
 """The prefill worker's request: an OpenAI body read as its own route reads it, computed up to its
-first token, its prompt KV shipped to a decode worker's connector."""
+first token, its prompt KV shipped to a decode worker's connector. run_prefill is the `prefill` its
+internal endpoint (disagg/prefill_server.py) runs, handed over by disagg_worker.install."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ from dataclasses import replace
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
 from ridgeline.serve import chat, completions
-from ridgeline.serve.generate import accept, check_admission, check_context
+from ridgeline.serve.generate import accept, check_admission, check_context, compile_structured
 from ridgeline.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -18,6 +19,7 @@ async def _prompts(state, route: str, raw: dict, name: str):
     if route == "/v1/completions":
         body = CompletionRequest.model_validate(raw)
         params = accept(state, body, route)
+        await compile_structured(state, params, name)  # off the step thread, under its deadline
         for p in body.prompts:  # text that can never fit is refused before the tokenizer sees it
             if isinstance(p, str) and state.text_bound is not None:
                 state.text_bound.check(p)
@@ -25,6 +27,7 @@ async def _prompts(state, route: str, raw: dict, name: str):
     if route == "/v1/chat/completions":
         body = ChatCompletionRequest.model_validate(raw)
         params = accept(state, body, route)
+        await compile_structured(state, params, name)  # off the step thread, under its deadline
         messages = [m.as_template_input() for m in body.messages]
         return body, params, [await state.offload(name, chat._prompt, state.engine.tokenizer, messages, state.render,
                                                   state.text_bound)]

@@ -18,7 +18,7 @@ import json
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ridgeline.serve.errors import RETRY_AFTER_S, error_body
+from ridgeline.http.errors import RETRY_AFTER_S, error_body
 
 _408 = json.dumps(error_body("the request's headers did not arrive in time (--timeout-header)",
                              "invalid_request_error", code="request_timeout")).encode()

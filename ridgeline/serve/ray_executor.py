@@ -30,7 +30,7 @@ class ReplicaActor:
     def __init__(self, spec: dict, kv_events: str | None):
         import ray
 
-        from ridgeline.router.replica_main import build_replica_app
+        from ridgeline.serve.replica_main import build_replica_app
         from ridgeline.serve.server import ServerThread
         host = ray.util.get_node_ip_address()
         self.node = ray.get_runtime_context().get_node_id()

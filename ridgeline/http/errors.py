@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ridgeline.errors import RidgelineError
-from ridgeline.serve.logtext import clean
+from ridgeline.http.logtext import clean
 
 log = logging.getLogger("ridgeline.serve")
 INTERNAL = "internal error"

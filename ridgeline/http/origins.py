@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from ridgeline.serve.errors import ApiError
+from ridgeline.http.errors import ApiError
 
 JSON_TYPES = ("application/json",)
 

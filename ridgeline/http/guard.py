@@ -3,12 +3,12 @@ disaggregated front): bearer-token auth, the drain's 503, the request-body size 
 read deadline, all before the app does any work. Pure ASGI (not BaseHTTPMiddleware) so streaming
 responses and disconnect detection pass untouched.
 
-Auth: with an API key (or a key file: serve/api_keys.py) every route needs one (looked up in
+Auth: with an API key (or a key file: api_keys.py) every route needs one (looked up in
 constant time) except /health (probes), the `open_paths` and `open_prefix` a front names (the
 server's console page and its static files: they hold no data; the page asks for the key), and its
 `metrics_paths` with --public-metrics. The key's tenant goes into the request's scope (TENANT);
 behind a launcher's front, a request carrying the internal key names its tenant in TENANT_HEADER.
-Browsers: serve/origins.py decides which pages may send requests. The body
+Browsers: origins.py decides which pages may send requests. The body
 deadline: --timeout-body seconds from the headers to the body's last byte (a stalled or short body
 gets 408, and its connection closes); after the body, receive() is disconnect detection and has no
 deadline."""
@@ -23,12 +23,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ridgeline.serve.api_keys import TENANT as TENANT_NAME
-from ridgeline.serve.api_keys import load_api_keys
-from ridgeline.serve.drain import Drain
-from ridgeline.serve.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
-from ridgeline.serve.front_limits import FrontLimits
-from ridgeline.serve.origins import OriginPolicy
+from ridgeline.http.api_keys import TENANT as TENANT_NAME
+from ridgeline.http.api_keys import load_api_keys
+from ridgeline.http.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
+from ridgeline.http.front_limits import FrontLimits
+from ridgeline.http.origins import OriginPolicy
 
 # Closing a connection whose client is still uploading resets it (the unread bytes make the kernel send
 # RST) and the client may never read the answer. So a refusal of a body that is coming (413, a bad
@@ -45,7 +44,7 @@ def tenant_of(scope) -> str | None:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, limits: FrontLimits, on_error, drain: Drain | None = None,
+    def __init__(self, app: ASGIApp, limits: FrontLimits, on_error, drain=None,
                  open_paths: Iterable[str] = (), metrics_paths: Iterable[str] = ("/metrics",),
                  open_prefix: str | None = None):
         self.app = app
@@ -57,7 +56,7 @@ class Guard:
         self.open_prefix = open_prefix
         self.max_body_bytes = limits.max_body_bytes
         self.timeout_body = limits.timeout_body
-        self.drain = drain  # None: a front without a drain of its own
+        self.drain = drain  # its `draining` says the front is shutting down (serve/drain.py); None: no drain
         self.on_error = on_error  # on_error(status): counts the refusal for /metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
