@@ -181,3 +181,33 @@ def test_the_cycle_check_fails_on_a_planted_cycle(tmp_path):
     (pkg / "measure" / "m.py").write_text("import ridgeline.eval.e\n")  # round a loop of three
     (pkg / "eval" / "e.py").write_text("from ridgeline.bench import b\n")
     assert cycles(imports(pkg)) == [["advisor", "bench", "eval", "measure"]]  # bench -> advisor -> measure too
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """'file:line name' of every import of a _private name (or from a _private module) of another
+    top-level part of the package."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        src = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith(root.name + ".")):
+                continue
+            parts = node.module.split(".")
+            if parts[1] == src:
+                continue
+            names = [a.name for a in node.names] + parts[2:]
+            out += [f"{rel}:{node.lineno} {node.module}.{n}" for n in names
+                    if n.startswith("_") and not n.startswith("__")]
+    return out
+
+
+def test_no_private_name_is_imported_across_packages(tmp_path):
+    assert private_imports() == []
+    pkg = tmp_path / "ridgeline"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "bench").mkdir()
+    (pkg / "engine" / "a.py").write_text("from ridgeline.engine.b import _mine\n")  # inside its package: fine
+    (pkg / "bench" / "x.py").write_text("def f():\n    from ridgeline.engine.a import _secret, public\n")
+    assert private_imports(pkg) == ["bench/x.py:2 ridgeline.engine.a._secret"]

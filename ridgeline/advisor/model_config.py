@@ -102,9 +102,9 @@ def spec_from_loadable(model: str) -> ModelSpec:
     from ridgeline.errors import ModelLoadError
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.weights.pull import ALIASES
-    from ridgeline.models.resolve import _HUB_ID, resolve_model
+    from ridgeline.models.resolve import HUB_ID, resolve_model
 
-    if model not in ALIASES and not _HUB_ID.fullmatch(model) and not model.endswith(".gguf"):
+    if model not in ALIASES and not HUB_ID.fullmatch(model) and not model.endswith(".gguf"):
         raise AdvisorError(f"unknown model {model!r}: not a config.json path, not a Ridgeline alias "
                            f"({', '.join(sorted(ALIASES))}), and not one of the shipped configurations: "
                            f"{', '.join(TABLE)}", "model")

@@ -59,18 +59,15 @@ class _RecordingTokenizer:
         return getattr(self._tok, name)
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
 def load_tokenizer(spec: str):
     """A Ridgeline Tokenizer for a model spec; a hub id fetches only the tokenizer files."""
-    from ridgeline.models.resolve import resolve_model
+    from ridgeline.models.resolve import HUB_ID, resolve_model
     from ridgeline.weights.tokenizer import Tokenizer
 
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "tokenizer.json").exists():
         return Tokenizer(path)
-    if _HUB_ID.fullmatch(spec) and not path.exists():
+    if HUB_ID.fullmatch(spec) and not path.exists():
         try:
             from huggingface_hub import snapshot_download
             patterns = ["tokenizer*", "*.jinja", "special_tokens_map.json", "generation_config.json"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ridgeline.errors import ModelLoadError
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name on the Hugging Face hub
 
 
 def resolve_model(spec: str, progress: bool = True) -> Path:
@@ -36,7 +36,7 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
         gguf = pull(spec, progress=progress)
     if gguf is not None:
         return ensure_converted(gguf, progress=progress), gguf
-    if _HUB_ID.fullmatch(spec) and not path.exists():
+    if HUB_ID.fullmatch(spec) and not path.exists():
         return _from_hub(spec), None
     raise ModelLoadError(
         f"cannot resolve model {spec!r}: not a folder, not a .gguf file, not a hub id, and not a "
