@@ -126,3 +126,14 @@ def test_errors_are_openai_bodies(pd):
     assert httpx.get(front + "/v1/models").json()["data"][0]["id"] == pd["model"]
     assert httpx.get(front + "/health").json()["status"] == "ok"
     _idle(pd)
+
+
+def test_a_constrained_request_and_the_ignored_fields_header_cross_the_front(pd):
+    choices = ["alpha", "beta gamma"]
+    for stream in (False, True):
+        body = _body(pd, "pick one:", structured_outputs={"choice": choices}, ignore_eos=False, max_tokens=16,
+                     stream=stream)
+        assert _text(pd["front"], body)[0] in choices
+        r = httpx.post(pd["front"] + "/v1/completions", json={**body, "my_flag": 1}, timeout=SAFETY_S)
+        assert r.status_code == 200 and r.headers["x-ridgeline-ignored-fields"] == "my_flag"
+    _idle(pd)

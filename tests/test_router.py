@@ -76,6 +76,13 @@ def test_chat_and_stream_pass_through(client, replicas):
     assert text == direct.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0).choices[0].text
 
 
+def test_the_ignored_fields_header_comes_through_the_router(router):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "my_flag": 1}
+    for stream in (False, True):
+        r = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-ridgeline-ignored-fields"] == "my_flag"
+
+
 def test_errors_pass_through_with_status(router, replicas):
     body = {"model": MODEL, "prompt": "x", "max_tokens": -1}
     via, direct = httpx.post(router.url + "/v1/completions", json=body), httpx.post(

@@ -25,6 +25,7 @@ from ridgeline.errors import RidgelineError
 from ridgeline.http.errors import error_body, install_error_handlers
 from ridgeline.http.front_limits import FrontLimits, auth_headers
 from ridgeline.http.guard import install_guard, read_body
+from ridgeline.http.headers import passed_on
 
 
 class DisaggConfigError(RidgelineError):
@@ -117,9 +118,11 @@ class Front:
             p.inflight -= 1
         if not streamed:
             d.inflight -= 1
-            return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"))
+            return Response(resp.content, resp.status_code, media_type=resp.headers.get("content-type"),
+                            headers=passed_on(resp.headers))
         return StreamingResponse(_relay(resp, d), resp.status_code, media_type=resp.headers.get("content-type"),
-                                 headers={k: v for k, v in resp.headers.items() if k.lower() == "cache-control"})
+                                 headers={**{k: v for k, v in resp.headers.items() if k.lower() == "cache-control"},
+                                          **passed_on(resp.headers)})
 
 
 async def _relay(resp: httpx.Response, worker: Worker):

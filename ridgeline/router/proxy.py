@@ -22,11 +22,12 @@ from ridgeline.http.errors import error_body
 from ridgeline.router.core import Router
 from ridgeline.router.policy import Route
 from ridgeline.router.replica import Replica, Ticket
+from ridgeline.http.headers import PASSED_ON
 
 log = logging.getLogger("ridgeline.router")
 # not Authorization: the router checked the client's key; replicas get theirs from the router's client
 _PASSED_HEADERS = ("content-type", "accept", "openai-organization", "openai-project")
-_KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "cache-control", "x-accel-buffering")
+_KEPT_RESPONSE_HEADERS = ("content-type", "retry-after", "cache-control", "x-accel-buffering", *PASSED_ON)
 _FIRST_TOKEN = re.compile(rb'"(?:text|content)": ?"[^"]')  # a chunk carrying generated text
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ridgeline.errors import InvalidRequestError
+from ridgeline.http.headers import IGNORED_FIELDS
 
-IGNORED_HEADER = "x-ridgeline-ignored-fields"
+IGNORED_HEADER = IGNORED_FIELDS
 
 
 class Peer(NamedTuple):
