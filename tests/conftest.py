@@ -7,6 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
+@pytest.fixture(autouse=True, scope="module")
+def _own_deployment_secret():
+    """Each test module starts with the process's deployment secret as it found it: a module that
+    builds a replica (which adopts its launcher's secret) must not hand it to the next module."""
+    from ridgeline.utils import internal_auth
+    saved = internal_auth._DEPLOYMENT  # noqa: SLF001
+    yield
+    internal_auth._DEPLOYMENT = saved  # noqa: SLF001
+
+
 VOCAB = 384  # 256 byte tokens + specials + padding room
 
 
