@@ -21,15 +21,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
-import httpx
 
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
 from ridgeline.http.front_limits import FrontLimits, auth_headers, front_limits, new_api_key
 from ridgeline.utils.api_key_env import env_with_api_key
 from ridgeline.http.transport import guarded_protocol
 from ridgeline.utils import internal_auth
+from ridgeline.utils.child_servers import stop_all, wait_ready
 
 _XPYD = re.compile(r"^(\d+)P(\d+)D$", re.IGNORECASE)
 ENGINE_GROUP = "engine"
@@ -114,38 +113,12 @@ def _spawn(model: str, flags: list[str], role: str, args, place: tuple[list[int]
 
 
 def _wait_ready(procs: list[tuple[subprocess.Popen, str]], timeout: float, worker_key: str) -> list[dict]:
-    infos: list[dict | None] = [None] * len(procs)
-    deadline = time.monotonic() + timeout
-    while any(i is None for i in infos):
-        for k, (proc, url) in enumerate(procs):
-            if infos[k] is not None:
-                continue
-            if proc.poll() is not None:
-                raise DisaggConfigError(f"the worker at {url} exited with status {proc.returncode} during start-up "
-                                        "(its error is printed above)")
-            try:
-                r = httpx.get(url + "/disagg/info", headers=auth_headers(worker_key), timeout=2)
-                if r.status_code == 200:
-                    infos[k] = r.json()
-            except httpx.HTTPError:
-                pass
-        if time.monotonic() > deadline:
-            raise DisaggConfigError(f"workers not ready after {timeout:g}s (--worker-start-timeout)")
-        time.sleep(0.2)
-    return infos
+    return wait_ready(procs, "/disagg/info", auth_headers(worker_key), timeout, [f"the worker at {u}" for _, u in procs],
+                      DisaggConfigError, " (--worker-start-timeout)")
 
 
 def _stop(procs: list[tuple[subprocess.Popen, str]]) -> None:
-    for proc, _ in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    for proc, _ in procs:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_all(p for p, _ in procs)
 
 
 def front_server(app, limits: FrontLimits):

@@ -14,14 +14,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
-import httpx
 
 from ridgeline.errors import RidgelineError
 from ridgeline.http.front_limits import auth_headers
 from ridgeline.http.server import bind, url_of
+from ridgeline.utils.child_servers import stop_all, wait_ready
 from ridgeline.utils.cpus import available_cpus, core_shares
 
 START_TIMEOUT_S = 600.0  # loading a large model takes a while; a process that exits fails at once
@@ -73,37 +72,17 @@ class ProcessLauncher:
         return self.replicas
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        pending = list(self.replicas)
-        while pending:
-            for r in list(pending):
-                code = r.exit_code()
-                if code is not None:
-                    self.stop()
-                    raise RidgelineError(f"replica {r.index} exited with code {code} while starting (its log is above)")
-                try:
-                    if httpx.get(r.url + "/health", headers=auth_headers(r.api_key), timeout=2.0).status_code == 200:
-                        pending.remove(r)
-                except httpx.HTTPError:
-                    pass
-            if pending and time.monotonic() > deadline:
-                self.stop()
-                raise RidgelineError(f"replica(s) {[r.index for r in pending]} did not start within {timeout:g}s")
-            if pending:
-                time.sleep(0.2)
+        rs = self.replicas
+        try:
+            wait_ready([(r.process, r.url) for r in rs], "/health", [auth_headers(r.api_key) for r in rs], timeout,
+                       [f"replica {r.index}" for r in rs], RidgelineError)
+        except RidgelineError:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (each replica drains), then SIGKILL what is left after timeout."""
-        for r in self.replicas:
-            if r.exit_code() is None:
-                r.process.terminate()
-        deadline = time.monotonic() + timeout
-        for r in self.replicas:
-            try:
-                r.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                r.process.kill()
-                r.process.wait()
+        stop_all((r.process for r in self.replicas), timeout)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def exit_reason(self, url: str) -> str | None:
