@@ -213,6 +213,11 @@ class SamplingParams:
         """Greedy with nothing that moves the argmax or asks for more than the token: no penalties,
         logit bias, min_tokens bans, structured outputs or logprobs (the step sampler then takes the argmax
         directly)."""
-        return (self.greedy and self.structured is None and self.repetition_penalty == 1.0 and not self.presence_penalty
+        return self.masked_argmax and self.structured is None
+
+    @cached_property
+    def masked_argmax(self) -> bool:
+        """As plain_greedy, structured outputs allowed: the token is the argmax over what the mask allows."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.presence_penalty
                 and not self.frequency_penalty and not self.logit_bias and self.min_tokens == 0
                 and self.logprobs is None)

@@ -44,6 +44,12 @@ class Constraint:
         """How many of tokens, in order, the constraint allows from here (state unchanged)."""
         raise NotImplementedError
 
+    def forced_tokens(self) -> list[int]:
+        """The tokens the constraint forces next from here, in order (the fixed text that must follow:
+        a key, a brace, the rest of an enum value), each allowed where it stands; [] where the next
+        token is a choice. State unchanged. What the `grammar` proposer drafts."""
+        return []
+
     @property
     def accepts_eos(self) -> bool:
         """The output so far is complete: it may end here."""

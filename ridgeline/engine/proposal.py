@@ -29,7 +29,8 @@ PROPOSERS: dict[str, type[Proposer]] = {}
 DRAFT_GREEDY = SamplingParams(temperature=0, max_tokens=1 << 30, ignore_eos=True)
 # the built-in proposers, by module (imported when a method names them: torch-side modules load only then)
 _BUILTIN = {"ngram": "ridgeline.speculative.ngram", "draft": "ridgeline.speculative.draft",
-            "layer-skip": "ridgeline.speculative.layer_skip", "eagle": "ridgeline.speculative.eagle"}
+            "layer-skip": "ridgeline.speculative.layer_skip", "eagle": "ridgeline.speculative.eagle",
+            "grammar": "ridgeline.structured.grammar_drafts"}
 _CASCADE = "ridgeline.speculative.cascade"
 
 
@@ -49,6 +50,8 @@ class ProposalRequest:
     params: SamplingParams | None = None  # the request's: a sampling draft applies the same processing
     seed: int | None = None  # the request's seed (None: unseeded); a seeded draft draws reproducibly from it
     num_prompt_tokens: int = 0
+    # structured outputs: the request's Constraint (engine/constraint.py), in step with token_ids; read only
+    constraint: Any = None
 
 
 class Proposer:

@@ -61,7 +61,8 @@ class Speculation:
             backlog = [max(0, self.proposer.backlog(r.request_id, r.num_tokens) - self.max_k - 1) for r in decoding]
             left = [r.max_tokens - r.num_output_tokens for r in decoding]
             ks = self.controller.choose([r.request_id for r in decoding], caps, len(decoding), backlog, left)
-        want = [(req, ProposalRequest(req.request_id, req.token_ids, k, req.params, req.seed, req.num_prompt_tokens))
+        want = [(req, ProposalRequest(req.request_id, req.token_ids, k, req.params, req.seed, req.num_prompt_tokens,
+                                      req.constraint))
                 for req, k in zip(decoding, ks) if k > 0]
         if not want:
             return

@@ -1,6 +1,7 @@
 /* One linear layer of the decoder stack by its weight descriptor [format, data, scale, bias]: the
  * matmul kernel the format's row of formats.h names, then the bias. decoder_stack.c and moe.c (expert
  * and router matmuls) both call it, so every format runs the same code wherever a layer sits. */
+#include <math.h>
 #include <stdint.h>
 
 #include "formats.h"
@@ -115,12 +116,53 @@ static int64_t argmax_row(const float *r, int64_t n) {
     return 0;
 }
 
+/* The argmax of r [n] with every token bits [ceil(n / 32)] forbids set to -inf first, as torch.argmax picks it on
+ * the masked row (the first allowed NaN; else the first allowed maximum; 0 when that maximum is -inf, as every
+ * entry of the masked row then is), without writing the row: a masked maximum over 16-lane chunks (a forbidden
+ * lane stays -inf), then the first allowed position that holds it. Bit t % 32 of bits[t / 32]: t allowed. */
+static int64_t masked_argmax_row(const float *r, int64_t n, const uint32_t *bits) {
+    float mx = -INFINITY;
+    int nan = 0;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    __mmask16 seen = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 ok = (__mmask16)(bits[i >> 5] >> (i & 16));
+        if (!ok) continue;
+        const __m512 v = _mm512_maskz_loadu_ps(ok, r + i);
+        seen |= _mm512_mask_cmp_ps_mask(ok, v, v, _CMP_UNORD_Q);
+        vm = _mm512_mask_max_ps(vm, ok, vm, v);
+    }
+    nan = seen != 0;
+    mx = _mm512_reduce_max_ps(vm);
+#endif
+    for (; i < n; i++) {
+        if (!(bits[i >> 5] >> (i & 31) & 1u)) continue;
+        if (r[i] != r[i]) nan = 1;
+        else if (r[i] > mx) mx = r[i];
+    }
+    if (!nan && mx == -INFINITY) return 0;
+    for (int64_t w = 0; w * 32 < n; w++) {
+        for (uint32_t b = bits[w]; b; b &= b - 1) {
+            const int64_t t = w * 32 + __builtin_ctz(b);
+            if (t >= n) break;
+            if (nan ? r[t] != r[t] : r[t] == mx) return t;
+        }
+    }
+    return 0;
+}
+
 /* y [M, N] = x W^T by descriptor w (ridgeline_stack_linear), then ids [M]: each row's argmax_row; a
- * greedy LM head and its choice in one call. */
+ * greedy LM head and its choice in one call. masks: NULL, or per row mask_of[m] (-1: none) names the row of
+ * masks [*, ceil(N / 32)] (allowed-token bitmasks) whose masked argmax row m takes (masked_argmax_row). */
 int ridgeline_linear_argmax(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int64_t *ids,
-                            int nt) {
+                            const uint32_t *masks, const int64_t *mask_of, int nt) {
     const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
     if (rc) return rc;
-    for (int64_t m = 0; m < M; m++) ids[m] = argmax_row(y + m * N, N);
+    const int64_t words = (N + 31) / 32;
+    for (int64_t m = 0; m < M; m++)
+        ids[m] = masks && mask_of[m] >= 0 ? masked_argmax_row(y + m * N, N, masks + mask_of[m] * words)
+                                          : argmax_row(y + m * N, N);
     return 0;
 }

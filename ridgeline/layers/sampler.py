@@ -14,6 +14,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ridgeline.sampling_params import SamplingParams
@@ -117,9 +118,17 @@ def _allowed(allowed: list[bytes | None], vocab_size: int, device: torch.device)
 def apply_allowed(logits: torch.Tensor, allowed: tuple[torch.Tensor, torch.Tensor]) -> None:
     """In place on logits [B, V]: tokens a row's bitmask forbids become -inf."""
     rows, words = allowed
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
-    ok = ((words[:, :, None] >> shifts) & 1).view(len(rows), -1)[:, :logits.shape[1]].bool()
-    logits[rows] = logits[rows].masked_fill_(~ok, float("-inf"))
+    V = logits.shape[1]
+    if words.device.type == "cpu":  # numpy unpacks the bits a byte at a time (x86: little-endian words)
+        bits = np.unpackbits(words.numpy().view(np.uint8), axis=1, bitorder="little")[:, :V]
+        ok = torch.from_numpy(np.ascontiguousarray(bits)).view(torch.bool)
+    else:
+        shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+        ok = ((words[:, :, None] >> shifts) & 1).view(len(rows), -1)[:, :V].bool()
+    if len(rows) == len(logits):  # every row (rows are distinct): in place, no gather
+        logits.masked_fill_(~ok, float("-inf"))
+    else:
+        logits[rows] = torch.where(ok, logits[rows], float("-inf"))
 
 
 def _flat_index(rows: list[int], seqs: list[list[int]], vocab_size: int,

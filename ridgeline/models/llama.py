@@ -210,6 +210,25 @@ class Model(nn.Module):
 GREEDY_KEPT_ROWS = 16  # greedy_tokens keeps its buffers for steps of at most this many rows
 
 
+def _mask_rows(masks: list[bytes | None] | None, M: int, V: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """greedy_tokens' masks as linear_argmax takes them: the masks given [R, ceil(V / 32)] int32 and
+    each row's index among them [M] int64 (-1: unmasked); (None, None) without any."""
+    if masks is None or all(m is None for m in masks):
+        return None, None
+    if len(masks) != M:
+        raise ValueError(f"{len(masks)} masks for {M} rows")
+    given = [m for m in masks if m is not None]
+    words = (V + 31) // 32
+    buf = bytearray(b"".join(given))
+    if len(buf) != 4 * words * len(given):
+        raise ValueError(f"a structured-output mask is not {4 * words} bytes")
+    mask_of, r = [], 0
+    for m in masks:
+        mask_of.append(-1 if m is None else r)
+        r += m is not None
+    return torch.frombuffer(buf, dtype=torch.int32).view(len(given), words), torch.tensor(mask_of, dtype=torch.int64)
+
+
 class LlamaForCausalLM(nn.Module):
     # HF checkpoint name -> (our parameter, shard index) for the fused projections (w1/w3/w2: Mixtral's experts)
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -248,10 +267,13 @@ class LlamaForCausalLM(nn.Module):
             return interleave_rows(tensor, self.cfg.head_dim)
         return tensor
 
-    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+    def greedy_tokens(self, hidden: torch.Tensor, masks: list[bytes | None] | None = None) -> list[int] | None:
         """hidden [S, hidden] fp32 -> each row's argmax of compute_logits(hidden), from one C call that runs
         the LM head's own kernel and picks as torch.argmax does; None where the head has no such kernel
-        (tensor parallelism, a module-path format, another device): then compute_logits and the sampler."""
+        (tensor parallelism, a module-path format, another device): then compute_logits and the sampler.
+        masks: per row, None or an allowed-token bitmask (structured outputs, ceil(V / 32) little-endian
+        int32 words): that row's argmax is over the tokens it allows, the token torch.argmax picks on the
+        logits with every forbidden one set to -inf, read from the bits without building that row."""
         desc = self._greedy_head()
         if desc is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
             return None
@@ -261,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
             bufs = (torch.empty(M, self.lm_head.out_features), torch.empty(M, dtype=torch.int64))
             if M <= GREEDY_KEPT_ROWS:  # a small step's logits and choices, kept for the next one of its size
                 self._greedy_bufs[M] = bufs
-        cpu_stack.linear_argmax(desc, hidden.contiguous(), *bufs)
+        cpu_stack.linear_argmax(desc, hidden.contiguous(), *bufs, *_mask_rows(masks, M, bufs[0].shape[1]))
         return bufs[1].tolist()
 
     def _greedy_head(self) -> torch.Tensor | None:

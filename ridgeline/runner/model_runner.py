@@ -78,8 +78,11 @@ class ModelRunner:
         sampling = [s for s in seqs if s.sample]
         if sampling:
             rows = hidden if len(sample_rows) == len(hidden) else hidden[sample_rows]  # equal: every row, in order
-            # plain greedy rows: the head and the argmax in one C call, where the head has a C kernel
-            tokens = self.model.greedy_tokens(rows) if self.sample.takes_argmax(sampling) else None
+            # greedy rows (structured ones too, their argmax over what their masks allow): the head and the
+            # argmax in one C call, where the head has a C kernel
+            tokens = None
+            if self.sample.takes_argmax(sampling, masked=True):
+                tokens = self.model.greedy_tokens(rows, self.sample.row_masks(sampling, masks))
             if tokens is not None:
                 result.sampled = self.sample.matched(sampling, tokens)
             else:

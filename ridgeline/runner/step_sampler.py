@@ -83,16 +83,12 @@ class StepSampler:
 
     def _meta(self, seqs: list[ScheduledSeq], V: int) -> SamplingMetadata:
         """Per logit row: the request's parameters, its generator, and the history penalties see."""
-        params, prompts, outputs, gens, allowed = [], [], [], [], []
+        params, prompts, outputs, gens = [], [], [], []
         for s in seqs:
             g = self._generator(s)
             proposals = _proposals(s)
-            rows = self.masks.get(s.req_id)
-            if s.params.structured is not None and (rows is None or len(rows) != s.num_spec + 1):
-                raise RuntimeError(f"request {s.req_id} has structured outputs but no mask for each of its rows")
             for j in range(s.num_spec + 1):
                 params.append(s.params)
-                allowed.append(None if rows is None else rows[j])
                 gens.append(g)
                 if s.history is not None:
                     prompts.append(s.history[:s.num_prompt_tokens])
@@ -100,12 +96,28 @@ class StepSampler:
                 else:
                     prompts.append([])
                     outputs.append([])
+        allowed = self.row_masks(seqs, self.masks)
         return SamplingMetadata.build(params, prompts, outputs, gens, self.eos_ids, V, self.device, allowed)
 
     @staticmethod
-    def takes_argmax(seqs: list[ScheduledSeq]) -> bool:
-        """Every row's token is its logits' argmax (plain greedy: no penalties, bias, bans or logprobs)."""
-        return all(s.params.plain_greedy for s in seqs)
+    def takes_argmax(seqs: list[ScheduledSeq], masked: bool = False) -> bool:
+        """Every row's token is its logits' argmax (plain greedy: no penalties, bias, bans or logprobs);
+        masked: or the argmax over what its structured-output mask allows (row_masks)."""
+        return all(s.params.masked_argmax if masked else s.params.plain_greedy for s in seqs)
+
+    @staticmethod
+    def row_masks(seqs: list[ScheduledSeq], masks: dict[str, list[bytes]] | None) -> list[bytes | None] | None:
+        """Per logit row of seqs (num_spec + 1 each, in order): its structured-output bitmask, or None
+        (unconstrained); None when no row has one."""
+        if not masks and not any(s.params.structured is not None for s in seqs):
+            return None
+        rows: list[bytes | None] = []
+        for s in seqs:
+            got = (masks or {}).get(s.req_id)
+            if s.params.structured is not None and (got is None or len(got) != s.num_spec + 1):
+                raise RuntimeError(f"request {s.req_id} has structured outputs but no mask for each of its rows")
+            rows.extend(got if got is not None else [None] * (s.num_spec + 1))
+        return rows
 
     def _match(self, seqs: list[ScheduledSeq], logits: torch.Tensor) -> list[SampledSeq]:
         if self.takes_argmax(seqs):  # the sampler's own answer, without its metadata

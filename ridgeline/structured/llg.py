@@ -77,6 +77,9 @@ class LLGConstraint(Constraint):
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         return self.m.validate_tokens(list(tokens)) if tokens else 0
 
+    def forced_tokens(self) -> list[int]:
+        return [] if self.m.is_stopped() else self.m.compute_ff_tokens()
+
     @property
     def accepts_eos(self) -> bool:
         return self.m.is_accepting()
