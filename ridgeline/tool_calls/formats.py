@@ -36,8 +36,8 @@ class CallFormat:
             return f"{self.start}\n<function={name}>\n{params}</function>\n{self.end}"
         call = f'{{"name": {json.dumps(name, ensure_ascii=False)}, "{self.args_key}": {args}}}'
         if self.listed:
-            call = f"[{call}]"
-        return f"{self.writes}{call}{self.end or ''}"
+            return f"{self.writes}[{call}]{self.end or ''}"
+        return f"{self.writes}\n{call}\n{self.end}" if self.end else f"{self.writes}{call}"
 
     @property
     def writes(self) -> str:
