@@ -143,9 +143,10 @@ CASES = [  # id, route, body, status, param, code
     ("chat-template-kwargs", CHAT, chat(chat_template_kwargs={"x": 1}), 400, "chat_template_kwargs",
      "unsupported_parameter"),
     ("bad-regex", CMPL, cmpl(guided_regex="(?=a)b"), 400, "guided_regex", "unsupported_parameter"),
-    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
-     "unsupported_parameter"),
-    ("tool-choice", CHAT, chat(tool_choice="auto"), 400, "tool_choice", "unsupported_parameter"),
+    ("tools-remote-ref", CHAT, chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "https://example.com/s.json"}}}]), 400, "tools", "unsupported_parameter"),
+    ("tool-choice-without-tools", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
+    ("tool-message-without-id", CHAT, chat(messages=[{"role": "tool", "content": "x"}]), 400, "messages", None),
     ("functions", CHAT, chat(functions=[{"name": "f"}]), 400, "functions", "unsupported_parameter"),
     ("function-call", CHAT, chat(function_call="auto"), 400, "function_call", "unsupported_parameter"),
     ("suffix", CMPL, cmpl(suffix="end"), 400, "suffix", "unsupported_parameter"),

@@ -14,6 +14,8 @@ from ridgeline.serve.limits import TextBound
 from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
 from ridgeline.serve.protocol import ChatCompletionRequest
 from ridgeline.serve.state import state_of
+from ridgeline.tool_calls.parser import parse_all
+from ridgeline.serve.tools import ToolPlan, plan as tool_plan
 
 router = APIRouter()
 
@@ -24,41 +26,80 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     params = accept(state, body, "/v1/chat/completions")
     tok = state.engine.tokenizer
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    await compile_structured(state, params, rid)
     messages = [m.as_template_input() for m in body.messages]
+    tools: ToolPlan | None = None
+    if _uses_tools(body):
+        tools = await state.offload(rid, tool_plan, body, tok, state.render, params, messages)
+        messages, params = tools.messages, tools.params
+    await compile_structured(state, params, rid)
+    extra = tools.extra if tools is not None else {}
     with admitted(state, 1, params.n) as hold:
-        prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound)
+        prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound, extra)
         job = await Job.start(state, rid, [prompt], params, body.max_tokens_field,
                               request_namespace(state, request, body.cache_salt), hold)
     head = {"id": rid, "created": int(time.time()), "model": body.model,
             "system_fingerprint": state.system_fingerprint}
     if body.stream:
-        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage),
+        return sse_response(job, _chunks(job, head, TokenTexts(tok), params.n, body.include_usage, tools),
                             ignored_header(body.model_extra))
     [out] = await job.results(request)
     usage = job.usage()
 
     def build() -> bytes:
         texts = TokenTexts(tok)
-        choices = ({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(texts, c.logprobs), "finish_reason": c.finish_reason}
-                   for c in out.outputs)
+        choices = ({"index": c.index, "message": _message(parsed, c),
+                    "logprobs": chat_logprobs(texts, c.logprobs), "finish_reason": _finish(tools, c, parsed)}
+                   for c in out.outputs for parsed in [_parsed(tools, c)])
         return object_bytes({**head, "object": "chat.completion"}, choices, {"usage": usage})
 
     return await json_response(state, rid, build, ignored_header(body.model_extra))
 
 
-def _prompt(tok, messages: list[dict], render=None, bound: TextBound | None = None) -> Prompt:
+def _uses_tools(body: ChatCompletionRequest) -> bool:
+    return (body.tools is not None or body.tool_choice is not None or body.parallel_tool_calls is not None
+            or any(m.role == "tool" or m.tool_calls or m.tool_call_id is not None for m in body.messages))
+
+
+def _parsed(tools: ToolPlan | None, c):
+    """A choice's whole reply through the parser: (content, calls) or None (no tools)."""
+    parser = tools.parser() if tools is not None else None
+    if parser is None:
+        return None
+    return parse_all(parser, c.token_ids, c.text), parser.done
+
+
+def _message(parsed, c) -> dict:
+    if parsed is None:
+        return {"role": "assistant", "content": c.text}
+    (content, calls), _ = parsed
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [call.openai() for call in calls]
+    return message
+
+
+def _finish(tools: ToolPlan | None, c, parsed) -> str | None:
+    if parsed is None:
+        return c.finish_reason
+    (_, calls), done = parsed
+    return "tool_calls" if calls and (done or c.finish_reason == "stop") else c.finish_reason
+
+
+def _prompt(tok, messages: list[dict], render=None, bound: TextBound | None = None, extra: dict | None = None
+            ) -> Prompt:
     """Render and tokenize (on the server's executor: a long conversation takes a while). render: the
-    server's bounded renderer (None: in this thread); bound: rendered text longer cannot fit."""
-    text = tok.apply_chat_template(messages, render=render)
+    server's bounded renderer (None: in this thread); bound: rendered text longer cannot fit; extra:
+    more template variables (tools)."""
+    extra = extra or {}
+    text = tok.apply_chat_template(messages, render=render, **extra)
     if bound is not None:
         bound.check(text, "messages")
-    return Prompt(tok.encode_chat(messages, rendered=text, render=render), text)  # contents never parse specials
+    return Prompt(tok.encode_chat(messages, rendered=text, render=render, **extra), text)  # contents never parse specials
 
 
-async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, include_usage: bool):
+async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, include_usage: bool, tools: ToolPlan | None):
     base = {**head, "object": "chat.completion.chunk"}
+    parsers = [tools.parser() if tools is not None else None for _ in range(n)]
     usage = {"usage": None} if include_usage else {}
 
     def chunk(index: int, delta: dict, logprobs=None, finish: str | None = None) -> dict:
@@ -69,8 +110,29 @@ async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, include_usage
         yield chunk(i, {"role": "assistant", "content": ""})
     async for out in job:  # deltas
         for c in out.outputs:
-            if c.text or c.logprobs or c.finish_reason:
+            parser = parsers[c.index]
+            if parser is not None:
+                for delta, logprobs, finish in _tool_deltas(parser, c, chat_logprobs(texts, c.logprobs)):
+                    yield chunk(c.index, delta, logprobs, finish)
+            elif c.text or c.logprobs or c.finish_reason:
                 yield chunk(c.index, {"content": c.text} if c.text else {}, chat_logprobs(texts, c.logprobs),
                             c.finish_reason)
     if include_usage:
         yield {**base, "choices": [], "usage": job.usage()}
+
+
+def _tool_deltas(parser, c, logprobs):
+    """One engine delta through the choice's parser: (delta, logprobs, finish_reason) chunks, the
+    logprobs on the first, the finish reason on the last."""
+    events = parser.feed(c.token_ids, c.text)
+    if c.finish_reason:
+        events += parser.finish()
+    deltas = [{"content": e["content"]} if "content" in e else {"tool_calls": [e["tool_call"].delta()]}
+              for e in events]
+    finish = c.finish_reason
+    if finish and parser.calls and (parser.done or finish == "stop"):
+        finish = "tool_calls"
+    if not deltas and (logprobs or finish):
+        deltas = [{}]
+    for k, d in enumerate(deltas):
+        yield d, logprobs if k == 0 else None, finish if k == len(deltas) - 1 else None

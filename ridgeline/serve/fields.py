@@ -78,8 +78,6 @@ REFUSED: dict[str, Peer] = {
     "thinking_token_budget": Peer((), _REASONING),
     "lora_request": Peer((), _LORA),
     "stream_options.continuous_usage_stats": Peer((False,), "usage on every streamed chunk"),
-    "messages[].tool_calls": Peer(([],), _TOOLS),
-    "messages[].tool_call_id": Peer((), _TOOLS),
     "messages[].function_call": Peer((), "function calling"),
     "messages[].audio": Peer((), _MM),
     "messages[].reasoning_content": Peer((), _REASONING),

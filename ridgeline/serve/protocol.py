@@ -133,9 +133,11 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made (tool_calls/request.py)
+    tool_call_id: str | None = None  # tool: the call this result answers
 
     def as_template_input(self) -> dict:
         return template_message(self.role, self.content)
@@ -143,6 +145,9 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_GenerateRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Any] | None = None  # checked in tool_calls/request.py
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

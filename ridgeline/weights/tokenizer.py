@@ -57,6 +57,7 @@ class Tokenizer:
         self.eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.special_ids = {t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        self.added_ids = set(self._tok.get_added_tokens_decoder())  # special or not
         specials = [t for t in self._tok.get_added_tokens_decoder().values() if t.special]
         # finds special-token text typed inside message content (longest first)
         self._special_re = re.compile("|".join(re.escape(t.content) for t in sorted(
@@ -113,17 +114,37 @@ class Tokenizer:
             raise InvalidRequestError(str(e), "messages") from None
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    rendered: str | None = None, render: Render | None = None) -> list[int]:
+                    rendered: str | None = None, render: Render | None = None, **extra) -> list[int]:
         """Token ids of the rendered conversation (rendered: apply_chat_template's result, if the
         caller has it). Message contents are plain text: special-token text typed in one (e.g.
         "<|im_start|>system") stays text and cannot forge a role or a turn; the template's own
         special tokens are parsed. Conversations without such text encode exactly as the rendered
-        string does. render: as for apply_chat_template."""
+        string does. render, extra (template variables such as tools): as for apply_chat_template."""
         if rendered is None:
-            rendered = self.apply_chat_template(messages, add_generation_prompt, render)
+            rendered = self.apply_chat_template(messages, add_generation_prompt, render, **extra)
         if not any(self._has_special_text(m.get("content")) for m in messages):
             return self.encode(rendered, add_special_tokens=False)
-        return self._encode_segments(messages, add_generation_prompt, rendered, render)
+        return self._encode_segments(messages, add_generation_prompt, rendered, render, extra)
+
+    def special_text_in(self, value) -> bool:
+        """Whether special-token text appears in any string inside value (nested lists and dicts,
+        keys included): for what a template renders outside message contents (tools, call arguments)."""
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, dict):
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                stack.extend(v)
+            elif self._has_special_text(v):
+                return True
+        return False
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the added (or special) token whose text is exactly this, or None."""
+        i = self._tok.token_to_id(text)
+        return i if i in self.added_ids else None
 
     def _has_special_text(self, content) -> bool:
         if not isinstance(content, str) or self._special_re is None:
@@ -133,13 +154,14 @@ class Tokenizer:
                     or (normalizer is not None and self._special_re.search(normalizer.normalize_str(content))))
 
     def _encode_segments(self, messages: list[dict], add_generation_prompt: bool, rendered: str,
-                         render: Render | None) -> list[int]:
+                         render: Render | None, extra: dict) -> list[int]:
         """Render with a unique placeholder per content, then encode the template's text with special
         tokens parsed and each content with them read as text."""
         nonce = secrets.token_hex(8)
         marks = [m if not isinstance(m.get("content"), str) else {**m, "content": f"\ue000{nonce}:{i}\ue001"}
                  for i, m in enumerate(messages)]
-        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marks, add_generation_prompt, render))
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marks, add_generation_prompt, render,
+                                                                                   **extra))
         contents = [m.get("content") for m in messages]
 
         def joined(cs: list) -> str:

@@ -1,0 +1,99 @@
+"""Tool calling on the chat route: the template's call format (detected once per template, on the
+server's executor through the bounded renderer), the request's template input, the constraint for
+`tool_choice` required and named (a grammar of calls, each call's arguments its tool's schema), and
+a parser per choice for the reply. `auto` is unconstrained text, parsed."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.sampling_params import SamplingParams
+from ridgeline.structured_params import StructuredOutputs
+from ridgeline.tool_calls.detect import Detected, detect
+from ridgeline.tool_calls.grammar import call_grammar
+from ridgeline.tool_calls.parser import ToolCallParser
+from ridgeline.tool_calls.request import ToolChoice, generic_messages, template_messages, tool_choice
+
+_detected: dict[str, Detected] = {}  # template source -> its format
+_lock = threading.Lock()
+
+
+@dataclass
+class ToolPlan:
+    choice: ToolChoice | None
+    detected: Detected
+    messages: list[dict]  # template input
+    extra: dict  # template variables (tools)
+    specials: dict[int, str]  # tokens the parser matches by id
+    params: SamplingParams
+
+    def parser(self) -> ToolCallParser | None:
+        if self.choice is None or self.choice.mode == "none":
+            return None
+        return ToolCallParser(self.detected.format, self.specials, schemas=self.choice.schemas,
+                              max_calls=None if self.choice.parallel else 1)
+
+
+def detected_format(tok, render) -> Detected:
+    """The call format of the tokenizer's template (cached per template text); runs the template."""
+    source = tok.chat_template or ""
+    with _lock:
+        hit = _detected.get(source)
+    if hit is None:
+        def go(messages, tools):
+            return tok.apply_chat_template(messages, add_generation_prompt=False, render=render,
+                                           **({"tools": tools} if tools is not None else {}))
+        hit = detect(go)
+        with _lock:
+            _detected[source] = hit
+    return hit
+
+
+def _refuse_special_text(tok, choice: ToolChoice | None, messages: list[dict]) -> None:
+    """Special-token text in what a template renders outside message contents would be parsed as the
+    tokens themselves (a forged turn): refused. Contents are safe (encode_chat reads them as text)."""
+    if choice is not None and tok.special_text_in(list(choice.tools)):
+        raise InvalidRequestError("tools: contains the text of a special token", "tools")
+    for i, m in enumerate(messages):
+        if tok.special_text_in(m.get("tool_calls")):
+            raise InvalidRequestError(f"messages[{i}].tool_calls: contains the text of a special token", "messages")
+
+
+def plan(body, tok, render, params: SamplingParams, template_input: list[dict]) -> ToolPlan:
+    """Everything tool calling changes about one request (runs templates: call on the executor)."""
+    choice = tool_choice(body.tools, body.tool_choice, body.parallel_tool_calls)
+    raw = [m.model_dump() for m in body.messages]
+    messages = template_messages(template_input, raw)
+    _refuse_special_text(tok, choice, messages)
+    detected = detected_format(tok, render)
+    fmt = detected.format
+    extra: dict = {}
+    if detected.generic:
+        messages = generic_messages(messages, choice)
+    elif choice is not None:
+        extra["tools"] = list(choice.tools)
+    specials = {i: m for m in fmt.markers if (i := tok.token_id(m)) is not None}
+    if choice is not None and choice.mode != "none":
+        if any(i in tok.special_ids for i in specials) and params.skip_special_tokens:
+            # the markers are special tokens: keep special tokens in the text (the parser drops the rest)
+            params = dataclasses.replace(params, skip_special_tokens=False)
+        if not params.skip_special_tokens:
+            specials.update({i: tok.id_to_token(i) for i in tok.special_ids})
+        params = _constrain(choice, detected, params, {m: i for i, m in specials.items() if m in fmt.markers})
+    return ToolPlan(choice, detected, messages, extra, specials, params)
+
+
+def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, ids: dict[str, int]) -> SamplingParams:
+    if choice.mode not in ("required", "named"):
+        return params
+    fmt = detected.format
+    if not fmt.constrainable:
+        raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be enforced for this model's call format "
+                                  f"({fmt.name}) yet; use auto", "tool_choice", code="unsupported_parameter")
+    if params.structured is not None:
+        raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be combined with "
+                                  f"{params.structured.field}", "tool_choice")
+    grammar = call_grammar(fmt, choice.callable, choice.parallel, ids)
+    return dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar, field="tools"))

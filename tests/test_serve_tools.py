@@ -1,0 +1,131 @@
+"""Tool calling through the server and the openai SDK on a tiny random model: with tool_choice
+required or named the reply is calls whose arguments validate against the tool's schema, streamed and
+non-streamed alike; tool-call history renders through the model's template; every way of asking wrong
+is a 400 naming the field."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from jsonschema import Draft202012Validator
+
+CHAT = "/v1/chat/completions"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                        "b": {"type": "boolean"}}, "required": ["a", "b"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory):
+    """A tiny Llama with room for the tools' description (the byte tokenizer spends a token a byte)."""
+    from conftest import SERVER_OPTS, make_tiny_model
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-tools"), "llama", max_position_embeddings=2048)
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False,
+                                                **{**SERVER_OPTS, "kv_cache_memory": "16MiB"}))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(tools_server):
+    with httpx.Client(base_url=tools_server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sdk(tools_server):
+    return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="x", max_retries=0)
+
+
+def _check(calls, allowed):
+    assert calls
+    for c in calls:
+        assert c.function.name in allowed
+        Draft202012Validator(SCHEMAS[c.function.name]).validate(json.loads(c.function.arguments))
+
+
+def _streamed(sdk, **kw):
+    content, calls, finish = "", {}, None
+    for chunk in sdk.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                calls[d.index] = (d.id, d.function.name, d.function.arguments)
+            finish = ch.finish_reason or finish
+    return content or None, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_constrained_calls_validate_streamed_or_not(sdk, choice, parallel):
+    allowed = set(SCHEMAS) if choice == "required" else {"add"}
+    for seed in range(3):
+        kw = dict(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, parallel_tool_calls=parallel,
+                  max_tokens=160, temperature=1.0, seed=seed)
+        r = sdk.chat.completions.create(**kw)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        _check(c.message.tool_calls, allowed)
+        if not parallel:
+            assert len(c.message.tool_calls) == 1
+        content, calls, finish = _streamed(sdk, **kw)
+        assert finish == "tool_calls"
+        assert [(n, a) for _, n, a in calls] == [(t.function.name, t.function.arguments)
+                                                 for t in c.message.tool_calls]
+        assert content == c.message.content
+
+
+def test_history_round_trips_through_the_template(sdk):
+    """The tiny model's template renders no tools: the server writes the history itself."""
+    msgs = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "Paris", "days": 2}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = sdk.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=160)
+    _check(r.choices[0].message.tool_calls, set(SCHEMAS))
+    assert r.usage.prompt_tokens > 100  # the tools' description and the history are in the prompt
+
+
+def test_auto_and_none_reply_with_text(sdk):
+    for choice in ("auto", "none"):
+        r = sdk.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, max_tokens=8)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def _bad(client, body: dict, param: str, text: str):
+    r = client.post(CHAT, json={"model": "tiny", "messages": USER, "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and text in err["message"], err
+
+
+def test_bad_input_is_a_400_naming_the_field(client):
+    _bad(client, {"tool_choice": "required"}, "tool_choice", "needs tools")
+    _bad(client, {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice", "not in tools")
+    _bad(client, {"tools": TOOLS + TOOLS[:1]}, "tools", "two tools")
+    _bad(client, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}]},
+         "tools", "tools[0].function.parameters")
+    _bad(client, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "https://example.com/s.json"}}}]}, "tools", "remote")
+    _bad(client, {"tools": TOOLS, "messages": [*USER, {"role": "tool", "content": "x"}]}, "messages",
+         "tool_call_id")
+    _bad(client, {"tools": TOOLS, "messages": [*USER, {"role": "tool", "tool_call_id": "c9", "content": "x"}]},
+         "messages", "matches no earlier")
+    _bad(client, {"tools": [{"type": "function", "function": {"name": "f", "description": "<s>system"}}]},
+         "tools", "special token")
+    _bad(client, {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "tool_choice", "response_format")
