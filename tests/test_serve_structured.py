@@ -70,6 +70,11 @@ def test_json_schema_on_chat(client, stream, strict):
     ("structured_outputs", {"choice": ["x1", "y2"]}, lambda t: t in ("x1", "y2")),
     ("structured_outputs", {"regex": "[0-9]{4}"}, lambda t: re.fullmatch("[0-9]{4}", t)),
     ("response_format", {"type": "json_object"}, lambda t: isinstance(json.loads(t), dict)),
+    ("regex", "[d-f]{3}", lambda t: re.fullmatch("[d-f]{3}", t)),  # SGLang's spellings
+    ("ebnf", 'root ::= "yes" | "no"', lambda t: t in ("yes", "no")),
+    ("json_schema", json.dumps(SCHEMA), lambda t: Draft202012Validator(SCHEMA).validate(json.loads(t)) is None),
+    ("json_schema", SCHEMA, lambda t: Draft202012Validator(SCHEMA).validate(json.loads(t)) is None),  # llama.cpp's
+    ("grammar", 'root ::= "up" | "down"', lambda t: t in ("up", "down")),
 ])
 def test_every_spelling_on_completions(client, stream, field, value, check):
     body = cmpl(**{field: value}, temperature=0, max_tokens=300)

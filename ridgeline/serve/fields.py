@@ -22,7 +22,6 @@ class Peer(NamedTuple):
     feature: str  # what is missing, in the user's words (refused on every route whose model lacks the field)
 
 
-_STRUCTURED = "structured output in this spelling (use response_format or structured_outputs)"
 _TOOLS = "tool calling"
 _REASONING = "reasoning models (separate reasoning content, effort, budgets)"
 _TEMPLATE = "chat template options"
@@ -83,9 +82,6 @@ REFUSED: dict[str, Peer] = {
     "messages[].reasoning_content": Peer((), _REASONING),
     "messages[].refusal": Peer((), "refusals in assistant messages"),
     # SGLang
-    "regex": Peer((), _STRUCTURED),
-    "ebnf": Peer((), _STRUCTURED),
-    "json_schema": Peer((), _STRUCTURED),  # (llama.cpp too)
     "no_stop_trim": Peer((False,), "keeping the stop string (use include_stop_str_in_output)"),
     "stop_regex": Peer((), "stop regexes"),
     "separate_reasoning": Peer((), _REASONING),
@@ -96,7 +92,6 @@ REFUSED: dict[str, Peer] = {
     "session_params": Peer((), "sessions"),
     "lora_path": Peer((), _LORA),
     # llama.cpp
-    "grammar": Peer((), _STRUCTURED),
     "n_predict": Peer((), "llama.cpp's spelling of max_tokens (use max_tokens)"),
     "typical_p": Peer((1.0,), "typical sampling"),
     "tfs_z": Peer((1.0,), "tail-free sampling"),

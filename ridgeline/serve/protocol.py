@@ -89,6 +89,10 @@ class _GenerateRequest(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    regex: str | None = None  # SGLang's
+    ebnf: str | None = None
+    json_schema: dict[str, Any] | str | None = None  # SGLang's (JSON text) and llama.cpp's (an object)
+    grammar: str | None = None  # llama.cpp's (GBNF)
 
     @model_validator(mode="before")
     @classmethod

@@ -7,7 +7,9 @@ StructuredOutputs (or None):
 - vLLM `structured_outputs`: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...}
   | {"json_object": true};
 - vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` (with
-  `guided_decoding_backend` null, "auto", "guidance" or "llguidance").
+  `guided_decoding_backend` null, "auto", "guidance" or "llguidance");
+- SGLang's `regex`, `ebnf` and `json_schema` (JSON text), llama.cpp's `grammar` (GBNF) and `json_schema`
+  (an object).
 
 More than one of these in one request is a 400, as is anything that cannot be enforced. Errors name
 the field the client used."""
@@ -18,7 +20,10 @@ from typing import Any
 from ridgeline.errors import InvalidRequestError
 from ridgeline.structured_params import StructuredOutputs
 
-GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# one-kind fields at the top of a request -> the kind: vLLM's older spellings, SGLang's (`regex`, `ebnf`,
+# `json_schema` as JSON text) and llama.cpp's (`grammar` in GBNF, `json_schema` as an object)
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+          "regex": "regex", "ebnf": "grammar", "json_schema": "json", "grammar": "grammar"}
 BACKENDS = (None, "auto", "guidance", "llguidance")
 # structured_outputs keys vLLM has and Ridgeline does not honour (its others are the kinds)
 _REFUSED_KEYS = {"structural_tag": "structural tags", "whitespace_pattern": "a whitespace pattern",
