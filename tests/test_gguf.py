@@ -86,6 +86,19 @@ def _add(writer, name, w, qtype, rng):
         writer.add_tensor(name, quants.quantize(w, qtype), raw_dtype=qtype)
 
 
+def add_tiny_header(w: GGUFWriter, layers: int = LAYERS, tokenizer: str = "gpt2", pre: str = "smollm") -> list[str]:
+    """The tiny model's architecture and tokenizer metadata (the writer's arch as given); returns its tokens."""
+    tokens, types = tiny_vocab()
+    for add, value in [(w.add_block_count, layers), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
+                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
+                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
+                       (w.add_tokenizer_model, tokenizer), (w.add_tokenizer_pre, pre), (w.add_token_list, tokens),
+                       (w.add_token_types, types), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
+                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
+        add(value)
+    return tokens
+
+
 def _finish(w: GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -95,15 +108,8 @@ def _finish(w: GGUFWriter) -> None:
 
 def write_tiny_gguf(path, pre="smollm", arch="llama", with_tensors=True, tokenizer="gpt2"):
     rng = np.random.default_rng(1)
-    tokens, types = tiny_vocab()
     w = GGUFWriter(str(path), arch)
-    for add, value in [(w.add_block_count, LAYERS), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
-                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
-                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
-                       (w.add_tokenizer_model, tokenizer), (w.add_tokenizer_pre, pre), (w.add_token_list, tokens),
-                       (w.add_token_types, types), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
-                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
-        add(value)
+    tokens = add_tiny_header(w, LAYERS, tokenizer, pre)
     hf = {}  # the HF-layout float32 weights stored exactly (F32 tensors), for direct comparison
     if with_tensors:
         def mat(rows, cols):

@@ -13,7 +13,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.kernels import cpu_quant
 from ridgeline.gguf import repack as gguf_repack
 from ridgeline.gguf.blocks import GGUFBlocks
-from test_gguf import CHAT, HEADS, HIDDEN, KV_HEADS, MERGES, _add, _finish, llama_permute, random_blocks, tiny_vocab
+from test_gguf import HEADS, HIDDEN, KV_HEADS, add_tiny_header, _add, _finish, llama_permute, random_blocks
 from test_quant_engine import _generate, _logits
 
 FFN = 512
@@ -64,15 +64,8 @@ def test_rows_of_blocks_permute_as_whole_output_channels():
 def write_gguf(path, types: dict, tied: bool, arch: str = "llama", layers: int = 2) -> None:
     """A tiny GGUF model; types: GGUF tensor kind (attn_q, ..., token_embd, output) -> GGML type (default Q4_1)."""
     rng = np.random.default_rng(7)
-    tokens, ttypes = tiny_vocab()
     w = GGUFWriter(str(path), arch)
-    for add, value in [(w.add_block_count, layers), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
-                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
-                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
-                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "smollm"), (w.add_token_list, tokens),
-                       (w.add_token_types, ttypes), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
-                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
-        add(value)
+    tokens = add_tiny_header(w, layers)
 
     def mat(rows, cols):
         return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)

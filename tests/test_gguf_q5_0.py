@@ -15,7 +15,7 @@ from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.gguf.convert import ensure_converted, hf_name
 from ridgeline.gguf.dequant import dequantize
 from ridgeline.kernels import cpu_quant
-from test_gguf import CHAT, HEADS, HIDDEN, KV_HEADS, MERGES, _finish, llama_permute, tiny_vocab
+from test_gguf import HEADS, HIDDEN, KV_HEADS, add_tiny_header, _finish, llama_permute
 from test_quant_engine import PROMPT_IDS, _generate, _logits
 
 FFN, LAYERS = 512, 2
@@ -86,15 +86,8 @@ def test_blocks_are_kept_as_int8_g32_exactly():
 def write_q5_0_model(path) -> dict[str, np.ndarray]:
     """A tiny tied llama whose every matrix is Q5_0; returns HF name -> the reference dequantized weight."""
     rng = np.random.default_rng(5)
-    tokens, ttypes = tiny_vocab()
     w = GGUFWriter(str(path), "llama")
-    for add, value in [(w.add_block_count, LAYERS), (w.add_context_length, 512), (w.add_embedding_length, HIDDEN),
-                       (w.add_feed_forward_length, FFN), (w.add_head_count, HEADS), (w.add_head_count_kv, KV_HEADS),
-                       (w.add_rope_freq_base, 50000.0), (w.add_layer_norm_rms_eps, 1e-6),
-                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "smollm"), (w.add_token_list, tokens),
-                       (w.add_token_types, ttypes), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
-                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
-        add(value)
+    tokens = add_tiny_header(w, LAYERS)
     want = {}
 
     def q5(name, m, heads=None):

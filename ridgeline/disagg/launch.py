@@ -13,14 +13,11 @@ than cores, or --no-pin-cores, they share them with cores / (x + y) threads each
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import threading
 
 
 from ridgeline.disagg.front import DisaggConfigError, Front, Worker, build_front
@@ -124,21 +121,11 @@ def _stop(procs: list[tuple[subprocess.Popen, str]]) -> None:
 def front_server(app, limits: FrontLimits):
     import uvicorn
 
-    class FrontServer(uvicorn.Server):
+    from ridgeline.http.server import SignalServer
+
+    class FrontServer(SignalServer):
         """A signal ends the front and returns (uvicorn would re-raise it, killing this process before its
         workers are stopped); a second one ends it at once."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, h in prev.items():
-                    signal.signal(s, h)
 
         def _on_signal(self, sig, frame) -> None:
             self.force_exit = self.should_exit
