@@ -1,6 +1,5 @@
 """Handing a started server its API key by environment (utils/api_key_env.py): the key in the child's
-environment, none inherited when none is given, the parent's environment untouched, and the variable
-the one `ridgeline serve` reads."""
+environment, none inherited when none is given, the parent's environment untouched."""
 from __future__ import annotations
 
 import os
@@ -24,7 +23,3 @@ def test_a_given_environment_is_copied_not_changed():
     assert env_with_api_key(None, base) == {"PATH": "/bin"}
     assert base == {API_KEY_ENV: "old", "PATH": "/bin"}
 
-
-def test_it_is_the_variable_the_server_reads():
-    from ridgeline.http.front_limits import API_KEY_ENV as served
-    assert API_KEY_ENV == served

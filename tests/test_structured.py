@@ -191,7 +191,7 @@ def test_bad_specs_are_refused_at_construction(kw, needle):
 
 
 def test_compiles_are_cached(eng):
-    backend = eng.constraints
+    backend = eng.structured.backend
     spec = StructuredOutputs(json={"type": "object", "properties": {"cached": {"type": "boolean"}}})
     before = backend.compiles
     for _ in range(3):

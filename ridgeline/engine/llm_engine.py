@@ -9,7 +9,6 @@ from dataclasses import replace
 import torch
 
 from ridgeline.config import EngineConfig
-from ridgeline.engine.constraint import ConstraintBackend
 from ridgeline.engine.constraints import EngineConstraints
 from ridgeline.engine.build import (build_model, build_runner, build_scheduler, build_speculation, context_of,
                                     plan_kv, resolve_source, start_parallel)
@@ -155,12 +154,6 @@ class LLMEngine:
     def spec_stats(self) -> SpecStats | None:
         """Speculation counters of this engine's life (None when speculation is off)."""
         return None if self.spec is None else self.spec.stats
-
-    @property
-    def constraints(self) -> ConstraintBackend:
-        """The structured-output backend: its prepare(spec) compiles into its cache from any thread, so a
-        server compiles before adding."""
-        return self.structured.backend
 
     # ---- requests in -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:

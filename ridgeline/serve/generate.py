@@ -65,7 +65,7 @@ async def compile_structured(state: ServerState, params: SamplingParams, name: s
         return
     field = params.structured.field
     try:
-        backend = state.engine.constraints
+        backend = state.engine.structured.backend
         await state.offload(name, backend.load)  # once per engine: not under the deadline
         await asyncio.wait_for(state.offload(name, backend.prepare, params.structured), COMPILE_SECONDS)
     except asyncio.TimeoutError:
