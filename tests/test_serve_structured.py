@@ -133,3 +133,24 @@ def test_a_bad_grammar_harms_no_other_request(client):
     assert client.post(CMPL, json=cmpl(guided_regex="(a)\\1")).status_code == 400
     r = client.post(CMPL, json=cmpl(max_tokens=4))
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def _metric(text: str, name: str) -> float:
+    return float(re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M).group(1))
+
+
+def test_metrics_count_constrained_work(client):
+    before = client.get("/metrics").text
+    body = cmpl(n=2, max_tokens=40, structured_outputs={"choice": ["alpha beta gamma delta", "omega"]})
+    r = client.post(CMPL, json=body)
+    assert r.status_code == 200, r.text
+    after = client.get("/metrics").text
+    grew = {n: _metric(after, f"ridgeline_structured_{n}") - _metric(before, f"ridgeline_structured_{n}")
+            for n in ("choices", "tokens", "forced_tokens", "mask_rows", "mask_steps", "mask_seconds")}
+    assert grew["choices"] == 2
+    tokens = sum(r.json()["usage"]["completion_tokens"] for _ in [0])
+    assert grew["tokens"] == tokens and grew["mask_rows"] >= tokens and grew["mask_steps"] >= 1
+    # once a choice's first letters decide it, the rest of it is forced
+    assert 0 < grew["forced_tokens"] < tokens and grew["mask_seconds"] > 0
+    assert _metric(after, "ridgeline_structured_compiles") >= 1
+    assert _metric(after, "ridgeline_structured_compile_seconds") > 0

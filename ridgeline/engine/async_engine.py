@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, replace
 
+from ridgeline.engine.constraints import StructuredStats
 from ridgeline.engine.kv_tier import TierStats
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.messages import AbortRequest, EngineRequest, Shutdown
@@ -60,6 +61,7 @@ class EngineStats:
     kv_tier_slots: tuple[int, int, int] = (0, 0, 0)  # the second tier's slots: total, cached, free
     # (most requests holding KV blocks at once, the most before the first preemption, how many held blocks at it)
     running_peaks: tuple[int, int, int] = (0, 0, 0)
+    structured: StructuredStats | None = None  # structured outputs' counters (a copy)
 
 
 class RequestStream:
@@ -328,7 +330,7 @@ class AsyncEngine:
                            tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens,
                            (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0),
                            (sched.peak_running, sched.peak_running_before_preemption,
-                            sched.running_at_first_preemption))
+                            sched.running_at_first_preemption), self.engine.structured.stats)
 
 
 def build_off_main_thread(factory):

@@ -67,6 +67,8 @@ class ConstraintBackend:
     def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]):
         """tokenizer: the engine's weights.tokenizer.Tokenizer; vocab_size: the model's (mask width)."""
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, tuple(eos_ids)
+        self.compiles = 0  # grammars compiled (cache misses), and the seconds they took: for /metrics
+        self.compile_seconds = 0.0
 
     def load(self) -> None:
         """Build what every compile needs (a token table): idempotent, any thread; slow only once."""

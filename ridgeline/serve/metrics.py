@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.distributed import expert_load
+from ridgeline.engine.constraints import StructuredStats
 from ridgeline.engine.spec_stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -154,6 +155,8 @@ class _EngineCollector(Collector):
             yield from _tier_metrics(s)
         if s.speculative is not None:
             yield from _spec_metrics(s.speculative)
+        if s.structured is not None:
+            yield from _structured_metrics(s.structured)
         yield from expert_load.metric_families(self.ae.engine.runner.model)
 
 
@@ -180,6 +183,21 @@ def _tier_metrics(s):
         fam = CounterMetricFamily(f"ridgeline_kv_tier_{metric}", doc, labels=["tier"])
         fam.add_metric([name], value)
         yield fam
+
+
+def _structured_metrics(st: StructuredStats):
+    """Structured outputs: mean mask time per step = mask_seconds / mask_steps; share of tokens forced =
+    forced_tokens / tokens (with --speculative-method grammar the spec_decode counters are its drafts)."""
+    for name, value, doc in (
+            ("choices", st.choices, "Constrained choices started (each of n counts)"),
+            ("compiles", st.compiles, "Grammars compiled (cache misses)"),
+            ("compile_seconds", st.compile_seconds, "Time spent compiling grammars"),
+            ("mask_steps", st.mask_steps, "Steps that built allowed-token masks"),
+            ("mask_rows", st.mask_rows, "Allowed-token mask rows built (one per sampled position)"),
+            ("mask_seconds", st.mask_seconds, "Time the step thread spent building masks"),
+            ("tokens", st.tokens, "Output tokens of constrained choices"),
+            ("forced_tokens", st.forced_tokens, "Output tokens of constrained choices that the grammar forced")):
+        yield CounterMetricFamily(f"ridgeline_structured_{name}", doc, value=value)
 
 
 def _spec_metrics(spec: SpecStats):

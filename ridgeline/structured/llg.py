@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -97,7 +98,6 @@ class LLGBackend(ConstraintBackend):
         self._tok: llg.LLTokenizer | None = None
         self._cache: OrderedDict[tuple[str, str], llg.LLMatcher | Refused] = OrderedDict()
         self.mask_bytes = (vocab_size + 31) // 32 * 4
-        self.compiles = 0  # cache misses, for tests and metrics
 
     def _tokenizer(self) -> llg.LLTokenizer:
         with self._lock:
@@ -125,13 +125,17 @@ class LLGBackend(ConstraintBackend):
     def _compile(self, spec: StructuredOutputs) -> llg.LLMatcher | Refused:
         """Outside the lock: llguidance drops the GIL while it builds, bounded by its limits."""
         tok = self._tokenizer()
+        t0 = time.perf_counter()
         try:
             grammar = grammar_of(spec)
+            m = llg.LLMatcher(tok, grammar, log_level=0, limits=limits())
+            return Refused(m.get_error()) if m.is_error() else m
         except ValueError as e:
             return Refused(str(e))
-        self.compiles += 1
-        m = llg.LLMatcher(tok, grammar, log_level=0, limits=limits())
-        return Refused(m.get_error()) if m.is_error() else m
+        finally:
+            with self._lock:
+                self.compiles += 1
+                self.compile_seconds += time.perf_counter() - t0
 
     def load(self) -> None:
         self._tokenizer()
