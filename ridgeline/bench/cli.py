@@ -9,6 +9,7 @@ def register(subparsers) -> None:
     from ridgeline.bench.random_model import add_random_model_parser
     from ridgeline.bench.serve import add_serve_parser
     from ridgeline.bench.spec import add_spec_parser
+    from ridgeline.bench.structured import add_structured_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.engine.args import add_engine_args
     from ridgeline.advisor.cli import VALIDATORS
@@ -17,19 +18,21 @@ def register(subparsers) -> None:
     VALIDATORS["spec"] = (add_spec_validate_args, run_spec_validate)  # `advise spec --validate` measures here
 
     p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online), "
-                                            "speculative decoding, the quantization ladder, long context, "
+                                            "speculative decoding, structured outputs, the quantization ladder, long context, "
                                             "random-weight models",
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "
                                           "dtype and prompts, in one process (throughput, decode); an "
                                           "OpenAI-compatible server under load (serve); speculative "
-                                          "decoding against none (spec); every quantization's bytes, "
+                                          "decoding against none (spec); a structured-output constraint's "
+                                          "cost and compile times (structured); every quantization's bytes, "
                                           "speeds and quality (quant); speed by context length "
                                           "(long-context); random-weight models with a published "
                                           "model's structure (random-model).")
     bsub = p.add_subparsers(dest="bench_command", required=True,
-                            metavar="{throughput,decode,serve,spec,quant,long-context,random-model,routing,disagg}")
-    for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser, add_quant_parser,
-                add_long_context_parser):
+                            metavar="{throughput,decode,serve,spec,structured,quant,long-context,random-model,"
+                                    "routing,disagg}")
+    for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser, add_structured_parser,
+                add_quant_parser, add_long_context_parser):
         add_engine_args(add(bsub))
     add_random_model_parser(bsub)
     from ridgeline.bench.routing import add_routing_parser

@@ -33,6 +33,8 @@ class RequestSpec:
     prompt_ids: list[int]
     messages: list[dict] | None = None
     text: str | None = None  # the prompt as text (decoded ids), for --prompt-format text
+    schema: dict | None = None  # the JSON schema its reply is constrained to (structured workloads)
+    schema_name: str | None = None
 
 
 @dataclass
@@ -89,6 +91,12 @@ def request_body(spec: RequestSpec, cfg: LoadConfig, max_tokens: int | None = No
         path, body["prompt"] = "/v1/completions", spec.text
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt_ids
+    if spec.schema is not None:  # OpenAI's spelling on chat, vLLM's on completions
+        if path.endswith("chat/completions"):
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": spec.schema_name or "reply", "schema": spec.schema, "strict": True}}
+        else:
+            body["structured_outputs"] = {"json": spec.schema}
     body.update(cfg.extra_body)
     return path, body
 
@@ -309,7 +317,7 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample name -> value, summed over label sets."""
+    """Sample name -> value, summed over label sets; a histogram's buckets also by name{le="..."}."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -322,7 +330,28 @@ def parse_prometheus(text: str) -> dict[str, float]:
         except ValueError:
             continue
         out[m.group(1)] = out.get(m.group(1), 0.0) + value
+        if m.group(1).endswith("_bucket") and m.group(2):
+            le = re.search(r'le="([^"]*)"', m.group(2))
+            if le:
+                key = f'{m.group(1)}{{le="{le.group(1)}"}}'
+                out[key] = out.get(key, 0.0) + value
     return out
+
+
+LATE_S = 0.1  # an event-loop probe woken later than this counts as late
+
+
+def loop_lag_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """The server's event-loop probe between two scrapes (Ridgeline's ridgeline_event_loop_lag_seconds):
+    probes, how many woke more than LATE_S late, and the mean lateness. None without it."""
+    name = "ridgeline_event_loop_lag_seconds"
+    key = f'{name}_bucket{{le="{LATE_S:g}"}}'
+    if not before or not after or key not in after or key not in before:
+        return None
+    n = after[name + "_count"] - before[name + "_count"]
+    on_time = after[key] - before[key]
+    total = after[name + "_sum"] - before[name + "_sum"]
+    return {"probes": n, "late": n - on_time, "late_s": LATE_S, "mean_lag_s": total / n if n else None}
 
 
 def _find(samples: dict[str, float], suffix: str) -> float | None:

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from ridgeline.bench.loadgen import (LoadConfig, RequestSpec, parse_prometheus, preemption_concurrency,
+from ridgeline.bench.loadgen import (LoadConfig, RequestSpec, loop_lag_delta, parse_prometheus, preemption_concurrency,
                                      prefix_cache_delta, summarize)
 from ridgeline.cli_parser import non_negative_int, output_file, positive_float, positive_float_or_inf, positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
@@ -93,6 +93,8 @@ def build_requests(args: argparse.Namespace, tok, num_requests: int, seed: int) 
     specs = []
     for ids in prompts:
         spec = RequestSpec(list(ids))
+        if getattr(ids, "structured", None) is not None:  # a structured workload's prompt
+            spec.schema, spec.schema_name = json.loads(ids.structured.json), ids.schema
         if args.prompt_format == "chat":
             spec.messages = rec.messages.get(tuple(ids))
             if spec.messages is None:
@@ -294,6 +296,11 @@ def format_report(s: dict, meta: dict) -> str:
             redo = f", {pc['recomputed_tokens']:.0f} tokens recomputed" if pc.get("recomputed_tokens") is not None else ""
             out.append(line("Preemptions (server /metrics):", f"{pc['preemptions']:.0f}{swaps}{redo}"))
     out += _concurrency_lines(meta.get("kv_concurrency"), line)
+    lag = meta.get("loop_lag")
+    if lag is not None and lag["probes"]:
+        out.append(line("Event-loop probes late (server /metrics):",
+                        f"{lag['late']:.0f} of {lag['probes']:.0f} woke over {lag['late_s'] * 1000:g} ms late "
+                        f"(mean lateness {lag['mean_lag_s'] * 1000:.2f} ms)"))
     if s["cached_prompt_tokens"] is not None and s["prompt_tokens"]:
         out.append(line("Cached prompt tokens (usage):", f"{s['cached_prompt_tokens']} "
                                                          f"({s['cached_prompt_tokens'] / s['prompt_tokens']:.1%})"))
@@ -302,6 +309,10 @@ def format_report(s: dict, meta: dict) -> str:
     for name, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s")):
         d = s[key]
         out.append(f"{name:<10}" + "".join(f"{_ms(d[k]):>10}" for k in ("mean", "p50", "p90", "p99", "max")))
+    for kind, ks in (s.get("by_kind") or {}).items():
+        d = ks["tpot_s"]
+        out.append(f"{'TPOT ' + ('json' if kind == 'structured' else kind):<10}" + "".join(f"{_ms(d[k]):>10}" for k in ("mean", "p50", "p90", "p99", "max"))
+                   + f"  ({ks['completed']} requests)")
     out.append("=" * 80)
     for e in s["errors"]:
         out.append(f"failed x{e['count']}: {e['error']}")
@@ -420,7 +431,10 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         if args.concurrency:
             load_desc += f", at most {args.concurrency} in flight"
     meta = {"server_desc": server_desc, "model": model, "workload_desc": workload_desc, "load_desc": load_desc,
-            "prefix_cache": pc, "kv_concurrency": conc}
+            "prefix_cache": pc, "kv_concurrency": conc, "loop_lag": loop_lag_delta(before, after)}
+    if any(sp.schema is not None for sp in specs):  # the two kinds of request, apart
+        s["by_kind"] = {kind: summarize([r for r in results if (specs[r.index].schema is not None) == constrained],
+                                        duration) for kind, constrained in (("plain", False), ("structured", True))}
     print()
     print(format_report(s, meta))
     ok = [r for r in results if r.ok]
@@ -479,7 +493,7 @@ def add_serve_parser(bsub) -> argparse.ArgumentParser:
                    help="extra `ridgeline serve` flags for a started server, given as --server-args='--flag value' "
                         "(default: none)")
     g.add_argument("--server-timeout", type=positive_float, default=600.0, help="seconds a started server gets to load")
-    add_workload_args(p, seed_default=None)
+    add_workload_args(p, seed_default=None, structured=True)
     g = p.add_argument_group("load")
     g.add_argument("--prompt-format", default="ids", choices=["ids", "text", "chat"],
                    help="ids: token ids to /v1/completions (exact prompt lengths); text: the decoded prompt to "

@@ -5,7 +5,10 @@ run greedy (or sampled at --temperature, unseeded) through one engine per propos
 with speculation off (k = 0), with k pinned at each --k, and with the goodput controller (k up to
 the largest --k). Settings alternate within each repeat (the order rotates between repeats);
 medians over --repeats are reported, and the speed-up is the median of each repeat's ratio to that
-repeat's plain run. Greedy output is the same in every setting (checked), so every setting
+repeat's plain run. The structured workloads constrain every request to its schema in every setting
+(speculation off included), so `--methods grammar` measures grammar drafts against the same constraint
+without them; `structured-forced` first runs the whole corpus once, prints each schema's share of
+forced tokens, and then runs the 10 schemas with the largest share. Greedy output is the same in every setting (checked), so every setting
 produces the same tokens; sampled outputs follow the same distribution, not the same draws. Beside each measured speed-up: the
 model E / (1 + c k), with E = (1 - a^(k+1)) / (1 - a) from the measured acceptance a, k the mean
 drafts per verification, and c the measured extra cost of a decode step per drafted token (step
@@ -17,7 +20,7 @@ import argparse
 import sys
 import time
 
-from ridgeline.bench.spec_runs import Setting, repeated_runs, summarize, timed_run
+from ridgeline.bench.spec_runs import Setting, repeated_runs, summarize, timed_run, timed_runs
 from ridgeline.bench.throughput import dtype_name
 from ridgeline.bench.workloads import make_workload
 from ridgeline.cli_parser import non_negative_float, output_file, positive_int
@@ -65,11 +68,35 @@ def settings_for(method: str, ks: list[int], controller: bool) -> list[Setting]:
     return out + ([Setting(method, max(ks), True)] if controller else [])
 
 
+TOP_FORCED = 10  # structured-forced: the schemas with the largest share of forced tokens
+
+
+def forced_prompts(args: argparse.Namespace, engine, n: int) -> list:
+    """structured-forced: the corpus once, greedy, speculation off; each schema's forced share printed;
+    n prompts on the TOP_FORCED schemas with the largest share."""
+    from ridgeline.bench.structured_workload import corpus_schemas, forced_share, structured_workload
+    tok = engine.tokenizer
+    everyone = structured_workload("structured", tok, len(corpus_schemas()), seed=args.workload_seed)
+    run = timed_runs(engine, everyone, 16, Setting("off", 0), args.output_len, args.ignore_eos)
+    shares = forced_share(engine.structured.backend, everyone, run.outputs)
+    ranked = sorted(shares, key=lambda k: (-shares[k][0] / max(shares[k][1], 1), k))
+    print("forced-token share by schema (greedy, the whole corpus): "
+          + ", ".join(f"{k} {f / max(t, 1):.2f}" for k, (f, t) in ((k, shares[k]) for k in ranked)))
+    total_f, total_t = sum(f for f, _ in shares.values()), sum(t for _, t in shares.values())
+    top = ranked[:TOP_FORCED]
+    print(f"whole corpus {total_f / max(total_t, 1):.2f}; structured-forced runs {', '.join(top)}")
+    return structured_workload("structured", tok, n, seed=args.workload_seed, only=top)
+
+
 def sweep(args: argparse.Namespace, engines: dict) -> list[dict]:
     rows = []
     tok = next(iter(engines.values())).tokenizer
     for workload in args.workloads:
-        prompts = make_workload(workload, tok, max(args.batch_sizes + [args.requests]), seed=args.workload_seed)
+        n = max(args.batch_sizes + [args.requests])
+        if workload == "structured-forced":
+            prompts = forced_prompts(args, next(iter(engines.values())), n)
+        else:
+            prompts = make_workload(workload, tok, n, seed=args.workload_seed)
         # warm-up: kernels, and the controller's first measurements
         for method, engine in engines.items():
             for s in settings_for(method, args.k, args.controller):
@@ -91,7 +118,7 @@ SAME = {True: "yes", False: "NO", None: "-"}  # None: sampled outputs differ by 
 
 
 def print_header() -> None:
-    head = (f"{'workload':<10}{'batch':>6}  {'setting':<16}{'tok/s':>8}{'decode':>8}{'speed-up':>9}"
+    head = (f"{'workload':<18}{'batch':>6}  {'setting':<16}{'tok/s':>8}{'decode':>8}{'speed-up':>9}"
             f"{'accept':>8}{'len':>6}{'drafted':>9}{'draft ms':>9}{'c':>7}{'E':>6}{'model':>7}  same")
     print(head)
     print("-" * len(head))
@@ -100,7 +127,7 @@ def print_header() -> None:
 def print_row(r: dict) -> None:
     extra = (f"{r['acceptance']:>8.2f}{r['mean_accepted_length']:>6.2f}{r['drafted']:>9}{r['draft_ms']:>9.1f}"
              f"{r['c']:>7.3f}{r['E']:>6.2f}{r['model_speedup']:>6.2f}x" if "c" in r else " " * 53)
-    print(f"{r['workload']:<10}{r['batch']:>6}  {r['setting']:<16}{r['tok_s']:>8.1f}{r['decode_tok_s']:>8.1f}"
+    print(f"{r['workload']:<18}{r['batch']:>6}  {r['setting']:<16}{r['tok_s']:>8.1f}{r['decode_tok_s']:>8.1f}"
           f"{r['speedup']:>8.2f}x{extra}  {SAME[r['same_output']]}", flush=True)
 
 
@@ -143,7 +170,8 @@ def add_spec_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64], metavar="B[,B...]",
                    help="requests decoding together")
     p.add_argument("--workloads", type=_names, default=["code-edit", "chat"], metavar="W[,W...]",
-                   help="code-edit (the reply repeats the prompt), chat, or any bench workload")
+                   help="code-edit (the reply repeats the prompt), chat, structured (JSON schemas; "
+                        "structured-forced: the 10 with the most forced tokens), or any bench workload")
     p.add_argument("--no-controller", dest="controller", action="store_false",
                    help="skip the runs with the goodput controller")
     p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="most tokens per request")

@@ -54,14 +54,19 @@ def timed_run(eng, prompts: list[list[int]], setting: Setting, output_len: int, 
               temperature: float = 0.0) -> Run:
     """Run the batch once; the prefix cache is emptied first, so every setting prefills the same.
     temperature > 0: requests sample, unseeded (the goodput controller drafts for no seeded sampling
-    request: its draws would depend on the step timings); outputs then differ by setting."""
-    eng.spec.configure(setting.k, setting.controller)
-    eng.spec.stats = SpecStats()
+    request: its draws would depend on the step timings); outputs then differ by setting. A prompt with
+    a `structured` attribute (bench/structured_workload.py) is constrained to it."""
+    if eng.spec is not None:  # an engine without a proposer runs speculation off only
+        eng.spec.configure(setting.k, setting.controller)
+        eng.spec.stats = SpecStats()
+    elif setting.k:
+        raise ValueError("this engine has no proposer")
     eng.kv.reset_prefix_cache()
     reqs = []
     for p in prompts:
         rid = f"bench-spec-{next(_ids)}"
-        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos))
+        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos,
+                                               structured=getattr(p, "structured", None)))
         reqs.append(eng.requests[rid])
     started, dec_tokens, dec_time, dec_steps = False, 0, 0.0, 0
     t0 = time.perf_counter()
@@ -78,7 +83,8 @@ def timed_run(eng, prompts: list[list[int]], setting: Setting, output_len: int, 
             started = all(r.num_output_tokens > 0 or r.status.finished for r in reqs)
     elapsed = time.perf_counter() - t0
     outs = [list(r.output_token_ids) for r in reqs]
-    return Run(sum(map(len, outs)), elapsed, dec_tokens, dec_time, dec_steps, eng.spec.stats, outs)
+    return Run(sum(map(len, outs)), elapsed, dec_tokens, dec_time, dec_steps,
+               eng.spec.stats if eng.spec is not None else SpecStats(), outs)
 
 
 def timed_runs(eng, prompts: list[list[int]], batch: int, setting: Setting, output_len: int,

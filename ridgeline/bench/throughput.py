@@ -177,11 +177,14 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0) -> None:
-    """seed_default None: the workload follows the engine's --seed."""
+def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0, structured: bool = False) -> None:
+    """seed_default None: the workload follows the engine's --seed. structured: the structured workloads
+    too (a bench that sends each prompt's constraint with it)."""
     from ridgeline.bench.workloads import WORKLOADS
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", default="chat", choices=WORKLOADS, help="which prompts to send")
+    g.add_argument("--workload", default="chat", choices=[w for w in WORKLOADS if structured
+                                                          or not w.startswith("structured")],
+                   help="which prompts to send")
     g.add_argument("--num-requests", type=positive_int, default=256, metavar="N", help="requests in the timed run")
     g.add_argument("--min-prompt", type=positive_int, default=50, metavar="N",
                    help="shortest prompt in tokens, chat template included")

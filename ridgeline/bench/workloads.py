@@ -15,6 +15,9 @@ Workloads:
                  interleaved (turn 1 of each, then turn 2 of each, ...).
 - code-edit:     "rename this identifier in the code" (bench/edit_workload.py): the reply repeats the prompt.
 - text-edit:     "rewrite this text with one change": the same, with prose.
+- structured, structured-permissive, structured-restrictive, structured-unbounded: prompts asking for
+                 JSON, each constrained to its schema; structured-mix: one such to three chat requests
+                 (bench/structured_workload.py).
 """
 from __future__ import annotations
 
@@ -221,7 +224,8 @@ def _conversation(seed: int, index: int, turns: int, reply_words: tuple[int, int
     return msgs
 
 
-WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit", "text-edit")
+WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit", "text-edit", "structured",
+             "structured-permissive", "structured-restrictive", "structured-unbounded", "structured-mix")
 
 
 def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50, max_len: int = 200,
@@ -240,4 +244,10 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
     if name == "text-edit":
         from ridgeline.bench.edit_workload import text_edit_workload
         return text_edit_workload(tokenizer, num_requests, seed=seed)
+    if name == "structured-mix":
+        from ridgeline.bench.structured_workload import mixed_workload
+        return mixed_workload(tokenizer, num_requests, min_len, max_len, seed)
+    if name in WORKLOADS and name.startswith("structured"):
+        from ridgeline.bench.structured_workload import structured_workload
+        return structured_workload(name, tokenizer, num_requests, seed=seed)
     raise InvalidRequestError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -47,13 +47,15 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     async def lifespan(_: FastAPI):
         async_engine.start()
         ticker = None if settings.quiet else asyncio.ensure_future(log_throughput(state, log_interval))
+        probe = asyncio.ensure_future(metrics.probe_loop())
         try:
             yield
         finally:
-            if ticker is not None:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
+            for task in (ticker, probe):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await async_engine.stop(timeout=0.5 if state.drain.forced else 10.0)
             state.executor.shutdown(wait=False, cancel_futures=True)
             state.chat_template.close()

@@ -1,6 +1,7 @@
 """Prometheus metrics for /metrics, on a registry of their own (several servers may share a process)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from ridgeline.engine.spec_stats import SpecStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+_LAG = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LAG_PROBE_S = 0.05  # the event-loop probe sleeps this long; lateness past it is the loop's lag
 RECENT = 100  # finished requests kept for the console's live view (percentiles, prefix hit rate)
 
 
@@ -46,6 +49,9 @@ class ServerMetrics:
                               "after the first, per request", buckets=_PER_TOKEN, registry=r)
         self.e2e = Histogram("ridgeline_e2e_request_latency_seconds", "Arrival to last token",
                              buckets=_LATENCY, registry=r)
+        self.loop_lag = Histogram("ridgeline_event_loop_lag_seconds", f"How late the event loop woke a probe "
+                                  f"that sleeps {LAG_PROBE_S:g} s (work holding the loop delays every request)",
+                                  buckets=_LAG, registry=r)
         r.register(_EngineCollector(async_engine))
         self.recent: deque[Finished] = deque(maxlen=RECENT)  # appended on the event loop only
 
@@ -57,6 +63,14 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def probe_loop(self) -> None:
+        """Runs for the server's life on its event loop: each wake-up's lateness into loop_lag."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.loop_lag.observe(max(0.0, loop.time() - t - LAG_PROBE_S))
 
 
 class RequestTracker:

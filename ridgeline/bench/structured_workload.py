@@ -1,0 +1,123 @@
+"""The `structured` bench workloads: chat prompts that ask for a JSON object, each carrying the schema
+its reply is constrained to (`ConstrainedPrompt`: the prompt's token ids, a list like every workload's,
+with the schema beside them), so every bench that runs prompts runs them constrained.
+
+- structured:             the corpus (ridgeline/data/structured_schemas.json; the tests' too), request i
+                          on schema i mod its size: every string and array bounded.
+- structured-permissive:  one schema of long free strings (a title and a story): the mask's cheapest case.
+- structured-restrictive: one schema of enums, bounded numbers and booleans in an array: the mask allows
+                          few tokens at every position.
+- structured-unbounded:   schemas with unbounded strings and arrays: may end at max_tokens.
+- structured-mix:         request i constrained (the corpus) when i mod 4 == 0, else the chat workload's
+                          request i: one constrained request to three plain ones.
+
+`forced_share` replays outputs through the constraint: the share of tokens the grammar forced (what a
+`grammar` draft proposes), per schema."""
+from __future__ import annotations
+
+import json
+import random
+from importlib import resources
+
+from ridgeline.bench import corpus
+from ridgeline.bench.chat_encode import chat_encoder
+from ridgeline.structured_params import StructuredOutputs
+
+PERMISSIVE = {"type": "object", "additionalProperties": False, "required": ["title", "story"],
+              "properties": {"title": {"type": "string", "maxLength": 80},
+                             "story": {"type": "string", "maxLength": 6000}}}
+RESTRICTIVE = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
+    "items": {"type": "array", "minItems": 1, "maxItems": 40, "items": {
+        "type": "object", "additionalProperties": False, "required": ["color", "size", "count", "ok"],
+        "properties": {"color": {"enum": ["red", "green", "blue", "yellow", "black", "white"]},
+                       "size": {"enum": ["S", "M", "L", "XL"]},
+                       "count": {"type": "integer", "minimum": 0, "maximum": 999},
+                       "ok": {"type": "boolean"}}}}}}
+UNBOUNDED = {
+    "notes": {"type": "object", "required": ["notes"], "additionalProperties": False,
+              "properties": {"notes": {"type": "array", "items": {"type": "string"}}}},
+    "essay": {"type": "object", "required": ["title", "body"], "additionalProperties": False,
+              "properties": {"title": {"type": "string"}, "body": {"type": "string"}}},
+    "records": {"type": "array", "items": {"type": "object", "required": ["name", "values"],
+                                           "additionalProperties": False,
+                                           "properties": {"name": {"type": "string"},
+                                                          "values": {"type": "array", "items": {"type": "number"}}}}},
+}
+WORKLOADS = ("structured", "structured-permissive", "structured-restrictive", "structured-unbounded")
+MIX_EVERY = 4  # structured-mix: one constrained request in this many
+
+
+def corpus_schemas() -> dict[str, dict]:
+    """The bounded corpus: name -> JSON schema (at least 40; each feature in several)."""
+    return json.loads(resources.files("ridgeline.data").joinpath("structured_schemas.json").read_text())
+
+
+def schemas_of(workload: str) -> dict[str, dict]:
+    if workload == "structured":
+        return corpus_schemas()
+    if workload == "structured-permissive":
+        return {"permissive": PERMISSIVE}
+    if workload == "structured-restrictive":
+        return {"restrictive": RESTRICTIVE}
+    if workload == "structured-unbounded":
+        return dict(UNBOUNDED)
+    raise ValueError(f"not a structured workload: {workload!r}")
+
+
+class ConstrainedPrompt(list):
+    """A prompt's token ids, with the schema its reply must match (`structured`) and the schema's name."""
+
+    def __init__(self, ids: list[int], structured: StructuredOutputs, schema: str):
+        super().__init__(ids)
+        self.structured, self.schema = structured, schema
+
+
+def _ask(name: str, schema: dict, rng: random.Random) -> list[dict]:
+    subject = name.removeprefix("fn_").replace("_", " ")
+    system = ("You reply with one JSON object and nothing else. It must match this JSON schema:\n"
+              + json.dumps(schema, separators=(",", ":")))
+    topic = rng.choice(corpus.PASSAGES)[0].replace("-", " ")
+    user = rng.choice([f"Give an example of a {subject}, about {topic}.",
+                       f"Fill in a {subject} for someone interested in {topic}.",
+                       f"Write a {subject} record. Context: {topic}."])
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def structured_workload(name: str, tokenizer, num_requests: int, seed: int = 0,
+                        only: list[str] | None = None) -> list[ConstrainedPrompt]:
+    """Request i: schema i mod the workload's schemas (or those named in `only`, in that order)."""
+    schemas = schemas_of(name)
+    names = list(only) if only else list(schemas)
+    encode = chat_encoder(tokenizer)
+    specs = {n: StructuredOutputs(json=schemas[n]) for n in names}
+    out = []
+    for i in range(num_requests):
+        n = names[i % len(names)]
+        rng = random.Random(f"structured/{seed}/{i}")
+        out.append(ConstrainedPrompt(encode(_ask(n, schemas[n], rng)), specs[n], n))
+    return out
+
+
+def mixed_workload(tokenizer, num_requests: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    from ridgeline.bench.workloads import chat_workload
+    plain = chat_workload(tokenizer, num_requests, min_len, max_len, seed)
+    constrained = structured_workload("structured", tokenizer, num_requests, seed)
+    return [constrained[i] if i % MIX_EVERY == 0 else plain[i] for i in range(num_requests)]
+
+
+def forced_share(backend, prompts: list[ConstrainedPrompt], outputs: list[list[int]]) -> dict[str, tuple[int, int]]:
+    """schema -> (tokens its grammar forced, tokens), over the outputs of its prompts: a token is forced
+    where the constraint's fast-forward tokens start with it."""
+    counts: dict[str, list[int]] = {}
+    for p, toks in zip(prompts, outputs):
+        c = backend.create(p.structured)
+        forced = 0
+        for t in toks:
+            ff = c.forced_tokens()
+            forced += bool(ff) and ff[0] == t
+            if not c.advance(t):
+                break
+        agg = counts.setdefault(p.schema, [0, 0])
+        agg[0] += forced
+        agg[1] += len(toks)
+    return {k: (f, n) for k, (f, n) in counts.items()}
