@@ -77,6 +77,7 @@ _SIGNATURES = {
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_embed": [_PTR, _INT, _PTR, _I64, _I64, _I64, _PTR],
     "ridgeline_linear_argmax": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT],
+    "ridgeline_td_last_live_groups": [],
     "ridgeline_eagle_step": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _F32, _F32, _PTR, _PTR,
                              _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _INT],
     "ridgeline_draft_pick": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _F32,
@@ -93,7 +94,8 @@ _SIGNATURES = {
                                   _I64, _I64, _I64, _I64, _F32, _INT],
 }
 
-_RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ridgeline_copy_rows": None}
+_RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ridgeline_copy_rows": None,
+             "ridgeline_td_last_live_groups": _I64}
 
 
 def _build() -> ctypes.CDLL:

@@ -78,7 +78,9 @@ def linear_argmax(desc: torch.Tensor, x: torch.Tensor, y: torch.Tensor, ids: tor
     """x [M, K] fp32 contiguous -> y [M, N] = x W^T (desc: a weight descriptor, WEIGHT_FIELDS) and
     ids [M] int64: each row's argmax as torch.argmax picks it (first on ties, a NaN wins). masks
     [R, ceil(N / 32)] int32 allowed-token bitmasks and mask_of [M] int64 (a row of masks, or -1): row m's
-    argmax is that of its logits with every token its mask forbids set to -inf (y itself stays unmasked)."""
+    argmax is that of its logits with every token its mask forbids set to -inf. When every row has a mask,
+    y holds the logits of the column groups holding an allowed token (bitwise the full head's: every
+    allowed token's among them) and only those are computed; otherwise all of y."""
     M, K = x.shape
     if masks is not None:
         assert masks.dtype == torch.int32 and masks.is_contiguous() and masks.shape[1] == (y.shape[1] + 31) // 32

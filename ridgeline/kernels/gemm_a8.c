@@ -289,7 +289,7 @@ static int gemm_a8(const a8_args *a, int nthreads) {
     const td_plan plan = {.M = a->M, .groups = N_GROUPS(a->N), .K = a->K, .KC = a->K,
                           .rows = qt_chunk_rows(a->K, 1, mr), .mr = mr, .wide = 1,
                           .ws_bytes = a8_xs_offset(a) + (size_t)(a->M * a8_xs_row(a)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS};
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
     return ridgeline_td_run(&plan, a, prep_a8, tile_a8, nthreads);
 }
 #endif

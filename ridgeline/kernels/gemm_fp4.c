@@ -173,7 +173,7 @@ int ridgeline_gemm_fp4(const uint32_t *p, const uint8_t *s, const float *x, floa
     const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = K,
                           .rows = qt_chunk_rows(K, 1, FP4_MR), .mr = FP4_MR, .wide = 1,
                           .ws_bytes = fp4_r_offset(&a) + (size_t)(M * (K / B)) * sizeof(int32_t),
-                          .own_rows = TD_OWN_ROWS};
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
     return ridgeline_td_run(&plan, &a, prep_fp4, tile_fp4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)B; (void)nthreads;

@@ -133,7 +133,7 @@ int ridgeline_gemm_fp8(const uint8_t *p, const void *s, const float *x, float *y
     const int64_t KC = qt_k_block(M, K, 4, mode == FP8_MX ? FP8_BLOCK : 1);
     const fp8_args a = {p, s, x, y, N, K, mode};
     const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 4, FP8_MR), .mr = FP8_MR, .wide = 1};
+                          .rows = qt_chunk_rows(KC, 4, FP8_MR), .mr = FP8_MR, .wide = 1, .cols = QT_NC};
     return ridgeline_td_run(&plan, &a, NULL, tile_fp8, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)mode; (void)nthreads;

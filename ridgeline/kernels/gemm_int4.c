@@ -177,7 +177,7 @@ int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, flo
     const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
                           .rows = qt_chunk_rows(KC, 2, I4_MR), .mr = I4_MR, .wide = 1,
                           .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / G)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS};
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
     return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;

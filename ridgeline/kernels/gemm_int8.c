@@ -120,7 +120,7 @@ int ridgeline_gemm_i8p(const int8_t *p, const float *s, const float *x, float *y
     const int64_t KC = qt_k_block(M, K2, sizeof(i8_x), I8_STEP), rows = qt_chunk_rows(KC, sizeof(i8_x), I8_MR);
     const i8_args a = {p, s, x, y, N, K, K2};
     const td_plan plan = {.M = M, .groups = G, .K = K2, .KC = KC, .rows = rows, .mr = I8_MR, .wide = 1,
-                          .ws_bytes = i8_x_bytes(M, K2), .own_rows = TD_OWN_ROWS};
+                          .ws_bytes = i8_x_bytes(M, K2), .own_rows = TD_OWN_ROWS, .cols = QT_NC};
     return ridgeline_td_run(&plan, &a, I8_PREP, tile_i8, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

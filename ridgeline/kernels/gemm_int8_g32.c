@@ -75,7 +75,8 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, sizeof(i8_x), I8G);
     const i8_args a = {p, s, x, y, N, K, K};
     const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC, .rows = qt_chunk_rows(KC, sizeof(i8_x), I8G_MR),
-                          .mr = I8G_MR, .wide = 1, .ws_bytes = i8_x_bytes(M, K), .own_rows = TD_OWN_ROWS};
+                          .mr = I8G_MR, .wide = 1, .ws_bytes = i8_x_bytes(M, K), .own_rows = TD_OWN_ROWS,
+                          .cols = QT_NC};
     return ridgeline_td_run(&plan, &a, I8_PREP, tile_i8g, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

@@ -177,7 +177,7 @@ int ridgeline_gemm_f32p(const float *p, const float *x, float *y, int64_t M, int
     const int64_t KC = k_block(M, K, 4);
     const gemm_args a = {p, x, y, N, K, K};
     const td_plan plan = {.M = M, .groups = groups_of(N), .K = K, .KC = KC, .rows = chunk_rows(KC, 4), .mr = MR,
-                          .flags = KC >= K && stream_out(y, M, N) ? TD_STREAM : 0};
+                          .flags = KC >= K && stream_out(y, M, N) ? TD_STREAM : 0, .cols = NC};
     return ridgeline_td_run(&plan, &a, NULL, tile_f32, nthreads);
 #else
     (void)p; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
@@ -256,7 +256,7 @@ int ridgeline_gemm_bf16p(const uint16_t *p, const float *x, float *y, int64_t M,
     const gemm_args a = {p, x, y, N, K, Kp};
     const td_plan plan = {.M = M, .groups = groups_of(N), .K = Kp, .KC = KC, .rows = chunk_rows(KC, 2), .mr = MR,
                           .flags = KC >= Kp && stream_out(y, M, N) ? TD_STREAM : 0,
-                          .ws_bytes = (size_t)(M * Kp) * sizeof(uint16_t)}; /* one shared copy */
+                          .ws_bytes = (size_t)(M * Kp) * sizeof(uint16_t), .cols = NC}; /* one shared copy */
     return ridgeline_td_run(&plan, &a, prep_bf16, tile_bf16, nthreads);
 #else
     (void)p; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

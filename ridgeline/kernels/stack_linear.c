@@ -3,8 +3,10 @@
  * and router matmuls) both call it, so every format runs the same code wherever a layer sits. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "formats.h"
+#include "tile_driver.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -153,14 +155,42 @@ static int64_t masked_argmax_row(const float *r, int64_t n, const uint32_t *bits
     return 0;
 }
 
+/* The columns a masked head must compute: NULL when a row is unmasked (it needs them all), else the union
+ * of the rows' masks [words]: a row's own mask when every row has the same one, else *own (the caller
+ * frees it; NULL, and no filter, if it cannot be allocated). */
+static const uint32_t *head_columns(const uint32_t *masks, const int64_t *mask_of, int64_t M, int64_t words,
+                                    uint32_t **own) {
+    *own = NULL;
+    int same = 1;
+    for (int64_t m = 0; m < M; m++) {
+        if (mask_of[m] < 0) return NULL;
+        same &= mask_of[m] == mask_of[0];
+    }
+    if (same) return masks + mask_of[0] * words;
+    if (!(*own = malloc((size_t)words * sizeof **own))) return NULL;
+    for (int64_t i = 0; i < words; i++) (*own)[i] = 0;
+    for (int64_t m = 0; m < M; m++) {
+        const uint32_t *b = masks + mask_of[m] * words;
+        for (int64_t i = 0; i < words; i++) (*own)[i] |= b[i];
+    }
+    return *own;
+}
+
 /* y [M, N] = x W^T by descriptor w (ridgeline_stack_linear), then ids [M]: each row's argmax_row; a
  * greedy LM head and its choice in one call. masks: NULL, or per row mask_of[m] (-1: none) names the row of
- * masks [*, ceil(N / 32)] (allowed-token bitmasks) whose masked argmax row m takes (masked_argmax_row). */
+ * masks [*, ceil(N / 32)] (allowed-token bitmasks) whose masked argmax row m takes (masked_argmax_row).
+ * When every row has a mask, the matmul computes only the column groups holding a token some row allows
+ * (ridgeline_td_filter): y then holds those groups' logits, each bitwise the full head's (every allowed
+ * token's among them), and is unwritten elsewhere but for the bias; the argmax reads allowed tokens only. */
 int ridgeline_linear_argmax(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int64_t *ids,
                             const uint32_t *masks, const int64_t *mask_of, int nt) {
-    const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
-    if (rc) return rc;
     const int64_t words = (N + 31) / 32;
+    uint32_t *own = NULL;
+    ridgeline_td_filter(masks && M > 0 ? head_columns(masks, mask_of, M, words, &own) : NULL, N);
+    const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
+    ridgeline_td_filter(NULL, 0); /* a kernel that returned before the driver leaves it set */
+    free(own);
+    if (rc) return rc;
     for (int64_t m = 0; m < M; m++)
         ids[m] = masks && mask_of[m] >= 0 ? masked_argmax_row(y + m * N, N, masks + mask_of[m] * words)
                                           : argmax_row(y + m * N, N);

@@ -5,7 +5,8 @@
  * driver allocates the prepared copies of x, splits the column groups across threads and walks each
  * thread's groups in blocks of rows and of k. Which tile computes an output never changes its
  * arithmetic: every kernel sums an output's k in the same order whatever the tile, and a k block after
- * the first continues from the partial sums stored in y. */
+ * the first continues from the partial sums stored in y. So a call may compute only some column groups
+ * (ridgeline_td_filter) and every output it computes is the one the full call computes, bit for bit. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +28,8 @@ typedef struct {
     int64_t own_rows; /* up to this many rows each thread prepares its own copy, with no barrier between
                        * preparing and multiplying; more rows: each thread prepares its share of one
                        * copy and waits for the others. 0: always one shared copy */
+    int64_t cols;     /* output columns per column group (group g: columns [g * cols, (g + 1) * cols)); 0: not
+                       * said, and no column filter applies */
 } td_plan;
 
 /* prepare rows [r0, r1) of x into ws (one copy of ws_bytes, 64-byte aligned) */
@@ -36,5 +39,15 @@ typedef void (*td_prep_fn)(const void *args, void *ws, int64_t r0, int64_t r1);
 typedef void (*td_tile_fn)(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0,
                            int64_t kc, int flags);
 
-/* Runs the call on nthreads: 0, or -3 when the prepared copies cannot be allocated. prep may be NULL. */
+/* Runs the call on nthreads: 0, or -3 when the prepared copies (or a filter's list of groups) cannot be
+ * allocated. prep may be NULL. */
 int ridgeline_td_run(const td_plan *plan, const void *args, td_prep_fn prep, td_tile_fn tile, int nthreads);
+
+/* A column filter for the next ridgeline_td_run on the calling thread (that call takes it, whatever its
+ * plan): with bits [ceil(n / 32)] (bit c % 32 of word c / 32: column c wanted, c < n), it computes only
+ * the column groups holding a wanted column, split evenly across threads, and leaves every other
+ * group's outputs unwritten; where the plan has no cols it computes every group. NULL: no filter. The
+ * masked LM head sets it (stack_linear.c: ridgeline_linear_argmax). */
+void ridgeline_td_filter(const uint32_t *bits, int64_t n);
+/* The column groups the calling thread's last ridgeline_td_run computed (tests). */
+int64_t ridgeline_td_last_live_groups(void);
