@@ -34,6 +34,15 @@ def _ints(text: str) -> list[int]:
     return ints(text)
 
 
+def _workloads(text: str) -> list[str]:
+    from ridgeline.bench.structured_workload import WORKLOADS
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [w for w in names if w not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or 'none'}: choose from {', '.join(WORKLOADS)}")
+    return names
+
+
 def _validator(schema: dict):
     try:
         from jsonschema import Draft202012Validator, FormatChecker
@@ -42,12 +51,13 @@ def _validator(schema: dict):
     return Draft202012Validator(schema, format_checker=FormatChecker())
 
 
-def _valid(prompts, outputs: list[list[int]], tokenizer) -> tuple[int, int]:
-    """(outputs that parse and validate against their schema, outputs checked); (0, 0) without jsonschema."""
+def _valid(prompts, outputs: list[list[int]], tokenizer, output_len: int) -> tuple[int, int]:
+    """(complete outputs that parse and validate against their schema, complete outputs checked); (0, 0)
+    without jsonschema. An output of output_len tokens was cut by max_tokens: a valid prefix, not checked."""
     good = checked = 0
     for p, toks in zip(prompts, outputs):
         v = _validator(json.loads(p.structured.json)) if p.structured.json else None
-        if v is None:
+        if v is None or len(toks) >= output_len:
             continue
         checked += 1
         try:
@@ -58,10 +68,6 @@ def _valid(prompts, outputs: list[list[int]], tokenizer) -> tuple[int, int]:
 
 
 def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
-    from ridgeline.bench.structured_workload import WORKLOADS
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
-    if unknown:
-        raise InvalidRequestError(f"--workloads: {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
     rows = []
     tok = eng.tokenizer
     for workload in args.workloads:
@@ -87,7 +93,7 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
             last = runs["constrained"][-1]
             shares = forced_share(eng.structured.backend, constrained[:P], last.outputs)
             forced, total = sum(f for f, _ in shares.values()), sum(t for _, t in shares.values())
-            good, checked = _valid(constrained[:P], last.outputs, tok)
+            good, checked = _valid(constrained[:P], last.outputs, tok, args.output_len)
             row = {"workload": workload, "batch": B,
                    "free_decode_tok_s": statistics.median(r.decode_tok_s for r in runs["free"]),
                    "constrained_decode_tok_s": statistics.median(r.decode_tok_s for r in runs["constrained"]),
@@ -192,10 +198,9 @@ def cmd_structured(args: argparse.Namespace) -> int:
 
 
 def add_structured_parser(bsub) -> argparse.ArgumentParser:
-    from ridgeline.bench.spec import _names
     p = bsub.add_parser("structured", help="structured outputs: a constraint's cost per token, compile times",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workloads", type=_names, default=["structured-permissive", "structured-restrictive"],
+    p.add_argument("--workloads", type=_workloads, default=["structured-permissive", "structured-restrictive"],
                    metavar="W[,W...]", help="structured-permissive, structured-restrictive, structured, "
                                             "structured-unbounded")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 16], metavar="B[,B...]", help="requests decoding together")
