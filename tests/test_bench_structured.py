@@ -73,6 +73,7 @@ def test_bench_structured_rows_and_compile(long_llama, tmp_path, capsys):
         assert x["free_decode_tok_s"] > 0 and x["constrained_decode_tok_s"] > 0 and x["ratio"] > 0
         assert x["valid"] == x["validated"] <= x["completed"] <= x["requests"]  # every complete output validates
         assert 0 <= x["forced_share"] <= 1 and x["mask_ms_per_step"] > 0
+        assert x["same_tokens_full_head"] and x["masked_head_gain"] > 0
     fates = {p["input"]: p["fate"] for p in r["compile"]["pathological"]}
     assert fates["schema over 256 KiB (1 MB)"].startswith("refused")
     assert fates["schema nested 3000 deep"].startswith("refused")

@@ -141,9 +141,10 @@ def test_the_filter_skips_the_groups_no_row_allows():
     words = (N + 31) // 32
     x = torch.randn(4, K)
 
-    def call(masks, mask_of):
+    def call(masks, mask_of, full=False):
         y, ids = torch.empty(len(mask_of), N), torch.empty(len(mask_of), dtype=torch.int64)
-        cpu_stack.linear_argmax(desc, x[:len(mask_of)], y, ids, masks, torch.tensor(mask_of, dtype=torch.int64))
+        cpu_stack.linear_argmax(desc, x[:len(mask_of)], y, ids, masks, torch.tensor(mask_of, dtype=torch.int64),
+                                full=full)
         return _live_groups(), ids.tolist()
 
     def rows(*allowed):
@@ -158,3 +159,5 @@ def test_the_filter_skips_the_groups_no_row_allows():
     assert call(rows([5], [600]), [0, -1])[0] == -(-N // GROUP)  # an unmasked row needs every group
     assert call(rows([]), [0, 0]) == (0, [0, 0])  # nothing allowed: nothing computed, token 0 as torch.argmax
     assert call(rows(range(N)), [0])[0] == -(-N // GROUP)
+    masked, full = call(rows([5], [600, 999]), [0, 1], full=False), call(rows([5], [600, 999]), [0, 1], full=True)
+    assert full[0] == -(-N // GROUP) and masked[0] == 3 and full[1] == masked[1]  # full: every group, same ids

@@ -4,6 +4,8 @@ For each schema workload (structured-permissive: long free strings; structured-r
 bounded numbers, booleans; structured: the corpus) and batch size, the same prompts run greedy with
 speculation off, unconstrained and constrained, alternating within each repeat (the order rotates
 between repeats); the ratio is the median of each repeat's constrained / unconstrained decode tok/s.
+A third arm runs constrained with the whole LM head computed (the masked head off): the head gain is
+constrained / that, and its tokens are checked equal.
 Beside it: the step thread's mask time per step, how many outputs completed (finish_reason stop; the
 rest reached --output-len), how many validate (JSON Schema, where `jsonschema` is installed) and the
 share of tokens the grammar forced. Then the compile: every corpus schema compiled on a fresh
@@ -27,6 +29,7 @@ from ridgeline.measure.record import write_json
 from ridgeline.structured_params import StructuredOutputs
 
 OFF = Setting("off", 0)
+ARMS = ["free", "constrained", "full head"]  # unconstrained; constrained; constrained with the whole LM head
 
 
 def _ints(text: str) -> list[int]:
@@ -78,15 +81,17 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
             timed_runs(eng, warm[:2], 2, OFF, 16, True)
         for B in args.batch_sizes:
             P = max(B, args.requests)
-            runs: dict[str, list[Run]] = {"free": [], "constrained": []}
+            runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}
             mask = []
+            model = eng.runner.model
             for rep in range(args.repeats):
-                order = ["free", "constrained"] if rep % 2 == 0 else ["constrained", "free"]
-                for which in order:
+                for arm in ARMS[rep % len(ARMS):] + ARMS[:rep % len(ARMS)]:
                     before = eng.structured.stats
-                    r = timed_runs(eng, (free if which == "free" else constrained)[:P], B, OFF, args.output_len, True)
-                    runs[which].append(r)
-                    if which == "constrained":
+                    model.masked_head = arm != "full head"
+                    r = timed_runs(eng, (free if arm == "free" else constrained)[:P], B, OFF, args.output_len, True)
+                    model.masked_head = True
+                    runs[arm].append(r)
+                    if arm == "constrained":
                         after = eng.structured.stats
                         steps = after.mask_steps - before.mask_steps
                         mask.append((after.mask_seconds - before.mask_seconds) / steps if steps else 0.0)
@@ -97,15 +102,20 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
             row = {"workload": workload, "batch": B,
                    "free_decode_tok_s": statistics.median(r.decode_tok_s for r in runs["free"]),
                    "constrained_decode_tok_s": statistics.median(r.decode_tok_s for r in runs["constrained"]),
+                   "full_head_decode_tok_s": statistics.median(r.decode_tok_s for r in runs["full head"]),
                    "ratio": statistics.median(c.decode_tok_s / f.decode_tok_s
                                               for c, f in zip(runs["constrained"], runs["free"])),
+                   "masked_head_gain": statistics.median(c.decode_tok_s / f.decode_tok_s
+                                                         for c, f in zip(runs["constrained"], runs["full head"])),
+                   "same_tokens_full_head": runs["constrained"][-1].outputs == runs["full head"][-1].outputs,
                    "mask_ms_per_step": 1000 * statistics.median(mask),
                    "completed": sum(len(o) < args.output_len for o in last.outputs), "requests": P,
                    "valid": good, "validated": checked, "forced_share": forced / total if total else 0.0}
             rows.append(row)
             print(f"{workload:<24}{B:>6}{row['free_decode_tok_s']:>10.1f}{row['constrained_decode_tok_s']:>13.1f}"
-                  f"{row['ratio']:>8.3f}x{row['mask_ms_per_step']:>9.3f}{row['completed']:>6}/{P:<4}"
-                  f"{good:>6}/{checked:<4}{row['forced_share']:>8.2f}", flush=True)
+                  f"{row['ratio']:>8.3f}x{row['masked_head_gain']:>11.3f}x{row['mask_ms_per_step']:>9.3f}"
+                  f"{row['completed']:>6}/{P:<4}{good:>6}/{checked:<4}{row['forced_share']:>8.2f}"
+                  f"  {'yes' if row['same_tokens_full_head'] else 'NO'}", flush=True)
     return rows
 
 
@@ -181,9 +191,10 @@ def cmd_structured(args: argparse.Namespace) -> int:
     print(eng.info.summary(), file=sys.stderr)
     print(f"\nStructured outputs: {args.model} ({dtype_name(eng.info.dtype)}) on {machine['cpu']}, "
           f"{machine['torch_threads']} threads; greedy, speculation off, up to {args.output_len} tokens per request, "
-          f"median of {args.repeats}; ratio: constrained / unconstrained decode tok/s, same prompts, same run")
-    head = (f"{'workload':<24}{'batch':>6}{'free':>10}{'constrained':>13}{'ratio':>9}{'mask ms':>9}"
-            f"{'complete':>11}{'valid':>11}{'forced':>8}")
+          f"median of {args.repeats}; ratio: constrained / unconstrained decode tok/s, same prompts, same run; "
+          f"head gain: constrained with the masked LM head / with the whole head; same: their tokens equal")
+    head = (f"{'workload':<24}{'batch':>6}{'free':>10}{'constrained':>13}{'ratio':>9}{'head gain':>12}{'mask ms':>9}"
+            f"{'complete':>11}{'valid':>11}{'forced':>8}  same")
     print(head + "\n" + "-" * len(head))
     rows = cost_rows(args, eng)
     compiled = compile_rows(eng)

@@ -74,19 +74,21 @@ def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, firs
 
 
 def linear_argmax(desc: torch.Tensor, x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor,
-                  masks: torch.Tensor | None = None, mask_of: torch.Tensor | None = None) -> None:
+                  masks: torch.Tensor | None = None, mask_of: torch.Tensor | None = None, full: bool = False) -> None:
     """x [M, K] fp32 contiguous -> y [M, N] = x W^T (desc: a weight descriptor, WEIGHT_FIELDS) and
     ids [M] int64: each row's argmax as torch.argmax picks it (first on ties, a NaN wins). masks
     [R, ceil(N / 32)] int32 allowed-token bitmasks and mask_of [M] int64 (a row of masks, or -1): row m's
     argmax is that of its logits with every token its mask forbids set to -inf. When every row has a mask,
     y holds the logits of the column groups holding an allowed token (bitwise the full head's: every
-    allowed token's among them) and only those are computed; otherwise all of y."""
+    allowed token's among them) and only those are computed (full: all of them anyway, the same ids);
+    otherwise all of y."""
     M, K = x.shape
     if masks is not None:
         assert masks.dtype == torch.int32 and masks.is_contiguous() and masks.shape[1] == (y.shape[1] + 31) // 32
         assert mask_of.dtype == torch.int64 and mask_of.shape == (M,) and int(mask_of.max()) < masks.shape[0]
     rc = cpu.lib().ridgeline_linear_argmax(desc.data_ptr(), x.data_ptr(), y.data_ptr(), M, y.shape[1], K,
                                            ids.data_ptr(), None if masks is None else masks.data_ptr(),
-                                           None if masks is None else mask_of.data_ptr(), torch.get_num_threads())
+                                           None if masks is None else mask_of.data_ptr(), int(full),
+                                           torch.get_num_threads())
     if rc:
         raise RuntimeError(f"greedy LM head failed ({rc}): M={M} N={y.shape[1]} K={K}")

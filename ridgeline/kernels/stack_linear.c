@@ -181,12 +181,13 @@ static const uint32_t *head_columns(const uint32_t *masks, const int64_t *mask_o
  * masks [*, ceil(N / 32)] (allowed-token bitmasks) whose masked argmax row m takes (masked_argmax_row).
  * When every row has a mask, the matmul computes only the column groups holding a token some row allows
  * (ridgeline_td_filter): y then holds those groups' logits, each bitwise the full head's (every allowed
- * token's among them), and is unwritten elsewhere but for the bias; the argmax reads allowed tokens only. */
+ * token's among them), and is unwritten elsewhere but for the bias; the argmax reads allowed tokens only.
+ * full: compute every column anyway (the same ids; for measuring what the filter saves). */
 int ridgeline_linear_argmax(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int64_t *ids,
-                            const uint32_t *masks, const int64_t *mask_of, int nt) {
+                            const uint32_t *masks, const int64_t *mask_of, int full, int nt) {
     const int64_t words = (N + 31) / 32;
     uint32_t *own = NULL;
-    ridgeline_td_filter(masks && M > 0 ? head_columns(masks, mask_of, M, words, &own) : NULL, N);
+    ridgeline_td_filter(masks && M > 0 && !full ? head_columns(masks, mask_of, M, words, &own) : NULL, N);
     const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
     ridgeline_td_filter(NULL, 0); /* a kernel that returned before the driver leaves it set */
     free(own);
