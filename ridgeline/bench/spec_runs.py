@@ -55,7 +55,8 @@ def timed_run(eng, prompts: list[list[int]], setting: Setting, output_len: int, 
     """Run the batch once; the prefix cache is emptied first, so every setting prefills the same.
     temperature > 0: requests sample, unseeded (the goodput controller drafts for no seeded sampling
     request: its draws would depend on the step timings); outputs then differ by setting. A prompt with
-    a `structured` attribute (bench/structured_workload.py) is constrained to it."""
+    a `structured` attribute (bench/structured_workload.py) is constrained to it; one with a `max_tokens`
+    other than None stops there instead of at output_len."""
     if eng.spec is not None:  # an engine without a proposer runs speculation off only
         eng.spec.configure(setting.k, setting.controller)
         eng.spec.stats = SpecStats()
@@ -65,7 +66,8 @@ def timed_run(eng, prompts: list[list[int]], setting: Setting, output_len: int, 
     reqs = []
     for p in prompts:
         rid = f"bench-spec-{next(_ids)}"
-        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=ignore_eos,
+        eng.add_request(rid, p, SamplingParams(temperature=temperature, max_tokens=getattr(p, "max_tokens", None)
+                                               or output_len, ignore_eos=ignore_eos,
                                                structured=getattr(p, "structured", None)))
         reqs.append(eng.requests[rid])
     started, dec_tokens, dec_time, dec_steps = False, 0, 0.0, 0

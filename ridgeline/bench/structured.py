@@ -2,7 +2,8 @@
 
 For each schema workload (structured-permissive: long free strings; structured-restrictive: enums,
 bounded numbers, booleans; structured: the corpus) and batch size, the same prompts run greedy with
-speculation off, unconstrained and constrained, alternating within each repeat (the order rotates
+speculation off, unconstrained and constrained, each request emitting as many tokens unconstrained
+as it did constrained (so the batch shrinks the same way in both), alternating within each repeat (the order rotates
 between repeats); the ratio is the median of each repeat's constrained / unconstrained decode tok/s.
 A third arm runs constrained with the whole LM head computed (the masked head off): the head gain is
 constrained / that, and its tokens are checked equal.
@@ -76,9 +77,11 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
     for workload in args.workloads:
         n = max(args.batch_sizes + [args.requests])
         constrained = structured_workload(workload, tok, n, seed=args.workload_seed)
-        free = [list(p) for p in constrained]
-        for warm in (constrained, free):  # warm-up: compiles, kernels
-            timed_runs(eng, warm[:2], 2, OFF, 16, True)
+        # the unconstrained arm emits as many tokens per request as the constrained one (greedy: the same
+        # every repeat), so both run the same batch sizes step for step
+        lengths = timed_runs(eng, constrained, max(args.batch_sizes), OFF, args.output_len, True).outputs
+        free = [p.unconstrained(len(o)) for p, o in zip(constrained, lengths)]
+        timed_runs(eng, free[:2], 2, OFF, 16, True)  # warm-up
         for B in args.batch_sizes:
             P = max(B, args.requests)
             runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}

@@ -65,11 +65,17 @@ def schemas_of(workload: str) -> dict[str, dict]:
 
 
 class ConstrainedPrompt(list):
-    """A prompt's token ids, with the schema its reply must match (`structured`) and the schema's name."""
+    """A prompt's token ids, with the schema its reply must match (`structured`; None: unconstrained), the
+    schema's name, and optionally its own max_tokens (None: the run's)."""
 
-    def __init__(self, ids: list[int], structured: StructuredOutputs, schema: str):
+    def __init__(self, ids: list[int], structured: StructuredOutputs | None, schema: str,
+                 max_tokens: int | None = None):
         super().__init__(ids)
-        self.structured, self.schema = structured, schema
+        self.structured, self.schema, self.max_tokens = structured, schema, max_tokens
+
+    def unconstrained(self, max_tokens: int) -> ConstrainedPrompt:
+        """The same prompt without its constraint, stopped after max_tokens (ignore_eos: exactly that many)."""
+        return ConstrainedPrompt(self, None, self.schema, max_tokens)
 
 
 def _ask(name: str, schema: dict, rng: random.Random) -> list[dict]:
