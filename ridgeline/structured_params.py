@@ -5,7 +5,10 @@ construction, like SamplingParams (which holds one as `structured`). Exactly one
 - json_object: any JSON object (OpenAI's JSON mode);
 - regex: a regular expression (Rust regex syntax: no lookaround, no backreferences);
 - choice: one of these strings, exactly;
-- grammar: a context-free grammar, Lark or GBNF (llama.cpp's) syntax.
+- grammar: a context-free grammar, Lark or GBNF (llama.cpp's) syntax;
+- structural_tag: free text in which each trigger starts a tagged segment, `begin`, then JSON matching
+  that structure's schema, then `end` (vLLM's {"structures": [...], "triggers": [...]}); stored as
+  canonical JSON text.
 
 Whether a backend can enforce it exactly (every keyword, every regex feature) is the backend's
 check, at compile time (engine/constraint.py); here only the shape and the sizes."""
@@ -21,7 +24,7 @@ from ridgeline.inputs import check_text
 
 MAX_STRUCTURED_BYTES = 256 * 1024  # schema, regex, grammar or all choices together, as UTF-8
 MAX_CHOICES = 1024
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 PARAM = "structured_outputs"
 
 
@@ -67,6 +70,43 @@ def _choices(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _structural_tag(value) -> str:
+    """vLLM's structural tag: {"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, each
+    begin starting with one of the triggers; a {"type": "structural_tag"} key is allowed (OpenAI-style)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as e:
+            raise _bad(f"structural_tag: not valid JSON ({str(e)[:80]})") from None
+    if not isinstance(value, Mapping):
+        raise _bad("structural_tag: must be an object with structures and triggers")
+    if "format" in value:
+        raise _bad("structural_tag: the `format` form is not supported; give structures and triggers")
+    extra = sorted(set(value) - {"type", "structures", "triggers"})
+    if extra or value.get("type", "structural_tag") != "structural_tag":
+        raise _bad(f"structural_tag: unknown key(s) {', '.join(extra) or 'type'}")
+    triggers, structures = value.get("triggers"), value.get("structures")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise _bad("structural_tag: triggers must be a non-empty list of non-empty strings")
+    if not isinstance(structures, list) or not structures:
+        raise _bad("structural_tag: structures must be a non-empty list")
+    out = []
+    for i, st in enumerate(structures):
+        where = f"structural_tag: structures[{i}]"
+        if not isinstance(st, Mapping) or set(st) - {"begin", "schema", "end"} or "begin" not in st:
+            raise _bad(f"{where}: must be an object with begin, schema and end")
+        begin, end = st["begin"], st.get("end", "")
+        if not isinstance(begin, str) or not isinstance(end, str):
+            raise _bad(f"{where}: begin and end must be strings")
+        if not any(begin.startswith(t) for t in triggers):
+            raise _bad(f"{where}: begin {ascii(begin)[:40]} starts with none of the triggers")
+        out.append({"begin": begin, "schema": json.loads(_schema(st.get("schema", {}))), "end": end})
+    text = json.dumps({"structures": out, "triggers": triggers}, sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"))
+    _size(text, "structural tag")
+    return text
+
+
 def _text(value, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise _bad(f"{name}: must be a non-empty string")
@@ -81,6 +121,7 @@ class StructuredOutputs:
     regex: str | None = None
     choice: tuple[str, ...] | list[str] | None = None  # stored as a tuple
     grammar: str | None = None
+    structural_tag: Mapping | str | None = None  # stored as canonical JSON text
     field: str = PARAM  # the request field it came from: errors about it name that field
 
     def _given(self) -> list[str]:
@@ -109,6 +150,8 @@ class StructuredOutputs:
             object.__setattr__(self, "json", _schema(self.json))
         elif kind == "choice":
             object.__setattr__(self, "choice", _choices(self.choice))
+        elif kind == "structural_tag":
+            object.__setattr__(self, "structural_tag", _structural_tag(self.structural_tag))
         elif kind in ("regex", "grammar"):
             _text(getattr(self, kind), kind)
 

@@ -139,7 +139,7 @@ CASES = [  # id, route, body, status, param, code
     ("logit-bias-string", CMPL, cmpl(logit_bias={"5": "x"}), 400, "logit_bias", None),
     # refused, never silently ignored
     ("best-of", CMPL, cmpl(best_of=2), 400, "best_of", "unsupported_parameter"),
-    ("structural-tag", CHAT, chat(structural_tag="{}"), 400, "structural_tag", "unsupported_parameter"),
+    ("structural-tag-empty", CHAT, chat(structural_tag="{}"), 400, "structural_tag", None),
     ("chat-template-kwargs", CHAT, chat(chat_template_kwargs={"x": 1}), 400, "chat_template_kwargs",
      "unsupported_parameter"),
     ("bad-regex", CMPL, cmpl(guided_regex="(?=a)b"), 400, "guided_regex", "unsupported_parameter"),

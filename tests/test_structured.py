@@ -197,3 +197,31 @@ def test_compiles_are_cached(eng):
     for _ in range(3):
         backend.create(spec)
     assert backend.compiles == before + 1
+
+
+def test_structural_tags_constrain_each_tagged_segment(eng):
+    """Free text, but every trigger starts its tag: begin, JSON of the tag's schema, end."""
+    import re
+    tag = {"triggers": ["x"], "structures": [
+        {"begin": "x=", "schema": {"type": "integer", "minimum": 0, "maximum": 9}, "end": ";"},
+        {"begin": "xy", "schema": {"enum": ["a", "b"]}, "end": "!"}]}
+    outs = run(eng, {str(s): (PROMPT, SamplingParams(temperature=1.5, seed=s, max_tokens=60, ignore_eos=True,
+                                                     logit_bias={ord("x"): 4.0},
+                                                     structured=StructuredOutputs(structural_tag=tag)))
+                     for s in range(12)})
+    tagged = 0
+    for (text, _, reason, _), in outs.values():
+        tagged += len(re.findall(r'x=\d;|xy"[ab]"!', text))
+        rest = re.sub(r'x=\d;|xy"[ab]"!', "", text)
+        assert "x" not in rest[:-4], text  # the last few characters may be a tag cut by max_tokens
+    assert tagged > 0  # the test saw tags
+
+
+def test_structural_tag_shapes_are_checked():
+    for bad, needle in (({"triggers": [], "structures": [{"begin": "a"}]}, "triggers"),
+                        ({"triggers": ["<f"], "structures": [{"begin": "<g>", "schema": {}}]}, "none of the triggers"),
+                        ({"triggers": ["<f"], "structures": []}, "structures"),
+                        ({"format": {"type": "tag"}}, "format"),
+                        ({"triggers": ["<f"], "structures": [{"begin": "<f>", "schema": [1]}]}, "JSON object")):
+        with pytest.raises(InvalidRequestError, match=needle):
+            StructuredOutputs(structural_tag=bad)

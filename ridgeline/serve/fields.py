@@ -45,7 +45,6 @@ REFUSED: dict[str, Peer] = {
     "store": Peer((False,), "stored completions"),
     "service_tier": Peer(("auto", "default"), "service tiers"),
     # vLLM
-    "structural_tag": Peer((), "structural tags"),
     "guided_whitespace_pattern": Peer((), "a whitespace pattern for JSON (JSON is compact)"),
     "use_beam_search": Peer((False,), "beam search"),
     "length_penalty": Peer((1.0,), "beam search"),

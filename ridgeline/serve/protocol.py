@@ -89,6 +89,7 @@ class _GenerateRequest(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    structural_tag: dict[str, Any] | str | None = None  # vLLM's
     regex: str | None = None  # SGLang's
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | None = None  # SGLang's (JSON text) and llama.cpp's (an object)

@@ -43,6 +43,12 @@ def grammar_of(spec: StructuredOutputs) -> str:
             return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
         if kind == "regex":
             return llg.LLMatcher.grammar_from_regex(text)
+        if kind == "structural_tag":  # free text; each trigger starts begin, JSON of its schema, end
+            tag = json.loads(text)
+            return llg.StructTag.to_grammar([
+                llg.StructTag(trigger=next(t for t in tag["triggers"] if s["begin"].startswith(t)), begin=s["begin"],
+                              grammar={**s["schema"], "x-guidance": JSON_OPTIONS}, end=s["end"])
+                for s in tag["structures"]])
         return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
     except RecursionError as e:
         raise ValueError(str(e)) from None

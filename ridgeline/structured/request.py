@@ -4,9 +4,10 @@ StructuredOutputs (or None):
 - OpenAI `response_format`: {"type": "text"} (nothing), {"type": "json_object"}, or
   {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true | false}}
   (enforced either way: `strict: false` is no licence to stray);
+- OpenAI-style {"type": "structural_tag", "structures": [...], "triggers": [...]} (vLLM's);
 - vLLM `structured_outputs`: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...}
-  | {"json_object": true};
-- vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` (with
+  | {"json_object": true} | {"structural_tag": ...} (an object or its JSON text);
+- vLLM's older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structural_tag` (with
   `guided_decoding_backend` null, "auto", "guidance" or "llguidance");
 - SGLang's `regex`, `ebnf` and `json_schema` (JSON text), llama.cpp's `grammar` (GBNF) and `json_schema`
   (an object).
@@ -23,14 +24,15 @@ from ridgeline.structured_params import StructuredOutputs
 # one-kind fields at the top of a request -> the kind: vLLM's older spellings, SGLang's (`regex`, `ebnf`,
 # `json_schema` as JSON text) and llama.cpp's (`grammar` in GBNF, `json_schema` as an object)
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
-          "regex": "regex", "ebnf": "grammar", "json_schema": "json", "grammar": "grammar"}
+          "regex": "regex", "ebnf": "grammar", "json_schema": "json", "grammar": "grammar",
+          "structural_tag": "structural_tag"}
 BACKENDS = (None, "auto", "guidance", "llguidance")
 # structured_outputs keys vLLM has and Ridgeline does not honour (its others are the kinds)
-_REFUSED_KEYS = {"structural_tag": "structural tags", "whitespace_pattern": "a whitespace pattern",
+_REFUSED_KEYS = {"whitespace_pattern": "a whitespace pattern",
                  "disable_any_whitespace": "whitespace options (JSON is always compact here)",
                  "disable_additional_properties": "rewriting additionalProperties",
                  "disable_fallback": "backend fallback options", "backend": "backend choice"}
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 def _bad(field: str, message: str) -> InvalidRequestError:
@@ -43,6 +45,8 @@ def _build(field: str, **kw) -> StructuredOutputs:
 
 def _response_format(rf: dict) -> StructuredOutputs | None:
     kind = rf.get("type")
+    if kind == "structural_tag":
+        return _build("response_format", structural_tag=dict(rf))
     extra = sorted(set(rf) - {"type", "json_schema"})
     if extra:
         raise _bad("response_format", f"unknown key(s) {', '.join(extra)}")
@@ -51,7 +55,8 @@ def _response_format(rf: dict) -> StructuredOutputs | None:
     if kind == "json_object":
         return _build("response_format", json_object=True)
     if kind != "json_schema":
-        raise _bad("response_format", f"type must be text, json_object or json_schema, got {ascii(kind)[:40]}")
+        raise _bad("response_format", f"type must be text, json_object, json_schema or structural_tag, got "
+                                      f"{ascii(kind)[:40]}")
     js = rf.get("json_schema")
     if not isinstance(js, dict):
         raise _bad("response_format", "json_schema: must be an object with name and schema")
