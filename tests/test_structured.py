@@ -106,6 +106,31 @@ def test_speculation_keeps_greedy_output(tiny_llama, draft_model, plain_greedy, 
         Draft202012Validator(CORPUS[name]).validate(json.loads(text))
 
 
+def test_forced_tokens_are_drafted_first_whatever_the_proposer(tiny_llama, plain_greedy):
+    """A proposer that never drafts: every draft a constrained request gets is its grammar's forced text,
+    asked before the proposer; the proposer is not asked for it that step; greedy output unchanged."""
+    from ridgeline.engine.proposal import PROPOSERS, Proposer
+
+    asked = []
+
+    class Silent(Proposer):
+        def propose(self, requests):
+            asked.extend(r.req_id for r in requests)
+            return [[] for _ in requests]
+
+    PROPOSERS["silent-test"] = Silent
+    try:
+        spec = engine(tiny_llama, speculative_method="silent-test", num_speculative_tokens=4,
+                      speculative_controller="off")
+        assert _greedy_subset(spec) == plain_greedy
+        stats = spec.spec_stats
+        assert stats.proposed > 0 and stats.accepted > 0.8 * stats.proposed  # forced text: the model keeps it
+        assert stats.accepted <= spec.structured.stats.forced_tokens  # every kept draft was a forced token
+        assert asked  # the proposer is asked where nothing is forced
+    finally:
+        PROPOSERS.pop("silent-test", None)
+
+
 def test_chunked_prefill_and_prefix_cache_keep_output(tiny_llama, eng):
     long = "a fairly long prompt that spans several blocks of the cache " * 3
     p = greedy(CORPUS["fn_create_event"])

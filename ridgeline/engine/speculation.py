@@ -3,7 +3,12 @@ how many tokens to draft (the controller, from measured goodput; or pinned at th
 ask the proposer for them. A seeded random request draws its tokens row by row from its own
 generator, so its output depends on how many rows each step verifies: under the controller (whose
 choices follow measured time) it drafts nothing, and stays reproducible; with k pinned it drafts. After the step: count what was drafted and accepted (per request and per
-engine) and feed the controller the step's cost and each request's acceptance."""
+engine) and feed the controller the step's cost and each request's acceptance.
+
+Whatever the proposer, a request with structured outputs whose grammar forces the next tokens drafts
+those (its Constraint's forced_tokens, as the `grammar` proposer does) and the proposer is not asked
+for it this step: forced text first, then the chain (proposers already skip requests a chain's earlier
+member drafted for, and catch up later)."""
 from __future__ import annotations
 
 import time
@@ -67,7 +72,11 @@ class Speculation:
         if not want:
             return
         t0 = time.perf_counter()
-        proposals = self.proposer.propose([pr for _, pr in want])
+        forced = {req.request_id: f for req, pr in want if req.constraint is not None
+                  and (f := req.constraint.forced_tokens()[:pr.k])}
+        ask = [pr for req, pr in want if req.request_id not in forced]
+        asked = iter(self.proposer.propose(ask) if ask else [])
+        proposals = [forced[req.request_id] if req.request_id in forced else next(asked) for req, _ in want]
         elapsed = time.perf_counter() - t0
         self.stats.draft_time += elapsed
         if self.controller is not None:
