@@ -91,9 +91,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="propose tokens for each decoding request and verify them in the same step "
                         "(ngram: prompt lookup; draft: a draft model, --draft-model; layer-skip: the target's "
                         "first --speculative-layers layers and its head; eagle: a head trained by "
-                        "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; grammar: the "
-                        "tokens a structured output forces next; several joined by '+', e.g. ngram+eagle or "
-                        "grammar+ngram: each request takes the first that proposes; default: off)")
+                        "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; grammar: only the "
+                        "tokens a structured output forces next, which every method drafts first; several joined "
+                        "by '+', e.g. ngram+eagle: each request takes the first that proposes; default: off)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",
