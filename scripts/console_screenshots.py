@@ -58,7 +58,7 @@ def calc(page, kind: str, values: dict, batch_steps: int = 0) -> None:
         page.focus("#calc-batch")
         for _ in range(batch_steps):
             page.keyboard.press("ArrowRight")
-        page.wait_for_function(f"document.getElementById('calc-chart-note').textContent.startsWith("
+        page.wait_for_function(f"() => document.getElementById('calc-chart-note').textContent.startsWith("
                                f"'batch {2 ** batch_steps}:')")
 
 
@@ -74,13 +74,13 @@ def shoot(browser, url: str, out: Path, hardware: str, phone: bool) -> None:
     for q in QUESTIONS[:2]:
         page.fill("#chat-text", q)
         page.press("#chat-text", "Enter")
-        page.wait_for_function(f"document.querySelectorAll(\".meta[data-state='done']\").length === "
+        page.wait_for_function(f"() => document.querySelectorAll(\".meta[data-state='done']\").length === "
                                f"{QUESTIONS.index(q) + 1}")
     page.evaluate("document.activeElement.blur(); window.scrollTo(0, 0)")
     page.screenshot(path=out / f"chat-{tag}.png")
     page.click("#tab-live")
     page.select_option("#live-hardware", hardware)
-    page.wait_for_function("Number(document.body.dataset.liveUpdates || 0) >= 8")
+    page.wait_for_function("() => Number(document.body.dataset.liveUpdates || 0) >= 8")
     page.screenshot(path=out / f"live-{tag}.png", full_page=True)
     page.click("#tab-calc")
     page.wait_for_selector("#calc-form[data-state]")

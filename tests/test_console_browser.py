@@ -205,3 +205,25 @@ def test_api_key_is_asked_for_and_sent(tiny_engine, page):
         page.click("#tab-live")
         page.wait_for_function("() => Number(document.body.dataset.liveUpdates || 0) >= 1")
         assert page.is_hidden("#key-form")
+
+
+def test_chat_takes_a_json_schema(tiny_server, page):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                               "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    open_view(page, tiny_server.url)
+    page.fill("#chat-schema", "{not json")
+    page.fill("#chat-text", "hi")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector(".meta[data-state='error']")
+    assert "JSON schema: not valid JSON" in page.inner_text(".meta[data-state='error']")
+    page.fill("#chat-schema", json.dumps(schema))
+    page.fill("#chat-temperature", "1")
+    page.fill("#chat-max-tokens", "60")
+    page.fill("#chat-text", "a number and a flag")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector(".meta[data-state='done']")
+    reply = json.loads(page.inner_text(".msg.assistant:not(.error) span:first-child"))
+    assert set(reply) == {"n", "ok"} and 0 <= reply["n"] <= 9 and isinstance(reply["ok"], bool)
+    assert "stop" in page.inner_text(".meta[data-state='done']")
+    assert page.errors == []

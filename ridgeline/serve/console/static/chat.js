@@ -30,7 +30,27 @@ function body(messages) {
     const v = number(id, parse);
     if (v !== undefined) b[name] = v;
   }
+  const schema = schemaOf();
+  if (schema !== undefined) {
+    b.response_format = { type: "json_schema", json_schema: { name: "console", schema, strict: true } };
+  }
   return b;
+}
+
+// the JSON schema box: undefined when empty; an Error naming the problem when it is not a JSON object
+function schemaOf() {
+  const raw = $("chat-schema").value.trim();
+  if (raw === "") return undefined;
+  let value;
+  try {
+    value = JSON.parse(raw);
+  } catch (e) {
+    throw new Error("JSON schema: not valid JSON (" + e.message + ")");
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new Error("JSON schema: must be a JSON object");
+  }
+  return value;
 }
 
 // yields each JSON payload of the SSE stream until [DONE]
@@ -83,8 +103,9 @@ async function send(text) {
   const t0 = performance.now();
   let first = null;
   try {
+    const payload = JSON.stringify(body(messages));  // a bad schema throws here: shown, nothing sent
     const response = await call("/v1/chat/completions", { method: "POST", signal: controller.signal,
-      headers: { "Content-Type": "application/json" }, body: JSON.stringify(body(messages)) });
+      headers: { "Content-Type": "application/json" }, body: payload });
     if (!response.ok) throw await errorOf(response);
     info.dataset.state = "streaming";
     for await (const ev of events(response)) {
