@@ -70,11 +70,14 @@ class ConstraintBackend:
         self.compiles = 0  # grammars compiled (cache misses), and the seconds they took: for /metrics
         self.compile_seconds = 0.0
 
-    def load(self) -> None:
-        """Build what every compile needs (a token table): idempotent, any thread; slow only once."""
+    def load(self, isolated: bool = False) -> None:
+        """Build what every compile needs (a token table): idempotent, any thread; slow only once.
+        isolated: also start whatever prepare(timeout=...) compiles in (a worker process)."""
 
-    def prepare(self, spec: StructuredOutputs) -> None:
-        """Compile spec into the cache (any thread). Raises InvalidRequestError naming what is refused."""
+    def prepare(self, spec: StructuredOutputs, timeout: float | None = None) -> None:
+        """Compile spec into the cache (any thread). Raises InvalidRequestError naming what is refused,
+        and, with a timeout, for a compile that would take longer (stopped where the backend can stop
+        it: llguidance's runs first in a child process killed at the deadline)."""
         raise NotImplementedError
 
     def create(self, spec: StructuredOutputs) -> Constraint:

@@ -60,14 +60,18 @@ def accept(state, body, route: str):
 async def compile_structured(state: ServerState, params: SamplingParams, name: str) -> None:
     """Structured outputs: compile the request's grammar into the engine's cache on the server's
     executor (never on the event loop or the step thread), within COMPILE_SECONDS once the token
-    table is built; errors name the field the client used (StructuredOutputs.field)."""
+    table and the compile worker are up (a compile past it is killed there and refused); errors name
+    the field the client used (StructuredOutputs.field)."""
     if params.structured is None:
         return
     field = params.structured.field
     try:
         backend = state.engine.structured.backend
-        await state.offload(name, backend.load)  # once per engine: not under the deadline
-        await asyncio.wait_for(state.offload(name, backend.prepare, params.structured), COMPILE_SECONDS)
+        await state.offload(name, backend.load, True)  # once per engine: not under the deadline
+        # the compile runs first in the backend's worker process, killed at COMPILE_SECONDS; the outer
+        # bound is for the second, in-process compile of a grammar that passed there
+        await asyncio.wait_for(state.offload(name, backend.prepare, params.structured, COMPILE_SECONDS),
+                               2 * COMPILE_SECONDS)
     except asyncio.TimeoutError:
         raise InvalidRequestError(f"{field}: compiling it took over {COMPILE_SECONDS:g} s; simplify it", field,
                                   code="unsupported_parameter") from None

@@ -4,6 +4,8 @@ from an Earley parser over a lazy lexer; every step's work is bounded by its own
 Earley items), so a pathological grammar costs a bounded time per mask, and its compile is refused
 when it runs past the limits. Nothing is fetched: a remote `$ref` is an error.
 
+With a timeout (the server's compiles), a grammar not in the cache is compiled first in a niced child
+process that is killed at the deadline (structured/compile_worker.py), then in this process.
 Compiled grammars are cached by (kind, text) per backend (one backend per engine, so per tokenizer):
 each request gets a copy of the cached matcher at its start state. JSON is compact: no whitespace
 between tokens (`{"a":1,"b":[2,3]}`), so output stays short and a schema's bounds fit max_tokens."""
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 import llguidance as llg
 
 from ridgeline.engine.constraint import Constraint, ConstraintBackend, register_constraint_backend
+from ridgeline.structured.compile_worker import START_TIMEOUT_S, CompileTimeout, CompileWorker
 from ridgeline.errors import InvalidRequestError
 from ridgeline.structured_params import StructuredOutputs
 
@@ -33,14 +36,18 @@ def limits() -> llg.LLParserLimits:
 
 def grammar_of(spec: StructuredOutputs) -> str:
     """spec as an llguidance grammar (text); ValueError when it cannot be built."""
-    kind, text = spec.key
+    return grammar_of_key(*spec.key)
+
+
+def grammar_of_key(kind: str, text: str) -> str:
+    """A StructuredOutputs.key (kind, text) as an llguidance grammar; ValueError when it cannot be built."""
     try:
         if kind == "json_object":
             return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
         if kind == "json":
             return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
         if kind == "choice":
-            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text)))
         if kind == "regex":
             return llg.LLMatcher.grammar_from_regex(text)
         if kind == "structural_tag":  # free text; each trigger starts begin, JSON of its schema, end
@@ -49,7 +56,9 @@ def grammar_of(spec: StructuredOutputs) -> str:
                 llg.StructTag(trigger=next(t for t in tag["triggers"] if s["begin"].startswith(t)), begin=s["begin"],
                               grammar={**s["schema"], "x-guidance": JSON_OPTIONS}, end=s["end"])
                 for s in tag["structures"]])
-        return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
+        if kind == "grammar":
+            return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
+        raise ValueError(f"unknown kind {kind!r}")
     except RecursionError as e:
         raise ValueError(str(e)) from None
 
@@ -104,6 +113,7 @@ class LLGBackend(ConstraintBackend):
         self._tok: llg.LLTokenizer | None = None
         self._cache: OrderedDict[tuple[str, str], llg.LLMatcher | Refused] = OrderedDict()
         self.mask_bytes = (vocab_size + 31) // 32 * 4
+        self._compile_worker: CompileWorker | None = None  # the server's compiles try there first
 
     def _tokenizer(self) -> llg.LLTokenizer:
         with self._lock:
@@ -112,12 +122,20 @@ class LLGBackend(ConstraintBackend):
                 self._tok = llg.LLTokenizer(self.tokenizer.to_json(), n_vocab=n, eos_token=list(self.eos_ids))
             return self._tok
 
-    def _compiled(self, spec: StructuredOutputs) -> llg.LLMatcher:
+    def _compiled(self, spec: StructuredOutputs, timeout: float | None = None) -> llg.LLMatcher:
         key = spec.key
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
+        if hit is None and timeout is not None:  # tried first in the worker process, which can be killed
+            try:
+                error = self._worker().check(*key, timeout)
+            except CompileTimeout:
+                raise InvalidRequestError(f"{spec.field}: compiling it took over {timeout:g} s; simplify it",
+                                          spec.field, code="unsupported_parameter") from None
+            if error is not None:
+                hit = Refused(error)
         if hit is None:
             hit = self._compile(spec)
             with self._lock:
@@ -143,11 +161,20 @@ class LLGBackend(ConstraintBackend):
                 self.compiles += 1
                 self.compile_seconds += time.perf_counter() - t0
 
-    def load(self) -> None:
-        self._tokenizer()
+    def _worker(self) -> CompileWorker:
+        with self._lock:
+            if self._compile_worker is None:
+                n = max(self.vocab_size, self.tokenizer.vocab_size)
+                self._compile_worker = CompileWorker(self.tokenizer.to_json(), n, list(self.eos_ids))
+            return self._compile_worker
 
-    def prepare(self, spec: StructuredOutputs) -> None:
-        self._compiled(spec)
+    def load(self, isolated: bool = False) -> None:
+        self._tokenizer()
+        if isolated:  # start the worker now: its start is not counted in a compile's deadline
+            self._worker().check("json_object", "", START_TIMEOUT_S)
+
+    def prepare(self, spec: StructuredOutputs, timeout: float | None = None) -> None:
+        self._compiled(spec, timeout)
 
     def create(self, spec: StructuredOutputs) -> LLGConstraint:
         return LLGConstraint(self._compiled(spec).deep_copy(), self.mask_bytes)

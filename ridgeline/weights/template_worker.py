@@ -6,67 +6,24 @@ process: it is killed at the deadline, stops producing output past the cap, and 
 space limited, so a template that loops or grows without end costs one worker and at most the
 deadline of CPU, never the server's memory or a stuck thread.
 
-The channel is the child's stdin/stdout pipes (private to the two processes): frames of a 4-byte
-big-endian length and a UTF-8 JSON object, sizes checked before reading. Parent -> child:
+The channel is the child's stdin/stdout pipes (private to the two processes): utils/pipe_frames.py's
+frames, sizes checked before reading. Parent -> child:
 {"template", "context"}; child -> parent: {"ready"} once, then {"text"} or {"error"} per job.
 """
 from __future__ import annotations
 
-import json
 import os
-import select
-import struct
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from ridgeline.utils.pipe_frames import FrameTimeout, frame, recv, write
 from ridgeline.weights.chat_template import TemplateFailure, compile_template, render
 
-_HEADER = struct.Struct(">I")
 START_TIMEOUT_S = 60.0  # a worker's start (interpreter and jinja2 import), not counted in a render's deadline
 _MEMORY_BASE = 1 << 30  # address space a worker may add to what it has at start, plus 16 x max_bytes
-
-
-class _Timeout(Exception):
-    pass
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    """n bytes from fd; _Timeout past the deadline, EOFError if the other side closed."""
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _Timeout()
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError("the other end closed the pipe")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv(fd: int, limit: int, deadline: float | None) -> dict:
-    (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-    if size > limit:
-        raise ValueError(f"a frame of {size} bytes, over the limit of {limit}")
-    value = json.loads(_read_exact(fd, size, deadline))
-    if not isinstance(value, dict):
-        raise ValueError("a frame that is not a JSON object")
-    return value
-
-
-def _frame(value: dict) -> bytes:
-    data = json.dumps(value, ensure_ascii=False).encode("utf-8")
-    return _HEADER.pack(len(data)) + data
-
-
-def _write(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 class _Worker:
@@ -78,8 +35,8 @@ class _Worker:
             cwd=Path(__file__).resolve().parents[2])  # imports this process's ridgeline
         self.reply_limit = 6 * max_bytes + 4096  # JSON escapes a control character in 6 bytes
         try:
-            ready = _recv(self.proc.stdout.fileno(), 1024, time.monotonic() + START_TIMEOUT_S)
-        except (EOFError, OSError, ValueError, _Timeout):
+            ready = recv(self.proc.stdout.fileno(), 1024, time.monotonic() + START_TIMEOUT_S)
+        except (EOFError, OSError, ValueError, FrameTimeout):
             ready = {}
         if ready.get("ready") is not True:
             self.kill()
@@ -87,8 +44,8 @@ class _Worker:
 
     def call(self, job: dict, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
-        _write(self.proc.stdin.fileno(), _frame(job))
-        return _recv(self.proc.stdout.fileno(), self.reply_limit, deadline)
+        write(self.proc.stdin.fileno(), frame(job))
+        return recv(self.proc.stdout.fileno(), self.reply_limit, deadline)
 
     def kill(self) -> None:
         self.proc.kill()
@@ -113,7 +70,7 @@ class TemplateWorkers:
             worker = self._take()
             try:
                 reply = worker.call({"template": source, "context": context}, self.timeout)
-            except _Timeout:
+            except FrameTimeout:
                 worker.kill()
                 raise TemplateFailure(f"the chat template did not finish rendering these messages within "
                                       f"{self.timeout:g}s (--chat-template-timeout)") from None
@@ -182,20 +139,20 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)  # anything printed goes to stderr, never into the frames
     _limit_memory(max_bytes)
     compiled: dict = {}
-    _write(out, _frame({"ready": True}))
+    write(out, frame({"ready": True}))
     while True:
         try:
-            job = _recv(0, 1 << 31, None)
+            job = recv(0, 1 << 31, None)
         except EOFError:  # the server closed the pipe (or exited): done
             return 0
         reply = _job(job, compiled, max_bytes)
         try:
-            data = _frame(reply)
+            data = frame(reply)
         except UnicodeEncodeError:  # a lone surrogate the template made up
-            data = _frame({"error": "the chat template produced text that is not valid Unicode"})
+            data = frame({"error": "the chat template produced text that is not valid Unicode"})
         except MemoryError:
-            data = _frame({"error": "the chat template ran out of memory on these messages"})
-        _write(out, data)
+            data = frame({"error": "the chat template ran out of memory on these messages"})
+        write(out, data)
 
 
 if __name__ == "__main__":
