@@ -105,6 +105,24 @@ def test_auto_and_none_reply_with_text(sdk):
         assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_auto_is_constrained_from_the_calls_marker(sdk, client):
+    """auto: free text, each call constrained once its marker appears (a lazy grammar): the request runs
+    constrained (the server's counters), and whatever calls it makes validate."""
+    def choices():
+        text = client.get("/metrics").text
+        return float(next(ln.split()[1] for ln in text.splitlines()
+                          if ln.startswith("ridgeline_structured_choices")))
+    before = choices()
+    for seed in range(4):
+        r = sdk.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="auto", max_tokens=24,
+                                        temperature=1.0, seed=seed)
+        for c in r.choices[0].message.tool_calls or []:
+            _check([c], set(SCHEMAS))
+    assert choices() == before + 4
+    r = sdk.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="none", max_tokens=4)
+    assert choices() == before + 4  # none: not constrained
+
+
 def _bad(client, body: dict, param: str, text: str):
     r = client.post(CHAT, json={"model": "tiny", "messages": USER, "max_tokens": 4, **body})
     assert r.status_code == 400, r.text

@@ -1,7 +1,8 @@
 """Tool calling on the chat route: the template's call format (detected once per template, on the
 server's executor through the bounded renderer), the request's template input, the constraint for
-`tool_choice` required and named (a grammar of calls, each call's arguments its tool's schema), and
-a parser per choice for the reply. `auto` is unconstrained text, parsed."""
+`tool_choice` required and named (a grammar of calls, each call's arguments its tool's schema) and
+auto (free text, each call constrained from its opening marker on, where the format has one), and a
+parser per choice for the reply."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.structured_params import StructuredOutputs
 from ridgeline.tool_calls.detect import Detected, detect
-from ridgeline.tool_calls.grammar import call_grammar
+from ridgeline.tool_calls.grammar import auto_grammar, call_grammar, lazily_constrained
 from ridgeline.tool_calls.parser import ToolCallParser
 from ridgeline.tool_calls.request import ToolChoice, generic_messages, template_messages, tool_choice
 
@@ -86,9 +87,14 @@ def plan(body, tok, render, params: SamplingParams, template_input: list[dict]) 
 
 
 def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, ids: dict[str, int]) -> SamplingParams:
+    fmt = detected.format
+    if choice.mode == "auto":  # the calls are constrained once their marker appears; the text is free
+        if not lazily_constrained(fmt) or params.structured is not None:
+            return params  # parsed as written (a response_format constrains the whole reply instead)
+        grammar = auto_grammar(fmt, choice.callable, choice.parallel, ids)
+        return dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar, field="tools"))
     if choice.mode not in ("required", "named"):
         return params
-    fmt = detected.format
     if not fmt.constrainable:
         raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be enforced for this model's call format "
                                   f"({fmt.name}) yet; use auto", "tool_choice", code="unsupported_parameter")

@@ -1,6 +1,7 @@
-"""The grammar (llguidance's Lark) that makes a reply nothing but calls in a format, each call's
-arguments the tool's JSON schema (`%json`, compact), so `tool_choice` required and named give
-arguments valid by construction. Markers the tokenizer has as tokens are written by id (`<[id]>`),
+"""The grammars (llguidance's Lark) of calls in a format, each call's arguments the tool's JSON schema
+(`%json`, compact): for `tool_choice` required and named the reply is nothing but calls; for `auto` it
+is free text whose calls, from the format's opening marker on, are constrained (a lazy trigger). Either
+way arguments are valid by construction. Markers the tokenizer has as tokens are written by id (`<[id]>`),
 the rest as text. parallel false: exactly one call; true: one or more."""
 from __future__ import annotations
 
@@ -18,13 +19,8 @@ def _lit(text: str, token_ids: Mapping[str, int]) -> str:
     return f"<[{token_ids[text]}]>" if text in token_ids else json.dumps(text, ensure_ascii=False)
 
 
-def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
-                 token_ids: Mapping[str, int] | None = None) -> str:
-    """tools: name -> parameters schema (the callable ones, in order). token_ids: marker -> token id
-    for the markers that are tokens."""
-    if not fmt.constrainable:
-        raise ValueError(f"the {fmt.name} format cannot be constrained")
-    ids = token_ids or {}
+def _calls(fmt: CallFormat, tools: Mapping[str, dict]) -> list[str]:
+    """The `call` rule: one call of any of tools, its arguments the tool's schema."""
     rules, alts = [], []
     for k, (name, schema) in enumerate(tools.items()):
         schema = {**schema, "x-guidance": COMPACT}
@@ -32,14 +28,56 @@ def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
         rules.append(f"call{k}: {json.dumps(head, ensure_ascii=False)} args{k} \"}}\"")
         rules.append(f"args{k}: %json {json.dumps(schema, ensure_ascii=False)}")
         alts.append(f"call{k}")
+    return [f"call: {' | '.join(alts)}", *rules]
+
+
+def _after_marker(fmt: CallFormat, parallel: bool, ids: Mapping[str, int]) -> tuple[str, bool]:
+    """(what follows the block's opening marker up to its end, whether blocks may repeat one after
+    another): a JSON list [call, call], or one call per block, or calls one after another."""
     sep = json.dumps(fmt.call_sep)
-    if fmt.listed:  # one block: [call, call]
+    if fmt.listed:
         more = f" ({sep} call)*" if parallel else ""
-        body = f'{_lit(fmt.writes, ids)} "[" call{more} "]" {_lit(fmt.end or "", ids)}'
-    elif fmt.end:  # one block per call
-        block = f'{_lit(fmt.writes, ids)} "\\n" call "\\n" {_lit(fmt.end, ids)}'
-        body = f"{block} (\"\\n\" {block})*" if parallel else block
-    else:  # calls one after another
-        more = f" ({sep} call)*" if parallel else ""
-        body = f"{_lit(fmt.writes, ids)} call{more}"
-    return "\n".join([f"start: {' '.join(body.split())}", f"call: {' | '.join(alts)}", *rules]) + "\n"
+        return f'"[" call{more} "]" {_lit(fmt.end or "", ids)}', False
+    if fmt.end:
+        return f'"\\n" call "\\n" {_lit(fmt.end, ids)}', parallel
+    more = f" ({sep} call)*" if parallel else ""
+    return f"call{more}", False
+
+
+def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
+                 token_ids: Mapping[str, int] | None = None) -> str:
+    """The reply is nothing but calls (tool_choice required, named). tools: name -> parameters schema
+    (the callable ones, in order). token_ids: marker -> token id for the markers that are tokens."""
+    if not fmt.constrainable:
+        raise ValueError(f"the {fmt.name} format cannot be constrained")
+    ids = token_ids or {}
+    rest, repeats = _after_marker(fmt, parallel, ids)
+    block = f"{_lit(fmt.writes, ids)} {rest}"
+    body = f'{block} ("\\n" {block})*' if repeats else block
+    return "\n".join([f"start: {' '.join(body.split())}", *_calls(fmt, tools)]) + "\n"
+
+
+def lazily_constrained(fmt: CallFormat) -> bool:
+    """tool_choice auto can be constrained from the format's opening marker on: the marker is what the
+    format writes (Llama 3's bare JSON calls have no marker to trigger on)."""
+    return fmt.constrainable and fmt.opener is None and bool(fmt.start)
+
+
+def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
+                 token_ids: Mapping[str, int] | None = None) -> str:
+    """tool_choice auto: free text until the format's opening marker appears (a lazy trigger: the text
+    ends at the marker's first occurrence, or the marker token), from there a block of calls of the
+    tools, their arguments each tool's schema; then free text again (and more blocks) with parallel
+    calls, else the reply ends after its one block. A block without an end marker runs to the end."""
+    if not lazily_constrained(fmt):
+        raise ValueError(f"the {fmt.name} format cannot be constrained from a marker")
+    ids = token_ids or {}
+    rest, _ = _after_marker(fmt, parallel, ids)
+    if fmt.start in ids:  # a token: free text cannot contain it, so the text simply runs up to it
+        trig = f"trig: TEXT {_lit(fmt.start, ids)}"
+    else:
+        trig = f"trig[lazy]: TEXT {_lit(fmt.start, ids)}"
+    again = parallel and fmt.end is not None and not fmt.listed
+    start = "start: block* TEXT" if again else "start: TEXT | block"
+    return "\n".join([start, "TEXT: /(.|\\n)*/", trig, f"block: trig {' '.join(rest.split())}",
+                      *_calls(fmt, tools)]) + "\n"

@@ -1,0 +1,106 @@
+"""The call grammars, matched by llguidance against a byte-level tokenizer, with the markers as text and
+as special tokens: `auto` leaves text free until the format's marker and from there admits only calls
+of the given tools with arguments valid against their schemas; parallel false ends the reply after its
+one block; `required` admits nothing but calls; every format's own call text is accepted."""
+from __future__ import annotations
+
+import json
+
+import llguidance as llg
+import pytest
+from conftest import _byte_tokenizer
+
+from ridgeline.tool_calls.formats import FORMATS
+from ridgeline.tool_calls.grammar import auto_grammar, call_grammar, lazily_constrained
+
+TOOLS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                         "required": ["city"], "additionalProperties": False},
+         "add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                 "required": ["a", "b"], "additionalProperties": False}}
+LAZY = [f for f in FORMATS.values() if lazily_constrained(f)]
+MARKERS = sorted({m for f in FORMATS.values() for m in f.markers})
+
+
+def _tokenizer(specials: bool):
+    tok = _byte_tokenizer()
+    if specials:
+        tok.add_special_tokens(MARKERS)
+    eos = tok.token_to_id("</s>")
+    return tok, llg.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size(), eos_token=[eos]), eos
+
+
+def _ids(tok, specials: bool) -> dict[str, int]:
+    return {m: tok.token_to_id(m) for m in MARKERS} if specials else {}
+
+
+def _walk(ltok, grammar: str, ids: list[int]) -> tuple[int, llg.LLMatcher]:
+    """(how many of ids the grammar takes, in order, the matcher after them)."""
+    m = llg.LLMatcher(ltok, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    for n, t in enumerate(ids):
+        if not m.consume_token(t):
+            return n, m
+    return len(ids), m
+
+
+def call(fmt, name, args) -> str:
+    """The call as the constrained writer emits it: compact JSON with the writer's separators."""
+    text = fmt.call_text(name, args)
+    return text.replace(json.dumps(args, ensure_ascii=False), json.dumps(args, separators=(", ", ": ")))
+
+
+@pytest.mark.parametrize("specials", [False, True])
+@pytest.mark.parametrize("fmt", LAZY, ids=lambda f: f.name)
+def test_auto_leaves_text_free_and_constrains_each_call(fmt, specials):
+    tok, ltok, eos = _tokenizer(specials)
+    ids = _ids(tok, specials)
+    g = auto_grammar(fmt, TOOLS, parallel=True, token_ids=ids)
+
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False).ids
+
+    free = enc("Just text, no call: {\"name\": 1} <tool ca")
+    n, m = _walk(ltok, g, free)
+    assert n == len(free) and m.is_accepting()  # free text, even JSON-looking, may end the reply
+    good = enc("Let me check. " + call(fmt, "get_weather", {"city": "Paris", "days": 2}))
+    n, m = _walk(ltok, g, good)
+    assert n == len(good), tok.decode(good[:n + 1])
+    bad_args = enc("Let me check. " + call(fmt, "get_weather", {"city": 3}))
+    assert _walk(ltok, g, bad_args)[0] < len(bad_args)  # arguments against the schema are refused
+    unknown = enc("Let me check. " + call(fmt, "delete_everything", {}))
+    assert _walk(ltok, g, unknown)[0] < len(unknown)  # only the tools given
+    trigger = len(enc("Let me check. " + fmt.start))
+    assert _walk(ltok, g, unknown)[0] >= trigger  # the text before the marker was free
+
+
+@pytest.mark.parametrize("specials", [False, True])
+@pytest.mark.parametrize("fmt", [f for f in LAZY if f.end and not f.listed], ids=lambda f: f.name)
+def test_auto_with_parallel_false_ends_after_one_block(fmt, specials):
+    tok, ltok, eos = _tokenizer(specials)
+    ids = _ids(tok, specials)
+    one = call(fmt, "add", {"a": 1, "b": 2})
+    two = tok.encode("ok " + one + "\n" + one, add_special_tokens=False).ids
+    first = tok.encode("ok " + one, add_special_tokens=False).ids
+    g = auto_grammar(fmt, TOOLS, parallel=False, token_ids=ids)
+    n, m = _walk(ltok, g, first)
+    assert n == len(first) and m.is_accepting() and m.is_stopped()  # one block, then nothing but the end
+    assert _walk(ltok, g, two)[0] == len(first)
+    n, _ = _walk(ltok, auto_grammar(fmt, TOOLS, parallel=True, token_ids=ids), two)
+    assert n == len(two)  # parallel: a second block is welcome
+
+
+@pytest.mark.parametrize("fmt", LAZY, ids=lambda f: f.name)
+def test_required_admits_only_calls(fmt):
+    tok, ltok, _ = _tokenizer(True)
+    g = call_grammar(fmt, TOOLS, parallel=False, token_ids=_ids(tok, True))
+    good = tok.encode(call(fmt, "add", {"a": 1, "b": 2}), add_special_tokens=False).ids
+    n, m = _walk(ltok, g, good)
+    assert n == len(good) and m.is_accepting()
+    prose = tok.encode("Sure! " + call(fmt, "add", {"a": 1, "b": 2}), add_special_tokens=False).ids
+    assert _walk(ltok, g, prose)[0] == 0
+
+
+def test_formats_without_a_marker_to_trigger_on_are_not_lazily_constrained():
+    assert not lazily_constrained(FORMATS["llama3_json"]) and not lazily_constrained(FORMATS["qwen3_coder"])
+    with pytest.raises(ValueError):
+        auto_grammar(FORMATS["llama3_json"], TOOLS, True)
