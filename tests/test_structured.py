@@ -66,6 +66,17 @@ def test_every_corpus_output_validates(eng):
             validator.validate(json.loads(text))
 
 
+def test_one_at_a_time_equals_batched_and_logprobs_keep_the_tokens(eng, plain_greedy):
+    """Batch 1 gives the batched greedy outputs (each validates); asking for logprobs (the full sampler,
+    not the fused masked head) picks the same tokens."""
+    for name in SUBSET[:4]:
+        alone = run(eng, {name: (PROMPT + name, greedy(CORPUS[name]))})[name]
+        assert alone == plain_greedy[name]
+        Draft202012Validator(CORPUS[name], format_checker=FormatChecker()).validate(json.loads(alone[0][0]))
+        with_lp = run(eng, {name: (PROMPT + name, greedy(CORPUS[name], logprobs=2))})[name]
+        assert with_lp[0][1] == alone[0][1]
+
+
 def test_seeded_sampling_is_reproducible(eng):
     p = SamplingParams(temperature=1.0, seed=11, max_tokens=MAX_TOKENS, structured=StructuredOutputs(json=CORPUS["person"]))
     a = run(eng, {"a": (PROMPT, p)})["a"]
