@@ -22,6 +22,8 @@ from functools import cached_property
 from ridgeline.errors import InvalidRequestError
 from ridgeline.inputs import check_text
 
+# JSON as every backend writes it: no whitespace between tokens (llguidance's JSON options)
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False}
 MAX_STRUCTURED_BYTES = 256 * 1024  # schema, regex, grammar or all choices together, as UTF-8
 MAX_CHOICES = 1024
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")

@@ -42,6 +42,10 @@ def register(subparsers) -> None:
                    help="behind `ridgeline router --api-key-file`: requests carrying this server's --api-key (the "
                         "router's --replica-api-key) name their tenant in x-ridgeline-tenant (default: off)")
     g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the model)")
+    g.add_argument("--reasoning-parser", default=_D.reasoning_parser, choices=_reasoning_parsers(),
+                   help="split a reasoning model's thinking into `reasoning_content`: auto (the format the chat "
+                        "template writes, <think> or [THINK]; none if it writes neither), none, or a format "
+                        "(default: %(default)s)")
     g.add_argument("--max-waiting", type=int, default=_D.max_waiting,
                    help="sequences (prompts x n) allowed to wait for their first token; more get 429, "
                         "a single request over it gets 400 (default: %(default)s)")
@@ -117,6 +121,11 @@ def _add_disagg_args(p) -> None:
 
 
 # ---- what one request may make the server spend (serve/limits.py) -------------------------------
+def _reasoning_parsers() -> tuple[str, ...]:
+    from ridgeline.serve.reasoning import PARSERS
+    return PARSERS
+
+
 def _add_limit_args(p) -> None:
     from ridgeline.sampling_params import MAX_N
     g = p.add_argument_group("request limits", "what one request may make the server spend; over a limit is a 400 "
@@ -243,7 +252,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
         quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console,
         api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
-        **_limit_settings(args))
+        reasoning_parser=args.reasoning_parser, **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)

@@ -78,7 +78,6 @@ REFUSED: dict[str, Peer] = {
     "stream_options.continuous_usage_stats": Peer((False,), "usage on every streamed chunk"),
     "messages[].function_call": Peer((), "function calling"),
     "messages[].audio": Peer((), _MM),
-    "messages[].reasoning_content": Peer((), _REASONING),
     "messages[].refusal": Peer((), "refusals in assistant messages"),
     # SGLang
     "no_stop_trim": Peer((False,), "keeping the stop string (use include_stop_str_in_output)"),

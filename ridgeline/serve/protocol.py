@@ -143,9 +143,13 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made (tool_calls/request.py)
     tool_call_id: str | None = None  # tool: the call this result answers
+    reasoning_content: str | None = None  # assistant: its earlier reasoning (templates that read it render it)
 
     def as_template_input(self) -> dict:
-        return template_message(self.role, self.content)
+        m = template_message(self.role, self.content)
+        if self.reasoning_content is not None:
+            m["reasoning_content"] = self.reasoning_content
+        return m
 
 
 class ChatCompletionRequest(_GenerateRequest):
@@ -156,6 +160,9 @@ class ChatCompletionRequest(_GenerateRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # template variables (serve/reasoning.py)
+    reasoning_effort: str | None = None  # a template variable, where the template reads it
+    include_reasoning: bool | None = None  # false: leave reasoning_content out of the reply
 
     @property
     def max_tokens_field(self) -> tuple[str, int | None]:

@@ -43,6 +43,7 @@ class ServerSettings:
     api_key_file: str | None = None  # keys with tenants (http/api_keys.py); not with api_key
     allowed_origins: tuple[str, ...] = ()  # web pages allowed besides the console (http/origins.py)
     tenant_header: bool = False  # behind a launcher's front: its internal key's requests name their tenant
+    reasoning_parser: str = "auto"  # the reasoning section of replies: auto (from the template), none, or a format
 
     @property
     def limits(self) -> FrontLimits:

@@ -22,11 +22,11 @@ import llguidance as llg
 from ridgeline.engine.constraint import Constraint, ConstraintBackend, register_constraint_backend
 from ridgeline.structured.compile_worker import START_TIMEOUT_S, CompileTimeout, CompileWorker
 from ridgeline.errors import InvalidRequestError
-from ridgeline.structured_params import StructuredOutputs
+from ridgeline.structured_params import COMPACT_JSON, StructuredOutputs
 
 CACHE_SIZE = 128  # compiled grammars kept per engine
 MAX_ERROR_CHARS = 400
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":", "lenient": False}
+JSON_OPTIONS = COMPACT_JSON
 
 
 def limits() -> llg.LLParserLimits:

@@ -1,0 +1,117 @@
+"""Reasoning models and template options on the chat route: `chat_template_kwargs` and
+`reasoning_effort` as template variables (each one the template reads, else a 400 naming it: a
+variable the template ignores would be an option silently dropped), the reasoning format
+(--reasoning-parser: found in the template, named, or none), whether the prompt left a section open,
+a constraint moved after the section, and the reply parser of each choice."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from ridgeline.errors import InvalidRequestError
+from ridgeline.sampling_params import SamplingParams
+from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, ReasoningFormat, ReasoningSplitter, detect_reasoning,
+                                            opens_reasoning, with_reasoning, wrap_grammar)
+from ridgeline.tool_calls.reply import ReplyParser
+
+PARSERS = ("auto", "none", *REASONING_FORMATS)
+# variables the server sets itself: a client's chat_template_kwargs may not replace them
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                      "strftime_now", "reasoning_effort"})
+MAX_KWARGS = 32
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def _reads(template: str | None, name: str) -> bool:
+    return bool(template) and re.search(rf"\b{re.escape(name)}\b", template) is not None
+
+
+def template_variables(body, tok) -> dict:
+    """chat_template_kwargs and reasoning_effort as template variables, each checked against the template."""
+    out: dict = {}
+    kwargs = body.chat_template_kwargs or {}
+    if not isinstance(kwargs, dict):
+        raise InvalidRequestError("chat_template_kwargs: must be an object", "chat_template_kwargs")
+    if len(kwargs) > MAX_KWARGS:
+        raise InvalidRequestError(f"chat_template_kwargs: at most {MAX_KWARGS} keys", "chat_template_kwargs")
+    for key, value in kwargs.items():
+        where = f"chat_template_kwargs.{key}"
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", key) or key in RESERVED:
+            raise InvalidRequestError(f"{where}: not a variable a request may set", "chat_template_kwargs")
+        if not _reads(tok.chat_template, key):
+            raise InvalidRequestError(f"{where}: this model's chat template does not read {key}",
+                                      "chat_template_kwargs", code="unsupported_parameter")
+        if tok.special_text_in(value):
+            raise InvalidRequestError(f"{where}: contains the text of a special token", "chat_template_kwargs")
+        out[key] = value
+    effort = body.reasoning_effort
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise InvalidRequestError(f"reasoning_effort: one of {', '.join(EFFORTS)}, got {ascii(effort)[:20]}",
+                                      "reasoning_effort")
+        if not _reads(tok.chat_template, "reasoning_effort"):
+            raise InvalidRequestError("reasoning_effort: this model's chat template takes no reasoning effort",
+                                      "reasoning_effort", code="unsupported_parameter")
+        out["reasoning_effort"] = effort
+    return out
+
+
+def reasoning_format(setting: str, tok) -> ReasoningFormat | None:
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return detect_reasoning(tok.chat_template)
+    return REASONING_FORMATS[setting]
+
+
+@dataclass
+class ReasoningPlan:
+    fmt: ReasoningFormat
+    specials: dict[int, str]  # tokens the splitter matches by id
+    token_ids: dict[str, int]  # the markers that are tokens
+    keep: bool  # include_reasoning
+    opened: bool = False  # the prompt left a section open (set once it is rendered)
+
+
+def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials: dict[int, str] | None,
+         include_reasoning: bool | None) -> tuple[ReasoningPlan | None, SamplingParams]:
+    if fmt is None:
+        if include_reasoning is False:
+            raise InvalidRequestError("include_reasoning: this model has no reasoning section to leave out",
+                                      "include_reasoning", code="unsupported_parameter")
+        return None, params
+    ids = {m: i for m in fmt.markers if (i := tok.token_id(m)) is not None}
+    if any(i in tok.special_ids for i in ids.values()) and params.skip_special_tokens:
+        params = dataclasses.replace(params, skip_special_tokens=False)  # the markers' text must be there
+    specials = {i: m for m, i in ids.items()} | dict(tool_specials or {})
+    if not params.skip_special_tokens:
+        specials.update({i: tok.id_to_token(i) for i in tok.special_ids if i not in specials})
+    return ReasoningPlan(fmt, specials, ids, include_reasoning is not False), params
+
+
+def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingParams) -> SamplingParams:
+    """With the prompt rendered: whether it opened a section; a constraint starts after the section."""
+    if rp is None:
+        return params
+    rp.opened = opens_reasoning(rp.fmt, prompt_text)
+    spec = params.structured
+    if spec is None:
+        return params
+    if spec.field == "tools":  # the tool-call grammars (serve/tools.py): ours, start rule first
+        spec = dataclasses.replace(spec, grammar=wrap_grammar(spec.grammar, rp.fmt, rp.token_ids, rp.opened))
+    elif spec.kind in ("json", "json_object", "choice"):
+        spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened)
+    elif rp.opened:  # the constraint would hold inside the section the prompt opened
+        spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened)  # raises: cannot be nested
+    return dataclasses.replace(params, structured=spec)
+
+
+def reply_parser(rp: ReasoningPlan | None, tools) -> ReplyParser | None:
+    """The choice's parser (None: no reasoning and no tools: the text is the content as it comes)."""
+    tool_parser = tools.parser() if tools is not None else None
+    if rp is None and tool_parser is None:
+        return None
+    forward = set(tool_parser.specials.values()) if tool_parser is not None else set()
+    splitter = ReasoningSplitter(rp.fmt, rp.specials, rp.opened, forward) if rp is not None else None
+    return ReplyParser(splitter, tool_parser, rp.keep if rp is not None else True)

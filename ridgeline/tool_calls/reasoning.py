@@ -1,0 +1,219 @@
+"""Reasoning models: the section a model thinks in before it answers (`<think>...</think>` for
+DeepSeek-R1, Qwen3, QwQ, SmolLM3, GLM; `[THINK]...[/THINK]` for Magistral), split from the answer so
+the reply's `reasoning_content` holds it and `content` the answer.
+
+The format is found in the chat template (the end marker's text in its source). A reply starts inside
+the section when the rendered prompt left one open (DeepSeek-R1's generation prompt ends in `<think>`);
+otherwise a section may open at the very start of the reply (Qwen3 writes `<think>` first). Markers the
+tokenizer has as tokens are matched by id, as the tool-call parser does (a marker typed as text after
+the last such id stays text, and no detokenizer split can cut one); the others by text, a partial one
+held back. The splitter hands the answer on with the special-token ids it carried, so the tool-call
+parser downstream sees exactly what it would have seen without reasoning.
+
+`with_reasoning` lets a constraint (a JSON schema, a choice, the tool-call grammars) start after the
+section: free text up to the end marker, then the constraint."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ridgeline.structured_params import COMPACT_JSON, StructuredOutputs
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    name: str
+    start: str
+    end: str
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        return self.start, self.end
+
+
+THINK = ReasoningFormat("think", "<think>", "</think>")
+MAGISTRAL = ReasoningFormat("magistral", "[THINK]", "[/THINK]")
+REASONING_FORMATS = {f.name: f for f in (THINK, MAGISTRAL)}
+
+
+def detect_reasoning(template: str | None) -> ReasoningFormat | None:
+    """The format whose end marker the template's source writes (None: not a reasoning template)."""
+    for f in REASONING_FORMATS.values():
+        if template and f.end in template:
+            return f
+    return None
+
+
+def opens_reasoning(fmt: ReasoningFormat, rendered_prompt: str) -> bool:
+    """The prompt ends inside a section: its last start marker comes after its last end marker."""
+    return rendered_prompt.rfind(fmt.start) > rendered_prompt.rfind(fmt.end)
+
+
+_START, _REASONING, _CONTENT = 0, 1, 2
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of text that is a proper start of one of markers."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:k]):
+                best = k
+                break
+    return best
+
+
+class ReasoningSplitter:
+    """feed(ids, text) -> (reasoning text, answer text, the special-token ids the answer carried).
+    specials: id -> text of every token matched by id (the reasoning markers that are tokens, and
+    whatever the tool-call parser downstream matches by id); in_reasoning: the prompt opened a section;
+    forward: the special tokens the answer keeps (those the tool-call parser reads; None: all), others
+    (an end of turn) are dropped from it."""
+
+    def __init__(self, fmt: ReasoningFormat, specials: Mapping[int, str], in_reasoning: bool,
+                 forward: set[str] | None = None):
+        self.fmt = fmt
+        self.forward = forward
+        self.specials = dict(specials)
+        self._ids = {t: i for i, t in self.specials.items()}
+        self._by_id = {m for m in fmt.markers if m in self._ids}
+        self._pending: Counter[str] = Counter()
+        self._raw = ""  # fed text not yet split into special tokens and plain text
+        self._text = ""  # plain text held back (a possible partial marker, or leading whitespace)
+        self._state = _REASONING if in_reasoning else _START
+        self._strip = False  # the answer's leading blank space after a section is dropped
+
+    def feed(self, ids: Sequence[int], text: str) -> tuple[str, str, list[int]]:
+        for i in ids:
+            t = self.specials.get(i)
+            if t is not None:
+                self._pending[t] += 1
+        self._raw += text
+        return self._split(final=False)
+
+    def finish(self) -> tuple[str, str, list[int]]:
+        return self._split(final=True)
+
+    def _split(self, final: bool) -> tuple[str, str, list[int]]:
+        out = {"reasoning": [], "content": [], "ids": []}
+        while True:
+            live = [t for t, n in self._pending.items() if n > 0]
+            hits = [(i, t) for t in live if (i := self._raw.find(t)) >= 0]
+            if not hits:
+                keep = 0 if final else _held(self._raw, live)
+                plain, self._raw = self._raw[:len(self._raw) - keep], self._raw[len(self._raw) - keep:]
+                self._plain(out, plain, final)
+                break
+            i, special = min(hits, key=lambda h: (h[0], -len(h[1])))
+            plain, self._raw = self._raw[:i], self._raw[i + len(special):]
+            self._pending[special] -= 1
+            self._plain(out, plain, False)
+            self._special(out, special)
+        return "".join(out["reasoning"]), "".join(out["content"]), out["ids"]
+
+    def _special(self, out: dict, token: str) -> None:
+        """A token matched by id; the plain text before it is in self._text (held back, if anything)."""
+        if token in self._by_id:
+            if token == self.fmt.start and self._state == _START and not self._text.strip():
+                self._text, self._state = "", _REASONING
+                return
+            if token == self.fmt.end and self._state == _REASONING:
+                out["reasoning"].append(self._text)
+                self._text, self._state = "", _CONTENT
+                self._strip = True
+                return
+        if self._state == _START:
+            self._flush_start(out)
+        elif self._state == _REASONING:
+            out["reasoning"].append(self._text)
+            self._text = ""
+        else:
+            out["content"].append(self._text)
+            self._text, self._strip = "", False
+        if token in self.fmt.markers:  # a reasoning marker that opens or closes nothing here: as written
+            out["reasoning" if self._state == _REASONING else "content"].append(token)
+        elif self._state == _CONTENT and (self.forward is None or token in self.forward):
+            out["content"].append(token)
+            out["ids"].append(self._ids[token])
+        # any other special token inside the reasoning (an end of turn, a tool-call marker): not reasoning text
+
+    def _flush_start(self, out: dict) -> None:
+        out["content"].append(self._text)
+        self._text, self._state = "", _CONTENT
+        self._strip = False
+
+    def _plain(self, out: dict, text: str, final: bool) -> None:
+        self._text += text
+        while True:
+            if self._state == _START:
+                head = self._text.lstrip()
+                start_by_text = self.fmt.start not in self._by_id
+                if start_by_text and head.startswith(self.fmt.start):
+                    self._text, self._state = head[len(self.fmt.start):], _REASONING
+                    continue
+                if not final and (not head or (start_by_text and self.fmt.start.startswith(head))):
+                    return  # whitespace, or a start marker's beginning: a section may still open
+                self._flush_start(out)
+                continue
+            if self._state == _REASONING:
+                end_by_text = self.fmt.end not in self._by_id
+                j = self._text.find(self.fmt.end) if end_by_text else -1
+                if j < 0:
+                    keep = _held(self._text, [self.fmt.end]) if end_by_text and not final else 0
+                    out["reasoning"].append(self._text[:len(self._text) - keep])
+                    self._text = self._text[len(self._text) - keep:]
+                    return
+                out["reasoning"].append(self._text[:j])
+                self._text, self._state = self._text[j + len(self.fmt.end):], _CONTENT
+                self._strip = True
+                continue
+            if self._strip:  # the blank line between the section and the answer
+                stripped = self._text.lstrip()
+                if not stripped and not final:
+                    return
+                self._text, self._strip = stripped, False
+            out["content"].append(self._text)
+            self._text = ""
+            return
+
+
+def with_reasoning(spec: StructuredOutputs, fmt: ReasoningFormat, token_ids: Mapping[str, int],
+                   opened: bool) -> StructuredOutputs:
+    """spec, applied after the reasoning section: free text to the end marker (the section the prompt
+    opened, or one the reply may open with the start marker), then the constraint. A JSON schema,
+    JSON object or choice; other kinds are refused (their grammar cannot be nested here yet)."""
+    if spec.kind == "json":
+        body = f"%json {json.dumps({**json.loads(spec.json), 'x-guidance': COMPACT_JSON})}"
+    elif spec.kind == "json_object":
+        body = f"%json {json.dumps({'type': 'object', 'x-guidance': COMPACT_JSON})}"
+    elif spec.kind == "choice":
+        body = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+    else:
+        from ridgeline.errors import InvalidRequestError
+        raise InvalidRequestError(f"{spec.field}: a {spec.kind.replace('_', ' ')} cannot be enforced after a "
+                                  "reasoning section yet; give a JSON schema or choices, or turn thinking off "
+                                  "(chat_template_kwargs)", spec.field, code="unsupported_parameter")
+    return StructuredOutputs(grammar=wrap_grammar(f"start: {body}\n", fmt, token_ids, opened), field=spec.field)
+
+
+def _lit(text: str, token_ids: Mapping[str, int]) -> str:
+    return f"<[{token_ids[text]}]>" if text in token_ids else json.dumps(text, ensure_ascii=False)
+
+
+def wrap_grammar(grammar: str, fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool) -> str:
+    """A Lark grammar whose first line is its `start` rule, preceded by the reasoning section: required
+    (the prompt opened it: text up to the end marker) or optional (the start marker, text, the end
+    marker), then the blank space models write after it."""
+    first, _, rest = grammar.partition("\n")
+    if not first.startswith("start:"):
+        raise ValueError("the grammar's first line must be its start rule")
+    end = _lit(fmt.end, token_ids)
+    section = "think" if opened else "think?"
+    if fmt.end in token_ids:  # a token: the text before it cannot contain it
+        think = f"think: {'' if opened else _lit(fmt.start, token_ids) + ' '}THINK_TEXT {end}"
+    else:
+        think = f"think[lazy]: {'' if opened else _lit(fmt.start, token_ids) + ' '}THINK_TEXT {end}"
+    return "\n".join([f"start: {section} THINK_WS ({first[len('start:'):].strip()})", think,
+                      "THINK_TEXT: /(.|\\n)*/", "THINK_WS: /[ \\t\\r\\n]*/", rest]).rstrip("\n") + "\n"

@@ -1,0 +1,239 @@
+"""Reasoning sections: the splitter gives the same (reasoning, answer) whatever the chunking, with the
+markers as text or as tokens, a section the prompt opened or one the reply opens, and hands the answer
+on to the tool-call parser with its special ids; a constraint placed after the section holds only after
+it; through the server, chat_template_kwargs and reasoning_effort reach the template (or are a 400
+naming them), reasoning_content comes apart from content, streamed and not alike."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import llguidance as llg
+import pytest
+from conftest import _byte_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ridgeline.structured_params import StructuredOutputs
+from ridgeline.tool_calls.formats import HERMES
+from ridgeline.tool_calls.parser import ToolCallParser
+from ridgeline.tool_calls.reasoning import (MAGISTRAL, THINK, ReasoningSplitter, detect_reasoning, opens_reasoning,
+                                            with_reasoning)
+from ridgeline.tool_calls.reply import ReplyParser
+
+IDS = {"<think>": 300, "</think>": 301, "<tool_call>": 302, "</tool_call>": 303, "<|end|>": 304}
+
+
+def _pieces(text: str, by_id: bool) -> list[tuple[list[int], str]]:
+    """text as (ids, text) pieces: a marker that is a token is its own piece carrying its id."""
+    out, i = [], 0
+    while i < len(text):
+        hit = next((m for m in IDS if by_id and text.startswith(m, i)), None)
+        if hit:
+            out.append(([IDS[hit]], hit))
+            i += len(hit)
+        else:
+            out.append(([], text[i]))
+            i += 1
+    return out
+
+
+def split(text: str, opened: bool, by_id: bool, cuts: list[int] | None = None, tools: bool = False):
+    specials = {i: m for m, i in IDS.items()} if by_id else {}
+    tool_parser = ToolCallParser(HERMES, {i: m for m, i in IDS.items() if "tool" in m or m == "<|end|>"}
+                                 if by_id else {}) if tools else None
+    forward = set(tool_parser.specials.values()) if tool_parser else set()
+    p = ReplyParser(ReasoningSplitter(THINK, specials, opened, forward), tool_parser)
+    pieces = _pieces(text, by_id)
+    groups, last = [], 0
+    for c in sorted(set(cuts or [])) + [len(pieces)]:
+        if c > last:
+            groups.append(pieces[last:c])
+            last = c
+    for g in groups:
+        p.feed([i for ids, _ in g for i in ids], "".join(t for _, t in g))
+    p.finish()
+    return "".join(p.reasoning_text) or None, "".join(p.content) or None, [(c.name, c.arguments) for c in p.calls]
+
+
+CASES = [  # (reply, opened) -> (reasoning, content)
+    (("I should add.</think>\n\nIt is 3.", True), ("I should add.", "It is 3.")),
+    (("<think>hmm</think>\nHello", False), ("hmm", "Hello")),
+    (("  <think>hmm</think>Hello", False), ("hmm", "Hello")),
+    (("Hello <think>not a section</think>", False), (None, "Hello <think>not a section</think>")),
+    (("never closed", True), ("never closed", None)),
+    (("<think>cut off", False), ("cut off", None)),
+    (("<thin", False), (None, "<thin")),
+    (("plain answer", False), (None, "plain answer")),
+    (("a</think>b</think>c", True), ("a", "b</think>c")),
+]
+
+
+@pytest.mark.parametrize("by_id", [False, True])
+@pytest.mark.parametrize("case,want", CASES)
+def test_sections_split(case, want, by_id):
+    assert split(*case, by_id=by_id)[:2] == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from(CASES), by_id=st.booleans(), cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_any_chunking_gives_the_same_split(case, by_id, cuts):
+    (text, opened), _ = case
+    assert split(text, opened, by_id, cuts) == split(text, opened, by_id)
+
+
+def test_a_marker_typed_as_text_after_the_token_ids_is_text():
+    # the ids say one </think> token came; the second "</think>" is plain text inside the answer
+    p = ReasoningSplitter(THINK, {301: "</think>"}, True)
+    thought, answer, _ = p.feed([301], "a</think>b</think>c")
+    thought2, answer2, _ = p.finish()
+    assert (thought + thought2, answer + answer2) == ("a", "b</think>c")
+
+
+@pytest.mark.parametrize("by_id", [False, True])
+def test_the_answer_goes_on_to_the_tool_call_parser(by_id):
+    end = "<|end|>" if by_id else ""  # an end-of-turn token: dropped
+    reply = 'let me call it</think>\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>' + end
+    thought, content, calls = split(reply, True, by_id, tools=True)
+    assert thought == "let me call it" and calls == [("f", '{"x": 1}')] and content is None
+    thought, content, calls = split('<tool_call> inside thinking</think>ok', True, by_id, tools=True)
+    assert calls == [] and content == "ok"
+
+
+def test_formats_are_found_in_templates():
+    assert detect_reasoning("{{ '<think>\\n' }}...{{ '</think>' }}") is THINK
+    assert detect_reasoning("[THINK] ... [/THINK]") is MAGISTRAL
+    assert detect_reasoning("{{ messages }}") is None and detect_reasoning(None) is None
+    assert opens_reasoning(THINK, "user: hi\nassistant: <think>\n")
+    assert not opens_reasoning(THINK, "assistant: <think>\n\n</think>\n\n")
+    assert not opens_reasoning(THINK, "assistant: ")
+
+
+def _walk(grammar: str, text: str, specials: bool):
+    tok = _byte_tokenizer()
+    if specials:
+        tok.add_special_tokens(["<think>", "</think>"])
+    lt = llg.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size(), eos_token=[tok.token_to_id("</s>")])
+    m = llg.LLMatcher(lt, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    ids = tok.encode(text, add_special_tokens=False).ids
+    n = next((k for k, t in enumerate(ids) if not m.consume_token(t)), len(ids))
+    return n == len(ids) and m.is_accepting(), tok
+
+
+@pytest.mark.parametrize("specials", [False, True])
+def test_a_constraint_holds_after_the_section(specials):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    tok = _byte_tokenizer()
+    if specials:
+        tok.add_special_tokens(["<think>", "</think>"])
+    ids = {m: tok.token_to_id(m) for m in ("<think>", "</think>")} if specials else {}
+    opened = with_reasoning(StructuredOutputs(json=schema), THINK, ids, True).grammar
+    assert _walk(opened, 'free {{ text</think>\n\n{"a":1}', specials)[0]
+    assert not _walk(opened, '{"a":1}', specials)[0]  # still inside the section: not complete
+    assert not _walk(opened, 'x</think>{"a":"no"}', specials)[0]
+    optional = with_reasoning(StructuredOutputs(choice=["yes", "no"]), THINK, ids, False).grammar
+    assert _walk(optional, "<think>hmm</think>yes", specials)[0] and _walk(optional, "no", specials)[0]
+    assert not _walk(optional, "maybe", specials)[0]
+
+
+def test_other_kinds_after_an_opened_section_are_refused():
+    from ridgeline.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="guided_regex: a regex cannot be enforced after a reasoning"):
+        with_reasoning(StructuredOutputs(regex="a+", field="guided_regex"), THINK, {}, True)
+
+
+# ---- through the server ---------------------------------------------------------------------------
+TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant\n"
+            "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+            "{% else %}<think>\n{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def think_server(tmp_path_factory):
+    from conftest import SERVER_OPTS, make_tiny_model
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-think"), "llama", max_position_embeddings=1024)
+    tok = _byte_tokenizer()
+    tok.add_tokens(["<think>", "</think>"])  # added, not special (as Qwen3's)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE, "add_bos_token": False}))
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False, **{**SERVER_OPTS,
+                                                                                 "kv_cache_memory": "8MiB"}))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        s.end_think = tok.token_to_id("</think>")
+        yield s
+
+
+def _chat(server, stream=False, **kw):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, **kw}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        if not stream:
+            return c.post("/v1/chat/completions", json=body)
+        parts = {"reasoning_content": "", "content": ""}
+        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for ch in json.loads(line[6:])["choices"]:
+                        for k in parts:
+                            parts[k] += ch["delta"].get(k) or ""
+        return parts
+
+
+def test_reasoning_comes_apart_from_the_answer(think_server):
+    for seed in range(20):  # a seed whose reply thinks a little, then answers
+        bias = {"logit_bias": {str(think_server.end_think): 3.0}, "temperature": 1.0, "seed": seed}
+        r = _chat(think_server, **bias)
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        if msg.get("reasoning_content") and msg["content"]:
+            break
+    else:
+        pytest.fail("no reply both thought and answered")
+    streamed = _chat(think_server, stream=True, **bias)
+    assert streamed == {"reasoning_content": msg["reasoning_content"], "content": msg["content"] or ""}
+    hidden = _chat(think_server, include_reasoning=False, **bias).json()["choices"][0]["message"]
+    assert "reasoning_content" not in hidden and hidden["content"] == msg["content"]
+
+
+def test_a_schema_holds_after_the_reasoning(think_server):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    for seed in range(20):
+        r = _chat(think_server, max_tokens=80, temperature=1.0, seed=seed,
+                  logit_bias={str(think_server.end_think): 3.0},
+                  response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        if c["finish_reason"] == "stop" and c["message"].get("reasoning_content"):
+            break
+    else:
+        pytest.fail("no reply finished its reasoning")
+    assert 0 <= json.loads(c["message"]["content"])["n"] <= 9  # the schema held after the section
+
+
+def test_template_variables_reach_the_template(think_server):
+    off = _chat(think_server, chat_template_kwargs={"enable_thinking": False}, max_tokens=8).json()
+    assert "reasoning_content" not in off["choices"][0]["message"]  # the prompt closed the section
+    assert off["choices"][0]["message"]["content"] is not None
+    for body, param in (({"chat_template_kwargs": {"no_such_var": 1}}, "chat_template_kwargs"),
+                        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+                        ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+                        ({"reasoning_effort": "high"}, "reasoning_effort"),
+                        ({"reasoning_effort": "extreme"}, "reasoning_effort")):
+        r = _chat(think_server, **body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_include_reasoning_false_without_a_reasoning_model_is_refused(tiny_server):
+    r = _chat(tiny_server, include_reasoning=False)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include_reasoning"
+    assert _chat(tiny_server).json()["choices"][0]["message"].get("reasoning_content") is None
