@@ -198,6 +198,7 @@ def test_reasoning_comes_apart_from_the_answer(think_server):
             break
     else:
         pytest.fail("no reply both thought and answered")
+    assert msg["reasoning"] == msg["reasoning_content"]  # both names
     streamed = _chat(think_server, stream=True, **bias)
     assert streamed == {"reasoning_content": msg["reasoning_content"], "content": msg["content"] or ""}
     hidden = _chat(think_server, include_reasoning=False, **bias).json()["choices"][0]["message"]
@@ -220,6 +221,19 @@ def test_a_schema_holds_after_the_reasoning(think_server):
     assert 0 <= json.loads(c["message"]["content"])["n"] <= 9  # the schema held after the section
 
 
+@pytest.mark.parametrize("budget", [0, 5])
+def test_a_thinking_budget_ends_the_section(think_server, budget):
+    """The end marker is forced after `budget` tokens of reasoning (the fixture's </think> is a token)."""
+    for field in ("thinking_token_budget", "max_reasoning_tokens"):
+        r = _chat(think_server, max_tokens=30, temperature=1.0, seed=2, **{field: budget})
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert len((msg.get("reasoning_content") or "").encode()) <= budget  # a byte a token here
+        assert r.json()["usage"]["completion_tokens"] > budget + 1  # it went on to answer
+    r = _chat(think_server, thinking_token_budget=3, max_reasoning_tokens=3)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_reasoning_tokens"
+
+
 def test_template_variables_reach_the_template(think_server):
     off = _chat(think_server, chat_template_kwargs={"enable_thinking": False}, max_tokens=8).json()
     assert "reasoning_content" not in off["choices"][0]["message"]  # the prompt closed the section
@@ -234,6 +248,7 @@ def test_template_variables_reach_the_template(think_server):
 
 
 def test_include_reasoning_false_without_a_reasoning_model_is_refused(tiny_server):
-    r = _chat(tiny_server, include_reasoning=False)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "include_reasoning"
+    for field, value in (("include_reasoning", False), ("thinking_token_budget", 4)):
+        r = _chat(tiny_server, **{field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
     assert _chat(tiny_server).json()["choices"][0]["message"].get("reasoning_content") is None

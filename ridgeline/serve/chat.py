@@ -34,7 +34,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         messages, params = tools.messages, tools.params
         extra.update(tools.extra)
     rp, params = reasoning.plan(reasoning.reasoning_format(state.settings.reasoning_parser, tok), tok, params,
-                                tools.specials if tools is not None else None, body.include_reasoning)
+                                tools.specials if tools is not None else None, body)
     with admitted(state, 1, params.n) as hold:
         prompt = await state.offload(rid, _prompt, tok, messages, state.render, state.text_bound, extra)
         params = reasoning.after_prompt(rp, prompt.text, params)  # a constraint starts after the reasoning
@@ -80,8 +80,8 @@ def _message(parsed, c) -> dict:
         return {"role": "assistant", "content": c.text}
     (thought, content, calls), _ = parsed
     message = {"role": "assistant", "content": content}
-    if thought is not None:
-        message["reasoning_content"] = thought
+    if thought is not None:  # both names: vLLM moved from reasoning_content to reasoning
+        message["reasoning_content"] = message["reasoning"] = thought
     if calls:
         message["tool_calls"] = [call.openai() for call in calls]
     return message
@@ -132,7 +132,7 @@ async def _chunks(job: Job, head: dict, texts: TokenTexts, n: int, include_usage
 
 def _delta(event: dict) -> dict:
     if "reasoning" in event:
-        return {"reasoning_content": event["reasoning"]}
+        return {"reasoning_content": event["reasoning"], "reasoning": event["reasoning"]}
     if "content" in event:
         return {"content": event["content"]}
     return {"tool_calls": [event["tool_call"].delta()]}

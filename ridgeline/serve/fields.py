@@ -74,6 +74,7 @@ REFUSED: dict[str, Peer] = {
     "vllm_xargs": Peer(({},), "vLLM's extension arguments"),
     "include_reasoning": Peer((True,), _REASONING),
     "thinking_token_budget": Peer((), _REASONING),
+    "max_reasoning_tokens": Peer((), _REASONING),
     "lora_request": Peer((), _LORA),
     "stream_options.continuous_usage_stats": Peer((False,), "usage on every streamed chunk"),
     "messages[].function_call": Peer((), "function calling"),

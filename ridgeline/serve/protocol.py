@@ -163,6 +163,8 @@ class ChatCompletionRequest(_GenerateRequest):
     chat_template_kwargs: dict[str, Any] | None = None  # template variables (serve/reasoning.py)
     reasoning_effort: str | None = None  # a template variable, where the template reads it
     include_reasoning: bool | None = None  # false: leave reasoning_content out of the reply
+    thinking_token_budget: int | None = None  # the reasoning section's tokens at most (vLLM's name)
+    max_reasoning_tokens: int | None = None  # the same, by another name
 
     @property
     def max_tokens_field(self) -> tuple[str, int | None]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, ReasoningFormat, ReasoningSplitter, detect_reasoning,
-                                            opens_reasoning, with_reasoning, wrap_grammar)
+from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, BudgetNeedsToken, ReasoningFormat, ReasoningSplitter,
+                                            budget_only, detect_reasoning, opens_reasoning, with_reasoning,
+                                            wrap_grammar)
 from ridgeline.tool_calls.reply import ReplyParser
 
 PARSERS = ("auto", "none", *REASONING_FORMATS)
@@ -71,23 +72,42 @@ class ReasoningPlan:
     specials: dict[int, str]  # tokens the splitter matches by id
     token_ids: dict[str, int]  # the markers that are tokens
     keep: bool  # include_reasoning
+    budget: tuple[str, int] | None = None  # (the field that set it, tokens): the section's tokens at most
     opened: bool = False  # the prompt left a section open (set once it is rendered)
 
 
+def _budget(body) -> tuple[str, int] | None:
+    given = [(name, v) for name in ("thinking_token_budget", "max_reasoning_tokens")
+             if (v := getattr(body, name, None)) is not None]
+    if len(given) > 1:
+        raise InvalidRequestError("max_reasoning_tokens: give one of thinking_token_budget and max_reasoning_tokens",
+                                  "max_reasoning_tokens")
+    if given and given[0][1] < 0:
+        raise InvalidRequestError(f"{given[0][0]}: must be >= 0, got {given[0][1]}", given[0][0])
+    return given[0] if given else None
+
+
 def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials: dict[int, str] | None,
-         include_reasoning: bool | None) -> tuple[ReasoningPlan | None, SamplingParams]:
+         body) -> tuple[ReasoningPlan | None, SamplingParams]:
+    """body: the chat request (include_reasoning, the thinking budget)."""
+    include_reasoning, budget = body.include_reasoning, _budget(body)
     if fmt is None:
-        if include_reasoning is False:
-            raise InvalidRequestError("include_reasoning: this model has no reasoning section to leave out",
-                                      "include_reasoning", code="unsupported_parameter")
+        for name, given in (("include_reasoning", include_reasoning is False), (budget and budget[0], budget)):
+            if given:
+                raise InvalidRequestError(f"{name}: this model has no reasoning section", name,
+                                          code="unsupported_parameter")
         return None, params
     ids = {m: i for m in fmt.markers if (i := tok.token_id(m)) is not None}
+    if budget is not None and fmt.end not in ids:
+        raise InvalidRequestError(f"{budget[0]}: a thinking budget needs the end marker {fmt.end} to be one token "
+                                  "of the tokenizer; this one writes it as text", budget[0],
+                                  code="unsupported_parameter")
     if any(i in tok.special_ids for i in ids.values()) and params.skip_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)  # the markers' text must be there
     specials = {i: m for m, i in ids.items()} | dict(tool_specials or {})
     if not params.skip_special_tokens:
         specials.update({i: tok.id_to_token(i) for i in tok.special_ids if i not in specials})
-    return ReasoningPlan(fmt, specials, ids, include_reasoning is not False), params
+    return ReasoningPlan(fmt, specials, ids, include_reasoning is not False, budget), params
 
 
 def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingParams) -> SamplingParams:
@@ -95,15 +115,20 @@ def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingPar
     if rp is None:
         return params
     rp.opened = opens_reasoning(rp.fmt, prompt_text)
-    spec = params.structured
-    if spec is None:
-        return params
-    if spec.field == "tools":  # the tool-call grammars (serve/tools.py): ours, start rule first
-        spec = dataclasses.replace(spec, grammar=wrap_grammar(spec.grammar, rp.fmt, rp.token_ids, rp.opened))
-    elif spec.kind in ("json", "json_object", "choice"):
-        spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened)
-    elif rp.opened:  # the constraint would hold inside the section the prompt opened
-        spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened)  # raises: cannot be nested
+    spec, budget = params.structured, rp.budget[1] if rp.budget else None
+    try:
+        if spec is None:
+            if budget is None:
+                return params
+            spec = budget_only(rp.fmt, rp.token_ids, rp.opened, budget)
+        elif spec.field == "tools":  # the tool-call grammars (serve/tools.py): ours, start rule first
+            spec = dataclasses.replace(spec, grammar=wrap_grammar(spec.grammar, rp.fmt, rp.token_ids, rp.opened,
+                                                                  budget))
+        elif spec.kind in ("json", "json_object", "choice") or rp.opened or budget is not None:
+            spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened, budget)  # other kinds: refused
+    except BudgetNeedsToken:  # checked in plan(); here for a format given by flag
+        raise InvalidRequestError(f"{rp.budget[0]}: a thinking budget needs the end marker as one token",
+                                  rp.budget[0], code="unsupported_parameter") from None
     return dataclasses.replace(params, structured=spec)
 
 

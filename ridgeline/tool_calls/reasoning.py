@@ -180,7 +180,7 @@ class ReasoningSplitter:
 
 
 def with_reasoning(spec: StructuredOutputs, fmt: ReasoningFormat, token_ids: Mapping[str, int],
-                   opened: bool) -> StructuredOutputs:
+                   opened: bool, budget: int | None = None) -> StructuredOutputs:
     """spec, applied after the reasoning section: free text to the end marker (the section the prompt
     opened, or one the reply may open with the start marker), then the constraint. A JSON schema,
     JSON object or choice; other kinds are refused (their grammar cannot be nested here yet)."""
@@ -195,25 +195,43 @@ def with_reasoning(spec: StructuredOutputs, fmt: ReasoningFormat, token_ids: Map
         raise InvalidRequestError(f"{spec.field}: a {spec.kind.replace('_', ' ')} cannot be enforced after a "
                                   "reasoning section yet; give a JSON schema or choices, or turn thinking off "
                                   "(chat_template_kwargs)", spec.field, code="unsupported_parameter")
-    return StructuredOutputs(grammar=wrap_grammar(f"start: {body}\n", fmt, token_ids, opened), field=spec.field)
+    return StructuredOutputs(grammar=wrap_grammar(f"start: {body}\n", fmt, token_ids, opened, budget),
+                             field=spec.field)
+
+
+def budget_only(fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool, budget: int) -> StructuredOutputs:
+    """No constraint but a thinking budget: the section ends after `budget` tokens at most, the answer is free."""
+    return StructuredOutputs(grammar=wrap_grammar("start: ANSWER\nANSWER: /(.|\\n)*/\n", fmt, token_ids, opened,
+                                                  budget), field="thinking_token_budget")
 
 
 def _lit(text: str, token_ids: Mapping[str, int]) -> str:
     return f"<[{token_ids[text]}]>" if text in token_ids else json.dumps(text, ensure_ascii=False)
 
 
-def wrap_grammar(grammar: str, fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool) -> str:
+def wrap_grammar(grammar: str, fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool,
+                 budget: int | None = None) -> str:
     """A Lark grammar whose first line is its `start` rule, preceded by the reasoning section: required
     (the prompt opened it: text up to the end marker) or optional (the start marker, text, the end
-    marker), then the blank space models write after it."""
+    marker), then the blank space models write after it. budget: the section's text ends after that
+    many tokens at most, the end marker forced there (it must be a token: BudgetNeedsToken otherwise)."""
     first, _, rest = grammar.partition("\n")
     if not first.startswith("start:"):
         raise ValueError("the grammar's first line must be its start rule")
     end = _lit(fmt.end, token_ids)
+    opener = "" if opened else _lit(fmt.start, token_ids) + " "
     section = "think" if opened else "think?"
-    if fmt.end in token_ids:  # a token: the text before it cannot contain it
-        think = f"think: {'' if opened else _lit(fmt.start, token_ids) + ' '}THINK_TEXT {end}"
+    if budget is not None:
+        if fmt.end not in token_ids:
+            raise BudgetNeedsToken(fmt.end)
+        think = [f"think: {opener}think_text {end}", f"think_text[max_tokens={int(budget)}]: THINK_TEXT"]
+    elif fmt.end in token_ids:  # a token: the text before it cannot contain it
+        think = [f"think: {opener}THINK_TEXT {end}"]
     else:
-        think = f"think[lazy]: {'' if opened else _lit(fmt.start, token_ids) + ' '}THINK_TEXT {end}"
-    return "\n".join([f"start: {section} THINK_WS ({first[len('start:'):].strip()})", think,
+        think = [f"think[lazy]: {opener}THINK_TEXT {end}"]
+    return "\n".join([f"start: {section} THINK_WS ({first[len('start:'):].strip()})", *think,
                       "THINK_TEXT: /(.|\\n)*/", "THINK_WS: /[ \\t\\r\\n]*/", rest]).rstrip("\n") + "\n"
+
+
+class BudgetNeedsToken(ValueError):
+    """A thinking budget is enforced at a token count, which needs the end marker to be one token."""
