@@ -81,7 +81,7 @@ def test_chat_streams_and_stop_frees_the_request(tiny_server, page):
         wait_until(lambda: gate.parked, "request at the gate")
         for _ in range(3):
             gate.step()
-        page.wait_for_function("() => document.querySelectorAll('.msg.assistant')[1].firstChild.textContent.length > 0")
+        page.wait_for_function("() => document.querySelectorAll('.msg.assistant .content')[1].textContent.length > 0")
         assert page.is_enabled("#chat-stop")
         page.click("#chat-stop")
         page.wait_for_selector(".meta[data-state='stopped']")
@@ -223,7 +223,42 @@ def test_chat_takes_a_json_schema(tiny_server, page):
     page.fill("#chat-text", "a number and a flag")
     page.press("#chat-text", "Enter")
     page.wait_for_selector(".meta[data-state='done']")
-    reply = json.loads(page.inner_text(".msg.assistant:not(.error) span:first-child"))
+    reply = json.loads(page.inner_text(".msg.assistant:not(.error) .content"))
     assert set(reply) == {"n", "ok"} and 0 <= reply["n"] <= 9 and isinstance(reply["ok"], bool)
     assert "stop" in page.inner_text(".meta[data-state='done']")
     assert page.errors == []
+
+
+def test_chat_shows_reasoning_and_tool_calls(tiny_server, page):
+    """The reply's deltas as a reasoning model with tools streams them (the route answered by the test):
+    reasoning folds above the answer, calls show below it; a tools box that is not a list is refused."""
+    def sse(*deltas):
+        chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    body = sse({"role": "assistant", "content": ""}, {"reasoning_content": "The user wants "},
+               {"reasoning_content": "a sum."}, {"content": "Adding."},
+               {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                "function": {"name": "add", "arguments": '{"a": 1}'}}]})
+    sent = []
+    page.route("**/v1/chat/completions", lambda route: sent.append(route.request.post_data_json) or route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=body))
+    open_view(page, tiny_server.url)
+    page.fill("#chat-tools", "{}")
+    page.fill("#chat-text", "hi")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector(".meta[data-state='error']")
+    assert "Tools: must be a JSON list" in page.inner_text(".meta[data-state='error']") and not sent
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    page.fill("#chat-tools", json.dumps(tools))
+    page.fill("#chat-text", "add one")
+    page.press("#chat-text", "Enter")
+    page.wait_for_selector(".meta[data-state='done']")
+    assert sent[-1]["tools"] == tools
+    reply = ".msg.assistant:not(.error)"
+    assert page.inner_text(f"{reply} .content") == "Adding."
+    assert page.inner_text(f"{reply} .tool-calls") == 'call add({"a": 1})'
+    page.click(f"{reply} .thinking summary")
+    assert "The user wants a sum." in page.inner_text(f"{reply} .thinking")
+    assert "tool_calls" in page.inner_text(".meta[data-state='done']") and page.errors == []

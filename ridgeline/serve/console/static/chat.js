@@ -34,23 +34,28 @@ function body(messages) {
   if (schema !== undefined) {
     b.response_format = { type: "json_schema", json_schema: { name: "console", schema, strict: true } };
   }
+  const tools = jsonBox("chat-tools", "Tools", (v) => Array.isArray(v), "must be a JSON list of tools");
+  if (tools !== undefined) b.tools = tools;
   return b;
 }
 
-// the JSON schema box: undefined when empty; an Error naming the problem when it is not a JSON object
-function schemaOf() {
-  const raw = $("chat-schema").value.trim();
+// an optional JSON box: undefined when empty; an Error naming the box when it does not parse or check
+function jsonBox(id, name, check, what) {
+  const raw = $(id).value.trim();
   if (raw === "") return undefined;
   let value;
   try {
     value = JSON.parse(raw);
   } catch (e) {
-    throw new Error("JSON schema: not valid JSON (" + e.message + ")");
+    throw new Error(name + ": not valid JSON (" + e.message + ")");
   }
-  if (value === null || typeof value !== "object" || Array.isArray(value)) {
-    throw new Error("JSON schema: must be a JSON object");
-  }
+  if (!check(value)) throw new Error(name + ": " + what);
   return value;
+}
+
+function schemaOf() {
+  return jsonBox("chat-schema", "JSON schema", (v) => v !== null && typeof v === "object" && !Array.isArray(v),
+    "must be a JSON object");
 }
 
 // yields each JSON payload of the SSE stream until [DONE]
@@ -92,10 +97,22 @@ async function send(text) {
   bubble("user", text);
   const reply = bubble("assistant", "");
   const content = document.createElement("span");
+  content.className = "content";
   const info = document.createElement("span");
   info.className = "meta";
   info.dataset.state = "waiting";
-  reply.append(content, info);
+  // a reasoning model's thinking (delta.reasoning_content), folded above the answer; tool calls below it
+  const thinking = document.createElement("details");
+  thinking.className = "thinking";
+  thinking.hidden = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Reasoning";
+  const thought = document.createElement("span");
+  thinking.append(summary, thought);
+  const calls = document.createElement("div");
+  calls.className = "tool-calls";
+  const callText = [];  // index -> "name(arguments)"
+  reply.append(thinking, content, calls, info);
   const messages = (system ? [{ role: "system", content: system }] : []).concat(turns);
   const stats = { tokens: null, ttft: null, tps: null, cached: null, finish: null };
   controller = new AbortController();
@@ -111,9 +128,22 @@ async function send(text) {
     for await (const ev of events(response)) {
       if (ev.error) throw new Error(ev.error.message);
       const choice = ev.choices && ev.choices[0];
-      if (choice && choice.delta && choice.delta.content) {
+      const delta = (choice && choice.delta) || {};
+      if (delta.content || delta.reasoning_content || delta.tool_calls) {
         if (first === null) { first = performance.now(); stats.ttft = (first - t0) / 1000; }
-        content.textContent += choice.delta.content;
+      }
+      if (delta.reasoning_content) {
+        thinking.hidden = false;
+        thought.textContent += delta.reasoning_content;
+      }
+      if (delta.content) content.textContent += delta.content;
+      for (const call of delta.tool_calls || []) {
+        const f = call.function || {};
+        const prev = callText[call.index] || { name: "", args: "" };
+        callText[call.index] = { name: prev.name + (f.name || ""), args: prev.args + (f.arguments || "") };
+        calls.textContent = callText.map((c) => `call ${c.name}(${c.args})`).join("\n");
+      }
+      if (delta.content || delta.reasoning_content || delta.tool_calls) {
         $("chat-log").scrollTop = $("chat-log").scrollHeight;
       }
       if (choice && choice.finish_reason) stats.finish = choice.finish_reason;
@@ -126,7 +156,7 @@ async function send(text) {
     }
     const seconds = first === null ? 0 : (performance.now() - first) / 1000;
     if (stats.tokens > 1 && seconds > 0) stats.tps = (stats.tokens - 1) / seconds;
-    turns.push({ role: "assistant", content: content.textContent });
+    turns.push({ role: "assistant", content: content.textContent });  // calls are shown, not replayed
     info.dataset.state = "done";
   } catch (e) {
     if (e.name === "AbortError") {
