@@ -33,7 +33,7 @@ def test_workloads_carry_their_schemas_deterministically(long_llama):
         a, b = structured_workload(name, tok, 6), structured_workload(name, tok, 8)
         assert [list(p) for p in a] == [list(p) for p in b[:6]]  # request i does not depend on the count
         for p in a:
-            assert p.structured.kind == "json" and p.schema
+            assert p.structured.kind == ("grammar" if name == "tools" else "json") and p.schema
     everyone = structured_workload("structured", tok, len(corpus))
     assert [p.schema for p in everyone] == list(corpus)
     assert json.loads(everyone[0].structured.json) == corpus[everyone[0].schema]
@@ -98,6 +98,25 @@ def test_bench_spec_grammar_on_the_forced_schemas(long_llama, tmp_path, capsys):
                                                           (2, "grammar k=4")]
     assert all(x["same_output"] for x in rows)  # grammar drafts: greedy output unchanged
     assert all(x["accepted"] > 0 for x in rows if x["k"])
+
+
+def test_the_tools_workload_constrains_calls_and_its_calls_validate(long_llama, tmp_path):
+    from ridgeline.bench.structured_workload import tools_workload
+    tok = Tokenizer(long_llama)
+    ps = tools_workload(tok, 4)
+    assert [p.structured.field for p in ps] == ["tools"] * 4 and all(len(p.tools) == 2 for p in ps)
+    assert all(p.chat[0]["role"] == "user" for p in ps)  # what a client sends: the server adds the rest
+    out = tmp_path / "t.json"
+    assert main(["bench", "structured", "--model", str(long_llama), *ENGINE, "--workloads", "tools",
+                 "--batch-sizes", "2", "--repeats", "1", "--requests", "2", "--output-len", "300",
+                 "--grammar-drafts", "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["validated"] == row["completed"] == 2 and row["valid"] == 2  # one call each, valid arguments
+    spec = RequestSpec([1], messages=ps[0].chat, tools=ps[0].tools)
+    _, body = request_body(spec, LoadConfig("chat", "chat", "m", 8))
+    assert body["tools"] == ps[0].tools and body["tool_choice"] == "required" and "response_format" not in body
+    with pytest.raises(Exception, match="chat"):
+        request_body(spec, LoadConfig("completions", "ids", "m", 8))
 
 
 def test_serve_bench_sends_the_schema_in_each_endpoints_spelling():

@@ -147,3 +147,30 @@ def test_bad_input_is_a_400_naming_the_field(client):
          "tools", "special token")
     _bad(client, {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
          "tool_choice", "response_format")
+
+
+def test_the_corpus_tools_each_get_a_valid_call_streamed_or_not(sdk):
+    """22 tool x prompt pairs (the corpus's function-calling schemas), tool_choice required and named in
+    turn, one call each: every reply is a parsed call whose arguments validate, streamed and non-streamed
+    identical."""
+    from ridgeline.bench.structured_workload import corpus_schemas
+    fns = {k.removeprefix("fn_"): v for k, v in corpus_schemas().items() if k.startswith("fn_")}
+    assert len(fns) >= 10
+    n = 0
+    for name, schema in fns.items():
+        tools = [{"type": "function", "function": {"name": name, "parameters": schema}}]
+        for k, ask in enumerate((f"Please {name.replace('_', ' ')}.", "Do it now.")):
+            choice = "required" if k == 0 else {"type": "function", "function": {"name": name}}
+            kw = dict(model="tiny", messages=[{"role": "user", "content": ask}], tools=tools, tool_choice=choice,
+                      parallel_tool_calls=False, max_tokens=300, temperature=0.8, seed=n)
+            c = sdk.chat.completions.create(**kw).choices[0]
+            assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, (name, c)
+            for call in c.message.tool_calls:
+                assert call.function.name == name
+                Draft202012Validator(schema).validate(json.loads(call.function.arguments))
+            _, calls, finish = _streamed(sdk, **kw)
+            assert finish == "tool_calls"
+            assert [(nm, a) for _, nm, a in calls] == [(t.function.name, t.function.arguments)
+                                                      for t in c.message.tool_calls]
+            n += 1
+    assert n >= 20

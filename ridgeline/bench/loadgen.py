@@ -35,6 +35,7 @@ class RequestSpec:
     text: str | None = None  # the prompt as text (decoded ids), for --prompt-format text
     schema: dict | None = None  # the JSON schema its reply is constrained to (structured workloads)
     schema_name: str | None = None
+    tools: list[dict] | None = None  # sent with tool_choice required (the tools workload; chat only)
 
 
 @dataclass
@@ -91,7 +92,11 @@ def request_body(spec: RequestSpec, cfg: LoadConfig, max_tokens: int | None = No
         path, body["prompt"] = "/v1/completions", spec.text
     else:
         path, body["prompt"] = "/v1/completions", spec.prompt_ids
-    if spec.schema is not None:  # OpenAI's spelling on chat, vLLM's on completions
+    if spec.tools is not None:
+        if not path.endswith("chat/completions"):
+            raise InvalidRequestError("the tools workload needs --prompt-format chat")
+        body["tools"], body["tool_choice"] = spec.tools, "required"
+    elif spec.schema is not None:  # OpenAI's spelling on chat, vLLM's on completions
         if path.endswith("chat/completions"):
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": spec.schema_name or "reply", "schema": spec.schema, "strict": True}}
@@ -108,6 +113,9 @@ def _chunk_text(obj: dict) -> str:
             text += choice.get("text") or ""
         delta = choice.get("delta") or {}
         text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+        for call in delta.get("tool_calls") or []:  # a call's name and arguments: output the client sees
+            f = call.get("function") or {}
+            text += (f.get("name") or "") + (f.get("arguments") or "")
     return text
 
 

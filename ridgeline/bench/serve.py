@@ -93,10 +93,12 @@ def build_requests(args: argparse.Namespace, tok, num_requests: int, seed: int) 
     specs = []
     for ids in prompts:
         spec = RequestSpec(list(ids))
-        if getattr(ids, "structured", None) is not None:  # a structured workload's prompt
+        if getattr(ids, "tools", None) is not None:  # the tools workload: the client's messages and its tools
+            spec.tools = ids.tools
+        elif getattr(ids, "structured", None) is not None:  # a structured workload's prompt
             spec.schema, spec.schema_name = json.loads(ids.structured.json), ids.schema
         if args.prompt_format == "chat":
-            spec.messages = rec.messages.get(tuple(ids))
+            spec.messages = getattr(ids, "chat", None) or rec.messages.get(tuple(ids))
             if spec.messages is None:
                 raise InvalidRequestError(f"workload {args.workload!r} does not render its prompts from chat "
                                           "messages; use --prompt-format ids or text")
@@ -432,7 +434,7 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
             load_desc += f", at most {args.concurrency} in flight"
     meta = {"server_desc": server_desc, "model": model, "workload_desc": workload_desc, "load_desc": load_desc,
             "prefix_cache": pc, "kv_concurrency": conc, "loop_lag": loop_lag_delta(before, after)}
-    if any(sp.schema is not None for sp in specs):  # the two kinds of request, apart
+    if any(sp.schema is not None for sp in specs) and any(sp.schema is None for sp in specs):  # the kinds apart
         s["by_kind"] = {kind: summarize([r for r in results if (specs[r.index].schema is not None) == constrained],
                                         duration) for kind, constrained in (("plain", False), ("structured", True))}
     print()

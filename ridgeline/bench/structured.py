@@ -30,6 +30,7 @@ from ridgeline.measure.record import write_json
 from ridgeline.structured_params import StructuredOutputs
 
 OFF = Setting("off", 0)
+DRAFT_K = 4  # --grammar-drafts: at most this many per step, the controller choosing
 ARMS = ["free", "constrained", "full head"]  # unconstrained; constrained; constrained with the whole LM head
 
 
@@ -60,15 +61,33 @@ def _valid(prompts, outputs: list[list[int]], tokenizer, output_len: int) -> tup
     without jsonschema. An output of output_len tokens was cut by max_tokens: a valid prefix, not checked."""
     good = checked = 0
     for p, toks in zip(prompts, outputs):
+        if len(toks) >= output_len:
+            continue
+        text = tokenizer.decode(toks, skip_special_tokens=True)
+        if p.tools is not None:  # one call of one of the tools, its arguments valid against its schema
+            checked += 1
+            good += _valid_call(text, p.tools)
+            continue
         v = _validator(json.loads(p.structured.json)) if p.structured.json else None
-        if v is None or len(toks) >= output_len:
+        if v is None:
             continue
         checked += 1
         try:
-            good += v.is_valid(json.loads(tokenizer.decode(toks, skip_special_tokens=True)))
+            good += v.is_valid(json.loads(text))
         except ValueError:
             pass
     return good, checked
+
+
+def _valid_call(text: str, tools: list[dict]) -> bool:
+    from ridgeline.tool_calls.formats import GENERIC
+    from ridgeline.tool_calls.parser import ToolCallParser, parse_all
+    _, calls = parse_all(ToolCallParser(GENERIC), [], text)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    if len(calls) != 1 or calls[0].name not in schemas:
+        return False
+    v = _validator(schemas[calls[0].name])
+    return v is None or v.is_valid(json.loads(calls[0].arguments))
 
 
 def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
@@ -79,9 +98,10 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
         constrained = structured_workload(workload, tok, n, seed=args.workload_seed)
         # the unconstrained arm emits as many tokens per request as the constrained one (greedy: the same
         # every repeat), so both run the same batch sizes step for step
-        lengths = timed_runs(eng, constrained, max(args.batch_sizes), OFF, args.output_len, True).outputs
+        setting = Setting("grammar", DRAFT_K, True) if args.grammar_drafts else OFF
+        lengths = timed_runs(eng, constrained, max(args.batch_sizes), setting, args.output_len, True).outputs
         free = [p.unconstrained(len(o)) for p, o in zip(constrained, lengths)]
-        timed_runs(eng, free[:2], 2, OFF, 16, True)  # warm-up
+        timed_runs(eng, free[:2], 2, setting, 16, True)  # warm-up
         for B in args.batch_sizes:
             P = max(B, args.requests)
             runs: dict[str, list[Run]] = {arm: [] for arm in ARMS}
@@ -91,7 +111,8 @@ def cost_rows(args: argparse.Namespace, eng) -> list[dict]:
                 for arm in ARMS[rep % len(ARMS):] + ARMS[:rep % len(ARMS)]:
                     before = eng.structured.stats
                     model.masked_head = arm != "full head"
-                    r = timed_runs(eng, (free if arm == "free" else constrained)[:P], B, OFF, args.output_len, True)
+                    r = timed_runs(eng, (free if arm == "free" else constrained)[:P], B, setting, args.output_len,
+                                   True)
                     model.masked_head = True
                     runs[arm].append(r)
                     if arm == "constrained":
@@ -189,11 +210,12 @@ def cmd_structured(args: argparse.Namespace) -> int:
     machine = machine_info()
     print(describe_machine(machine), file=sys.stderr)
     kw = engine_kwargs(args)
-    kw.update(speculative_method=None, draft_model=None, speculative_layers=None)
+    kw.update(speculative_method="grammar" if args.grammar_drafts else None, draft_model=None,
+              speculative_layers=None, num_speculative_tokens=DRAFT_K)
     eng = start_engine(args.model, **kw)
     print(eng.info.summary(), file=sys.stderr)
     print(f"\nStructured outputs: {args.model} ({dtype_name(eng.info.dtype)}) on {machine['cpu']}, "
-          f"{machine['torch_threads']} threads; greedy, speculation off, up to {args.output_len} tokens per request, "
+          f"{machine['torch_threads']} threads; greedy, {'grammar drafts' if args.grammar_drafts else 'speculation off'}, up to {args.output_len} tokens per request, "
           f"median of {args.repeats}; ratio: constrained / unconstrained decode tok/s, same prompts, same run; "
           f"head gain: constrained with the masked LM head / with the whole head; same: their tokens equal")
     head = (f"{'workload':<24}{'batch':>6}{'free':>10}{'constrained':>13}{'ratio':>9}{'head gain':>12}{'mask ms':>9}"
@@ -216,13 +238,16 @@ def add_structured_parser(bsub) -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", type=_workloads, default=["structured-permissive", "structured-restrictive"],
                    metavar="W[,W...]", help="structured-permissive, structured-restrictive, structured, "
-                                            "structured-unbounded")
+                                            "structured-unbounded, tools (tool calls, tool_choice required)")
     p.add_argument("--batch-sizes", type=_ints, default=[1, 16], metavar="B[,B...]", help="requests decoding together")
     p.add_argument("--output-len", type=positive_int, default=128, metavar="N", help="most tokens per request")
     p.add_argument("--requests", type=positive_int, default=4, metavar="N",
                    help="requests per run at least (a batch size below N runs them B at a time)")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="runs of each side")
     p.add_argument("--workload-seed", type=int, default=0, metavar="N", help="seed of the workloads' prompts")
+    p.add_argument("--grammar-drafts", action="store_true",
+                   help="run the engine with grammar drafts (--speculative-method grammar, the goodput controller "
+                        "choosing k): both arms, the unconstrained one drafting nothing")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE",
                    help="also write the rows to FILE (default: none)")
     p.set_defaults(func=cmd_structured)

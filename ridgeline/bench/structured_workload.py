@@ -10,6 +10,10 @@ with the schema beside them), so every bench that runs prompts runs them constra
 - structured-unbounded:   schemas with unbounded strings and arrays: may end at max_tokens.
 - structured-mix:         request i constrained (the corpus) when i mod 4 == 0, else the chat workload's
                           request i: one constrained request to three plain ones.
+- tools:                  tool calling with tool_choice required: two tools from the corpus's
+                          function-calling schemas (fn_*) described in the generic format's system message,
+                          the reply constrained to one call of either (tool_calls/grammar.py), as the server
+                          constrains it for a template without tools; `tools` carries the request's tools.
 
 `forced_share` replays outputs through the constraint: the share of tokens the grammar forced (what a
 `grammar` draft proposes), per schema."""
@@ -43,7 +47,7 @@ UNBOUNDED = {
                                            "properties": {"name": {"type": "string"},
                                                           "values": {"type": "array", "items": {"type": "number"}}}}},
 }
-WORKLOADS = ("structured", "structured-permissive", "structured-restrictive", "structured-unbounded")
+WORKLOADS = ("structured", "structured-permissive", "structured-restrictive", "structured-unbounded", "tools")
 MIX_EVERY = 4  # structured-mix: one constrained request in this many
 
 
@@ -69,13 +73,13 @@ class ConstrainedPrompt(list):
     schema's name, and optionally its own max_tokens (None: the run's)."""
 
     def __init__(self, ids: list[int], structured: StructuredOutputs | None, schema: str,
-                 max_tokens: int | None = None):
+                 max_tokens: int | None = None, tools: list[dict] | None = None):
         super().__init__(ids)
-        self.structured, self.schema, self.max_tokens = structured, schema, max_tokens
+        self.structured, self.schema, self.max_tokens, self.tools = structured, schema, max_tokens, tools
 
     def unconstrained(self, max_tokens: int) -> ConstrainedPrompt:
         """The same prompt without its constraint, stopped after max_tokens (ignore_eos: exactly that many)."""
-        return ConstrainedPrompt(self, None, self.schema, max_tokens)
+        return ConstrainedPrompt(self, None, self.schema, max_tokens, self.tools)
 
 
 def _ask(name: str, schema: dict, rng: random.Random) -> list[dict]:
@@ -89,9 +93,33 @@ def _ask(name: str, schema: dict, rng: random.Random) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def tools_workload(tokenizer, num_requests: int, seed: int = 0) -> list[ConstrainedPrompt]:
+    from ridgeline.tool_calls.formats import GENERIC, system_prompt
+    from ridgeline.tool_calls.grammar import call_grammar
+    fns = {k: v for k, v in corpus_schemas().items() if k.startswith("fn_")}
+    names = sorted(fns)
+    encode = chat_encoder(tokenizer)
+    out = []
+    for i in range(num_requests):
+        rng = random.Random(f"tools/{seed}/{i}")
+        pair = [names[i % len(names)], names[(i + 1 + rng.randrange(len(names) - 1)) % len(names)]]
+        tools = [{"type": "function", "function": {"name": n.removeprefix("fn_"), "description": n.replace("_", " "),
+                                                   "parameters": fns[n]}} for n in pair]
+        ask = rng.choice(["Please {t} for me.", "Can you {t}? Use a tool.", "I need to {t}, now."]).format(
+            t=pair[0].removeprefix("fn_").replace("_", " "))
+        msgs = [{"role": "system", "content": system_prompt(tools)}, {"role": "user", "content": ask}]
+        grammar = call_grammar(GENERIC, {t["function"]["name"]: t["function"]["parameters"] for t in tools}, False)
+        p = ConstrainedPrompt(encode(msgs), StructuredOutputs(grammar=grammar, field="tools"), pair[0], tools=tools)
+        p.chat = msgs[1:]  # what a client sends with `tools` (the server writes the system message itself)
+        out.append(p)
+    return out
+
+
 def structured_workload(name: str, tokenizer, num_requests: int, seed: int = 0,
                         only: list[str] | None = None) -> list[ConstrainedPrompt]:
     """Request i: schema i mod the workload's schemas (or those named in `only`, in that order)."""
+    if name == "tools":
+        return tools_workload(tokenizer, num_requests, seed)
     schemas = schemas_of(name)
     names = list(only) if only else list(schemas)
     encode = chat_encoder(tokenizer)

@@ -183,7 +183,7 @@ def add_workload_args(p: argparse.ArgumentParser, seed_default: int | None = 0, 
     from ridgeline.bench.workloads import WORKLOADS
     g = p.add_argument_group("workload")
     g.add_argument("--workload", default="chat", choices=[w for w in WORKLOADS if structured
-                                                          or not w.startswith("structured")],
+                                                          or not (w.startswith("structured") or w == "tools")],
                    help="which prompts to send")
     g.add_argument("--num-requests", type=positive_int, default=256, metavar="N", help="requests in the timed run")
     g.add_argument("--min-prompt", type=positive_int, default=50, metavar="N",

@@ -16,8 +16,8 @@ Workloads:
 - code-edit:     "rename this identifier in the code" (bench/edit_workload.py): the reply repeats the prompt.
 - text-edit:     "rewrite this text with one change": the same, with prose.
 - structured, structured-permissive, structured-restrictive, structured-unbounded: prompts asking for
-                 JSON, each constrained to its schema; structured-mix: one such to three chat requests
-                 (bench/structured_workload.py).
+                 JSON, each constrained to its schema; structured-mix: one such to three chat requests;
+                 tools: tool calling, tool_choice required (bench/structured_workload.py).
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def _conversation(seed: int, index: int, turns: int, reply_words: tuple[int, int
 
 
 WORKLOADS = ("chat", "long-prompt", "shared-prefix", "multi-turn", "code-edit", "text-edit", "structured",
-             "structured-permissive", "structured-restrictive", "structured-unbounded", "structured-mix")
+             "structured-permissive", "structured-restrictive", "structured-unbounded", "structured-mix", "tools")
 
 
 def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50, max_len: int = 200,
@@ -247,7 +247,7 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
     if name == "structured-mix":
         from ridgeline.bench.structured_workload import mixed_workload
         return mixed_workload(tokenizer, num_requests, min_len, max_len, seed)
-    if name in WORKLOADS and name.startswith("structured"):
+    if name in WORKLOADS and (name.startswith("structured") or name == "tools"):
         from ridgeline.bench.structured_workload import structured_workload
         return structured_workload(name, tokenizer, num_requests, seed=seed)
     raise InvalidRequestError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
