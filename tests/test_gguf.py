@@ -17,8 +17,10 @@ from ridgeline.gguf.reader import read_gguf
 from ridgeline.gguf.tokenizer import _byte_alphabet, load_gguf_tokenizer
 
 # Byte offsets of the float16 scale fields inside one block, per type.
-_F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208]}
-_SCALE = {T.Q8_0: 0.02, T.Q4_0: 0.05, T.Q4_1: 0.05, T.Q4_K: 1e-4, T.Q6_K: 1e-4}
+_F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_1: [0, 2],
+               T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0]}
+_SCALE = {T.Q8_0: 0.02, T.Q4_0: 0.05, T.Q4_1: 0.05, T.Q4_K: 1e-4, T.Q6_K: 1e-4, T.Q5_1: 0.02, T.Q5_K: 1e-4,
+          T.Q2_K: 1e-3, T.Q3_K: 1e-3, T.IQ4_NL: 1e-3, T.IQ4_XS: 1e-3}
 
 
 def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
@@ -49,8 +51,8 @@ def test_dequant_roundtrip_of_gguf_quantize(qtype):
 
 
 def test_dequant_unsupported_type_names_type_and_tensor():
-    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*Q5_1"):
-        dequantize(np.zeros(24, np.uint8), T.Q5_1, (32,), "blk.3.ffn_up.weight")
+    with pytest.raises(ModelLoadError, match=r"blk\.3\.ffn_up\.weight.*IQ2_XS"):
+        dequantize(np.zeros(74, np.uint8), T.IQ2_XS, (256,), "blk.3.ffn_up.weight")
 
 
 # ---------------------------------------------------------------- tiny GGUF files
@@ -78,7 +80,7 @@ def llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _add(writer, name, w, qtype, rng):
-    if qtype in (T.Q4_K, T.Q6_K):  # gguf-py cannot quantize these: write random blocks instead
+    if qtype in (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):  # gguf-py cannot quantize these
         writer.add_tensor(name, random_blocks(qtype, w.shape[0], w.shape[1], rng), raw_dtype=qtype)
     elif qtype in (T.F32, T.F16):
         writer.add_tensor(name, quants.quantize(w, qtype))

@@ -18,12 +18,15 @@ from test_quant_engine import _generate, _logits
 
 FFN = 512
 CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0, "int8-g32"), (T.Q4_K, "int4"),
-               (T.Q6_K, "int8-g32"), (T.Q4_1, "int8-g32"), (T.Q4_0, "int8-g32"), (T.Q4_K, "int8-g32")]
+               (T.Q6_K, "int8-g32"), (T.Q4_1, "int8-g32"), (T.Q4_0, "int8-g32"), (T.Q4_K, "int8-g32"),
+               (T.Q5_1, "int8-g32"), (T.Q5_K, "int8-g32"), (T.Q3_K, "int8-g32"), (T.Q2_K, "int8-g32"),
+               (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32")]
+NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
 def _blocks(qtype, N, K, seed=0):
     rng = np.random.default_rng(seed)
-    if qtype in (T.Q4_K, T.Q6_K):  # gguf-py cannot quantize these: random valid blocks
+    if qtype in NO_QUANTIZE:  # random valid blocks
         raw = random_blocks(qtype, N, K, rng)
     else:
         w = (rng.standard_normal((N, K)) * rng.uniform(0.01, 0.2, (N, 1))).astype(np.float32)
@@ -52,6 +55,21 @@ def test_every_block_type_converts_to_the_values_gguf_dequantizes(qtype, target)
     rel = float(np.sqrt((err ** 2).mean() / (want ** 2).mean()))
     print(f"{qtype.name} -> {target}: rms error / rms weight {rel:.2e}")
     assert rel < (1e-3 if target == "int4" else 1e-2), rel  # int8 re-rounding: ~1/(127 * sqrt(12)) of the range
+
+
+def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
+    from ridgeline.errors import ModelLoadError
+    from ridgeline.gguf.dequant import dequantize
+    for qtype in (T.Q5_1, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):
+        assert gguf_repack.target_for({qtype}) == "int8-g32"
+        assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # a fused layer takes the widest
+        with pytest.raises(ValueError, match="int4 form"):
+            gguf_repack.convert(_blocks(qtype, 4, 256)[0], "int4")
+    for qtype in (T.IQ2_XS, T.IQ3_S, T.IQ1_S, T.MXFP4):
+        assert gguf_repack.target_for({qtype}) is None
+        size = __import__("gguf").GGML_QUANT_SIZES[qtype][1]
+        with pytest.raises(ModelLoadError, match=f"GGML type {qtype.name}, which Ridgeline cannot dequantize"):
+            dequantize(np.zeros(size * 4, np.uint8), qtype, (1, 4 * __import__("gguf").GGML_QUANT_SIZES[qtype][0]))
 
 
 def test_rows_of_blocks_permute_as_whole_output_channels():
@@ -124,6 +142,32 @@ def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tm
     segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
     try:
         assert _generate(kept) == out  # the module path, bit for bit
+    finally:
+        inner.segments = segments
+
+
+K_MIX = {"attn_q": T.Q5_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_XS, "attn_output": T.Q2_K, "ffn_gate": T.IQ4_NL,
+         "ffn_up": T.Q5_1, "ffn_down": T.Q6_K, "output": T.Q5_K}
+
+
+def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path, home):
+    """Q5_K / Q3_K / Q2_K / IQ4_XS / IQ4_NL / Q5_1 (the types of Q3/Q5 _K_M files), re-rounded to int8-g32:
+    close to the dequantized model, the C stack equal to the module path."""
+    path = tmp_path / "kmix.gguf"
+    write_gguf(path, K_MIX, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    formats = kept.info.weight_formats
+    assert "IQ4_XS+Q3_K+Q5_K repacked (int8-g32) x 2" in formats and "IQ4_NL+Q5_1 repacked (int8-g32) x 2" in formats
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("int8") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    out = _generate(kept)
+    inner = kept.engine.runner.model.model
+    segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
+    try:
+        assert _generate(kept) == out
     finally:
         inner.segments = segments
 

@@ -104,6 +104,12 @@ def _q6_k(b):
     return Parts(q.reshape(-1, 16, 16), 32, d * sc, None)
 
 
+# types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
+# int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q5_K 5.5 -> 8.5 bits per
+# weight) until they get micro-kernels of their own. IQ1_*, IQ2_*, IQ3_* and MXFP4 stay refused.
+REPACKED: dict[T, str] = {T.Q5_1: "int8-g32", T.Q5_K: "int8-g32", T.Q3_K: "int8-g32", T.Q2_K: "int8-g32",
+                          T.IQ4_NL: "int8-g32", T.IQ4_XS: "int8-g32"}
+
 LAYOUTS: dict[T, Layout] = {
     T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4"})),
     T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4"})),

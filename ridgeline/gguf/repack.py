@@ -6,7 +6,8 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
               the file stores them so (Q4_1; Q4_0, whose -8 d is a power-of-two multiple, while it stays
               in fp16's range); Q4_K's fp32 products d s and -dmin n are rounded to fp16
     int8-g32  G = 32, |q - zero| <= 127, fp16 scale, no min: q - zero and the scale as they are (Q8_0);
-              any other type round-to-nearest of its values (Q6_K's two 16-scales per 32 do not fit)
+              any other type round-to-nearest of its values (Q6_K's two 16-scales per 32 do not fit;
+              the types with no layout, Q5_1, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, from gguf's dequantizers)
 
 Each conversion returns the tensor and whether it holds exactly the file's values.
 """
@@ -16,19 +17,23 @@ import torch
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
-from ridgeline.gguf.layouts import LAYOUTS
+from ridgeline.gguf.layouts import LAYOUTS, REPACKED
 from ridgeline.formats import rtn
 
 TARGETS = ("int4-sym", "int4", "int8-g32")  # each holds the grids of those before it
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}
 
 
+def _kept(t) -> str:
+    return LAYOUTS[t].kept if t in LAYOUTS else REPACKED[t]
+
+
 def target_for(types: set) -> str | None:
     """Our format for a layer whose shards have these GGML types: the widest their layouts keep (int4-sym,
-    int4, int8-g32), or None (dense: a dense or unsupported shard)."""
-    if not types or any(t not in LAYOUTS for t in types):
+    int4, int8-g32; the types with no layout int8-g32), or None (dense: a dense or unsupported shard)."""
+    if not types or any(t not in LAYOUTS and t not in REPACKED for t in types):
         return None
-    return max((LAYOUTS[t].kept for t in types), key=TARGETS.index)
+    return max((_kept(t) for t in types), key=TARGETS.index)
 
 
 def to_int4(t: GGUFBlocks, symmetric: bool) -> tuple[rtn.Int4Tensor, bool]:
