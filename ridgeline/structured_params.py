@@ -39,14 +39,20 @@ def _size(text: str, what: str) -> None:
         raise _bad(f"the {what} is over {MAX_STRUCTURED_BYTES // 1024} KiB")
 
 
-def _schema(value) -> str:
+def _object(value, what: str):
+    """value, or the JSON object its text holds; a 400 naming `what` otherwise."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except (ValueError, RecursionError) as e:
-            raise _bad(f"json: the schema is not valid JSON ({str(e)[:80]})") from None
+            raise _bad(f"{what} is not valid JSON ({str(e)[:80]})") from None
     if not isinstance(value, Mapping):
-        raise _bad(f"json: the schema must be a JSON object, got {type(value).__name__}")
+        raise _bad(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _schema(value) -> str:
+    value = _object(value, "json: the schema")
     try:
         text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as e:
@@ -75,13 +81,7 @@ def _choices(value) -> tuple[str, ...]:
 def _structural_tag(value) -> str:
     """vLLM's structural tag: {"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, each
     begin starting with one of the triggers; a {"type": "structural_tag"} key is allowed (OpenAI-style)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError) as e:
-            raise _bad(f"structural_tag: not valid JSON ({str(e)[:80]})") from None
-    if not isinstance(value, Mapping):
-        raise _bad("structural_tag: must be an object with structures and triggers")
+    value = _object(value, "structural_tag: it")
     if "format" in value:
         raise _bad("structural_tag: the `format` form is not supported; give structures and triggers")
     extra = sorted(set(value) - {"type", "structures", "triggers"})

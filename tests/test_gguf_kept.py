@@ -118,6 +118,17 @@ def _llm(path, **kw):
     return LLM(str(path), dtype="float32", kv_cache_memory="4MiB", progress=False, **kw)
 
 
+def _module_path_equals_the_stack(kept) -> None:
+    """Greedy output through the module path (every layer) equals the C stack's, bit for bit."""
+    out = _generate(kept)
+    inner = kept.engine.runner.model.model
+    segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
+    try:
+        assert _generate(kept) == out
+    finally:
+        inner.segments = segments
+
+
 MIXED = {"attn_q": T.Q4_K, "attn_k": T.Q4_0, "attn_v": T.Q4_1, "attn_output": T.Q6_K, "ffn_gate": T.Q8_0,
          "ffn_up": T.Q4_0, "ffn_down": T.F16, "output": T.Q4_0}
 
@@ -137,13 +148,7 @@ def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tm
     assert rel < 0.02, rel  # q/k rows in the wrong order would scramble attention: far larger
     if cpu_quant.available("int4") and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)
-    out = _generate(kept)
-    inner = kept.engine.runner.model.model
-    segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
-    try:
-        assert _generate(kept) == out  # the module path, bit for bit
-    finally:
-        inner.segments = segments
+    _module_path_equals_the_stack(kept)
 
 
 K_MIX = {"attn_q": T.Q5_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_XS, "attn_output": T.Q2_K, "ffn_gate": T.IQ4_NL,
@@ -163,13 +168,7 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
     assert rel < 0.02, rel
     if cpu_quant.available("int8") and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)
-    out = _generate(kept)
-    inner = kept.engine.runner.model.model
-    segments, inner.segments = inner.segments, [(0, len(inner.layers), False)]
-    try:
-        assert _generate(kept) == out
-    finally:
-        inner.segments = segments
+    _module_path_equals_the_stack(kept)
 
 
 def test_a_q4_1_file_kept_equals_int4_rtn_of_its_dequantized_weights(tmp_path, home):

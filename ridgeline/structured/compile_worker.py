@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from ridgeline.utils.pipe_frames import FrameTimeout, frame, recv, write
+from ridgeline.utils.pipe_frames import FrameTimeout, child_output, frame, recv, serve_jobs, write
 
 START_TIMEOUT_S = 60.0  # interpreter, llguidance and the token table: not counted in a compile's deadline
 REPLY_LIMIT = 1 << 16
@@ -107,8 +107,7 @@ def _compile(tok, job: dict) -> dict:
 
 
 def main() -> int:
-    out = os.dup(1)
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the frames
+    out = child_output()
     try:
         os.nice(19)
     except OSError:
@@ -121,12 +120,7 @@ def main() -> int:
         write(out, frame({"error": str(e)[:200]}))
         return 1
     write(out, frame({"ready": True}))
-    while True:
-        try:
-            job = recv(0, 1 << 30, None)
-        except EOFError:  # the server closed the pipe (or exited): done
-            return 0
-        write(out, frame(_compile(tok, job)))
+    return serve_jobs(out, 1 << 30, lambda job: frame(_compile(tok, job)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ridgeline.structured_params import COMPACT_JSON, StructuredOutputs
+from ridgeline.tool_calls.parser import _held
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,6 @@ def opens_reasoning(fmt: ReasoningFormat, rendered_prompt: str) -> bool:
 
 
 _START, _REASONING, _CONTENT = 0, 1, 2
-
-
-def _held(text: str, markers: Sequence[str]) -> int:
-    """Length of the longest end of text that is a proper start of one of markers."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:k]):
-                best = k
-                break
-    return best
 
 
 class ReasoningSplitter:

@@ -9,6 +9,7 @@ import os
 import select
 import struct
 import time
+from collections.abc import Callable
 
 _HEADER = struct.Struct(">I")
 
@@ -51,3 +52,22 @@ def write(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def child_output() -> int:
+    """In a worker child: its frames' fd (a copy of stdout); stdout itself then goes to stderr, so anything
+    printed never lands in the frames."""
+    out = os.dup(1)
+    os.dup2(2, 1)
+    return out
+
+
+def serve_jobs(out: int, limit: int, handle: Callable[[dict], bytes]) -> int:
+    """In a worker child: each job frame from stdin (at most limit bytes) answered with handle's frame,
+    until the parent closes the pipe (0)."""
+    while True:
+        try:
+            job = recv(0, limit, None)
+        except EOFError:  # the parent closed the pipe (or exited): done
+            return 0
+        write(out, handle(job))

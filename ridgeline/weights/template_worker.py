@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from ridgeline.utils.pipe_frames import FrameTimeout, frame, recv, write
+from ridgeline.utils.pipe_frames import FrameTimeout, child_output, frame, recv, serve_jobs, write
 from ridgeline.weights.chat_template import TemplateFailure, compile_template, render
 
 START_TIMEOUT_S = 60.0  # a worker's start (interpreter and jinja2 import), not counted in a render's deadline
@@ -133,26 +133,23 @@ def _job(job: dict, compiled: dict, max_bytes: int) -> dict:
         return {"error": str(e)}
 
 
+def _reply(job: dict, compiled: dict, max_bytes: int) -> bytes:
+    reply = _job(job, compiled, max_bytes)
+    try:
+        return frame(reply)
+    except UnicodeEncodeError:  # a lone surrogate the template made up
+        return frame({"error": "the chat template produced text that is not valid Unicode"})
+    except MemoryError:
+        return frame({"error": "the chat template ran out of memory on these messages"})
+
+
 def main(argv: list[str]) -> int:
     max_bytes = int(argv[0])
-    out = os.dup(1)
-    os.dup2(2, 1)  # anything printed goes to stderr, never into the frames
+    out = child_output()
     _limit_memory(max_bytes)
     compiled: dict = {}
     write(out, frame({"ready": True}))
-    while True:
-        try:
-            job = recv(0, 1 << 31, None)
-        except EOFError:  # the server closed the pipe (or exited): done
-            return 0
-        reply = _job(job, compiled, max_bytes)
-        try:
-            data = frame(reply)
-        except UnicodeEncodeError:  # a lone surrogate the template made up
-            data = frame({"error": "the chat template produced text that is not valid Unicode"})
-        except MemoryError:
-            data = frame({"error": "the chat template ran out of memory on these messages"})
-        write(out, data)
+    return serve_jobs(out, 1 << 31, lambda job: _reply(job, compiled, max_bytes))
 
 
 if __name__ == "__main__":
