@@ -39,7 +39,7 @@ def _size(text: str, what: str) -> None:
         raise _bad(f"the {what} is over {MAX_STRUCTURED_BYTES // 1024} KiB")
 
 
-def _object(value, what: str):
+def _as_mapping(value, what: str):
     """value, or the JSON object its text holds; a 400 naming `what` otherwise."""
     if isinstance(value, str):
         try:
@@ -52,7 +52,7 @@ def _object(value, what: str):
 
 
 def _schema(value) -> str:
-    value = _object(value, "json: the schema")
+    value = _as_mapping(value, "json: the schema")
     try:
         text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as e:
@@ -81,7 +81,7 @@ def _choices(value) -> tuple[str, ...]:
 def _structural_tag(value) -> str:
     """vLLM's structural tag: {"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}, each
     begin starting with one of the triggers; a {"type": "structural_tag"} key is allowed (OpenAI-style)."""
-    value = _object(value, "structural_tag: it")
+    value = _as_mapping(value, "structural_tag: it")
     if "format" in value:
         raise _bad("structural_tag: the `format` form is not supported; give structures and triggers")
     extra = sorted(set(value) - {"type", "structures", "triggers"})
