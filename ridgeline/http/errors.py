@@ -78,14 +78,28 @@ def install_error_handlers(app: FastAPI, on_error) -> None:
         return error_response(from_validation(e.errors()))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException):
+    async def http_error(request: Request, e: HTTPException):
         on_error(e.status_code)
+        if e.status_code == 404 and e.detail == "Not Found":  # no such route: say which exist
+            return error_response(ApiError(404, f"no route {request.method} {request.url.path}; this server "
+                                                f"answers {routes_of(request.app)}", code="unknown_route"))
         return error_response(ApiError(e.status_code, str(e.detail), headers=e.headers))
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception):
         on_error(500)
         return error_response(e)
+
+
+def routes_of(app) -> str:
+    """The app's routes for a 404's message: "GET /health, POST /v1/chat/completions, ..." (those in its
+    OpenAPI schema, each path once with its methods)."""
+    try:
+        paths = app.openapi().get("paths", {})
+    except Exception:  # a schema that cannot be built must not turn a 404 into a 500
+        return "(its routes are listed at /docs)"
+    return ", ".join(f"{'/'.join(sorted(m.upper() for m in ops if m != 'head'))} {p}"
+                     for p, ops in sorted(paths.items()) if any(m != "head" for m in ops))
 
 
 def from_validation(errors) -> ApiError:
