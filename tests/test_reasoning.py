@@ -252,3 +252,11 @@ def test_include_reasoning_false_without_a_reasoning_model_is_refused(tiny_serve
         r = _chat(tiny_server, **{field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field
     assert _chat(tiny_server).json()["choices"][0]["message"].get("reasoning_content") is None
+
+
+def test_the_answer_keeps_the_tokens_it_forwards_and_drops_the_rest():
+    specials = {301: "</think>", 302: "<tool_call>", 304: "<|end|>"}
+    p = ReasoningSplitter(THINK, specials, True, forward={"<tool_call>"})
+    thought, answer, ids = p.feed([301, 302, 304], "a</think>b<tool_call>c<|end|>")
+    rest = p.finish()
+    assert (thought, answer + rest[1], ids) == ("a", "b<tool_call>c", [302])

@@ -73,6 +73,7 @@ class ReasoningPlan:
     token_ids: dict[str, int]  # the markers that are tokens
     keep: bool  # include_reasoning
     budget: tuple[str, int] | None = None  # (the field that set it, tokens): the section's tokens at most
+    plain: frozenset[str] = frozenset()  # of specials, the texts a decode keeps (added tokens not special)
     opened: bool = False  # the prompt left a section open (set once it is rendered)
 
 
@@ -107,7 +108,8 @@ def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials
     specials = {i: m for m, i in ids.items()} | dict(tool_specials or {})
     if not params.skip_special_tokens:
         specials.update({i: tok.id_to_token(i) for i in tok.special_ids if i not in specials})
-    return ReasoningPlan(fmt, specials, ids, include_reasoning is not False, budget), params
+    plain = frozenset(t for i, t in specials.items() if i not in tok.special_ids)
+    return ReasoningPlan(fmt, specials, ids, include_reasoning is not False, budget, plain), params
 
 
 def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingParams) -> SamplingParams:
@@ -137,6 +139,7 @@ def reply_parser(rp: ReasoningPlan | None, tools) -> ReplyParser | None:
     tool_parser = tools.parser() if tools is not None else None
     if rp is None and tool_parser is None:
         return None
-    forward = set(tool_parser.specials.values()) if tool_parser is not None else set()
+    # the answer keeps the tokens the tool-call parser reads, or, without one, what a plain decode would show
+    forward = set(tool_parser.specials.values()) if tool_parser is not None else (set(rp.plain) if rp else set())
     splitter = ReasoningSplitter(rp.fmt, rp.specials, rp.opened, forward) if rp is not None else None
     return ReplyParser(splitter, tool_parser, rp.keep if rp is not None else True)
