@@ -4,6 +4,7 @@ generic INTERNAL body, and the detail goes to the log only."""
 from __future__ import annotations
 
 import logging
+import warnings
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -95,7 +96,9 @@ def routes_of(app) -> str:
     """The app's routes for a 404's message: "GET /health, POST /v1/chat/completions, ..." (those in its
     OpenAPI schema, each path once with its methods)."""
     try:
-        paths = app.openapi().get("paths", {})
+        with warnings.catch_warnings():  # FastAPI warns of operation ids two routes share: not the client's business
+            warnings.simplefilter("ignore")
+            paths = app.openapi().get("paths", {})
     except Exception:  # a schema that cannot be built must not turn a 404 into a 500
         return "(its routes are listed at /docs)"
     return ", ".join(f"{'/'.join(sorted(m.upper() for m in ops if m != 'head'))} {p}"
