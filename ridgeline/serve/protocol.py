@@ -44,6 +44,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+class RequestBody(_Strict):
+    """A route's whole body: check_body's rules run on the parsed JSON before any field is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_body(cls, data: Any) -> Any:
+        try:
+            check_body(data, cls.model_fields)
+        except InvalidRequestError as e:
+            raise BodyError(e) from None
+        return data
+
+
 def _token_id(key: str) -> int:
     """A logit_bias key: a token id written as a decimal string, as OpenAI sends it."""
     if not (key.isascii() and key.isdigit() and len(key) <= 19):
@@ -56,7 +69,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _GenerateRequest(_Strict):
+class _GenerateRequest(RequestBody):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -94,15 +107,6 @@ class _GenerateRequest(_Strict):
     ebnf: str | None = None
     json_schema: dict[str, Any] | str | None = None  # SGLang's (JSON text) and llama.cpp's (an object)
     grammar: str | None = None  # llama.cpp's (GBNF)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_body(cls, data: Any) -> Any:
-        try:
-            check_body(data, cls.model_fields)
-        except InvalidRequestError as e:
-            raise BodyError(e) from None
-        return data
 
     @property
     def include_usage(self) -> bool:

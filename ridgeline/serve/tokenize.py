@@ -7,14 +7,10 @@ default): {"count", "max_model_len", "tokens"} and, with `return_token_strs`, ea
 generation routes (optional) and run on the server's executor."""
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import model_validator
-
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve.protocol import BodyError, ChatMessage, _Strict, check_body
+from ridgeline.serve.protocol import ChatMessage, RequestBody
 from ridgeline.serve.state import state_of
 from ridgeline.version import __version__
 
@@ -22,17 +18,8 @@ router = APIRouter()
 MAX_DETOKENIZE = 1 << 20  # token ids one /detokenize may hold
 
 
-class _Body(_Strict):
+class _Body(RequestBody):
     model: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_body(cls, data: Any) -> Any:
-        try:
-            check_body(data, cls.model_fields)
-        except InvalidRequestError as e:
-            raise BodyError(e) from None
-        return data
 
 
 class TokenizeRequest(_Body):
