@@ -4,8 +4,9 @@ letters decide it), read from the request's own Constraint (llguidance's fast-fo
 target verifies them like any deterministic proposal, so the output is exactly the masked model's
 whatever the tokenization: where the model would have spelled the forced text with other tokens, the
 first such draft is rejected and the model's token kept. Requests without structured outputs, and
-positions where the grammar leaves a choice, get none: chain it first (`grammar+ngram`,
-`grammar+eagle`) and the next proposer drafts for them. No model, no state: a draft costs the
+positions where the grammar leaves a choice, get none. The engine's speculation drafts forced text
+the same way before asking any proposer (engine/speculation.py), so `--speculative-method grammar` is
+speculation on forced text alone; this proposer answers where it is asked directly. No model, no state: a draft costs the
 matcher's fast-forward (microseconds), and the goodput controller prices it like any other."""
 from __future__ import annotations
 

@@ -20,13 +20,12 @@ from collections.abc import Sequence
 import llguidance as llg
 
 from ridgeline.engine.constraint import Constraint, ConstraintBackend, register_constraint_backend
-from ridgeline.structured.compile_worker import START_TIMEOUT_S, CompileTimeout, CompileWorker
 from ridgeline.errors import InvalidRequestError
+from ridgeline.structured.compile_worker import START_TIMEOUT_S, CompileTimeout, CompileWorker
 from ridgeline.structured_params import COMPACT_JSON, StructuredOutputs
 
 CACHE_SIZE = 128  # compiled grammars kept per engine
 MAX_ERROR_CHARS = 400
-JSON_OPTIONS = COMPACT_JSON
 
 
 def limits() -> llg.LLParserLimits:
@@ -43,9 +42,9 @@ def grammar_of_key(kind: str, text: str) -> str:
     """A StructuredOutputs.key (kind, text) as an llguidance grammar; ValueError when it cannot be built."""
     try:
         if kind == "json_object":
-            return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=JSON_OPTIONS)
+            return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=COMPACT_JSON)
         if kind == "json":
-            return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+            return llg.LLMatcher.grammar_from_json_schema(text, defaults=COMPACT_JSON)
         if kind == "choice":
             return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text)))
         if kind == "regex":
@@ -54,7 +53,7 @@ def grammar_of_key(kind: str, text: str) -> str:
             tag = json.loads(text)
             return llg.StructTag.to_grammar([
                 llg.StructTag(trigger=next(t for t in tag["triggers"] if s["begin"].startswith(t)), begin=s["begin"],
-                              grammar={**s["schema"], "x-guidance": JSON_OPTIONS}, end=s["end"])
+                              grammar={**s["schema"], "x-guidance": COMPACT_JSON}, end=s["end"])
                 for s in tag["structures"]])
         if kind == "grammar":
             return llg.grammar_from("grammar", text)  # Lark, or GBNF converted to Lark
