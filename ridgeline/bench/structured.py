@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 
+from ridgeline.bench.spec import _ints
 from ridgeline.bench.spec_runs import Run, Setting, timed_runs
 from ridgeline.bench.structured_workload import corpus_schemas, forced_share, structured_workload
 from ridgeline.bench.throughput import dtype_name
@@ -32,11 +33,6 @@ from ridgeline.structured_params import StructuredOutputs
 OFF = Setting("off", 0)
 DRAFT_K = 4  # --grammar-drafts: at most this many per step, the controller choosing
 ARMS = ["free", "constrained", "full head"]  # unconstrained; constrained; constrained with the whole LM head
-
-
-def _ints(text: str) -> list[int]:
-    from ridgeline.bench.spec import _ints as ints
-    return ints(text)
 
 
 def _workloads(text: str) -> list[str]:

@@ -73,13 +73,14 @@ class ConstrainedPrompt(list):
     schema's name, and optionally its own max_tokens (None: the run's)."""
 
     def __init__(self, ids: list[int], structured: StructuredOutputs | None, schema: str,
-                 max_tokens: int | None = None, tools: list[dict] | None = None):
+                 max_tokens: int | None = None, tools: list[dict] | None = None, chat: list[dict] | None = None):
         super().__init__(ids)
         self.structured, self.schema, self.max_tokens, self.tools = structured, schema, max_tokens, tools
+        self.chat = chat  # the messages a client sends (None: those the ids were rendered from)
 
     def unconstrained(self, max_tokens: int) -> ConstrainedPrompt:
         """The same prompt without its constraint, stopped after max_tokens (ignore_eos: exactly that many)."""
-        return ConstrainedPrompt(self, None, self.schema, max_tokens, self.tools)
+        return ConstrainedPrompt(self, None, self.schema, max_tokens, self.tools, self.chat)
 
 
 def _ask(name: str, schema: dict, rng: random.Random) -> list[dict]:
@@ -109,9 +110,9 @@ def tools_workload(tokenizer, num_requests: int, seed: int = 0) -> list[Constrai
             t=pair[0].removeprefix("fn_").replace("_", " "))
         msgs = [{"role": "system", "content": system_prompt(tools)}, {"role": "user", "content": ask}]
         grammar = call_grammar(GENERIC, {t["function"]["name"]: t["function"]["parameters"] for t in tools}, False)
-        p = ConstrainedPrompt(encode(msgs), StructuredOutputs(grammar=grammar, field="tools"), pair[0], tools=tools)
-        p.chat = msgs[1:]  # what a client sends with `tools` (the server writes the system message itself)
-        out.append(p)
+        # a client sends the user message with `tools`: the server writes the system message itself
+        out.append(ConstrainedPrompt(encode(msgs), StructuredOutputs(grammar=grammar, field="tools"), pair[0],
+                                     tools=tools, chat=msgs[1:]))
     return out
 
 
