@@ -47,6 +47,25 @@ MOE_SHAPES = {
 }
 MOE_ARCHS = tuple(MOE_SHAPES)
 
+# each non-Llama family's switches, small: Gemma 3 local/global layers with their own rotary bases, q/k norms
+# and a head_dim past the hidden size's share; Gemma 2 soft-caps; Phi-3 fused checkpoint tensors with
+# LongRoPE; Phi-4-mini's partial rotary
+FAMILY_SHAPES = {
+    "gemma2": dict(head_dim=16, sliding_window=6, query_pre_attn_scalar=12, num_hidden_layers=4,
+                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=True),
+    "gemma3": dict(head_dim=32, sliding_window=6, query_pre_attn_scalar=24, num_hidden_layers=4,
+                   layer_types=["sliding_attention"] * 3 + ["full_attention"], tie_word_embeddings=True,
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}),
+    "phi3": dict(pad_token_id=0, original_max_position_embeddings=256, tie_word_embeddings=False,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.0, 1.1, 1.0, 1.2, 1.4],
+                               "long_factor": [2.0] * 8}),
+    "phi4": dict(pad_token_id=0, partial_rotary_factor=0.75, original_max_position_embeddings=256, tie_word_embeddings=True,
+                 rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 1.2, 1.1, 1.0],
+                               "long_factor": [2.0] * 6}),
+}
+FAMILY_ARCHS = tuple(FAMILY_SHAPES)
+
 
 def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
     import transformers
@@ -54,7 +73,9 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
     cfg_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
                "mixtral": transformers.MixtralConfig, "qwen2_moe": transformers.Qwen2MoeConfig,
-               "qwen3_moe": transformers.Qwen3MoeConfig}[arch]
+               "qwen3_moe": transformers.Qwen3MoeConfig, "gemma2": transformers.Gemma2Config,
+               "gemma3": transformers.Gemma3TextConfig, "phi3": transformers.Phi3Config,
+               "phi4": transformers.Phi3Config}[arch]
     tok = _byte_tokenizer()
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -64,13 +85,17 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
     if arch == "mistral":
         kw["sliding_window"] = 24
     kw.update(MOE_SHAPES.get(arch, {}))
+    kw.update(FAMILY_SHAPES.get(arch, {}))
     if arch in ("qwen3", "qwen3_moe"):
         kw["head_dim"] = 16
     kw.update(overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg_cls(**kw), dtype=torch.float32)
     with torch.no_grad():  # larger, non-uniform logits so greedy choices are not near-ties
-        model.get_output_embeddings().weight.mul_(4.0)
+        model.get_output_embeddings().weight.mul_(4.0 if arch not in ("gemma2", "gemma3") else 0.5)
+        for name, p in model.named_parameters():  # norms off their init (Gemma's is 1 + 0: all alike otherwise)
+            if arch in FAMILY_SHAPES and name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
@@ -87,6 +112,13 @@ def tiny_model(request, tmp_path_factory) -> tuple[str, Path]:
 @pytest.fixture(scope="session", params=["qwen3", *MOE_ARCHS])
 def tiny_new_model(request, tmp_path_factory) -> tuple[str, Path]:
     """Qwen3 (per-head q/k norm) and the sparse-MLP architectures."""
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return request.param, make_tiny_model(folder, request.param)
+
+
+@pytest.fixture(scope="session", params=FAMILY_ARCHS)
+def tiny_family_model(request, tmp_path_factory) -> tuple[str, Path]:
+    """The families that are not Llama-shaped: Gemma 2, Gemma 3, Phi-3, Phi-4-mini."""
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     return request.param, make_tiny_model(folder, request.param)
 

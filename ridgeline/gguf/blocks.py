@@ -38,6 +38,10 @@ class GGUFBlocks:
         perm = fn(torch.arange(self.shape[0]).view(-1, 1)).view(-1)
         return GGUFBlocks(self.qtype, self.shape, self.raw[perm].contiguous(), self.name)
 
+    def rows(self, start: int, n: int) -> GGUFBlocks:
+        """Output channels [start, start + n): one projection of a fused one."""
+        return GGUFBlocks(self.qtype, (n, self.shape[1]), self.raw[start:start + n].contiguous(), self.name)
+
     def dequantize(self) -> torch.Tensor:
         from ridgeline.gguf.dequant import dequantize
         return dequantize(self.raw.numpy(), self.qtype, self.shape, self.name)

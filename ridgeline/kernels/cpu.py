@@ -75,6 +75,7 @@ _SIGNATURES = {
     "ridgeline_moe_shared": [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _INT],
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "ridgeline_gelu_tanh_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_embed": [_PTR, _INT, _PTR, _I64, _I64, _I64, _PTR],
     "ridgeline_linear_argmax": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_td_last_live_groups": [],

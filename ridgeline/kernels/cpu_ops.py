@@ -29,6 +29,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2I] fp32 contiguous -> gelu_tanh(gate) * up [T, I]."""
+    T, I2 = gate_up.shape
+    out = torch.empty(T, I2 // 2, dtype=torch.float32)
+    cpu.lib().ridgeline_gelu_tanh_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, torch.get_num_threads())
+    return out
+
+
 def qk_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, H: int, Hkv: int,
             D: int) -> None:
     """qkv [T, (H + 2 Hkv) D] fp32 contiguous: every q head normed with q_weight [D] and every k head

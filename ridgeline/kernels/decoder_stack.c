@@ -11,8 +11,11 @@
  * layers:  [layers][LP_FIELDS]: norms, window, KV formats (K | V << 8, kv_quant.h) + cache and fp16
  *          scale pointers (0 for float formats), q/k norm weights [head_dim] (0: none), the MoE
  *          descriptor (moe.c; 0: a dense MLP), the K centers [3, Hkv, D] (0: none; rows 0-1 for rope_kv,
- *          row 2 the key-0 offset of the attention kernels, paged_src.h), and for each of
- *          the four linears a weight descriptor [format, data, scale, bias] (bias may be 0)
+ *          row 2 the key-0 offset of the attention kernels, paged_src.h), the sandwich norms on the
+ *          attention and MLP outputs (0: none; Gemma 2/3), the MLP activation (0 SiLU, 1 GELU-tanh),
+ *          the layer's rotary table [positions, head_dim / 2, 2] (0: the stack's own; Gemma 3's
+ *          local layers have their own base), and for each of the four linears a weight descriptor
+ *          [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
  *          stream + MLP output) [T, hidden] is written there
@@ -28,6 +31,7 @@
 int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *out, int64_t T, int64_t H, float eps,
                       int nthreads);
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
+int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
                       int kv_formats, const float *kshift, int nthreads);
@@ -40,10 +44,11 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
-       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_LINEAR,
+       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
+enum { ACT_SILU, ACT_GELU_TANH };
 
 typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
 typedef int (*moe_route_fn)(int64_t layer, const float *probs, int64_t T, int64_t E, int64_t k, int64_t *idx);
@@ -146,7 +151,8 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                               nt);
         ph_lap(PH_NORM, t0);
         const float *kcenters = PTR(const float, lp[LP_K_CENTERS]), *k0off = kcenters ? kcenters + 2 * Hkv * D : NULL;
-        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cos_sin, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
+        const float *cs = lp[LP_COS_SIN] ? PTR(const float, lp[LP_COS_SIN]) : cos_sin;
+        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cs, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         ph_lap(PH_ROPE, t0);
         for (int64_t g = 0; g < ngroups && !rc; g++) {
@@ -161,6 +167,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         ph_lap(PH_O, t0);
         if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);
         ph_lap(PH_HOOK, t0);
+        if (lp[LP_ATTN_OUT_NORM]) ridgeline_rmsnorm(h, NULL, PTR(const float, lp[LP_ATTN_OUT_NORM]), h, T, Hd, eps, nt);
         ridgeline_rmsnorm(h, x, PTR(const float, lp[LP_POST_NORM]), h2, T, Hd, eps, nt);
         ph_lap(PH_NORM, t0);
         if (lp[LP_MOE]) {
@@ -169,12 +176,16 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         } else {
             rc |= ridgeline_stack_linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
             ph_lap(PH_GATE_UP, t0);
-            ridgeline_silu_mul(gu, act, T, I, nt);
+            if (lp[LP_ACT] == ACT_GELU_TANH)
+                ridgeline_gelu_tanh_mul(gu, act, T, I, nt);
+            else
+                ridgeline_silu_mul(gu, act, T, I, nt);
             ph_lap(PH_ACT, t0);
             rc |= ridgeline_stack_linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
             ph_lap(PH_DOWN, t0);
         }
         if (hook && !rc) rc = hook(l, HOOK_MLP_OUT, mlp, T, Hd);
+        if (lp[LP_MLP_OUT_NORM]) ridgeline_rmsnorm(mlp, NULL, PTR(const float, lp[LP_MLP_OUT_NORM]), mlp, T, Hd, eps, nt);
         have_hidden = 1;
         if (capture && capture[l]) {
             float *cap = PTR(float, capture[l]);

@@ -2,6 +2,7 @@
  * torch on a CPU spends several small ops (and their dispatch) per step:
  *   rmsnorm:  residual += x (optional), out = residual / rms(residual) * w
  *   silu_mul: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
+ *   gelu_tanh_mul: out[t, i] = gelu_tanh(gu[t, i]) * gu[t, I + i] (Gemma)
  *   qk_norm:  per-head RMSNorm of the q and k heads inside the fused qkv rows, in place (Qwen3)
  *   rope_kv:  rotate q and k inside the fused qkv rows (interleaved pairs), write k and v into the
  *             paged KV cache at their slots, in its formats (kv_quant.h: fp32, bf16, fp16, int8, int4,
@@ -51,6 +52,32 @@ int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nt
         }
 #endif
         for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}
+
+/* GELU's tanh approximation, 0.5 g (1 + tanh(c (g + 0.044715 g^3))), as the identical g sigmoid(2 c (g + ...)):
+ * one exp, like silu_mul, and no overflow (exp -> inf gives 0, exp -> 0 gives g) */
+#define GELU_2C 1.5957691216057308f /* 2 sqrt(2 / pi) */
+int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(-GELU_2C), k = _mm512_set1_ps(0.044715f);
+        for (; i + 16 <= I; i += 16) {
+            const __m512 gv = _mm512_loadu_ps(g + i);
+            const __m512 z = _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(k, gv), _mm512_mul_ps(gv, gv), gv));
+            const __m512 e = vexp512(z);
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) {
+            const float x = g[i];
+            o[i] = x / (1.f + expf(-GELU_2C * (x + 0.044715f * x * x * x))) * u[i];
+        }
     }
     return 0;
 }

@@ -50,6 +50,9 @@ class AttentionBackend:
         """Why this backend cannot serve this cache under this plan, or None if it can."""
         return None
 
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2); only sdpa has it
+    has_softcap = False
+
     def __call__(self, q: torch.Tensor, kv: LayerKV, g: AttnGroup, scale: float, window: int | None) -> torch.Tensor:
         """q [Tg, H, D] (the group's rows), this step's K/V already in the cache -> [Tg, H*D]."""
         raise NotImplementedError
@@ -99,9 +102,15 @@ def gather_attention(q: torch.Tensor, kv: LayerKV, g: AttnGroup, window: int | N
 
 @register_backend("sdpa")
 class PagedSDPA(AttentionBackend):
+    has_softcap = True
+
     def __call__(self, q, kv, g, scale, window):
         a = gather_attention(q, kv, g, window)
-        if a.B * a.Q * a.k.shape[2] <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this much math
+        if self.softcap is not None:  # SDPA has no soft-cap: the scores are built here
+            s = (a.qg @ a.k.transpose(-1, -2)).mul_(scale)
+            s = torch.tanh(s / self.softcap).mul_(self.softcap).masked_fill_(~a.mask, float("-inf"))
+            o = torch.softmax(s, dim=-1) @ a.v
+        elif a.B * a.Q * a.k.shape[2] <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this
             s = (a.qg @ a.k.transpose(-1, -2)).mul_(scale).masked_fill_(~a.mask, float("-inf"))
             o = torch.softmax(s, dim=-1) @ a.v
         else:
@@ -150,25 +159,31 @@ class PagedC(AttentionBackend):
                                           v_scale=kv.v_scale, tile_len=g.tile_len, k0_offset=kv.k0_offset)
 
 
-def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan) -> AttentionBackend:
-    if name == "auto":  # the first of these that can serve this cache
-        name = next(n for n in AUTO_ORDER if n in BACKENDS and not BACKENDS[n].unsupported(kv, plan))
+def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | None = None) -> AttentionBackend:
+    if name == "auto":  # the first of these that can serve this cache (and soft-cap its scores, where asked)
+        name = next(n for n in AUTO_ORDER if n in BACKENDS and not BACKENDS[n].unsupported(kv, plan)
+                    and (softcap is None or BACKENDS[n].has_softcap))
     cls = BACKENDS.get(name)
     if cls is None:
         raise InvalidRequestError(f"unknown attention backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}",
                                   "attention_backend")
     why = cls.unsupported(kv, plan)
+    if why is None and softcap is not None and not cls.has_softcap:
+        why = "it has no attention logit soft-cap, which this model's layers use (sdpa has)"
     if why:
         raise InvalidRequestError(f"attention backend {name}: {why}", "attention_backend")
-    return cls()
+    backend = cls()
+    backend.softcap = softcap
+    return backend
 
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str = "auto",
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, scale: float | None = None, softcap: float | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.softcap = softcap
         self.window = sliding_window
         self.backend_name = backend
         self.backend: AttentionBackend | None = None
@@ -176,7 +191,7 @@ class Attention(nn.Module):
 
     def bind(self, kv: LayerKV, plan: KernelPlan) -> None:
         self.kv = kv
-        self.backend = resolve_backend(self.backend_name, kv, plan)
+        self.backend = resolve_backend(self.backend_name, kv, plan, self.softcap)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""

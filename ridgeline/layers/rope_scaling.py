@@ -10,6 +10,10 @@
   beta_slow), and q and k scaled by the attention factor (0.1 ln(factor) + 1 by default, or from
   mscale / mscale_all_dim, or given).
 - llama3: long wavelengths / factor, short ones kept, a smooth blend between.
+- longrope (Phi-3.5, Phi-4-mini; from a config only): each frequency divided by its own factor, the
+  `long_factor` list when max_model_len is past L0, else `short_factor`, chosen once for the engine's
+  length as llama.cpp does (transformers switches per forward, which would re-rotate cached keys), and
+  q and k scaled by sqrt(1 + ln(factor) / ln(L0)) unless `attention_factor` is given.
 L0 is `original_max_position_embeddings`, the model's max_position_embeddings when not given.
 """
 # torch is imported inside the functions that compute: the config validates overrides with this
@@ -99,6 +103,12 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None, max_len: int) ->
         scaled = torch.where(wavelen > old / lo, inv / factor, inv)
         mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled), 1.0
+    if kind == "longrope":
+        ext = torch.tensor(scaling["long_factor" if max_len > old else "short_factor"], dtype=torch.float64)
+        att = scaling.get("attention_factor")
+        if att is None:
+            att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
+        return inv / ext, float(att)
     raise UnsupportedArchitectureError(f"rope scaling type {kind!r} is not supported ({', '.join(KINDS)} are)")
 
 

@@ -19,6 +19,7 @@ from ridgeline.layers.forward_context import get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.moe import SparseMoE
 from ridgeline.models.elsewhere import Elsewhere
+from ridgeline.models.layer_spec import ACTIVATION_CODES
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -47,10 +48,13 @@ def _why_not(layer: nn.Module) -> str | None:
             return f"{lin.prefix}: the C stack has no kernel for weight format {lin.format.name} on this CPU"
         if lin.bias is not None and (lin.bias.dtype != torch.float32 or not lin.bias.is_contiguous()):
             return f"{lin.prefix}: bias is not fp32"
-    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+    for norm in filter(None, (layer.input_layernorm, layer.post_attention_layernorm, layer.attn_out_norm,
+                              layer.mlp_out_norm)):
         if norm.weight.dtype != torch.float32 or not norm.weight.is_contiguous():
             return "norm weights are not fp32"
     attn = layer.self_attn.attn
+    if attn.softcap is not None:
+        return "attention logit soft-cap (the C attention kernels have none: these layers run sdpa)"
     if not isinstance(attn.backend, PagedC):
         return f"attention backend {attn.backend.name} (the C stack reads the cache with the paged C kernel)"
     if not cpu_stack.runs_kv_format(attn.kv.c_format):
@@ -95,7 +99,10 @@ class CStack:
             row = [_ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight), attn.window or 0,
                    attn.kv.c_format, _ptr(attn.kv.k), _ptr(attn.kv.v), _ptr(attn.kv.k_scale), _ptr(attn.kv.v_scale),
                    _ptr(sa.q_norm.weight if sa.q_norm is not None else None),
-                   _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_centers)]
+                   _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_centers),
+                   _ptr(layer.attn_out_norm.weight if layer.attn_out_norm is not None else None),
+                   _ptr(layer.mlp_out_norm.weight if layer.mlp_out_norm is not None else None),
+                   ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin)]
             for lin in _linears(layer):
                 if lin is None:
                     row += [0] * len(cpu_stack.WEIGHT_FIELDS)

@@ -1,6 +1,7 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3; Mixtral, Qwen2-MoE, Qwen3-MoE):
-one class, differences come from ArchConfig (qkv bias, per-head q/k norm, tied embeddings, each
-layer's sliding window via the attention mask, rope scaling, sparse MLP layers).
+"""The decoder of every supported architecture (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2,
+Gemma 3, Phi-3/4; Mixtral, Qwen2-MoE, Qwen3-MoE): one class built from each layer's declaration
+(models/layer_spec.py: norms and their placement, activation, q/k norms, rotary table, window,
+soft-caps, sparse MLP) and the model's (embedding scale, final soft-cap, tied head).
 
 Layer ranges: `run_layers(positions, hidden, residual, start, end)` runs layers [start, end) and
 returns (hidden, residual) before the final norm (a pipeline stage hands those on) or, with
@@ -30,6 +31,7 @@ from ridgeline.layers.moe import SparseMoE
 from ridgeline.layers.norm import RMSNorm
 from ridgeline.layers.rotary import Rotary, interleave_rows
 from ridgeline.models.elsewhere import Elsewhere
+from ridgeline.models.layer_spec import LayerSpec, layer_specs
 from ridgeline.layers.build_options import BuildOptions
 from ridgeline.weights.hf_config import ArchConfig
 
@@ -38,7 +40,7 @@ ATTN_OUT, MLP_OUT = 0, 1
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, prefix: str, window: int | None):
+    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, prefix: str, spec: LayerSpec):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         sizes = [self.h * self.d, self.hkv * self.d, self.hkv * self.d]
@@ -47,10 +49,11 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(self.h * self.d, cfg.hidden_size, opts.format_for(f"{prefix}.o_proj"), cfg.o_bias,
                              opts.act_dtype, prefix=f"{prefix}.o_proj")
         self.rotary = rotary
-        self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, window)
+        self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, spec.window, cfg.query_scale,
+                              spec.attn_softcap)
         self.fused = opts.plan.fused_ops
-        self.q_norm = self.k_norm = None  # per-head RMSNorm [D] of q and k before rotary (Qwen3)
-        if cfg.qk_norm:
+        self.q_norm = self.k_norm = None  # per-head RMSNorm [D] of q and k before rotary (Qwen3, Gemma 3)
+        if spec.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, opts.act_dtype)
             self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, opts.act_dtype)
 
@@ -82,17 +85,24 @@ class SelfAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, index: int):
+    def __init__(self, cfg: ArchConfig, rotary: Rotary, opts: BuildOptions, spec: LayerSpec):
         super().__init__()
+        index = spec.index
         prefix = f"model.layers.{index}"
-        self.index = index
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
-        self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn", cfg.window_of(index))
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
-        if cfg.moe is not None and index in cfg.moe.sparse_layers:
+        self.index, self.spec = index, spec
+
+        def norm():
+            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops)
+        self.input_layernorm = norm()
+        self.self_attn = SelfAttention(cfg, rotary, opts, f"{prefix}.self_attn", spec)
+        self.post_attention_layernorm = norm()  # before the MLP (Gemma's pre_feedforward_layernorm)
+        # sandwich norms (Gemma 2/3): on the attention and the MLP output, before each is added to the residual
+        self.attn_out_norm = norm() if spec.sandwich else None
+        self.mlp_out_norm = norm() if spec.sandwich else None
+        if spec.sparse:
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, opts, f"{prefix}.mlp", index)
         else:
-            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, opts, f"{prefix}.mlp")
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, opts, f"{prefix}.mlp", spec.activation)
 
     def forward(self, positions, x, residual, hook: Hook | None = None):
         if residual is None:
@@ -102,17 +112,28 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x)
         if hook is not None:
             hook(self.index, ATTN_OUT, x)
+        if self.attn_out_norm is not None:
+            x = self.attn_out_norm(x)
         x, residual = self.post_attention_layernorm(x, residual)
         x = self.mlp(x)
         if hook is not None:
             hook(self.index, MLP_OUT, x)
+        if self.mlp_out_norm is not None:
+            x = self.mlp_out_norm(x)
         return x, residual
 
 
 class Model(nn.Module):
     def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
-        rotary = Rotary(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling_dict)
+        specs = layer_specs(cfg)
+        rotaries = {}  # one table per distinct (theta, scaling): Gemma 3's local and global layers differ
+        for spec in specs:
+            if spec.rope not in rotaries:
+                theta, scaling = spec.rope
+                rotaries[spec.rope] = Rotary(cfg.head_dim, max_positions, theta, dict(scaling) if scaling else None,
+                                             cfg.rotary_dim)
+        self.embed_scale = cfg.embed_scale
         st = self.stage = opts.stage
         self.embed_tokens = None  # a middle stage, or the last one with an untied head
         if st is None or st.first or (st.last and cfg.tie_word_embeddings):  # a tied head is the table
@@ -121,8 +142,8 @@ class Model(nn.Module):
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                              _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=opts.dtype))
             self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary, opts, i) if st is None or st.holds(i) else Elsewhere(i)
-                                    for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rotaries[s.rope], opts, s) if st is None or st.holds(s.index)
+                                    else Elsewhere(s.index) for s in specs)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, opts.act_dtype, opts.plan.fused_ops) \
             if st is None or st.last else None
         self.act_dtype = opts.act_dtype
@@ -160,10 +181,14 @@ class Model(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
-            return self.tp.embed(self.embed_tokens, input_ids, self.act_dtype)
-        if self.c_embed and input_ids.dim() == 1:
-            return cpu_ops.embed(self.embed_tokens.weight, input_ids)
-        return self.embed_tokens(input_ids).to(self.act_dtype)
+            x = self.tp.embed(self.embed_tokens, input_ids, self.act_dtype)
+        elif self.c_embed and input_ids.dim() == 1:
+            x = cpu_ops.embed(self.embed_tokens.weight, input_ids)
+        else:
+            x = self.embed_tokens(input_ids).to(self.act_dtype)
+        if self.embed_scale is not None:  # Gemma: times sqrt(hidden) rounded to the activations' dtype
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
 
     def _reducing(self, hook: Hook | None) -> Hook | None:
         """With tensor parallelism the all-reduce runs first; a caller's hook then sees full outputs."""
@@ -239,6 +264,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ArchConfig, max_positions: int, opts: BuildOptions):
         super().__init__()
         self.cfg = cfg
+        self.renames = {**type(self).renames, **dict(cfg.family.renames)}  # the family's module names onto ours
         self.model = Model(cfg, max_positions, opts)
         self.slice_tensor = None  # tensor parallelism: distributed.shard.Slicer, set by the engine
         self.lm_head = None  # a pipeline stage before the last
@@ -265,9 +291,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model.plan
 
     def transform_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Checkpoint tensor -> our layout: q/k rows (and the q/k norm weights) to interleaved rotary pairs."""
+        """Checkpoint tensor -> our layout: q/k rows (and the q/k norm weights) to interleaved rotary pairs;
+        a (1 + w) norm's weights (Gemma) to 1 + w in float32, what the norm multiplies by."""
         if any(p in name for p in (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.")) and not name.endswith(".g_idx"):
-            return interleave_rows(tensor, self.cfg.head_dim)
+            tensor = interleave_rows(tensor, self.cfg.head_dim, self.cfg.rotary_dim)
+        if self.cfg.norm_offset and name.endswith("norm.weight"):
+            tensor = tensor.float() + 1.0
         return tensor
 
     def greedy_tokens(self, hidden: torch.Tensor, masks: list[bytes | None] | None = None) -> list[int] | None:
@@ -278,8 +307,8 @@ class LlamaForCausalLM(nn.Module):
         int32 words): that row's argmax is over the tokens it allows, the token torch.argmax picks on the
         logits with every forbidden one set to -inf, read from the bits without building that row."""
         desc = self._greedy_head()
-        if desc is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
-            return None
+        if desc is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or self.cfg.final_softcap:
+            return None  # a soft-capped head: its ties are the capped logits', which the C argmax does not see
         M = hidden.shape[0]
         bufs = self._greedy_bufs.get(M)
         if bufs is None:
@@ -307,5 +336,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] (only the rows that need logits) -> logits [S, V] float32."""
         if self.model.tp is not None:  # vocab-parallel head: each rank's chunk, gathered
-            return self.model.tp.gather_logits(self.lm_head(hidden).float())
-        return self.lm_head(hidden).float()
+            logits = self.model.tp.gather_logits(self.lm_head(hidden).float())
+        else:
+            logits = self.lm_head(hidden).float()
+        cap = self.cfg.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -96,6 +96,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         stream = unpack_checkpoint(stream, qc)
     elif tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
         stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
+    if getattr(model.cfg, "fused_checkpoint", False):
+        stream = split_fused(stream, model, folder)
     for name, tensor in stream:
         target, shard = map_name(model, name)
         if target is None:
@@ -125,9 +127,42 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
 
 
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def split_fused(stream: Iterable, model: nn.Module, folder: Path) -> Iterable:
+    """A checkpoint that stores qkv_proj / gate_up_proj fused (Phi-3): each as its projections' names and
+    rows, so they take the path (row transforms, quantization per shard, tensor-parallel slicing) that
+    separately stored ones take. Sizes come from the checkpoint's own config (with tensor parallelism the
+    model's is one rank's)."""
+    from ridgeline.weights.hf_config import load_arch_config
+    full = load_arch_config(folder)
+    kv = full.num_kv_heads * full.head_dim
+    sizes = {"qkv_proj": (full.num_heads * full.head_dim, kv, kv),
+             "gate_up_proj": (full.intermediate_size, full.intermediate_size)}
+    for name, tensor in stream:
+        parts = name.split(".")
+        fused = next((i for i, p in enumerate(parts) if p in FUSED), None)
+        if fused is None or ".experts." in name:
+            yield name, tensor
+            continue
+        rows = sizes[parts[fused]]
+        if tensor.shape[0] != sum(rows):
+            raise ModelLoadError(f"weight {name}: {tensor.shape[0]} rows, the fused projection has "
+                                 f"{sum(rows)} ({' + '.join(map(str, rows))})")
+        start = 0
+        for sub, n in zip(FUSED[parts[fused]], rows):
+            part = tensor.rows(start, n) if isinstance(tensor, GGUFBlocks) else tensor.narrow(0, start, n)
+            yield ".".join(parts[:fused] + [sub] + parts[fused + 1:]), part
+            start += n
+
+
 def _not_held(model: nn.Module, modules: dict, name: str) -> bool:
     """A weight whose module this process does not hold (another rank's expert, another pipeline stage's
-    layer, embedding or head): never read."""
+    layer, embedding or head) or of a part the engine does not run (a vision tower): never read."""
+    family = getattr(getattr(model, "cfg", None), "family", None)
+    if family is not None and family.skipped and name.startswith(family.skipped):
+        return True
     if ".experts." not in name and getattr(model.model, "stage", None) is None:
         return False
     target, _ = map_name(model, name)
@@ -164,6 +199,14 @@ def _keeps_fp8(model: nn.Module, modules: dict, name: str, dtype: torch.dtype) -
 
 
 def map_name(model: nn.Module, name: str) -> tuple[str | None, int | None]:
+    family = getattr(getattr(model, "cfg", None), "family", None)
+    if family is not None:
+        if family.skipped and name.startswith(family.skipped):
+            return None, None
+        for theirs, ours in family.prefixes:  # a nested text model's names (Gemma 3 image-text checkpoints)
+            if name.startswith(theirs):
+                name = ours + name[len(theirs):]
+                break
     renames = getattr(model, "renames", {})
     parts = [renames.get(p, p) for p in name.split(".")]
     for i, p in enumerate(parts):

@@ -98,7 +98,10 @@ class HeadStack:
             k[:old], v[:old] = self.k, self.v
         self.k, self.v = k, v
         self.free += range(blocks - 1, old - 1, -1)
-        row = [self.norms[0].data_ptr(), self.norms[1].data_ptr(), 0, 0, k.data_ptr(), v.data_ptr(), 0, 0, 0, 0, 0, 0]
+        fields = dict.fromkeys(cpu_stack.LAYER_FIELDS, 0)  # fp32 KV, no window, SiLU, the stack's rotary table
+        fields.update(in_norm=self.norms[0].data_ptr(), post_norm=self.norms[1].data_ptr(), k_cache=k.data_ptr(),
+                      v_cache=v.data_ptr())
+        row = list(fields.values())
         for lin in self.linears:
             row += weight_desc(lin)
         self.layer = torch.tensor([row], dtype=torch.int64)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.weights import limits
+from ridgeline.weights.families import ACTIVATIONS, FAMILIES, LLAMA, Family
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,7 @@ class MoEConfig:
     sparse_layers: tuple[int, ...]  # the layers with a sparse MLP; the others keep a dense one
 
 
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = tuple(a for a, f in FAMILIES.items() if f.moe)
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,23 @@ class ArchConfig:
         """Keys a query can reach in any layer: the largest window when every layer has one, else None."""
         windows = [self.window_of(i) for i in range(self.num_layers)]
         return None if not windows or None in windows else max(windows)
-    qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)
     moe: MoEConfig | None = None
+    # the layer structure's switches (weights/families.py; models/layer_spec.py makes each layer's declaration)
+    norm_offset: bool = False  # RMSNorm weights stored as w, applied as (1 + w): folded into them at load
+    sandwich_norms: bool = False  # a norm on the attention output and on the MLP output too (Gemma 2/3)
+    activation: str = "silu"  # the gated MLP's: silu | gelu_tanh
+    embed_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden_size))
+    query_scale: float | None = None  # attention scores' scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    local_rope: tuple | None = None  # (theta, rope_scaling pairs) of the windowed layers where it differs (Gemma 3)
+    rotary_dim: int = 0  # the leading dims of each head that rotate; 0: all of them (Phi-4-mini: 3/4)
+    fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES.get(self.architecture, LLAMA)
 
     @property
     def rope_scaling_dict(self) -> dict | None:
@@ -109,12 +124,17 @@ def load_arch_config(folder: Path) -> ArchConfig:
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
     if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+        top = cfg  # an image-text checkpoint: its text model, with the ids written beside it
+        cfg = {**{k: top[k] for k in ("bos_token_id", "eos_token_id") if k in top}, **cfg["text_config"],
+               "architectures": top.get("architectures")}
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{path} is not a JSON object")
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ModelLoadError(f"{path} has no 'architectures' entry")
+    family = FAMILIES.get(archs[0])
+    if family is not None and family.defaults:
+        cfg = {**dict(family.defaults), **cfg}
     try:
         return _arch_config(cfg, archs[0], Path(folder), str(path))
     except KeyError as e:
@@ -134,18 +154,35 @@ def _arch_config(cfg: dict, arch: str, folder: Path, where: str) -> ArchConfig:
     limits.check_heads(heads, kv_heads, head_dim, ("num_attention_heads", "num_key_value_heads", "head_dim"), where)
     positions = _size(cfg, "max_position_embeddings", "positions", where, cfg.get("max_position_embeddings", 2048))
     layers = _size(cfg, "num_hidden_layers", "layers", where)
+    family = FAMILIES.get(arch, LLAMA)
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ModelLoadError(f"{where}: rope_scaling is {type(rope).__name__}, not an object")
-    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        scaling = {}
-    elif rope_type in ("dynamic", "yarn"):  # their original length, as transformers defaults it
-        scaling.setdefault("original_max_position_embeddings", positions)
+    local = None  # the windowed layers' own (theta, scaling) where they have one
+    if isinstance(rope.get("full_attention"), dict):  # transformers 5: parameters per layer type
+        if isinstance(rope.get("sliding_attention"), dict):
+            local = _rope(rope["sliding_attention"], cfg, positions, where, nested=True)
+        rope = rope["full_attention"]
+        theta, scaling = _rope(rope, cfg, positions, where, nested=True)
+    else:
+        theta, scaling = _rope(rope, cfg, positions, where)
+        if family.local_rope and "rope_local_base_freq" in cfg:  # transformers 4's Gemma 3: its own base, unscaled
+            local = (limits.checked_float(cfg["rope_local_base_freq"], "rope_local_base_freq", where, positive=True),
+                     None)
+    rotary = head_dim
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        partial = limits.checked_float(partial, "partial_rotary_factor", where, positive=True)
+        rotary = int(head_dim * partial)
+        if partial > 1 or rotary < 2 or rotary % 2:
+            raise ModelLoadError(f"{where}: partial_rotary_factor = {partial} of head_dim {head_dim} does not give "
+                                 "an even number of rotary dims")
+    _check_longrope(scaling, rotary, where)
     gen_eos = _generation_eos(folder)
     windows = layer_windows(cfg, arch, where)
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if act not in ACTIVATIONS:
+        raise ModelLoadError(f"{where}: activation {act!r} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}")
     return ArchConfig(
         architecture=arch,
         vocab_size=_size(cfg, "vocab_size", "vocab", where),
@@ -155,20 +192,68 @@ def _arch_config(cfg: dict, arch: str, folder: Path, where: str) -> ArchConfig:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rope_theta=limits.checked_float(theta, "rope_theta", where, positive=True),
+        rope_theta=theta,
         rms_norm_eps=limits.checked_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", where),
         max_position_embeddings=positions,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=arch.startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
+        qkv_bias=family.qkv_bias or bool(cfg.get("attention_bias", False)),
         o_bias=bool(cfg.get("attention_bias", False)),
         sliding_window=max((w for w in windows if w), default=None),
-        rope_scaling=freeze_rope_scaling(scaling),
+        rope_scaling=scaling,
         bos_token_id=_token_id(cfg.get("bos_token_id"), "bos_token_id", where),
         eos_token_ids=tuple(dict.fromkeys(gen_eos + _ids(cfg.get("eos_token_id"), "eos_token_id", where))),
         layer_windows=windows,
-        qk_norm=arch in QK_NORM_ARCHITECTURES,
+        qk_norm=family.qk_norm,
         moe=_moe(cfg, arch, where),
+        norm_offset=family.norm_offset,
+        sandwich_norms=family.sandwich_norms,
+        activation=ACTIVATIONS[act],
+        embed_scale=hidden ** 0.5 if family.embed_scale else None,
+        query_scale=(limits.checked_float(cfg.get("query_pre_attn_scalar", head_dim), "query_pre_attn_scalar", where,
+                                          positive=True) ** -0.5 if family.query_scalar else None),
+        attn_softcap=_softcap(cfg, "attn_logit_softcapping", where) if family.softcaps else None,
+        final_softcap=_softcap(cfg, "final_logit_softcapping", where) if family.softcaps else None,
+        local_rope=None if local is None or local == (theta, scaling) else local,
+        rotary_dim=0 if rotary == head_dim else rotary,
+        fused_checkpoint=family.fused_checkpoint,
     )
+
+
+def _rope(rope: dict, cfg: dict, positions: int, where: str, nested: bool = False) -> tuple[float, tuple | None]:
+    """(theta, frozen scaling) of one rope parameter set: rope_scaling (the config's rope_theta first), or
+    one layer type's rope_parameters (nested: its own)."""
+    theta = rope.get("rope_theta", 10000.0) if nested else cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    theta = limits.checked_float(theta, "rope_theta", where, positive=True)
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        scaling = {}
+    elif rope_type in ("dynamic", "yarn", "longrope"):  # their original length, as transformers defaults it
+        scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings", positions))
+        if rope_type == "longrope":  # the extension its attention factor is computed from
+            old = limits.checked_int(scaling["original_max_position_embeddings"], "original_max_position_embeddings",
+                                     "positions", where)
+            scaling.setdefault("factor", positions / old)
+    return theta, freeze_rope_scaling(scaling)
+
+
+def _check_longrope(scaling: tuple | None, rotary: int, where: str) -> None:
+    """LongRoPE lists one factor per rotary pair, short and long alike."""
+    sc = dict(scaling or ())
+    if sc.get("rope_type", sc.get("type")) != "longrope":
+        return
+    for key in ("short_factor", "long_factor"):
+        f = sc.get(key)
+        if not isinstance(f, tuple) or len(f) != rotary // 2:
+            raise ModelLoadError(f"{where}: LongRoPE {key} has {len(f) if isinstance(f, tuple) else 'no'} factors; "
+                                 f"{rotary} rotary dims need {rotary // 2}")
+        for v in f:
+            limits.checked_float(v, key, where, positive=True)
+
+
+def _softcap(cfg: dict, key: str, where: str) -> float | None:
+    v = cfg.get(key)
+    return None if v is None else limits.checked_float(v, key, where, positive=True)
 
 
 def _token_id(value, field: str, where: str) -> int | None:
@@ -198,6 +283,7 @@ def layer_windows(cfg: dict, architecture: str, where: str = "config.json") -> t
     if cfg.get("use_sliding_window") is False:  # Mistral's configs write null or leave it out
         return (None,) * n
     pattern = cfg.get("sliding_window_pattern")
+    pattern = pattern or FAMILIES.get(architecture, LLAMA).window_pattern
     if pattern:
         pattern = limits.checked_int(pattern, "sliding_window_pattern", "layers", where)
         return tuple(None if (i + 1) % pattern == 0 else window for i in range(n))
