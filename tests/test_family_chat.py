@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from ridgeline import LLM, SamplingParams
 from conftest import make_tiny_model
