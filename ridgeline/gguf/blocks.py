@@ -62,13 +62,17 @@ def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]
     """(HF name, tensor) for every tensor of the file, q/k rows in HF order as the converted folder has
     them (cfg: the model's ArchConfig, for the head counts)."""
     from ridgeline.gguf.convert import _LAYER_RE, ARCHITECTURES, hf_name, unpermute_rope
-    permuted = ARCHITECTURES[g.metadata["general.architecture"]][2]
+    from ridgeline.gguf.families import hf_value
+    arch = g.metadata["general.architecture"]
+    permuted = ARCHITECTURES[arch][2]
     heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}
     for name in g.tensors:
-        target = hf_name(name)
+        target = hf_name(name, arch=arch)
         if target is None:
             continue  # the converted folder's config already refused files with tensors it cannot place
         t = matrix(g, name)
+        if not isinstance(t, GGUFBlocks):
+            t = hf_value(arch, name, t)
         m = _LAYER_RE.fullmatch(name)
         if permuted and m and m.group(2) in heads:
             n = heads[m.group(2)]
@@ -79,4 +83,5 @@ def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]
 def tensor_types(g) -> dict:
     """HF name -> GGML type of every weight matrix in the file."""
     from ridgeline.gguf.convert import hf_name
-    return {hf_name(n): i.qtype for n, i in g.tensors.items() if hf_name(n) and len(i.shape) == 2}
+    arch = g.metadata.get("general.architecture")
+    return {hf_name(n, arch=arch): i.qtype for n, i in g.tensors.items() if hf_name(n, arch=arch) and len(i.shape) == 2}

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
+from ridgeline.gguf import families
 from ridgeline.gguf.dequant import dequantize_tensor
 from ridgeline.gguf.meta import MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int, meta_str
 from ridgeline.gguf.reader import GGUFFile, read_gguf
@@ -39,6 +40,9 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", False),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2", False),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text", False),
+    "phi3": ("Phi3ForCausalLM", "phi3", False),
 }
 MIXTRAL = ("MixtralForCausalLM", "mixtral", True)
 _GLOBAL_NAMES = {
@@ -81,9 +85,10 @@ def _experts(md: dict, key: str) -> int:
     return 0 if type(value) is int and value == 0 else meta_int(md, key, "experts")
 
 
-def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
+def hf_name(gguf_name: str, mixtral: bool = False, arch: str | None = None) -> str | None:
     """GGUF tensor name -> HF name (None for tensors the HF model has no place for). Stacked expert
-    tensors name the first expert's; `hf_tensors` splits them."""
+    tensors name the first expert's; `hf_tensors` splits them. arch: the file's general.architecture,
+    for a family's own names (gguf/families.py)."""
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
@@ -93,24 +98,25 @@ def hf_name(gguf_name: str, mixtral: bool = False) -> str | None:
     mlp = "block_sparse_moe" if mixtral else "mlp"
     if m.group(2) in _EXPERT_NAMES:
         return f"model.layers.{m.group(1)}.{mlp}.experts.0.{_EXPERT_NAMES[m.group(2)][mixtral]}.{m.group(3)}"
-    if m.group(2) in _LAYER_NAMES:
-        name = _LAYER_NAMES[m.group(2)]
+    own = families.NAMES.get(arch, {})
+    if m.group(2) in own or m.group(2) in _LAYER_NAMES:
+        name = own.get(m.group(2)) or _LAYER_NAMES[m.group(2)]
         if mixtral and m.group(2) == "ffn_gate_inp":
             name = "block_sparse_moe.gate"
         return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
     return None
 
 
-def hf_tensors(gguf_name: str, w: torch.Tensor, mixtral: bool) -> dict[str, torch.Tensor]:
+def hf_tensors(gguf_name: str, w: torch.Tensor, mixtral: bool, arch: str | None = None) -> dict[str, torch.Tensor]:
     """One GGUF tensor (dequantized, torch order) -> its HF tensors: stacked experts [E, ...] become
     one per expert; the shared expert's gate vector becomes a [1, hidden] matrix."""
-    target = hf_name(gguf_name, mixtral)
+    target = hf_name(gguf_name, mixtral, arch)
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and m.group(2) in _EXPERT_NAMES:
         return {target.replace(".experts.0.", f".experts.{e}."): w[e].contiguous() for e in range(w.shape[0])}
     if m and m.group(2) == "ffn_gate_inp_shexp":
         return {target: w.reshape(1, -1)}
-    return {target: w}
+    return {target: families.hf_value(arch, gguf_name, w)}
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -176,6 +182,7 @@ def hf_config(g: GGUFFile) -> dict:
                 md, f"{arch}.rope.scaling.original_context_length", "positions")
     elif scaling not in (None, "none"):
         raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} in {g.path} is not supported")
+    cfg.update(families.config(g, arch, cfg))
     check_tensors(g, cfg, arch)
     return cfg
 
@@ -215,15 +222,18 @@ def _state_dict(g: GGUFFile, cfg: dict, progress: bool) -> dict[str, torch.Tenso
     total = sum(int(np.prod(i.shape)) * 4 for i in g.tensors.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"dequantizing {g.path.name}",
               disable=not progress, leave=False) as bar:
+        arch = g.metadata["general.architecture"]
         for name, info in g.tensors.items():
-            target = hf_name(name, mixtral)
+            if name in families.CONSUMED:
+                continue
+            target = hf_name(name, mixtral, arch)
             if target is None:
                 raise UnsupportedArchitectureError(f"GGUF tensor {name!r} in {g.path} has no Hugging Face counterpart")
             w = dequantize_tensor(g, name)
             m = _LAYER_RE.fullmatch(name)
             if permuted and m and m.group(2) in heads:
                 w = unpermute_rope(w, heads[m.group(2)])
-            out.update(hf_tensors(name, w, mixtral))
+            out.update(hf_tensors(name, w, mixtral, arch))
             bar.update(w.numel() * 4)
     return out
 

@@ -103,7 +103,8 @@ def check_tensors(g, cfg: dict, arch: str) -> None:
         extra = sorted(layers - set(range(n)))
         raise ModelLoadError(f"{where_}: {arch}.block_count is {n}, but the file has tensors for "
                              + (f"layer {extra[0]}" if extra else f"{len(layers)} layers"))
-    want = _shapes(cfg)
+    from ridgeline.gguf.families import shapes
+    want = _shapes(cfg) | shapes(arch, cfg)
     for name, info in t.items():
         m = _TENSOR.fullmatch(name)
         kind = m and want.get(m.group(1))
