@@ -49,8 +49,7 @@ def test_prefix_cache_hits_keep_greedy_output(family):
 def test_lossy_formats_run_in_the_stack_near_the_float_logits(family, opts, bound):
     arch, folder, _ = family
     ref, llm = LLM(str(folder), **BASE), LLM(str(folder), **BASE, **opts)
-    if arch != "gemma2":  # its soft-capped attention runs as modules (named)
-        assert all(p is None for p in llm.info.layer_paths)
+    assert all(p is None for p in llm.info.layer_paths)
     for p in PROMPTS[:3]:
         want, got = ref.engine.prompt_logits(p), llm.engine.prompt_logits(p)
         assert got.shape == want.shape

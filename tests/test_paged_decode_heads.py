@@ -65,3 +65,35 @@ def test_int8_keys_read_in_place_for_queries_of_any_magnitude():
     grp = AttnGroup(rows=slice(0, 2), start=key_lens.numpy() - n, n=n, block_tables=tables, key_lens=key_lens)
     want = PagedSDPA()(qr, kv, grp, D ** -0.5, None)
     torch.testing.assert_close(got, want.reshape(got.shape), atol=2e-5, rtol=1e-4)
+
+
+@needs_c
+@pytest.mark.parametrize("k_name,v_name", [("bf16", "bf16"), ("int8", "int8"), ("f32", "f32")])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_soft_capped_scores_match_sdpa(k_name, v_name, tiled):
+    """Gemma 2's attention logit soft-cap in every C path (per-row decode and the tiled prefill kernel, each
+    KV format) against the sdpa backend's cap * tanh(scores / cap) over the same blocks; a small cap, so it
+    changes the result."""
+    NB, bs, Hkv, G, D, cap = 40, 16, 2, 2, 64, 0.5
+    spec = KVCacheSpec(KV_FORMATS[k_name], 1, Hkv, D, bs, KV_FORMATS[v_name])
+    kv = allocate_kv(spec, NB, torch.device("cpu"))[0]
+    g = torch.Generator().manual_seed(7)
+    kv.write(torch.arange(NB * bs), torch.randn(NB * bs, Hkv, D, generator=g), torch.randn(NB * bs, Hkv, D, generator=g))
+    tables = (torch.randperm(NB - 1, generator=g)[:20] + 1).view(1, 20)
+    key_lens = torch.arange(280, 300)  # 20 prompt rows of one sequence, queries at positions 279..299
+    q = torch.randn(20, Hkv * G, D, generator=g)
+    row_seq = torch.zeros(20, dtype=torch.int64)
+    got = cpu_attention.paged_decode(q, kv.k, kv.v, tables, key_lens, D ** -0.5, None, row_seq=row_seq,
+                                     kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale, tiled=tiled,
+                                     softcap=cap)
+    plain = cpu_attention.paged_decode(q, kv.k, kv.v, tables, key_lens, D ** -0.5, None, row_seq=row_seq,
+                                       kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale, tiled=tiled)
+    grp = AttnGroup(rows=slice(0, 20), start=np.array([279]), n=np.array([20]), block_tables=tables,
+                    key_lens=torch.tensor([299]))
+    sdpa = PagedSDPA()
+    sdpa.softcap = cap
+    qr = q if tiled else cpu_attention.decode_query_as_read(q, kv.c_format)
+    want = sdpa(qr, kv, grp, D ** -0.5, None).reshape(got.shape)
+    tol = 2e-5 if k_name == "f32" or not tiled else 2e-2  # the tiled kernel reads bf16 / int8 K in bf16
+    torch.testing.assert_close(got, want, atol=tol, rtol=1e-3)
+    assert (got - plain).abs().max() > 10 * tol

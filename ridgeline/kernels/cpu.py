@@ -89,10 +89,10 @@ _SIGNATURES = {
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
-                               _I64, _I64, _F32, _INT],
+                               _I64, _I64, _F32, _F32, _INT],
     "ridgeline_paged_decode_q_rounding": [_INT, _I64],
     "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64,
-                                  _I64, _I64, _I64, _I64, _F32, _INT],
+                                  _I64, _I64, _I64, _I64, _F32, _F32, _INT],
 }
 
 _RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ridgeline_copy_rows": None,

@@ -16,7 +16,8 @@ HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_v
 WEIGHT_FIELDS = ("format", "data", "scale", "bias")
 LINEARS = ("qkv", "o", "gate_up", "down")
 LAYER_FIELDS = ("in_norm", "post_norm", "window", "kv_format", "k_cache", "v_cache", "k_scale", "v_scale", "q_norm",
-                "k_norm", "moe", "k_centers", "attn_out_norm", "mlp_out_norm", "activation", "cos_sin")
+                "k_norm", "moe", "k_centers", "attn_out_norm", "mlp_out_norm", "activation", "cos_sin",
+                "softcap")
 GROUP_FIELDS = ("row0", "rows", "tables", "max_nb", "row_seq", "key_lens", "tile_len")
 
 

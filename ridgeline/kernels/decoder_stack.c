@@ -14,7 +14,8 @@
  *          row 2 the key-0 offset of the attention kernels, paged_src.h), the sandwich norms on the
  *          attention and MLP outputs (0: none; Gemma 2/3), the MLP activation (0 SiLU, 1 GELU-tanh),
  *          the layer's rotary table [positions, head_dim / 2, 2] (0: the stack's own; Gemma 3's
- *          local layers have their own base), and for each of the four linears a weight descriptor
+ *          local layers have their own base), the attention logit soft-cap (a pointer to one float; 0:
+ *          none; Gemma 2), and for each of the four linears a weight descriptor
  *          [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
@@ -38,13 +39,13 @@ int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                               const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
                               const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                              int64_t window, float scale, int nthreads);
+                              int64_t window, float scale, float softcap, int nthreads);
 int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
 
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
-       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_LINEAR,
+       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_SOFTCAP, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
@@ -155,12 +156,13 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cs, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         ph_lap(PH_ROPE, t0);
+        const float softcap = lp[LP_SOFTCAP] ? *PTR(const float, lp[LP_SOFTCAP]) : 0.f;
         for (int64_t g = 0; g < ngroups && !rc; g++) {
             const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
             rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, k0off, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                             PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
-                                            lp[LP_WINDOW], scale, nt);
+                                            lp[LP_WINDOW], scale, softcap, nt);
         }
         ph_lap(PH_ATTN, t0);
         rc |= ridgeline_stack_linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);

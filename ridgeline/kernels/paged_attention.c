@@ -42,6 +42,7 @@ static void attend_any(const att_src *s, const float *q, const att_range *r, flo
             }
         }
     }
+    soft_cap_all(scores, rows * n, s->softcap);
     for (int64_t i = 0; i < rows; i++) {
         float *sr = scores + i * n, mx = sr[0], sum = 0.f;
         for (int64_t j = 1; j < n; j++) mx = sr[j] > mx ? sr[j] : mx;
@@ -223,7 +224,8 @@ static void partial(const att_src *s, int path, const float *q, const att_range 
                 const int64_t i = (hk - r->h0) * s->G + g;
                 float acc = 0.f;
                 for (int64_t d = 0; d < D; d++) acc += qt[i * D + d] * b->vec[d];
-                add_key(b->m + i, b->l + i, b->u + i * D, acc * s->scale_qk, b->vec + D, D, rest.lo >= rest.hi);
+                add_key(b->m + i, b->l + i, b->u + i * D, soft_capped(acc * s->scale_qk, s->softcap), b->vec + D, D,
+                        rest.lo >= rest.hi);
             }
         }
 }
@@ -273,11 +275,11 @@ static inline void split_range(att_range *r, int64_t first, int64_t len, int64_t
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                            const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                            const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                           int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, int nthreads) {
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (!kv_known(kf) || !kv_known(vf)) return -2;
     const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off};
+                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap};
     const int path = choose_path(kf, vf, D), vrot = kv_rotated(vf);
     const int64_t G = H / Hkv;
     int64_t max_len = 1;

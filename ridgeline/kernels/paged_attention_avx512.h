@@ -145,6 +145,7 @@ CAT(FAST, _nd)(const att_src *s, const float *q, const att_range *r, float *scor
             }
         }
     }
+    soft_cap_all(scores, heads * n, s->softcap);
     for (int64_t i = 0; i < heads; i++) { /* p = exp(s - m), unnormalized: the merge divides once */
         float *sr = scores + i * n;
         __m512 vmax = _mm512_set1_ps(-INFINITY);

@@ -25,7 +25,7 @@
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                            const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                            const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                           int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads);
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, int nthreads);
 
 #ifdef __AVX512F__
 #include "paged_attention_tile.h"
@@ -93,7 +93,7 @@ static void add_key0(const att_src *s, const float *q, const pf_task *t, const i
         if (kv_rotated(s->fmt[0])) kv_fwht(b->qrow, D);
         float acc = 0.f;
         for (int64_t d = 0; d < D; d++) acc += b->qrow[d] * k0[d];
-        add_key(b->m + r, b->l + r, b->o + r * D, acc * s->scale_qk, v0, D, b->l[r] == 0.f);
+        add_key(b->m + r, b->l + r, b->o + r * D, soft_capped(acc * s->scale_qk, s->softcap), v0, D, b->l[r] == 0.f);
     }
 }
 
@@ -132,6 +132,7 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
             for (int k = 0; k < KT; k++)
                 kp[k] = key_vec(s, 0, table, t0 + k, lo, hi, hk), vp[k] = key_vec(s, 1, table, t0 + k, lo, hi, hk);
             PF_BY_RV(qk_bf16, RV, b->qt, kp, b->st, D, s->scale_qk);
+            soft_cap_all(b->st, KT * RP, s->softcap);
             PF_BY_RV(softmax_tile, RV, b->st, b->first, b->len, t0, b->m, b->l, b->alpha);
             pack_p_bf16(b->st, b->pp, RP);
             pack_v_bf16(vp, (uint32_t *)b->vf, D);
@@ -141,6 +142,7 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
 #endif
         deq_tile(s, 0, table, t0, lo, hi, hk, b->kf);
         PF_BY_RV(qk_f32, RV, b->qt, b->kf, b->st, D, s->scale_qk);
+        soft_cap_all(b->st, KT * RP, s->softcap);
         PF_BY_RV(softmax_tile, RV, b->st, b->first, b->len, t0, b->m, b->l, b->alpha);
         deq_tile(s, 1, table, t0, lo, hi, hk, b->vf);
         PF_BY_NE(pv_f32, NE, b->st, b->vf, b->alpha, b->o, rows4, D, RP);
@@ -232,19 +234,20 @@ static int paged_prefill(const float *q, const att_src *src, const int64_t *tabl
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                               const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                               const int64_t *key_lens, const int64_t *tile_len, float *out, int64_t B, int64_t H,
-                              int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale, int nthreads) {
+                              int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
+                              float softcap, int nthreads) {
 #ifdef __AVX512F__
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (tiled_applies(kf, vf, D, H / Hkv, row_seq)) {
         const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off};
+                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap};
         int rc = paged_prefill(q, &src, tables, row_seq, key_lens, tile_len, out, B, H, max_nb, window, nthreads);
         for (int64_t r = 0, e; r < B && !rc; r = e) { /* runs of untiled rows */
             for (e = r; e < B && !tiled_row(row_seq, key_lens, tile_len, e);) e++;
             if (e > r)
                 rc = ridgeline_paged_decode(q + r * H * D, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq + r,
                                             key_lens + r, out + r * H * D, e - r, H, Hkv, D, bs, max_nb, window,
-                                            scale, nthreads);
+                                            scale, softcap, nthreads);
             else
                 e++;
         }
@@ -252,5 +255,5 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
     }
 #endif
     return ridgeline_paged_decode(q, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq, key_lens, out, B, H, Hkv, D, bs,
-                                  max_nb, window, scale, nthreads);
+                                  max_nb, window, scale, softcap, nthreads);
 }

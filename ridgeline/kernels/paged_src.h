@@ -1,6 +1,7 @@
 /* What the attention kernels read (paged_attention.c, paged_prefill.c): the paged K and V caches of
  * one layer in their KV formats (kv_quant.h), and one task's range of positions and KV heads. */
 #pragma once
+#include <math.h>
 #include <stdint.h>
 
 typedef struct {
@@ -14,7 +15,15 @@ typedef struct {
      * (a centered K format, ridgeline/layers/kv_cache.py), and this is added back to it after dequantizing
      * so that its score moves by the same q.center as every other key's (softmax ignores that) */
     const float *k0off;
+    float softcap; /* > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2); 0: none */
 } att_src;
+
+/* the soft-cap of one score, and of n scores in place (nothing without one) */
+static inline float soft_capped(float x, float cap) { return cap > 0.f ? cap * tanhf(x / cap) : x; }
+static inline void soft_cap_all(float *x, int64_t n, float cap) {
+    if (cap > 0.f)
+        for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
 
 /* one task's range: heads [h0, h1) of one row, positions [lo, hi); end_blk: the row's last block */
 typedef struct {

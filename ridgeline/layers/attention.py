@@ -50,7 +50,7 @@ class AttentionBackend:
         """Why this backend cannot serve this cache under this plan, or None if it can."""
         return None
 
-    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2); only sdpa has it
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2); paged_c and sdpa have it
     has_softcap = False
 
     def __call__(self, q: torch.Tensor, kv: LayerKV, g: AttnGroup, scale: float, window: int | None) -> torch.Tensor:
@@ -141,6 +141,8 @@ def sdpa_view(g: AttnGroup, bs: int, G: int, window: int | None, device: torch.d
 
 @register_backend("paged_c")
 class PagedC(AttentionBackend):
+    has_softcap = True
+
     @staticmethod
     def unsupported(kv, plan):
         if not plan.c_attention:
@@ -153,10 +155,11 @@ class PagedC(AttentionBackend):
         if g.row_seq is None:  # one new token per sequence
             return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.key_lens, scale, window,
                                               kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale,
-                                              k0_offset=kv.k0_offset)
+                                              k0_offset=kv.k0_offset, softcap=self.softcap)
         return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
                                           row_seq=g.row_seq, kv_format=kv.c_format, k_scale=kv.k_scale,
-                                          v_scale=kv.v_scale, tile_len=g.tile_len, k0_offset=kv.k0_offset)
+                                          v_scale=kv.v_scale, tile_len=g.tile_len, k0_offset=kv.k0_offset,
+                                          softcap=self.softcap)
 
 
 def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | None = None) -> AttentionBackend:
@@ -169,7 +172,7 @@ def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | N
                                   "attention_backend")
     why = cls.unsupported(kv, plan)
     if why is None and softcap is not None and not cls.has_softcap:
-        why = "it has no attention logit soft-cap, which this model's layers use (sdpa has)"
+        why = "it has no attention logit soft-cap, which this model's layers use (paged_c and sdpa have)"
     if why:
         raise InvalidRequestError(f"attention backend {name}: {why}", "attention_backend")
     backend = cls()

@@ -53,8 +53,6 @@ def _why_not(layer: nn.Module) -> str | None:
         if norm.weight.dtype != torch.float32 or not norm.weight.is_contiguous():
             return "norm weights are not fp32"
     attn = layer.self_attn.attn
-    if attn.softcap is not None:
-        return "attention logit soft-cap (the C attention kernels have none: these layers run sdpa)"
     if not isinstance(attn.backend, PagedC):
         return f"attention backend {attn.backend.name} (the C stack reads the cache with the paged C kernel)"
     if not cpu_stack.runs_kv_format(attn.kv.c_format):
@@ -89,6 +87,7 @@ class CStack:
                                   max(dense, default=0), a0.attn.kv.k.shape[1]], dtype=torch.int64)
         self.moe = next((layer.mlp for layer, why in zip(layers, reasons)
                          if why is None and isinstance(layer.mlp, SparseMoE)), None)  # sizes the MoE scratch
+        self.softcaps: list[torch.Tensor] = []  # the soft-caps the descriptors point at (one fp32 each)
         rows = []
         for layer, why in zip(layers, reasons):
             if why is not None:  # run as modules: never read
@@ -102,7 +101,7 @@ class CStack:
                    _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_centers),
                    _ptr(layer.attn_out_norm.weight if layer.attn_out_norm is not None else None),
                    _ptr(layer.mlp_out_norm.weight if layer.mlp_out_norm is not None else None),
-                   ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin)]
+                   ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin), _ptr(self._softcap(attn.softcap))]
             for lin in _linears(layer):
                 if lin is None:
                     row += [0] * len(cpu_stack.WEIGHT_FIELDS)
@@ -116,6 +115,12 @@ class CStack:
         self.final_norm = model.norm.weight if model.norm is not None else None  # None: not the last stage
         self.num_layers = len(layers)
         self.scratch = torch.empty(0)  # grown to the largest step seen, then reused
+
+    def _softcap(self, cap: float | None) -> torch.Tensor | None:
+        if cap is None:
+            return None
+        self.softcaps.append(torch.tensor([cap], dtype=torch.float32))
+        return self.softcaps[-1]
 
     def __call__(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, first: int,
                  last: int, final_norm: bool, hook=None, capture: list[int] | None = None,
