@@ -71,8 +71,9 @@ def write_family_gguf(folder, path, family: str, qtype) -> None:
         full, local = rope["full_attention"], rope["sliding_attention"]
         w.add_float32("gemma3.rope.freq_base", full["rope_theta"])
         w.add_float32("gemma3.rope.freq_base_swa", local["rope_theta"])
-        w.add_string("gemma3.rope.scaling.type", full["rope_type"])
-        w.add_float32("gemma3.rope.scaling.factor", full["factor"])
+        if full["rope_type"] != "default":
+            w.add_string("gemma3.rope.scaling.type", full["rope_type"])
+            w.add_float32("gemma3.rope.scaling.factor", full["factor"])
     if arch == "phi3":
         rot = int(hd * rope.get("partial_rotary_factor", 1.0))
         w.add_uint32("phi3.rope.dimension_count", rot)
