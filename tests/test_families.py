@@ -14,19 +14,14 @@ from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
 from ridgeline.models.registry import model_class
 from ridgeline.weights.hf_config import load_arch_config
 from conftest import make_tiny_model
-from test_hf_parity import PROMPTS, engine_logits, hf_greedy, hf_model
+from test_hf_parity import PROMPTS, assert_prefill_matches_transformers, engine_logits, hf_greedy, hf_model
 
 
 @pytest.mark.parametrize("chunk", [1000, 5])
 def test_prefill_logits_match_transformers(tiny_family_model, chunk):
     arch, folder = tiny_family_model
     llm = LLM(str(folder), dtype="float32", kv_cache_memory="4MiB", max_model_len=256)
-    ref = hf_model(folder)
-    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
-    for prompt_ids, got in zip(ids, engine_logits(llm, ids, chunk)):
-        with torch.no_grad():
-            want = ref(torch.tensor([prompt_ids])).logits[0]
-        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert_prefill_matches_transformers(llm, folder, chunk)
 
 
 @pytest.mark.parametrize("options", [
@@ -165,3 +160,23 @@ def test_the_text_half_of_a_gemma3_image_text_checkpoint_runs(tmp_path):
         with torch.no_grad():
             want = ref(input_ids=torch.tensor([prompt_ids])).logits[0]
         torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_head_dim_256_one_kv_head_odd_widths(tmp_path):
+    """Gemma 3's head_dim 256 with one KV head, a hidden size that is not a multiple of 64 and a vocabulary
+    that is not a multiple of the head's 48-column groups: every layer in the C stack, bitwise the module
+    path, and transformers' logits."""
+    folder = make_tiny_model(tmp_path / "g3", "gemma3", head_dim=256, num_key_value_heads=1, hidden_size=80,
+                             query_pre_attn_scalar=256, vocab_size=397)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory="8MiB", max_model_len=256)
+    assert all(p is None for p in llm.info.layer_paths)
+    assert_prefill_matches_transformers(llm, folder, 7)
+    model = llm.engine.runner.model.model
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+
+    def run():
+        return [(c.token_ids, [(lp.token_id, lp.logprob) for lp in c.logprobs])
+                for o in llm.generate(PROMPTS, params, use_tqdm=False) for c in o.outputs]
+    with_stack = run()
+    model.segments = [(0, len(model.layers), False)]
+    assert run() == with_stack

@@ -55,17 +55,20 @@ def engine_logits(llm: LLM, prompts_ids: list[list[int]], chunk: int) -> list[to
     return [torch.cat(x) for x in out]
 
 
-@pytest.mark.parametrize("chunk", [1000, 5])
-def test_prefill_logits_match_transformers(tiny_model, chunk):
-    arch, folder = tiny_model
-    llm = LLM(str(folder), dtype="float32", kv_cache_memory="4MiB")
+def assert_prefill_matches_transformers(llm: LLM, folder, chunk: int) -> None:
+    """Every prompt's all-position logits, prefilled in chunks of `chunk`, against transformers' on the folder."""
     ref = hf_model(folder)
     ids = [llm.tokenizer.encode(p) for p in PROMPTS]
-    ours = engine_logits(llm, ids, chunk)
-    for prompt_ids, got in zip(ids, ours):
+    for prompt_ids, got in zip(ids, engine_logits(llm, ids, chunk)):
         with torch.no_grad():
             want = ref(torch.tensor([prompt_ids])).logits[0]
         torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1000, 5])
+def test_prefill_logits_match_transformers(tiny_model, chunk):
+    arch, folder = tiny_model
+    assert_prefill_matches_transformers(LLM(str(folder), dtype="float32", kv_cache_memory="4MiB"), folder, chunk)
 
 
 @pytest.mark.parametrize("options", [

@@ -10,7 +10,7 @@ import torch
 from ridgeline import LLM, SamplingParams
 from ridgeline.layers.moe import SparseMoE
 from conftest import make_tiny_model
-from test_hf_parity import PROMPTS, engine_logits, hf_greedy, hf_model
+from test_hf_parity import PROMPTS, assert_prefill_matches_transformers, engine_logits, hf_greedy, hf_model
 
 
 def _llm(folder, **kw):
@@ -26,12 +26,7 @@ def test_prefill_logits_match_transformers(tiny_new_model, chunk):
     arch, folder = tiny_new_model
     llm = _llm(folder)
     assert all(p is None for p in llm.info.layer_paths)  # every layer in the C stack
-    ref = hf_model(folder)
-    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
-    for prompt_ids, got in zip(ids, engine_logits(llm, ids, chunk)):
-        with torch.no_grad():
-            want = ref(torch.tensor([prompt_ids])).logits[0]
-        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert_prefill_matches_transformers(llm, folder, chunk)
 
 
 @pytest.mark.parametrize("options", [{}, {"max_num_batched_tokens": 7}], ids=["plain", "chunked"])

@@ -38,28 +38,11 @@ int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *ou
     return 0;
 }
 
-int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * I, *u = g + I;
-        float *o = out + t * I;
-        int64_t i = 0;
-#ifdef __AVX512F__
-        for (; i + 16 <= I; i += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + i), one = _mm512_set1_ps(1.f);
-            const __m512 e = vexp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
-        }
-#endif
-        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-    }
-    return 0;
-}
-
-/* GELU's tanh approximation, 0.5 g (1 + tanh(c (g + 0.044715 g^3))), as the identical g sigmoid(2 c (g + ...)):
- * one exp, like silu_mul, and no overflow (exp -> inf gives 0, exp -> 0 gives g) */
+/* out[t, i] = g sigmoid(a) * u, g and u the two halves of gu's row t: a = g is SiLU; a = 2 sqrt(2 / pi) (g +
+ * 0.044715 g^3) makes g sigmoid(a) exactly GELU's tanh approximation 0.5 g (1 + tanh(a / 2)) (Gemma). One exp
+ * per element and no overflow (exp -> inf gives 0, exp -> 0 gives g). */
 #define GELU_2C 1.5957691216057308f /* 2 sqrt(2 / pi) */
-int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+static int gated_mul(const float *gu, float *out, int64_t T, int64_t I, int gelu, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
@@ -69,17 +52,26 @@ int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, i
         const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(-GELU_2C), k = _mm512_set1_ps(0.044715f);
         for (; i + 16 <= I; i += 16) {
             const __m512 gv = _mm512_loadu_ps(g + i);
-            const __m512 z = _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(k, gv), _mm512_mul_ps(gv, gv), gv));
+            const __m512 z = gelu ? _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(k, gv), _mm512_mul_ps(gv, gv), gv))
+                                  : _mm512_sub_ps(_mm512_setzero_ps(), gv);
             const __m512 e = vexp512(z);
             _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
         }
 #endif
         for (; i < I; i++) {
             const float x = g[i];
-            o[i] = x / (1.f + expf(-GELU_2C * (x + 0.044715f * x * x * x))) * u[i];
+            o[i] = x / (1.f + expf(gelu ? -GELU_2C * (x + 0.044715f * x * x * x) : -x)) * u[i];
         }
     }
     return 0;
+}
+
+int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    return gated_mul(gu, out, T, I, 0, nthreads);
+}
+
+int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
+    return gated_mul(gu, out, T, I, 1, nthreads);
 }
 
 /* qkv [T, (H + 2 Hkv) D]: each of the H q heads normed with qw [D], each of the Hkv k heads with kw [D],
