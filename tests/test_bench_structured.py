@@ -12,6 +12,7 @@ import pytest
 from ridgeline.bench.loadgen import LoadConfig, RequestSpec, loop_lag_delta, parse_prometheus, request_body
 from ridgeline.bench.structured_workload import (MIX_EVERY, WORKLOADS, corpus_schemas, forced_share,
                                                  mixed_workload, structured_workload)
+from ridgeline.bench.workloads import chat_workload
 from ridgeline.cli import main
 from ridgeline.weights.tokenizer import Tokenizer
 
@@ -37,7 +38,7 @@ def test_workloads_carry_their_schemas_deterministically(long_llama):
     everyone = structured_workload("structured", tok, len(corpus))
     assert [p.schema for p in everyone] == list(corpus)
     assert json.loads(everyone[0].structured.json) == corpus[everyone[0].schema]
-    mix = mixed_workload(tok, 9, 50, 200)
+    mix = mixed_workload(chat_workload(tok, 9, 50, 200), tok)
     assert [getattr(p, "structured", None) is not None for p in mix] == [i % MIX_EVERY == 0 for i in range(9)]
 
 

@@ -133,11 +133,10 @@ def structured_workload(name: str, tokenizer, num_requests: int, seed: int = 0,
     return out
 
 
-def mixed_workload(tokenizer, num_requests: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
-    from ridgeline.bench.workloads import chat_workload
-    plain = chat_workload(tokenizer, num_requests, min_len, max_len, seed)
-    constrained = structured_workload("structured", tokenizer, num_requests, seed)
-    return [constrained[i] if i % MIX_EVERY == 0 else plain[i] for i in range(num_requests)]
+def mixed_workload(plain: list[list[int]], tokenizer, seed: int = 0) -> list:
+    """The chat prompts `plain` with every MIX_EVERY-th replaced by a constrained one."""
+    constrained = structured_workload("structured", tokenizer, len(plain), seed)
+    return [constrained[i] if i % MIX_EVERY == 0 else plain[i] for i in range(len(plain))]
 
 
 def forced_share(backend, prompts: list[ConstrainedPrompt], outputs: list[list[int]]) -> dict[str, tuple[int, int]]:

@@ -246,7 +246,7 @@ def make_workload(name: str, tokenizer, num_requests: int, *, min_len: int = 50,
         return text_edit_workload(tokenizer, num_requests, seed=seed)
     if name == "structured-mix":
         from ridgeline.bench.structured_workload import mixed_workload
-        return mixed_workload(tokenizer, num_requests, min_len, max_len, seed)
+        return mixed_workload(chat_workload(tokenizer, num_requests, min_len, max_len, seed), tokenizer, seed)
     if name in WORKLOADS and (name.startswith("structured") or name == "tools"):
         from ridgeline.bench.structured_workload import structured_workload
         return structured_workload(name, tokenizer, num_requests, seed=seed)

@@ -183,7 +183,7 @@ def hf_config(g: GGUFFile) -> dict:
     elif scaling not in (None, "none"):
         raise UnsupportedArchitectureError(f"GGUF rope scaling {scaling!r} in {g.path} is not supported")
     cfg.update(families.config(g, arch, cfg))
-    check_tensors(g, cfg, arch)
+    check_tensors(g, cfg, arch, families.shapes(arch, cfg))
     return cfg
 
 

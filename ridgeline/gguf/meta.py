@@ -80,9 +80,10 @@ def meta_numbers(md: dict, key: str, length: int) -> np.ndarray | None:
     return value
 
 
-def check_tensors(g, cfg: dict, arch: str) -> None:
+def check_tensors(g, cfg: dict, arch: str, family_shapes: dict | None = None) -> None:
     """The sizes the metadata gives match the file's tensors: the model built from them reads no more
-    than the file holds. cfg: the HF config hf_config made from g."""
+    than the file holds. cfg: the HF config hf_config made from g; family_shapes: the architecture's own
+    tensor kinds and shapes (gguf/families.py), over the Llama-shaped ones."""
     t, where_ = g.tensors, f"GGUF file {g.path}"
     embd = t["token_embd.weight"].shape
     for name in ("token_embd.weight", "output.weight"):
@@ -103,8 +104,7 @@ def check_tensors(g, cfg: dict, arch: str) -> None:
         extra = sorted(layers - set(range(n)))
         raise ModelLoadError(f"{where_}: {arch}.block_count is {n}, but the file has tensors for "
                              + (f"layer {extra[0]}" if extra else f"{len(layers)} layers"))
-    from ridgeline.gguf.families import shapes
-    want = _shapes(cfg) | shapes(arch, cfg)
+    want = _shapes(cfg) | (family_shapes or {})
     for name, info in t.items():
         m = _TENSOR.fullmatch(name)
         kind = m and want.get(m.group(1))

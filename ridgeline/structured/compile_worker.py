@@ -95,7 +95,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _compile(tok, job: dict) -> dict:
     import llguidance as llg
 
-    from ridgeline.structured.llg import grammar_of_key, limits
+    from ridgeline.structured.llg_grammar import grammar_of_key, limits
     kind, text = job.get("kind"), job.get("text")
     if not isinstance(kind, str) or not isinstance(text, str):
         return {"error": "a malformed compile job"}
