@@ -1,13 +1,15 @@
 """The non-Llama families with the engine's other techniques: lossless ones (n-gram and layer-skip
 speculation, prefix caching, chunked prefill) give greedy output token for token the plain engine's with
-the KV books balanced after every step; lossy ones (int8 / int4 weights, an int8 KV cache) run with the
+the KV books balanced after every step; lossy ones (bf16, int8 / int4 weights, an int8 KV cache) run with the
 layers still in the C stack and stay near the float logits; tensor parallelism matches one process."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import FAMILY_ARCHS, make_tiny_model
 from ridgeline import LLM, SamplingParams
+from ridgeline.kernels import cpu_gemm
 from test_multi_token_steps import PROMPTS, _params, _run
 from test_tensor_parallel import BOUND, _greedy_agree
 
@@ -45,10 +47,13 @@ def test_prefix_cache_hits_keep_greedy_output(family):
 
 
 @pytest.mark.parametrize("opts,bound", [(dict(quantization="int8"), 0.05), (dict(quantization="int4"), 0.5),
-                                        (dict(kv_cache_dtype="int8"), 0.05)], ids=["int8", "int4", "kv-int8"])
+                                        (dict(kv_cache_dtype="int8"), 0.05), (dict(dtype="bfloat16"), 0.05)],
+                         ids=["int8", "int4", "kv-int8", "bf16"])
 def test_lossy_formats_run_in_the_stack_near_the_float_logits(family, opts, bound):
     arch, folder, _ = family
-    ref, llm = LLM(str(folder), **BASE), LLM(str(folder), **BASE, **opts)
+    if opts.get("dtype") == "bfloat16" and not cpu_gemm.available(torch.bfloat16):
+        pytest.skip("this CPU has no packed bf16 kernel, so no C stack for bf16 weights")
+    ref, llm = LLM(str(folder), **BASE), LLM(str(folder), **{**BASE, **opts})
     assert all(p is None for p in llm.info.layer_paths)
     for p in PROMPTS[:3]:
         want, got = ref.engine.prompt_logits(p), llm.engine.prompt_logits(p)
