@@ -44,10 +44,8 @@ def config(g, arch: str, cfg: dict) -> dict:
                "query_pre_attn_scalar": (cfg["hidden_size"] // cfg["num_attention_heads"]
                                          if (arch, layers) in _LARGE else cfg["head_dim"]),
                "tie_word_embeddings": "output.weight" not in g.tensors}
-        window = meta_int(md, f"{arch}.attention.sliding_window", "positions", 0) \
-            if f"{arch}.attention.sliding_window" in md else 0
-        if window:
-            out["sliding_window"] = window
+        if md.get(f"{arch}.attention.sliding_window", 0):
+            out["sliding_window"] = meta_int(md, f"{arch}.attention.sliding_window", "positions")
             out["sliding_window_pattern"] = 2 if arch == "gemma2" else meta_int(
                 md, f"{arch}.attention.sliding_window_pattern", "layers", 6)
         if arch == "gemma2":
@@ -64,8 +62,7 @@ def config(g, arch: str, cfg: dict) -> dict:
         rot = meta_int(md, "phi3.rope.dimension_count", "head_dim", cfg["head_dim"])
         if rot != cfg["head_dim"]:
             out["partial_rotary_factor"] = rot / cfg["head_dim"]
-        window = md.get("phi3.attention.sliding_window", 0)
-        if window:
+        if md.get("phi3.attention.sliding_window", 0):  # Phi-4 writes 0: none
             out["sliding_window"] = meta_int(md, "phi3.attention.sliding_window", "positions")
         if "rope_factors_long.weight" in g.tensors:
             from ridgeline.gguf.dequant import dequantize_tensor

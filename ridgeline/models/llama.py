@@ -133,7 +133,9 @@ class Model(nn.Module):
                 theta, scaling = spec.rope
                 rotaries[spec.rope] = Rotary(cfg.head_dim, max_positions, theta, dict(scaling) if scaling else None,
                                              cfg.rotary_dim)
-        self.embed_scale = cfg.embed_scale
+        # Gemma's sqrt(hidden), rounded to the activations' dtype as transformers rounds it (None: no scale)
+        self.embed_scale = None if cfg.embed_scale is None else \
+            torch.tensor(cfg.embed_scale, dtype=opts.act_dtype, device="cpu").item()
         st = self.stage = opts.stage
         self.embed_tokens = None  # a middle stage, or the last one with an untied head
         if st is None or st.first or (st.last and cfg.tie_word_embeddings):  # a tied head is the table
@@ -186,8 +188,8 @@ class Model(nn.Module):
             x = cpu_ops.embed(self.embed_tokens.weight, input_ids)
         else:
             x = self.embed_tokens(input_ids).to(self.act_dtype)
-        if self.embed_scale is not None:  # Gemma: times sqrt(hidden) rounded to the activations' dtype
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         return x
 
     def _reducing(self, hook: Hook | None) -> Hook | None:

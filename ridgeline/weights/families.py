@@ -5,7 +5,7 @@ module path and the C decoder stack read alike. A new architecture of known part
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,16 @@ FAMILIES: dict[str, Family] = {
     "Gemma2ForCausalLM": GEMMA2,
     "Gemma3ForCausalLM": GEMMA3,
     # the text half of a Gemma 3 image-text checkpoint (transformers 4 and 5 nest it differently)
-    "Gemma3ForConditionalGeneration": Family(**{**GEMMA3.__dict__, "prefixes": (
-        ("language_model.model.", "model."), ("model.language_model.", "model."), ("language_model.lm_head.", "lm_head.")),
-        "skipped": ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
-        "defaults": (("vocab_size", 262208), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("head_dim", 256),
-                     ("hidden_activation", "gelu_pytorch_tanh"), ("max_position_embeddings", 131072),
-                     ("rms_norm_eps", 1e-6), ("rope_theta", 1e6), ("rope_local_base_freq", 10000.0),
-                     ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
-                     ("tie_word_embeddings", True))}),
+    "Gemma3ForConditionalGeneration": replace(
+        GEMMA3,
+        prefixes=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head.")),
+        skipped=("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."),
+        defaults=(("vocab_size", 262208), ("num_attention_heads", 8), ("num_key_value_heads", 4), ("head_dim", 256),
+                  ("hidden_activation", "gelu_pytorch_tanh"), ("max_position_embeddings", 131072),
+                  ("rms_norm_eps", 1e-6), ("rope_theta", 1e6), ("rope_local_base_freq", 10000.0),
+                  ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
+                  ("tie_word_embeddings", True))),
     "Phi3ForCausalLM": Family(fused_checkpoint=True),
 }
 
