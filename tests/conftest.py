@@ -63,6 +63,9 @@ FAMILY_SHAPES = {
     "phi4": dict(pad_token_id=0, partial_rotary_factor=0.75, original_max_position_embeddings=256, tie_word_embeddings=True,
                  rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 1.2, 1.1, 1.0],
                                "long_factor": [2.0] * 6}),
+    # sinks, alternating windowed and global layers, YaRN (its default), biased router and experts, clamped SwiGLU
+    "gpt_oss": dict(head_dim=16, sliding_window=6, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+                    intermediate_size=64, swiglu_limit=0.5, tie_word_embeddings=False),
 }
 FAMILY_ARCHS = tuple(FAMILY_SHAPES)
 
@@ -75,7 +78,7 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
                "mixtral": transformers.MixtralConfig, "qwen2_moe": transformers.Qwen2MoeConfig,
                "qwen3_moe": transformers.Qwen3MoeConfig, "gemma2": transformers.Gemma2Config,
                "gemma3": transformers.Gemma3TextConfig, "phi3": transformers.Phi3Config,
-               "phi4": transformers.Phi3Config}[arch]
+               "phi4": transformers.Phi3Config, "gpt_oss": transformers.GptOssConfig}[arch]
     tok = _byte_tokenizer()
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -96,6 +99,8 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path
         for name, p in model.named_parameters():  # norms off their init (Gemma's is 1 + 0: all alike otherwise)
             if arch in FAMILY_SHAPES and name.endswith("norm.weight"):
                 p.add_(torch.randn_like(p) * 0.2)
+            if name.endswith(("sinks", "_bias")):  # GPT-OSS's sinks and expert biases (zero at init): large enough to matter
+                p.add_(torch.randn_like(p) * (1.0 if name.endswith("sinks") else 0.1))
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(

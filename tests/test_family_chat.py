@@ -1,7 +1,8 @@
 """Each family's chat template and special tokens through `chat`: the template's turn markers encode as
 their single special ids, text typed to look like them stays text, the family's end-of-turn token stops
 generation, and the reply comes back without it. Templates are written here as fixtures in each
-family's format (Gemma 2/3: <start_of_turn>/<end_of_turn> with role "model"; Phi-3/4: <|user|> ... <|end|>)."""
+family's format (Gemma 2/3: <start_of_turn>/<end_of_turn> with role "model"; Phi-3/4: <|user|> ... <|end|>;
+GPT-OSS: harmony's <|start|>role<|message|> ... <|end|>, replies ending in <|return|>)."""
 from __future__ import annotations
 
 import json
@@ -16,12 +17,17 @@ GEMMA = ("{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role
          "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 PHI = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
        "{% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}")
+# GPT-OSS's harmony turns (its analysis / final channels are the reply's own tokens)
+HARMONY = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+           "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
 # family -> (template, its special tokens, the end-of-turn token, bos, eos)
 FAMILIES = {
     "gemma3": (GEMMA, ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<end_of_turn>", "<bos>", "<eos>"),
     "gemma2": (GEMMA, ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<end_of_turn>", "<bos>", "<eos>"),
     "phi3": (PHI, ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"], "<|end|>", None,
              "<|endoftext|>"),
+    "gpt_oss": (HARMONY, ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>",
+                          "<|endoftext|>"], "<|return|>", None, "<|endoftext|>"),
 }
 
 
@@ -58,6 +64,9 @@ def test_family_chat_templates_run_through_chat(tmp_path, family):
     if family.startswith("gemma"):
         assert text.startswith("<bos><start_of_turn>user\nhi ") and text.endswith("<end_of_turn>\n<start_of_turn>model\n")
         assert marks == [tok.token_to_id(t) for t in ("<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_turn>")]
+    elif family == "gpt_oss":
+        assert text.startswith("<|start|>user<|message|>hi ") and text.endswith("<|end|><|start|>assistant")
+        assert marks == [tok.token_to_id(t) for t in ("<|start|>", "<|message|>", "<|end|>", "<|start|>")]
     else:
         assert text.startswith("<|user|>\nhi ") and text.endswith("<|end|>\n<|assistant|>\n")
         assert marks == [tok.token_to_id(t) for t in ("<|user|>", "<|end|>", "<|assistant|>")]

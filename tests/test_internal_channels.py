@@ -164,8 +164,11 @@ def test_the_plan_listener_refuses_strangers_and_admits_the_ranks(tmp_path, capl
         t.start()
         with socket.create_connection(("127.0.0.1", port)) as s:  # a pickle instead of a handshake
             s.sendall(pickle.dumps(Canary(str(canary))) * 100)
-            s.shutdown(socket.SHUT_WR)
-            s.recv(1 << 16)
+            try:
+                s.shutdown(socket.SHUT_WR)
+                s.recv(1 << 16)
+            except OSError:  # the listener dropped the stranger first (ENOTCONN / ECONNRESET under load)
+                pass
         wrong = plan_channel.dial("127.0.0.1", port, 1, 10)  # a peer with another secret
         with pytest.raises(Exception):
             plan_channel.PlanFollower(wrong, b"x" * 32, 1)

@@ -25,6 +25,16 @@ def test_rmsnorm_with_and_without_residual(T, H):
 
 
 @pytest.mark.parametrize("T,I", [(1, 1536), (3, 37), (100, 80)])
+def test_clamped_swiglu_matches_transformers_formula(T, I):
+    """GPT-OSS's experts: gate clamped above, up on both sides, gate * sigmoid(alpha gate) * (up + 1)."""
+    torch.manual_seed(T + I)
+    gu = torch.randn(T, 2 * I) * 8  # well past the limit both ways
+    gate, up = gu[:, :I].clamp(max=7.0), gu[:, I:].clamp(-7.0, 7.0)
+    want = (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+    torch.testing.assert_close(cpu_ops.swiglu_clamp_mul(gu, 1.702, 7.0), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T,I", [(1, 1536), (3, 37), (100, 80)])
 def test_silu_mul(T, I):
     torch.manual_seed(T * I)
     gu = torch.randn(T, 2 * I) * 6

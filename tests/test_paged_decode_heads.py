@@ -97,3 +97,70 @@ def test_soft_capped_scores_match_sdpa(k_name, v_name, tiled):
     tol = 2e-5 if k_name == "f32" or not tiled else 2e-2  # the tiled kernel reads bf16 / int8 K in bf16
     torch.testing.assert_close(got, want, atol=tol, rtol=1e-3)
     assert (got - plain).abs().max() > 10 * tol
+
+
+def _sink_reference(q, keys, values, lens, sinks, scale, window):
+    """transformers' eager GPT-OSS attention for each row: the sink as a last logit, dropped after the softmax.
+    q [R, H, D]; keys, values [R, L, Hkv, D] each row's sequence in position order; lens [R] keys seen."""
+    R, H, D = q.shape
+    G = H // keys.shape[2]
+    out = []
+    for r in range(R):
+        n = int(lens[r])
+        first = max(0, n - window) if window else 0
+        k, v = keys[r, first:n].repeat_interleave(G, dim=1), values[r, first:n].repeat_interleave(G, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[r], k) * scale
+        p = torch.softmax(torch.cat([s, sinks[:, None]], dim=1), dim=1)[:, :-1]
+        out.append(torch.einsum("hl,lhd->hd", p, v).reshape(-1))
+    return torch.stack(out)
+
+
+@needs_c
+@pytest.mark.parametrize("rows", ["decode-split", "decode-rows", "prefill-tiled", "prefill-per-row"])
+@pytest.mark.parametrize("window", [None, 40])
+def test_attention_sinks_match_transformers_formula(rows, window):
+    """GPT-OSS's sinks (one logit per query head in its softmax, no value) in every C path: decode rows split
+    over threads (one row) or a task a row (many rows), the tiled prefill kernel and the per-row kernel for
+    prefill rows, with and without a window; against the formula transformers computes, on fp32 K and V."""
+    NB, bs, Hkv, G, D = 60, 16, 2, 3, 64
+    spec = KVCacheSpec(KV_FORMATS["f32"], 1, Hkv, D, bs, KV_FORMATS["f32"])
+    kv = allocate_kv(spec, NB, torch.device("cpu"))[0]
+    g = torch.Generator().manual_seed(11)
+    K, V = torch.randn(NB * bs, Hkv, D, generator=g), torch.randn(NB * bs, Hkv, D, generator=g)
+    kv.write(torch.arange(NB * bs), K, V)
+    table = (torch.randperm(NB - 1, generator=g)[:40] + 1).view(1, 40)
+    slots = (table[0, :, None] * bs + torch.arange(bs)).reshape(-1)  # position -> slot of the one sequence
+    sinks = torch.randn(Hkv * G, generator=g) * 3
+    prefill = rows.startswith("prefill")
+    key_lens = torch.arange(580, 600) if prefill else (torch.tensor([600]) if rows == "decode-split"
+                                                       else torch.tensor([600, 31, 300, 1, 512, 77]))
+    R = len(key_lens)
+    q = torch.randn(R, Hkv * G, D, generator=g)
+    row_seq = torch.zeros(R, dtype=torch.int64)
+    tables = table if prefill else table.repeat(R, 1)
+    got = cpu_attention.paged_decode(q, kv.k, kv.v, tables, key_lens, D ** -0.5, window,
+                                     row_seq=row_seq if prefill else None, tiled=rows == "prefill-tiled",
+                                     sinks=sinks)
+    want = _sink_reference(q, K[slots].expand(R, -1, -1, -1), V[slots].expand(R, -1, -1, -1), key_lens, sinks,
+                           D ** -0.5, window)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    plain = cpu_attention.paged_decode(q, kv.k, kv.v, tables, key_lens, D ** -0.5, window,
+                                       row_seq=row_seq if prefill else None, tiled=rows == "prefill-tiled")
+    assert (got - plain).abs().max() > 1e-2  # the sinks change the result
+    if prefill:  # the sdpa backend's sinks agree
+        grp = AttnGroup(rows=slice(0, R), start=np.array([579]), n=np.array([R]), block_tables=tables,
+                        key_lens=torch.tensor([599]))
+        sdpa = PagedSDPA()
+        sdpa.sinks = sinks
+        torch.testing.assert_close(sdpa(q, kv, grp, D ** -0.5, window).reshape(got.shape), want, atol=2e-5,
+                                   rtol=1e-4)
+
+
+@needs_c
+def test_sinks_of_the_wrong_shape_are_refused():
+    spec = KVCacheSpec(KV_FORMATS["f32"], 1, 2, 64, 16, KV_FORMATS["f32"])
+    kv = allocate_kv(spec, 4, torch.device("cpu"))[0]
+    q = torch.randn(1, 4, 64)
+    with pytest.raises(ValueError, match="sinks"):
+        cpu_attention.paged_decode(q, kv.k, kv.v, torch.zeros(1, 1, dtype=torch.int64), torch.tensor([1]), 0.125,
+                                   None, sinks=torch.zeros(3))

@@ -1,8 +1,8 @@
 """A rank's slice of each checkpoint tensor, cut as it is read (one tensor at a time, so no rank ever
 holds the whole model), and the per-rank architecture its modules are built with.
 
-Column-parallel (output rows split): q, k, v (whole heads of the rank's GQA groups), gate and up
-(MLP width), the vocabulary (embedding and LM head rows, zero-padded to the chunk). Row-parallel
+Column-parallel (output rows split): q, k, v (whole heads of the rank's GQA groups) and the attention
+sinks (one per query head), gate and up (MLP width), the vocabulary (embedding and LM head rows, zero-padded to the chunk). Row-parallel
 (input columns split): o (the rank's query heads) and down (MLP width); their partial sums are
 all-reduced in the stack's hooks, so a row-parallel bias is loaded on rank 0 only (added once).
 GGUF blocks split as blocks: rows freely, columns only at block boundaries.
@@ -65,10 +65,15 @@ class Slicer:
         return self.s.inter
 
     def __call__(self, target: str, shard: int | None, tensor):
+        if not isinstance(tensor, (torch.Tensor, GGUFBlocks)):  # an MXFP4 checkpoint's blocks
+            raise ModelLoadError(f"{target}: {type(tensor).__name__} cannot be split across tensor-parallel ranks "
+                                 "yet; use tensor_parallel_size 1 (or expert parallelism)")
         if target in _VOCAB:
             a, b = self.s.vocab
             return _pad_rows(_rows(tensor, a, b), self.s.vocab_chunk)
         owner, _, param = target.rpartition(".")
+        if param == "sinks":  # one per query head (GPT-OSS): the rank's heads
+            return _rows(tensor, *self.s.heads)
         kind = owner.rpartition(".")[2]
         if kind not in _COLUMN and kind not in _ROW:
             return tensor  # norms, routers, gates: replicated

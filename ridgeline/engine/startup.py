@@ -7,7 +7,7 @@ from ridgeline.config import EngineConfig
 from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.build_options import layer_format_rules
 from ridgeline.models.registry import model_class
-from ridgeline.weights import fp8_checkpoint
+from ridgeline.weights import fp8_checkpoint, mxfp4_checkpoint
 from ridgeline.weights.quant_checkpoint import folder_quantization
 from ridgeline.formats.options import implied_rules as quant_implied_rules
 
@@ -30,6 +30,8 @@ def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, p
     ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if mc.quantization == "auto" else None
     if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
         default, rules = ckpt[0], rules + ckpt[1]
+    if mc.quantization == "auto":  # an MXFP4 checkpoint keeps its experts' blocks (none decodes them to floats)
+        rules = rules + mxfp4_checkpoint.checkpoint_rules(folder)
     return layer_format_rules(rules, default, plan), None, quant
 
 

@@ -76,6 +76,7 @@ _SIGNATURES = {
     "ridgeline_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
     "ridgeline_silu_mul": [_PTR, _PTR, _I64, _I64, _INT],
     "ridgeline_gelu_tanh_mul": [_PTR, _PTR, _I64, _I64, _INT],
+    "ridgeline_swiglu_clamp_mul": [_PTR, _PTR, _I64, _I64, _F32, _F32, _INT],
     "ridgeline_embed": [_PTR, _INT, _PTR, _I64, _I64, _I64, _PTR],
     "ridgeline_linear_argmax": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _INT, _INT],
     "ridgeline_td_last_live_groups": [],
@@ -89,10 +90,10 @@ _SIGNATURES = {
     "ridgeline_qk_norm": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _F32, _INT],
     "ridgeline_rope_kv": [_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _INT],
     "ridgeline_paged_decode": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64,
-                               _I64, _I64, _F32, _F32, _INT],
+                               _I64, _I64, _F32, _F32, _PTR, _INT],
     "ridgeline_paged_decode_q_rounding": [_INT, _I64],
     "ridgeline_paged_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64,
-                                  _I64, _I64, _I64, _I64, _F32, _F32, _INT],
+                                  _I64, _I64, _I64, _I64, _F32, _F32, _PTR, _INT],
 }
 
 _RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ridgeline_copy_rows": None,

@@ -15,7 +15,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  row_seq: torch.Tensor | None = None, kv_format: int | None = None,
                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                  tiled: bool = True, tile_len: torch.Tensor | None = None,
-                 k0_offset: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+                 k0_offset: torch.Tensor | None = None, softcap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [R, H, D]; caches [NB, bs, Hkv, units] stored as kv_format = K code | V code << 8
     (layers/kv_cache.py C_KV_FORMATS; default: fp32 or bf16 from their dtypes), quantized ones with
     their fp16 scales [NB, bs, Hkv, n]; block_tables [S, nb] int64; key_lens [R] int64
@@ -26,7 +27,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lengths): only rows with key_lens <= tile_len[row_seq] are tiled, the others take the per-row kernel.
     k0_offset [Hkv, D] fp32 contiguous: added to the dequantized key at position 0 of every sequence
     (a centered K stores that key minus a center of its own, layers/kv_cache.py). softcap: scores ->
-    softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
+    softcap * tanh(scores / softcap) before the softmax (Gemma 2). sinks [H] fp32 contiguous: one learned
+    logit per query head that joins its softmax as a key with no value (GPT-OSS's attention sinks)."""
+    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.numel() != q.shape[1]):
+        raise ValueError(f"sinks must be fp32 contiguous [{q.shape[1]}], got {sinks.dtype} {tuple(sinks.shape)}")
     B, H, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     qf = q.to(torch.float32).contiguous()
@@ -39,12 +43,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         rc = lib.ridgeline_paged_attention(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
                                            _ptr(v_scale), _ptr(k0_offset), kv_format, tables, rows, lens,
                                            _ptr(tile_len), out.data_ptr(), B, H, Hkv, D, bs, block_tables.shape[1],
-                                           window or 0, scale, softcap or 0.0, torch.get_num_threads())
+                                           window or 0, scale, softcap or 0.0, _ptr(sinks), torch.get_num_threads())
     else:
         rc = lib.ridgeline_paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _ptr(k_scale),
                                         _ptr(v_scale), _ptr(k0_offset), kv_format, tables, rows, lens, out.data_ptr(),
                                         B, H, Hkv, D, bs, block_tables.shape[1], window or 0, scale,
-                                        softcap or 0.0, torch.get_num_threads())
+                                        softcap or 0.0, _ptr(sinks), torch.get_num_threads())
     if rc == -2:
         raise ValueError(f"paged_decode: unknown KV format code {kv_format}")
     if rc:

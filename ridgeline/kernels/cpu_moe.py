@@ -17,7 +17,7 @@ from ridgeline.kernels import cpu
 ROUTE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                          ctypes.c_int64, ctypes.c_void_p)
 # header fields of a descriptor (moe.c MD_*), then two weight descriptors (gate_up, down) per expert
-HEADER = ("experts", "top_k", "inter", "norm_topk", "shared_inter", "counts", "dispatch")
+HEADER = ("experts", "top_k", "inter", "norm_topk", "shared_inter", "counts", "dispatch", "act", "act_params")
 WEIGHTS = ("router", "shared_gate_up", "shared_down", "shared_gate")
 WEIGHT_FIELDS = 4
 # dispatch(layer, x pointer, out pointer, T, H) -> 0, or non-zero to abort the step

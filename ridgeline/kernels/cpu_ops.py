@@ -37,6 +37,16 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def swiglu_clamp_mul(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gate_up [T, 2I] fp32 contiguous -> GPT-OSS's clamped SwiGLU [T, I]: g = min(gate, limit),
+    u = clamp(up, -limit, limit), g * sigmoid(alpha * g) * (u + 1)."""
+    T, I2 = gate_up.shape
+    out = torch.empty(T, I2 // 2, dtype=torch.float32)
+    cpu.lib().ridgeline_swiglu_clamp_mul(gate_up.data_ptr(), out.data_ptr(), T, I2 // 2, alpha, limit,
+                                         torch.get_num_threads())
+    return out
+
+
 def qk_norm(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, H: int, Hkv: int,
             D: int) -> None:
     """qkv [T, (H + 2 Hkv) D] fp32 contiguous: every q head normed with q_weight [D] and every k head

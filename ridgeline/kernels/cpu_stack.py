@@ -17,7 +17,7 @@ WEIGHT_FIELDS = ("format", "data", "scale", "bias")
 LINEARS = ("qkv", "o", "gate_up", "down")
 LAYER_FIELDS = ("in_norm", "post_norm", "window", "kv_format", "k_cache", "v_cache", "k_scale", "v_scale", "q_norm",
                 "k_norm", "moe", "k_centers", "attn_out_norm", "mlp_out_norm", "activation", "cos_sin",
-                "softcap")
+                "softcap", "sinks", "act_params")
 GROUP_FIELDS = ("row0", "rows", "tables", "max_nb", "row_seq", "key_lens", "tile_len")
 
 

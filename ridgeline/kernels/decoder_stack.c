@@ -12,10 +12,12 @@
  *          scale pointers (0 for float formats), q/k norm weights [head_dim] (0: none), the MoE
  *          descriptor (moe.c; 0: a dense MLP), the K centers [3, Hkv, D] (0: none; rows 0-1 for rope_kv,
  *          row 2 the key-0 offset of the attention kernels, paged_src.h), the sandwich norms on the
- *          attention and MLP outputs (0: none; Gemma 2/3), the MLP activation (0 SiLU, 1 GELU-tanh),
+ *          attention and MLP outputs (0: none; Gemma 2/3), the MLP activation (0 SiLU, 1 GELU-tanh, 2 clamped SwiGLU),
  *          the layer's rotary table [positions, head_dim / 2, 2] (0: the stack's own; Gemma 3's
  *          local layers have their own base), the attention logit soft-cap (a pointer to one float; 0:
- *          none; Gemma 2), and for each of the four linears a weight descriptor
+ *          none; Gemma 2), the attention sinks [heads] (0: none; GPT-OSS), the activation's parameters
+ *          (fp32 [alpha, limit] of the clamped SwiGLU, activation 2; GPT-OSS), and for each of the four
+ *          linears a weight descriptor
  *          [format, data, scale, bias] (bias may be 0)
  * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
@@ -33,23 +35,26 @@ int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *ou
                       int nthreads);
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
 int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
+int ridgeline_swiglu_clamp_mul(const float *gu, float *out, int64_t T, int64_t I, float alpha, float limit,
+                               int nthreads);
 int ridgeline_rope_kv(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                       const float *cs, const int64_t *slots, void *kc, void *vc, uint16_t *ksc, uint16_t *vsc,
                       int kv_formats, const float *kshift, int nthreads);
 int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                               const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq, const int64_t *key_lens,
                               const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
-                              int64_t window, float scale, float softcap, int nthreads);
+                              int64_t window, float scale, float softcap, const float *sinks, int nthreads);
 int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
 
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
-       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_SOFTCAP, LP_LINEAR,
+       LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_SOFTCAP, LP_SINKS,
+       LP_ACT_PARAMS, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
-enum { ACT_SILU, ACT_GELU_TANH };
+enum { ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_CLAMP };
 
 typedef int (*stack_hook)(int64_t layer, int64_t where, float *x, int64_t T, int64_t H);
 typedef int (*moe_route_fn)(int64_t layer, const float *probs, int64_t T, int64_t E, int64_t k, int64_t *idx);
@@ -162,7 +167,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, k0off, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                             PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],
-                                            lp[LP_WINDOW], scale, softcap, nt);
+                                            lp[LP_WINDOW], scale, softcap, PTR(const float, lp[LP_SINKS]), nt);
         }
         ph_lap(PH_ATTN, t0);
         rc |= ridgeline_stack_linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
@@ -180,6 +185,10 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             ph_lap(PH_GATE_UP, t0);
             if (lp[LP_ACT] == ACT_GELU_TANH)
                 ridgeline_gelu_tanh_mul(gu, act, T, I, nt);
+            else if (lp[LP_ACT] == ACT_SWIGLU_CLAMP) {
+                const float *ap = PTR(const float, lp[LP_ACT_PARAMS]);
+                ridgeline_swiglu_clamp_mul(gu, act, T, I, ap[0], ap[1], nt);
+            }
             else
                 ridgeline_silu_mul(gu, act, T, I, nt);
             ph_lap(PH_ACT, t0);

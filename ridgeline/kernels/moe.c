@@ -11,7 +11,9 @@
  * Every output row is computed by the same kernels in the same order whatever else is in the batch.
  *
  * desc (int64): [MD_FIELDS] header, then per expert two weight descriptors (gate_up, down), each
- * [format, data, scale, bias] as in decoder_stack.c. counts (header, may be 0): int64 [E + 2] that
+ * [format, data, scale, bias] as in decoder_stack.c (the router's and the experts' biases, where the model
+ * has them, are added by the matmul). act (header): the experts' activation, 0 SiLU or 2 GPT-OSS's clamped
+ * SwiGLU with act_params pointing at fp32 [alpha, limit]. counts (header, may be 0): int64 [E + 2] that
  * accumulates how many (token, slot) pairs each expert received (the per-expert load), then the
  * experts that ran (had a token) and the calls: experts touched per call = [E] / [E + 1].
  * dispatch (header, may be 0): a moe_dispatch_fn that computes the whole layer instead (expert
@@ -27,7 +29,8 @@
 #include <string.h>
 
 enum { LW_FIELDS = 4 };
-enum { MD_EXPERTS, MD_TOPK, MD_INTER, MD_NORM_TOPK, MD_SHARED_INTER, MD_COUNTS, MD_DISPATCH, MD_ROUTER,
+enum { MD_EXPERTS, MD_TOPK, MD_INTER, MD_NORM_TOPK, MD_SHARED_INTER, MD_COUNTS, MD_DISPATCH, MD_ACT, MD_ACT_PARAMS,
+       MD_ROUTER,
        MD_SHARED_GATE_UP = MD_ROUTER + LW_FIELDS, MD_SHARED_DOWN = MD_SHARED_GATE_UP + LW_FIELDS,
        MD_SHARED_GATE = MD_SHARED_DOWN + LW_FIELDS, MD_EXPERT0 = MD_SHARED_GATE + LW_FIELDS, MD_FIELDS = MD_EXPERT0 };
 
@@ -38,6 +41,18 @@ typedef int (*moe_dispatch_fn)(int64_t layer, const float *x, float *out, int64_
 
 int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads);
+int ridgeline_swiglu_clamp_mul(const float *gu, float *out, int64_t T, int64_t I, float alpha, float limit,
+                               int nthreads);
+
+/* the experts' activation: SiLU * up, or (MD_ACT 2) GPT-OSS's clamped SwiGLU with [alpha, limit] */
+static void activate(const int64_t *desc, const float *gu, float *act, int64_t n, int64_t I, int nt) {
+    if (desc[MD_ACT] == 2) {
+        const float *ap = (const float *)(intptr_t)desc[MD_ACT_PARAMS];
+        ridgeline_swiglu_clamp_mul(gu, act, n, I, ap[0], ap[1], nt);
+    } else {
+        ridgeline_silu_mul(gu, act, n, I, nt);
+    }
+}
 
 int ridgeline_moe_fields(void) { return MD_FIELDS; }
 
@@ -103,7 +118,7 @@ static int expert(const int64_t *desc, int64_t e, int64_t r0, int64_t n, int64_t
                   float *gu, float *act, float *ys, int nt) {
     const int64_t *we = desc + MD_EXPERT0 + e * 2 * LW_FIELDS;
     int rc = ridgeline_stack_linear(we, xs + r0 * H, gu + r0 * 2 * I, n, 2 * I, H, nt);
-    ridgeline_silu_mul(gu + r0 * 2 * I, act + r0 * I, n, I, nt);
+    activate(desc, gu + r0 * 2 * I, act + r0 * I, n, I, nt);
     return rc | ridgeline_stack_linear(we + LW_FIELDS, act + r0 * I, ys + r0 * H, n, H, I, nt);
 }
 

@@ -3,6 +3,8 @@
  *   rmsnorm:  residual += x (optional), out = residual / rms(residual) * w
  *   silu_mul: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
  *   gelu_tanh_mul: out[t, i] = gelu_tanh(gu[t, i]) * gu[t, I + i] (Gemma)
+ *   swiglu_clamp_mul: g = min(gu[t, i], limit), u = clamp(gu[t, I + i], -limit, limit),
+ *             out[t, i] = g sigmoid(alpha g) (u + 1) (GPT-OSS's experts)
  *   qk_norm:  per-head RMSNorm of the q and k heads inside the fused qkv rows, in place (Qwen3)
  *   rope_kv:  rotate q and k inside the fused qkv rows (interleaved pairs), write k and v into the
  *             paged KV cache at their slots, in its formats (kv_quant.h: fp32, bf16, fp16, int8, int4,
@@ -72,6 +74,33 @@ int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nt
 
 int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
     return gated_mul(gu, out, T, I, 1, nthreads);
+}
+
+/* GPT-OSS's clamped SwiGLU, in the order transformers computes it: the clamps, then g sigmoid(alpha g),
+ * then (u + 1) times that */
+int ridgeline_swiglu_clamp_mul(const float *gu, float *out, int64_t T, int64_t I, float alpha, float limit,
+                               int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        const __m512 one = _mm512_set1_ps(1.f), lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
+        const __m512 na = _mm512_set1_ps(-alpha);
+        for (; i + 16 <= I; i += 16) {
+            const __m512 gv = _mm512_min_ps(_mm512_loadu_ps(g + i), lim);
+            const __m512 uv = _mm512_max_ps(_mm512_min_ps(_mm512_loadu_ps(u + i), lim), nlim);
+            const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(one, vexp512(_mm512_mul_ps(na, gv))));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_add_ps(uv, one), glu));
+        }
+#endif
+        for (; i < I; i++) {
+            const float x = g[i] < limit ? g[i] : limit, y = u[i] < limit ? (u[i] > -limit ? u[i] : -limit) : limit;
+            o[i] = (y + 1.f) * (x / (1.f + expf(-alpha * x)));
+        }
+    }
+    return 0;
 }
 
 /* qkv [T, (H + 2 Hkv) D]: each of the H q heads normed with qw [D], each of the Hkv k heads with kw [D],

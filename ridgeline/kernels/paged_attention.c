@@ -250,11 +250,12 @@ static __attribute__((noinline)) void merge(float *M, float *L, float *U, const 
     }
 }
 
-/* out rows = U / L, rotated back for a rotated V (H is its own inverse) */
-static __attribute__((noinline)) void finish(const float *L, const float *U, float *out, int64_t rows, int64_t D,
-                                             int rotated) {
+/* out rows = U / L (L with row i's sink added: sinks NULL or the rows' heads' sinks), rotated back for a
+ * rotated V (H is its own inverse) */
+static __attribute__((noinline)) void finish(const float *M, const float *L, const float *U, const float *sinks,
+                                             float *out, int64_t rows, int64_t D, int rotated) {
     for (int64_t i = 0; i < rows; i++) {
-        const float inv = 1.f / L[i];
+        const float inv = 1.f / denominator(L[i], M[i], sinks, i);
         for (int64_t d = 0; d < D; d++) out[i * D + d] = U[i * D + d] * inv;
         if (rotated) kv_fwht(out + i * D, D);
     }
@@ -271,15 +272,17 @@ static inline void split_range(att_range *r, int64_t first, int64_t len, int64_t
  * per sequence, or (row_seq given) the rows of prefill chunks, each a query at its own position
  * (key_lens = position + 1: causal). kv_formats = K format | V format << 8. Returns 0, -1 if out of
  * memory, -2 for an unknown format. k0off: NULL, or [Hkv, D] added to the dequantized key at position 0
- * (paged_src.h). */
+ * (paged_src.h). sinks: NULL, or [H] fp32 attention-sink logits (paged_src.h). */
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                            const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                            const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, int nthreads) {
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, const float *sinks,
+                           int nthreads) {
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (!kv_known(kf) || !kv_known(vf)) return -2;
     const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap};
+                         {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap,
+                         sinks};
     const int path = choose_path(kf, vf, D), vrot = kv_rotated(vf);
     const int64_t G = H / Hkv;
     int64_t max_len = 1;
@@ -319,7 +322,7 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
                 partial(&src, path, q + b * H * D, &r, &buf);
                 merge(buf.M, buf.L, buf.U, buf.m, buf.l, buf.u, H, D, sp == first / SPLIT);
             }
-            finish(buf.L, buf.U, out + b * H * D, H, D, vrot);
+            finish(buf.M, buf.L, buf.U, sinks, out + b * H * D, H, D, vrot);
         }
         if (by_split) {
             #pragma omp for schedule(dynamic, 1)
@@ -330,7 +333,8 @@ int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const
                     const float *pp = parts + (b * nsplit + sp) * part, *m = pp + hk * G;
                     merge(buf.M, buf.L, buf.U, m, m + H, pp + 2 * H + hk * G * D, G, D, sp == first / SPLIT);
                 }
-                finish(buf.L, buf.U, out + (b * H + hk * G) * D, G, D, vrot);
+                finish(buf.M, buf.L, buf.U, sinks ? sinks + hk * G : NULL, out + (b * H + hk * G) * D, G, D,
+                       vrot);
             }
         }
         free(mem);

@@ -25,7 +25,8 @@
 int ridgeline_paged_decode(const float *q, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
                            const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                            const int64_t *key_lens, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, int nthreads);
+                           int64_t bs, int64_t max_nb, int64_t window, float scale, float softcap, const float *sinks,
+                           int nthreads);
 
 #ifdef __AVX512F__
 #include "paged_attention_tile.h"
@@ -150,7 +151,7 @@ static inline __attribute__((always_inline)) void run_task(const att_src *s, int
     if (s->k0off) add_key0(s, q, t, table, window, H, b, rows);
     for (int64_t r = 0; r < rows; r++) { /* out = O / l, rotated back for a rotated V (H is its own inverse) */
         float *dst = out + ((t->row0 + r / G) * H + hk * G + r % G) * D;
-        const float inv = 1.f / b->l[r];
+        const float inv = 1.f / denominator(b->l[r], b->m[r], s->sinks, hk * G + r % G);
         for (int64_t d = 0; d < D; d++) dst[d] = b->o[r * D + d] * inv;
         if (kv_rotated(s->fmt[1])) kv_fwht(dst, D);
     }
@@ -235,19 +236,20 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
                               const float *k0off, int kv_formats, const int64_t *tables, const int64_t *row_seq,
                               const int64_t *key_lens, const int64_t *tile_len, float *out, int64_t B, int64_t H,
                               int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb, int64_t window, float scale,
-                              float softcap, int nthreads) {
+                              float softcap, const float *sinks, int nthreads) {
 #ifdef __AVX512F__
     const int kf = kv_formats & 0xff, vf = kv_formats >> 8;
     if (tiled_applies(kf, vf, D, H / Hkv, row_seq)) {
         const att_src src = {{kc, vc}, {ksc, vsc}, {kf, vf}, {kv_vec_bytes(kf, D), kv_vec_bytes(vf, D)},
-                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap};
+                             {kv_vec_scales(kf, D), kv_vec_scales(vf, D)}, Hkv, D, H / Hkv, bs, scale, k0off, softcap,
+                             sinks};
         int rc = paged_prefill(q, &src, tables, row_seq, key_lens, tile_len, out, B, H, max_nb, window, nthreads);
         for (int64_t r = 0, e; r < B && !rc; r = e) { /* runs of untiled rows */
             for (e = r; e < B && !tiled_row(row_seq, key_lens, tile_len, e);) e++;
             if (e > r)
                 rc = ridgeline_paged_decode(q + r * H * D, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq + r,
                                             key_lens + r, out + r * H * D, e - r, H, Hkv, D, bs, max_nb, window,
-                                            scale, softcap, nthreads);
+                                            scale, softcap, sinks, nthreads);
             else
                 e++;
         }
@@ -255,5 +257,5 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
     }
 #endif
     return ridgeline_paged_decode(q, kc, vc, ksc, vsc, k0off, kv_formats, tables, row_seq, key_lens, out, B, H, Hkv, D, bs,
-                                  max_nb, window, scale, softcap, nthreads);
+                                  max_nb, window, scale, softcap, sinks, nthreads);
 }

@@ -16,7 +16,15 @@ typedef struct {
      * so that its score moves by the same q.center as every other key's (softmax ignores that) */
     const float *k0off;
     float softcap; /* > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2); 0: none */
+    /* NULL, or [H] learned logits, one per query head (GPT-OSS's attention sinks): each joins its head's
+     * softmax as a key without a value, so it only adds exp(sink - m) to the denominator l */
+    const float *sinks;
 } att_src;
+
+/* a finished row's softmax denominator: l, plus its head's sink where there are sinks (m: the row's max) */
+static inline float denominator(float l, float m, const float *sinks, int64_t head) {
+    return sinks ? l + expf(sinks[head] - m) : l;
+}
 
 /* the soft-cap of one score, and of n scores in place (nothing without one) */
 static inline float soft_capped(float x, float cap) { return cap > 0.f ? cap * tanhf(x / cap) : x; }

@@ -52,6 +52,10 @@ class AttentionBackend:
 
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2); paged_c and sdpa have it
     has_softcap = False
+    # [H] fp32 learned logits, one per query head, each in its head's softmax as a key without a value
+    # (GPT-OSS's attention sinks); paged_c and sdpa have them
+    sinks: torch.Tensor | None = None
+    has_sinks = False
 
     def __call__(self, q: torch.Tensor, kv: LayerKV, g: AttnGroup, scale: float, window: int | None) -> torch.Tensor:
         """q [Tg, H, D] (the group's rows), this step's K/V already in the cache -> [Tg, H*D]."""
@@ -102,14 +106,22 @@ def gather_attention(q: torch.Tensor, kv: LayerKV, g: AttnGroup, window: int | N
 
 @register_backend("sdpa")
 class PagedSDPA(AttentionBackend):
-    has_softcap = True
+    has_softcap = has_sinks = True
 
     def __call__(self, q, kv, g, scale, window):
         a = gather_attention(q, kv, g, window)
-        if self.softcap is not None:  # SDPA has no soft-cap: the scores are built here
+        if self.softcap is not None or self.sinks is not None:  # SDPA has neither: the scores are built here
             s = (a.qg @ a.k.transpose(-1, -2)).mul_(scale)
-            s = torch.tanh(s / self.softcap).mul_(self.softcap).masked_fill_(~a.mask, float("-inf"))
-            o = torch.softmax(s, dim=-1) @ a.v
+            if self.softcap is not None:
+                s = torch.tanh(s / self.softcap).mul_(self.softcap)
+            s = s.masked_fill_(~a.mask, float("-inf"))
+            if self.sinks is None:
+                o = torch.softmax(s, dim=-1) @ a.v
+            else:  # rows are (query, head in the KV head's group): the sink of head hk * G + g, as a last column
+                Hkv = a.qg.shape[1]
+                sink = self.sinks.to(s.dtype).view(1, Hkv, 1, a.G, 1).expand(a.B, Hkv, a.Q, a.G, 1)
+                p = torch.softmax(torch.cat([s, sink.reshape(a.B, Hkv, a.Q * a.G, 1)], dim=-1), dim=-1)
+                o = p[..., :-1] @ a.v
         elif a.B * a.Q * a.k.shape[2] <= SMALL_ATTENTION:  # SDPA's CPU kernel has a fixed cost far above this
             s = (a.qg @ a.k.transpose(-1, -2)).mul_(scale).masked_fill_(~a.mask, float("-inf"))
             o = torch.softmax(s, dim=-1) @ a.v
@@ -141,7 +153,7 @@ def sdpa_view(g: AttnGroup, bs: int, G: int, window: int | None, device: torch.d
 
 @register_backend("paged_c")
 class PagedC(AttentionBackend):
-    has_softcap = True
+    has_softcap = has_sinks = True
 
     @staticmethod
     def unsupported(kv, plan):
@@ -155,17 +167,18 @@ class PagedC(AttentionBackend):
         if g.row_seq is None:  # one new token per sequence
             return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.key_lens, scale, window,
                                               kv_format=kv.c_format, k_scale=kv.k_scale, v_scale=kv.v_scale,
-                                              k0_offset=kv.k0_offset, softcap=self.softcap)
+                                              k0_offset=kv.k0_offset, softcap=self.softcap, sinks=self.sinks)
         return cpu_attention.paged_decode(q, kv.k, kv.v, g.block_tables, g.row_key_lens, scale, window,
                                           row_seq=g.row_seq, kv_format=kv.c_format, k_scale=kv.k_scale,
                                           v_scale=kv.v_scale, tile_len=g.tile_len, k0_offset=kv.k0_offset,
-                                          softcap=self.softcap)
+                                          softcap=self.softcap, sinks=self.sinks)
 
 
-def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | None = None) -> AttentionBackend:
-    if name == "auto":  # the first of these that can serve this cache (and soft-cap its scores, where asked)
+def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> AttentionBackend:
+    if name == "auto":  # the first of these that can serve this cache (soft-cap its scores, add sinks, where asked)
         name = next(n for n in AUTO_ORDER if n in BACKENDS and not BACKENDS[n].unsupported(kv, plan)
-                    and (softcap is None or BACKENDS[n].has_softcap))
+                    and (softcap is None or BACKENDS[n].has_softcap) and (sinks is None or BACKENDS[n].has_sinks))
     cls = BACKENDS.get(name)
     if cls is None:
         raise InvalidRequestError(f"unknown attention backend {name!r}; known: auto, {', '.join(sorted(BACKENDS))}",
@@ -173,17 +186,23 @@ def resolve_backend(name: str, kv: LayerKV, plan: KernelPlan, softcap: float | N
     why = cls.unsupported(kv, plan)
     if why is None and softcap is not None and not cls.has_softcap:
         why = "it has no attention logit soft-cap, which this model's layers use (paged_c and sdpa have)"
+    if why is None and sinks is not None and not cls.has_sinks:
+        why = "it has no attention sinks, which this model's layers use (paged_c and sdpa have)"
     if why:
         raise InvalidRequestError(f"attention backend {name}: {why}", "attention_backend")
     backend = cls()
-    backend.softcap = softcap
+    backend.softcap, backend.sinks = softcap, sinks
     return backend
 
 
 class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str = "auto",
-                 sliding_window: int | None = None, scale: float | None = None, softcap: float | None = None):
+                 sliding_window: int | None = None, scale: float | None = None, softcap: float | None = None,
+                 sinks: bool = False):
         super().__init__()
+        # GPT-OSS's per-head sink logits (the checkpoint's `self_attn.sinks`), fp32 whatever the model's dtype:
+        # the kernels read them as they are
+        self.sinks = nn.Parameter(torch.zeros(num_heads), requires_grad=False) if sinks else None
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.softcap = softcap
@@ -194,7 +213,8 @@ class Attention(nn.Module):
 
     def bind(self, kv: LayerKV, plan: KernelPlan) -> None:
         self.kv = kv
-        self.backend = resolve_backend(self.backend_name, kv, plan, self.softcap)
+        self.backend = resolve_backend(self.backend_name, kv, plan, self.softcap,
+                                       None if self.sinks is None else self.sinks.data)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""

@@ -4,6 +4,7 @@
     fp8-tensor, fp8-e5m2-tensor       the same with one scale for the whole tensor
     mxfp8                             E4M3 in blocks of 32 along K with an E8M0 scale; weight-only
     mxfp4                             E2M1 in blocks of 32 with an E8M0 scale; activations int8 per row and block of 32
+    mxfp4-kept                        mxfp4 from an MXFP4 checkpoint's own blocks (GPT-OSS's experts), never decoded
     nvfp4                             E2M1 in blocks of 16 with an E4M3 scale and a fp32 tensor scale; activations
                                       int8 per row and block of 16
 
@@ -107,6 +108,46 @@ class Fp4(Block):
 @register_weight_format("mxfp4")
 class MxFp4(Fp4):
     pass
+
+
+@register_weight_format("mxfp4-kept")
+class KeptMxFp4(MxFp4):
+    """An MXFP4 checkpoint's blocks (weights/mxfp4_checkpoint.py MxBlocks), kept as stored: each shard's blocks
+    aside until finish() packs them for the kernel; never a float staging copy."""
+
+    def takes(self, tensor) -> bool:
+        return type(tensor).__name__ == "MxBlocks"
+
+    def create(self, layer: nn.Module) -> None:
+        self.check_shape(layer)
+        layer.weight = nn.Parameter(torch.empty(0), requires_grad=False)  # placeholder: the blocks are kept aside
+        layer.blocks = {}  # shard (None: the whole weight) -> MxBlocks
+        layer.packed = layer.quant = None
+
+    def load(self, layer: nn.Module, param: str, tensor, shard: int | None) -> None:
+        if not self.takes(tensor):
+            raise ValueError(f"{param} of {layer.prefix}: format {self.name} loads an MXFP4 checkpoint's blocks, "
+                             f"got {type(tensor).__name__}")
+        rows = layer.shard_rows(shard)
+        want = (rows[1] if rows else layer.out_features, layer.in_features)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{param} of {layer.prefix}: checkpoint shape {tuple(tensor.shape)}, expected {want}")
+        layer.blocks[shard] = tensor
+
+    def finish(self, layer: nn.Module) -> None:
+        if layer.weight is None:
+            return
+        shards = [None] if None in layer.blocks else list(range(len(layer.shard_sizes or [None])))
+        missing = [s for s in shards if s not in layer.blocks]
+        if missing:
+            raise ModelLoadError(f"{layer.prefix}: the MXFP4 checkpoint has no blocks for shard(s) {missing}")
+        parts = [layer.blocks[s].block_tensor() for s in shards]
+        t = fpq.BlockTensor("mxfp4", torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+        self.place(layer, t, layer.weight)
+        layer.weight, layer.blocks = None, None
+
+    def label(self, layer: nn.Module) -> str:
+        return "mxfp4 (checkpoint blocks)"
 
 
 @register_weight_format("nvfp4")

@@ -1,7 +1,9 @@
 """A sparse (mixture-of-experts) MLP: a router picks top_k of E experts per token (softmax, top-k,
 the model's own renormalisation), each expert is a gated MLP, and Qwen2-MoE adds a shared expert
 scaled by a sigmoid gate. Checkpoint names follow HF: `gate` (the router), `experts.{e}.*`,
-`shared_expert.*`, `shared_expert_gate`.
+`shared_expert.*`, `shared_expert_gate`. GPT-OSS: the router and the experts carry biases, the experts'
+activation is the clamped SwiGLU, and its softmax over the top-k logits is the renormalised top-k of the
+softmax (the same weights, one formula for every model).
 
 Two paths with one contract (tokens grouped by expert, one matmul per expert over its tokens,
 experts summed per token in ascending order, ties at the k-th place settled by torch.topk as in
@@ -40,15 +42,18 @@ class SparseMoE(nn.Module):
         self.norm_topk, self.inter, self.shared_inter = cfg.norm_topk_prob, cfg.intermediate_size, \
             cfg.shared_intermediate_size
         router_format = create_weight_format(DENSE[opts.dtype], opts.plan)  # routers stay unquantized
-        self.gate = Linear(hidden, cfg.num_experts, router_format, prefix=f"{prefix}.gate")
+        self.gate = Linear(hidden, cfg.num_experts, router_format, cfg.bias, opts.act_dtype, prefix=f"{prefix}.gate")
         self.ep = None
+        self.act = cfg.activation
+
+        def expert(e: int) -> MLP:
+            return MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}", cfg.activation, cfg.bias,
+                       cfg.act_params)
         if opts.experts is None:
-            self.experts = nn.ModuleList(MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
-                                         for e in range(cfg.num_experts))
+            self.experts = nn.ModuleList(expert(e) for e in range(cfg.num_experts))
         else:  # only this rank's experts: the checkpoint's other experts find no module and are skipped
             self.ep = opts.experts.exchange(cfg.num_experts)  # layers/expert_sharding.py ExpertExchange
-            self.experts = nn.ModuleDict({str(e): MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}")
-                                          for e in self.ep.placement.local})
+            self.experts = nn.ModuleDict({str(e): expert(e) for e in self.ep.placement.local})
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_intermediate_size:
             self.shared_expert = MLP(hidden, cfg.shared_intermediate_size, opts, f"{prefix}.shared_expert")
@@ -116,12 +121,14 @@ class SparseMoE(nn.Module):
                 return f"{lin.prefix}: {desc}"
             if not cpu_stack.runs_weight_format(desc[0]):
                 return f"{lin.prefix}: no C kernel for weight format {lin.format.name} on this CPU"
-            if lin.bias is not None:
-                return f"{lin.prefix}: has a bias"
-            weights[lin] = list(desc) + [0]
+            if lin.bias is not None and (lin.bias.dtype != torch.float32 or not lin.bias.is_contiguous()):
+                return f"{lin.prefix}: its bias is not fp32"
+            weights[lin] = list(desc) + [0 if lin.bias is None else lin.bias.data_ptr()]
         zero = [0] * cpu_moe.WEIGHT_FIELDS
+        ex = self.expert_items()[0][1]
+        act = {"silu": 0, "swiglu_clamp": 2}[self.act]
         row = [self.num_experts, self.top_k, self.inter, int(self.norm_topk), self.shared_inter,
-               self._stats().data_ptr(), self._dispatch_pointer()] + weights[self.gate]
+               self._stats().data_ptr(), self._dispatch_pointer(), act, ex.act_params.data_ptr()] + weights[self.gate]
         if self.shared_expert is not None:
             row += (weights[self.shared_expert.gate_up_proj] + weights[self.shared_expert.down_proj]
                     + weights[self.shared_expert_gate])

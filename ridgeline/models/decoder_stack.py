@@ -101,7 +101,8 @@ class CStack:
                    _ptr(sa.k_norm.weight if sa.k_norm is not None else None), _ptr(moe), _ptr(attn.kv.k_centers),
                    _ptr(layer.attn_out_norm.weight if layer.attn_out_norm is not None else None),
                    _ptr(layer.mlp_out_norm.weight if layer.mlp_out_norm is not None else None),
-                   ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin), _ptr(self._softcap(attn.softcap))]
+                   ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin), _ptr(self._softcap(attn.softcap)),
+                   _ptr(attn.sinks), 0 if moe is not None else _ptr(layer.mlp.act_params)]
             for lin in _linears(layer):
                 if lin is None:
                     row += [0] * len(cpu_stack.WEIGHT_FIELDS)

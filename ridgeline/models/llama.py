@@ -1,7 +1,7 @@
 """The decoder of every supported architecture (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2,
-Gemma 3, Phi-3/4; Mixtral, Qwen2-MoE, Qwen3-MoE): one class built from each layer's declaration
+Gemma 3, Phi-3/4; Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS): one class built from each layer's declaration
 (models/layer_spec.py: norms and their placement, activation, q/k norms, rotary table, window,
-soft-caps, sparse MLP) and the model's (embedding scale, final soft-cap, tied head).
+soft-caps, attention sinks, sparse MLP) and the model's (embedding scale, final soft-cap, tied head).
 
 Layer ranges: `run_layers(positions, hidden, residual, start, end)` runs layers [start, end) and
 returns (hidden, residual) before the final norm (a pipeline stage hands those on) or, with
@@ -50,7 +50,7 @@ class SelfAttention(nn.Module):
                              opts.act_dtype, prefix=f"{prefix}.o_proj")
         self.rotary = rotary
         self.attn = Attention(self.h, self.hkv, self.d, opts.attention_backend, spec.window, cfg.query_scale,
-                              spec.attn_softcap)
+                              spec.attn_softcap, spec.sinks)
         self.fused = opts.plan.fused_ops
         self.q_norm = self.k_norm = None  # per-head RMSNorm [D] of q and k before rotary (Qwen3, Gemma 3)
         if spec.qk_norm:

@@ -16,8 +16,10 @@ from ridgeline.layers.linear import Linear, finish_loading
 from ridgeline.layers.rotary import Rotary
 from ridgeline.layers.weight_formats import load_rows
 from ridgeline.layers.build_options import BuildOptions
+from ridgeline.models.expert_split import split_stacked_experts
 from ridgeline.models.registry import model_class
-from ridgeline.weights import fp8_checkpoint
+from ridgeline.weights import fp8_checkpoint, mxfp4_checkpoint
+from ridgeline.weights.mxfp4_checkpoint import MxBlocks
 from ridgeline.weights.quant_checkpoint import read_quant_config, unpack_checkpoint
 from ridgeline.weights.hf_config import ArchConfig
 from ridgeline.weights.safetensors_loader import iter_tensors, weight_files
@@ -96,8 +98,13 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         stream = unpack_checkpoint(stream, qc)
     elif tensors is None and fp8_checkpoint.is_fp8_checkpoint(folder):
         stream = fp8_checkpoint.tensors(folder, stream, lambda name, dtype: _keeps_fp8(model, modules, name, dtype))
+    elif tensors is None and mxfp4_checkpoint.is_mxfp4_checkpoint(folder):  # X_blocks + X_scales -> MxBlocks X
+        stream = mxfp4_checkpoint.tensors(stream)
     if getattr(model.cfg, "fused_checkpoint", False):
         stream = split_fused(stream, model, folder)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and cfg.family.stacked_experts and cfg.moe is not None:
+        stream = split_stacked_experts(stream, cfg.moe.num_experts)
     for name, tensor in stream:
         target, shard = map_name(model, name)
         if target is None:
@@ -176,8 +183,8 @@ def _transform(model: nn.Module, name: str, tensor):
 
 
 def _loadable(owner: nn.Module, tensor):
-    """GGUF blocks stay blocks for a format that keeps them; anything else gets their float32 values."""
-    if isinstance(tensor, GGUFBlocks) and not (isinstance(owner, Linear) and owner.format.accepts_blocks):
+    """GGUF or MXFP4 blocks stay blocks for a format that keeps them; anything else gets their float32 values."""
+    if isinstance(tensor, (GGUFBlocks, MxBlocks)) and not (isinstance(owner, Linear) and owner.format.takes(tensor)):
         return tensor.dequantize()
     return tensor
 

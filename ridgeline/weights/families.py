@@ -21,11 +21,16 @@ class Family:
     query_scalar: bool = False  # scores scaled by query_pre_attn_scalar ** -0.5, not head_dim ** -0.5
     softcaps: bool = False  # attn_logit_softcapping / final_logit_softcapping are read (Gemma 2)
     moe: bool = False  # sparse MLP layers (hf_config reads their sizes)
+    sinks: bool = False  # a learned attention-sink logit per query head (`self_attn.sinks`, GPT-OSS)
+    # the experts of a layer stored as stacked tensors [E, in, out] with gate and up interleaved column by
+    # column, and biases (GPT-OSS): split into each expert's projections at load (models/expert_split.py)
+    stacked_experts: bool = False
     # checkpoint name prefix -> ours, for checkpoints that nest the text model (Gemma 3 multimodal)
     prefixes: tuple[tuple[str, str], ...] = ()
     # checkpoint names of another model part this engine does not run (a vision tower): skipped
     skipped: tuple[str, ...] = ()
-    # per-layer module renames, checkpoint -> ours (Gemma's four norms onto our two plus two)
+    # per-layer module renames, checkpoint -> ours (Gemma's four norms onto our two plus two; a part may
+    # become a dotted path: GPT-OSS's `sinks` belong to our attention module)
     renames: tuple[tuple[str, str], ...] = ()
     # config fields a nested text config may leave out (written as differences from the class defaults)
     defaults: tuple[tuple[str, object], ...] = ()
@@ -61,6 +66,8 @@ FAMILIES: dict[str, Family] = {
                   ("query_pre_attn_scalar", 256), ("sliding_window", 4096), ("sliding_window_pattern", 6),
                   ("tie_word_embeddings", True))),
     "Phi3ForCausalLM": Family(fused_checkpoint=True),
+    "GptOssForCausalLM": Family(moe=True, sinks=True, stacked_experts=True,
+                                renames=(("router", "gate"), ("sinks", "attn.sinks"))),
 }
 
 # activation names in configs (hidden_activation, else hidden_act) -> the gated MLP's activation

@@ -23,6 +23,9 @@ class MoEConfig:
     norm_topk_prob: bool  # renormalise the top-k router probabilities to sum to 1
     shared_intermediate_size: int  # 0: none; else one shared expert that every token runs, sigmoid-gated
     sparse_layers: tuple[int, ...]  # the layers with a sparse MLP; the others keep a dense one
+    bias: bool = False  # the router and each expert's projections carry biases (GPT-OSS)
+    activation: str = "silu"  # the experts' gated activation: silu | swiglu_clamp (GPT-OSS)
+    act_params: tuple[float, ...] = ()  # swiglu_clamp: (alpha, limit)
 
 
 MOE_ARCHITECTURES = tuple(a for a, f in FAMILIES.items() if f.moe)
@@ -71,6 +74,7 @@ class ArchConfig:
     local_rope: tuple | None = None  # (theta, rope_scaling pairs) of the windowed layers where it differs (Gemma 3)
     rotary_dim: int = 0  # the leading dims of each head that rotate; 0: all of them (Phi-4-mini: 3/4)
     fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
+    sinks: bool = False  # a learned attention-sink logit per query head joins each softmax (GPT-OSS)
 
     @property
     def family(self) -> Family:
@@ -216,6 +220,7 @@ def _arch_config(cfg: dict, arch: str, folder: Path, where: str) -> ArchConfig:
         local_rope=None if local is None or local == (theta, scaling) else local,
         rotary_dim=0 if rotary == head_dim else rotary,
         fused_checkpoint=family.fused_checkpoint,
+        sinks=family.sinks,
     )
 
 
@@ -298,6 +303,12 @@ def _moe(cfg: dict, arch: str, where: str = "config.json") -> MoEConfig | None:
         experts = _size(cfg, "num_local_experts", "experts", where)
         return MoEConfig(experts, _top_k(cfg, experts, where), cfg["intermediate_size"], True, 0,
                          tuple(range(layers)))
+    if arch == "GptOssForCausalLM":  # softmax over the top-k logits: the renormalised top-k of the softmax
+        experts = _size(cfg, "num_local_experts", "experts", where)
+        params = tuple(limits.checked_float(cfg.get(k, d), k, where, positive=True)
+                       for k, d in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)))
+        return MoEConfig(experts, _top_k(cfg, experts, where), _size(cfg, "intermediate_size", "intermediate", where),
+                         True, 0, tuple(range(layers)), bias=True, activation="swiglu_clamp", act_params=params)
     key = "num_experts" if "num_experts" in cfg else "num_local_experts"  # Qwen3-MoE writes either
     experts = cfg[key] if cfg[key] == 0 and type(cfg[key]) is int else _size(cfg, key, "experts", where)
     step = _size(cfg, "decoder_sparse_step", "layers", where, cfg.get("decoder_sparse_step") or 1)

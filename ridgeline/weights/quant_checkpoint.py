@@ -51,11 +51,11 @@ def read_quant_config(folder: Path) -> QuantConfig | None:
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
-    if method in FP8_METHODS:
-        return None  # fp8 checkpoints: weights/fp8_checkpoint.py reads them
+    if method in FP8_METHODS or method == "mxfp4":
+        return None  # fp8 checkpoints: weights/fp8_checkpoint.py reads them; MXFP4 ones weights/mxfp4_checkpoint.py
     if method not in METHODS:
         raise ModelLoadError(f"{path}: quantization_config quant_method {method or 'missing'!r} is not one this "
-                             f"engine loads ({', '.join(METHODS + FP8_METHODS)})")
+                             f"engine loads ({', '.join(METHODS + FP8_METHODS + ('mxfp4',))})")
     bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
     if bits != 4:
         raise ModelLoadError(f"{path}: {method} with {bits} bits; the engine runs 4-bit only")
