@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType as T, GGUFWriter, quants
 
 from ridgeline import LLM
-from ridgeline.errors import InvalidRequestError
 from ridgeline.gguf.convert import ensure_converted
 from conftest import make_tiny_model
 from test_gguf import CHAT, MERGES, llama_permute, tiny_vocab
@@ -53,7 +52,8 @@ def _gguf_tensors(state: dict, cfg) -> dict[str, np.ndarray]:
     return out
 
 
-def write_moe_gguf(path, folder, arch: str) -> None:
+def write_moe_gguf(path, folder, arch: str, qtype=None) -> None:
+    """qtype: the GGML type of every matrix (the stacked experts included; None: float32)."""
     import transformers
     cfg = transformers.AutoConfig.from_pretrained(folder)
     tokens, types = tiny_vocab()
@@ -81,7 +81,11 @@ def write_moe_gguf(path, folder, arch: str) -> None:
         add(value)
     from safetensors.torch import load_file
     for name, t in _gguf_tensors(load_file(folder / "model.safetensors"), cfg).items():
-        w.add_tensor(name, np.ascontiguousarray(t))
+        t = np.ascontiguousarray(t)
+        if qtype is None or t.ndim == 1 or name == "token_embd.weight" or t.shape[-1] % 32:  # as llama.cpp falls back
+            w.add_tensor(name, t)
+        else:
+            w.add_tensor(name, quants.quantize(t, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -109,7 +113,32 @@ def test_gguf_moe_converts_and_matches_transformers(arch, tmp_path, monkeypatch)
     for prompt_ids, logits in zip(ids, engine_logits(llm, ids, 1000)):
         with torch.no_grad():
             torch.testing.assert_close(logits, ref(torch.tensor([prompt_ids])).logits[0], atol=2e-4, rtol=1e-4)
-    if arch != "qwen3":  # a MoE file's blocks are not kept: asking for them is a clear error
-        with pytest.raises(InvalidRequestError, match="mixture-of-experts"):
-            LLM(str(tmp_path / f"{arch}.gguf"), dtype="float32", kv_cache_memory="4MiB", progress=False,
-                quantization="gguf")
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0])
+def test_gguf_moe_experts_keep_their_blocks(arch, qtype, tmp_path, monkeypatch):
+    """A quantized MoE file's stacked experts load as each expert's blocks (never decoded: "Q8_0 kept"
+    for every expert), every layer in the C stack, with the logits of the same blocks decoded to floats
+    (--quantization none) up to the kept formats' activation rounding."""
+    monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
+    extra = {"mlp_only_layers": []} if arch == "qwen2_moe" else {}
+    folder = make_tiny_model(tmp_path / "hf", arch, vocab_size=len(tiny_vocab()[0]), tie_word_embeddings=False,
+                             **extra)
+    path = tmp_path / f"{arch}-{qtype.name}.gguf"
+    write_moe_gguf(path, folder, arch, qtype)
+    kept = LLM(str(path), dtype="float32", kv_cache_memory="4MiB", progress=False)
+    floats = LLM(str(path), dtype="float32", kv_cache_memory="4MiB", progress=False, quantization="none")
+    assert f"{qtype.name} kept" in kept.info.weight_formats
+    for layer in kept.engine.runner.model.model.layers:
+        if hasattr(layer.mlp, "num_experts"):
+            for _, ex in layer.mlp.expert_items():
+                for lin in (ex.gate_up_proj, ex.down_proj):  # blocks where the file has them (K a multiple of 32)
+                    assert (getattr(lin, "kept", "") == f"{qtype.name} kept") == (lin.in_features % 32 == 0)
+    if kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    assert kept.info.weight_bytes < floats.info.weight_bytes
+    ids = [[5, 9, 33, 120, 7, 7, 8, 60], list(range(40, 70))]
+    for got, want in zip(engine_logits(kept, ids, 1000), engine_logits(floats, ids, 1000)):
+        rel = float((got - want).abs().max() / want.abs().max())
+        assert rel < 0.02, rel  # the kept kernels round x to bf16 where the CPU has AVX512-BF16

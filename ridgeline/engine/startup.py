@@ -4,7 +4,6 @@ the tensor- and pipeline-parallel layout gathered from every rank, and the specu
 from __future__ import annotations
 
 from ridgeline.config import EngineConfig
-from ridgeline.errors import InvalidRequestError
 from ridgeline.layers.build_options import layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.weights import fp8_checkpoint, mxfp4_checkpoint
@@ -15,11 +14,6 @@ from ridgeline.formats.options import implied_rules as quant_implied_rules
 def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
     """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors, the
     quantization applied: a GPTQ / AWQ folder's own method under auto or none)."""
-    if quantization == "gguf" and arch.moe is not None:  # stacked expert tensors are not kept as blocks yet
-        if mc.quantization == "gguf":
-            raise InvalidRequestError("quantization gguf does not keep a mixture-of-experts file's blocks yet; "
-                                      "use none (the default for such a file), int8 or int4", "quantization")
-        quantization = "none"
     if quantization == "gguf":
         from ridgeline.gguf.load import kept_blocks  # reads the file: the gguf package loads only here
         packed = model_class(arch.architecture).packed

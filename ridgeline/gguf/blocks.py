@@ -58,10 +58,23 @@ def matrix(g, name: str) -> GGUFBlocks | torch.Tensor:
     return GGUFBlocks(info.qtype, info.shape, raw, name)
 
 
+def experts(g, name: str) -> list[GGUFBlocks | torch.Tensor]:
+    """A stacked expert tensor [E, N, K] of the file, one matrix per expert: blocks for a quantized one
+    (expert e's rows of blocks, never decoded), float32 for a dense one."""
+    from gguf import GGMLQuantizationType as T
+    info = g.tensors[name]
+    if info.qtype in (T.F32, T.F16, T.BF16):
+        from ridgeline.gguf.dequant import dequantize_tensor
+        return list(dequantize_tensor(g, name).unbind(0))
+    E, N, K = info.shape
+    raw = torch.from_numpy(np.array(g.raw(info), copy=True)).view(E, N, -1)
+    return [GGUFBlocks(info.qtype, (N, K), raw[e], f"{name}[{e}]") for e in range(E)]
+
+
 def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]:
     """(HF name, tensor) for every tensor of the file, q/k rows in HF order as the converted folder has
-    them (cfg: the model's ArchConfig, for the head counts)."""
-    from ridgeline.gguf.convert import _LAYER_RE, ARCHITECTURES, hf_name, unpermute_rope
+    them (cfg: the model's ArchConfig, for the head counts); stacked experts one tensor per expert."""
+    from ridgeline.gguf.convert import _LAYER_RE, ARCHITECTURES, hf_name, is_stacked_expert, unpermute_rope
     from ridgeline.gguf.families import hf_value
     arch = g.metadata["general.architecture"]
     permuted = ARCHITECTURES[arch][2]
@@ -70,10 +83,16 @@ def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]
         target = hf_name(name, arch=arch)
         if target is None:
             continue  # the converted folder's config already refused files with tensors it cannot place
+        if is_stacked_expert(name):
+            for e, t in enumerate(experts(g, name)):
+                yield target.replace(".experts.0.", f".experts.{e}."), t
+            continue
         t = matrix(g, name)
         if not isinstance(t, GGUFBlocks):
             t = hf_value(arch, name, t)
         m = _LAYER_RE.fullmatch(name)
+        if m and m.group(2) == "ffn_gate_inp_shexp" and not isinstance(t, GGUFBlocks):  # [hidden] -> [1, hidden]
+            t = t.reshape(1, -1)
         if permuted and m and m.group(2) in heads:
             n = heads[m.group(2)]
             t = t.permute_rows(lambda w: unpermute_rope(w, n)) if isinstance(t, GGUFBlocks) else unpermute_rope(t, n)
@@ -81,7 +100,14 @@ def iter_gguf_tensors(g, cfg) -> Iterator[tuple[str, GGUFBlocks | torch.Tensor]]
 
 
 def tensor_types(g) -> dict:
-    """HF name -> GGML type of every weight matrix in the file."""
-    from ridgeline.gguf.convert import hf_name
+    """HF name -> GGML type of every weight matrix in the file (each expert of a stacked tensor)."""
+    from ridgeline.gguf.convert import hf_name, is_stacked_expert
     arch = g.metadata.get("general.architecture")
-    return {hf_name(n, arch=arch): i.qtype for n, i in g.tensors.items() if hf_name(n, arch=arch) and len(i.shape) == 2}
+    out = {}
+    for n, i in g.tensors.items():
+        target = hf_name(n, arch=arch)
+        if target and is_stacked_expert(n) and len(i.shape) == 3:
+            out.update({target.replace(".experts.0.", f".experts.{e}."): i.qtype for e in range(i.shape[0])})
+        elif target and len(i.shape) == 2:
+            out[target] = i.qtype
+    return out

@@ -107,6 +107,12 @@ def hf_name(gguf_name: str, mixtral: bool = False, arch: str | None = None) -> s
     return None
 
 
+def is_stacked_expert(gguf_name: str) -> bool:
+    """A stacked [E, ...] expert tensor (ffn_{gate,up,down}_exps)."""
+    m = _LAYER_RE.fullmatch(gguf_name)
+    return bool(m and m.group(2) in _EXPERT_NAMES)
+
+
 def hf_tensors(gguf_name: str, w: torch.Tensor, mixtral: bool, arch: str | None = None) -> dict[str, torch.Tensor]:
     """One GGUF tensor (dequantized, torch order) -> its HF tensors: stacked experts [E, ...] become
     one per expert; the shared expert's gate vector becomes a [1, hidden] matrix."""
