@@ -20,7 +20,7 @@ FFN = 512
 CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0, "int8-g32"), (T.Q4_K, "int4"),
                (T.Q6_K, "int8-g32"), (T.Q4_1, "int8-g32"), (T.Q4_0, "int8-g32"), (T.Q4_K, "int8-g32"),
                (T.Q5_1, "int8-g32"), (T.Q5_K, "int8-g32"), (T.Q3_K, "int8-g32"), (T.Q2_K, "int8-g32"),
-               (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32")]
+               (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -65,7 +65,9 @@ def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
         assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # a fused layer takes the widest
         with pytest.raises(ValueError, match="int4 form"):
             gguf_repack.convert(_blocks(qtype, 4, 256)[0], "int4")
-    for qtype in (T.IQ2_XS, T.IQ3_S, T.IQ1_S, T.MXFP4):
+    assert gguf_repack.target_for({T.MXFP4}) == "mxfp4"  # GPT-OSS's experts: the mxfp4 format's own blocks
+    assert gguf_repack.target_for({T.MXFP4, T.Q8_0}) == "int8-g32"  # beside another type: a grid holding both
+    for qtype in (T.IQ2_XS, T.IQ3_S, T.IQ1_S):
         assert gguf_repack.target_for({qtype}) is None
         size = __import__("gguf").GGML_QUANT_SIZES[qtype][1]
         with pytest.raises(ModelLoadError, match=f"GGML type {qtype.name}, which Ridgeline cannot dequantize"):

@@ -112,3 +112,141 @@ def test_mxfp4_blocks_under_tensor_parallelism_are_a_clear_error(folders):
     mx, _, _ = folders
     with pytest.raises(Exception, match="tensor-parallel"):
         LLM(str(mx), tensor_parallel_size=2, **OPTS)
+
+
+# ---------------------------------------------------------------- GGUF files (llama.cpp's gpt-oss layout)
+def write_gpt_oss_gguf(folder: Path, path: Path, expert_type) -> dict:
+    """The tiny model as llama.cpp's converter writes GPT-OSS: gate and up de-interleaved into stacked
+    [E, I, hidden] tensors with their biases, the sinks as attn_sinks.weight, the experts in expert_type
+    (MXFP4 as its quantizer rounds them). Returns the HF state dict with the experts as the file decodes them."""
+    import numpy as np
+    import transformers
+    from gguf import GGMLQuantizationType as T, GGUFWriter, quants
+    from test_gguf import CHAT, MERGES, tiny_vocab
+
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    tokens, types = tiny_vocab()
+    w = GGUFWriter(str(path), "gpt-oss")
+    for key, value in [("block_count", cfg.num_hidden_layers), ("context_length", 512),
+                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
+                       ("attention.head_count", cfg.num_attention_heads),
+                       ("attention.head_count_kv", cfg.num_key_value_heads), ("attention.key_length", cfg.head_dim),
+                       ("attention.value_length", cfg.head_dim), ("expert_count", cfg.num_local_experts),
+                       ("expert_used_count", cfg.num_experts_per_tok),
+                       ("expert_feed_forward_length", cfg.intermediate_size),
+                       ("attention.sliding_window", cfg.sliding_window),
+                       ("rope.scaling.original_context_length", cfg.rope_parameters["original_max_position_embeddings"])]:
+        w.add_uint32(f"gpt-oss.{key}", value)
+    w.add_float32("gpt-oss.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32("gpt-oss.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    w.add_string("gpt-oss.rope.scaling.type", "yarn")
+    w.add_float32("gpt-oss.rope.scaling.factor", cfg.rope_parameters["factor"])
+    for add, value in [(w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "qwen2"), (w.add_token_list, tokens),
+                       (w.add_token_types, types), (w.add_token_merges, MERGES), (w.add_bos_token_id, 1),
+                       (w.add_eos_token_id, 2), (w.add_add_bos_token, False), (w.add_chat_template, CHAT)]:
+        add(value)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+             "self_attn.sinks": "attn_sinks.weight", "mlp.router.weight": "ffn_gate_inp.weight",
+             "mlp.router.bias": "ffn_gate_inp.bias"}
+    for p in ("q", "k", "v"):
+        layer |= {f"self_attn.{p}_proj.{s}": f"attn_{p}.{s}" for s in ("weight", "bias")}
+    layer |= {f"self_attn.o_proj.{s}": f"attn_output.{s}" for s in ("weight", "bias")}
+    decoded = dict(state)
+    for name, t in state.items():
+        a = t.float().numpy()
+        if name in names:
+            w.add_tensor(names[name], a)
+            continue
+        _, _, i, rest = name.split(".", 3)
+        if rest in layer:
+            w.add_tensor(f"blk.{i}.{layer[rest]}", a)
+            continue
+        if rest == "mlp.experts.gate_up_proj_bias":
+            w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(a[:, 0::2]))
+            w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(a[:, 1::2]))
+            continue
+        if rest == "mlp.experts.down_proj_bias":
+            w.add_tensor(f"blk.{i}.ffn_down_exps.bias", a)
+            continue
+        if rest == "mlp.experts.gate_up_proj":  # [E, hidden, 2I] -> gate, up [E, I, hidden]
+            parts = {"ffn_gate_exps": a[:, :, 0::2].transpose(0, 2, 1), "ffn_up_exps": a[:, :, 1::2].transpose(0, 2, 1)}
+        else:  # down [E, I, hidden] -> [E, hidden, I]
+            parts = {"ffn_down_exps": a.transpose(0, 2, 1)}
+        back = {}
+        for kind, m in parts.items():
+            m = np.ascontiguousarray(m)
+            if expert_type == T.F32:
+                w.add_tensor(f"blk.{i}.{kind}.weight", m)
+                back[kind] = m
+            else:
+                raw = quants.quantize(m, expert_type)
+                w.add_tensor(f"blk.{i}.{kind}.weight", raw, raw_dtype=expert_type)
+                back[kind] = quants.dequantize(raw, expert_type).reshape(m.shape)
+        if "ffn_down_exps" in back:
+            decoded[name] = torch.from_numpy(back["ffn_down_exps"].transpose(0, 2, 1).copy())
+        else:
+            gu = np.empty_like(a)
+            gu[:, :, 0::2], gu[:, :, 1::2] = back["ffn_gate_exps"].transpose(0, 2, 1), back["ffn_up_exps"].transpose(0, 2, 1)
+            decoded[name] = torch.from_numpy(gu)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return decoded
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    from gguf import GGMLQuantizationType as T
+    from test_gguf import tiny_vocab
+    root = tmp_path_factory.mktemp("gpt-oss-gguf")
+    # llama.cpp hard-codes the clamped SwiGLU's limit (7.0): the GGUF files carry none of their own
+    folder = make_tiny_model(root / "hf", "gpt_oss", vocab_size=len(tiny_vocab()[0]), swiglu_limit=7.0)
+    files = {}
+    for q in (T.F32, T.MXFP4):
+        decoded = write_gpt_oss_gguf(folder, root / f"{q.name}.gguf", q)
+        files[q] = (root / f"{q.name}.gguf", write_folder(folder, root / f"decoded-{q.name}", decoded))
+    return files
+
+
+@pytest.fixture()
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
+
+
+IDS = [[5, 9, 33, 120, 7, 7, 8, 60], list(range(40, 70))]
+
+
+@pytest.mark.usefixtures("_home")
+def test_gpt_oss_gguf_converts_to_transformers_logits(gguf_files):
+    """llama.cpp's gpt-oss names and layout (de-interleaved experts, attn_sinks, post_attention_norm, the
+    router's bias, every 2nd layer global, YaRN) read back to the model transformers runs: dense, and MXFP4
+    experts decoded (--quantization none)."""
+    from gguf import GGMLQuantizationType as T
+    for q in (T.F32, T.MXFP4):
+        path, decoded = gguf_files[q]
+        llm = LLM(str(path), quantization="none", progress=False, **OPTS)
+        assert llm.engine.runner.model.cfg.architecture == "GptOssForCausalLM"
+        assert [layer.self_attn.attn.window for layer in llm.engine.runner.model.model.layers] == [6, None, 6, None]
+        ref = hf_model(decoded)
+        for prompt_ids, got in zip(IDS, engine_logits(llm, IDS, 1000)):
+            with torch.no_grad():
+                torch.testing.assert_close(got, ref(torch.tensor([prompt_ids])).logits[0], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.usefixtures("_home")
+def test_gpt_oss_gguf_keeps_its_mxfp4_experts(gguf_files):
+    """The file's MXFP4 experts load as the mxfp4 format's blocks ("MXFP4 kept (mxfp4)"), every layer in the
+    C stack, and compute what the mxfp4 format computes on the same values decoded to floats."""
+    from gguf import GGMLQuantizationType as T
+    path, decoded = gguf_files[T.MXFP4]
+    kept = LLM(str(path), progress=False, **OPTS)
+    assert "MXFP4 kept (mxfp4) x 32" in kept.info.weight_formats
+    if kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    same = LLM(str(decoded), layer_formats=[("*.mlp.experts.*", "mxfp4")], **OPTS)
+    for got, want in zip(engine_logits(kept, IDS, 1000), engine_logits(same, IDS, 1000)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -105,9 +105,9 @@ def test_header_fields_are_checked_against_the_file(tmp_path, at, fmt, value, ma
 
 
 def test_a_type_that_cannot_be_dequantized_is_named_not_a_buffer_error(tmp_path, home):
-    path = tmp_path / "mxfp4.gguf"
-    write_tiny_llama(path, types={"ffn_up": T.MXFP4})
-    _refused(path, r"blk\.0\.ffn_up\.weight' has GGML type MXFP4, which Ridgeline cannot dequantize")
+    path = tmp_path / "q8_1.gguf"
+    write_tiny_llama(path, types={"ffn_up": T.Q8_1})
+    _refused(path, r"blk\.0\.ffn_up\.weight' has GGML type Q8_1, which Ridgeline cannot dequantize")
 
 
 # ---------------------------------------------------------------- config.json and safetensors

@@ -43,6 +43,7 @@ ARCHITECTURES = {
     "gemma2": ("Gemma2ForCausalLM", "gemma2", False),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text", False),
     "phi3": ("Phi3ForCausalLM", "phi3", False),
+    "gpt-oss": ("GptOssForCausalLM", "gpt_oss", False),
 }
 MIXTRAL = ("MixtralForCausalLM", "mixtral", True)
 _GLOBAL_NAMES = {
@@ -103,6 +104,8 @@ def hf_name(gguf_name: str, mixtral: bool = False, arch: str | None = None) -> s
         name = own.get(m.group(2)) or _LAYER_NAMES[m.group(2)]
         if mixtral and m.group(2) == "ffn_gate_inp":
             name = "block_sparse_moe.gate"
+        if m.group(2) in families.BARE:
+            return f"model.layers.{m.group(1)}.{name}"
         return f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
     return None
 
@@ -208,7 +211,7 @@ def _moe_config(md: dict, arch: str, model_type: str, experts: int) -> dict:
     if used > experts:
         raise ModelLoadError(f"metadata {arch}.expert_used_count = {used} is more than "
                              f"{arch}.expert_count = {experts}")
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "gpt_oss"):
         return {"num_local_experts": experts, "num_experts_per_tok": used}
     cfg = {"num_experts": experts, "num_experts_per_tok": used, "decoder_sparse_step": 1, "mlp_only_layers": [],
            "moe_intermediate_size": meta_int(md, f"{arch}.expert_feed_forward_length", "intermediate"),

@@ -9,6 +9,12 @@ llama.cpp's converter, undone so the converted folder holds what a Hugging Face 
 - Phi-3: q/k/v fused in `attn_qkv` and gate/up in `ffn_up` (2 x intermediate rows, gate first);
   LongRoPE's factor lists as the `rope_factors_long` / `rope_factors_short` tensors; the rotary dims
   in `rope.dimension_count`.
+- GPT-OSS (`gpt-oss`): the sinks as `attn_sinks.weight` (the HF tensor has no `.weight`), the pre-MLP
+  norm as `post_attention_norm`, the router with its bias as `ffn_gate_inp`; gate and up already
+  de-interleaved into `ffn_gate_exps` / `ffn_up_exps` with their biases; the experts' blocks MXFP4
+  (llama.cpp's nibble order, layouts.py); every 2nd layer global (`attention.sliding_window_pattern`,
+  2 unless given), q/k not permuted, YaRN untruncated as the model was trained, the clamped SwiGLU's
+  1.702 / 7.0 as llama.cpp hard-codes them.
 """
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ NAMES = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 NAMES["gemma3"] = NAMES["gemma2"]
+NAMES["gpt-oss"] = {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks",
+                    "ffn_gate_inp": "mlp.router"}
+BARE = {"attn_sinks"}  # HF tensors named without the `.weight` suffix
 NORM_OFFSET = ("gemma2", "gemma3")
 CONSUMED = ("rope_factors_long.weight", "rope_factors_short.weight")  # read into the config, not weights
 _LARGE = {("gemma2", 46), ("gemma3", 62)}  # the 27B sizes: queries scaled by hidden / heads
@@ -57,6 +66,15 @@ def config(g, arch: str, cfg: dict) -> dict:
                 out["final_logit_softcapping"] = meta_float(md, "gemma3.final_logit_softcapping", MISSING,
                                                             positive=True)
         return out
+    if arch == "gpt-oss":
+        window = meta_int(md, "gpt-oss.attention.sliding_window", "positions")
+        pattern = meta_int(md, "gpt-oss.attention.sliding_window_pattern", "layers", 2)
+        out = {"sliding_window": window, "attention_bias": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+               "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                               for i in range(layers)]}
+        if cfg.get("rope_scaling", {}).get("rope_type") == "yarn":
+            out["rope_scaling"] = {**cfg["rope_scaling"], "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+        return out
     if arch == "phi3":
         out = {}
         rot = meta_int(md, "phi3.rope.dimension_count", "head_dim", cfg["head_dim"])
@@ -87,4 +105,6 @@ def shapes(arch: str, cfg: dict) -> dict[str, tuple[int, ...]]:
         return {"post_attention_norm": (h,), "post_ffw_norm": (h,)}
     if arch == "phi3":
         return {"attn_qkv": (q + 2 * kv, h), "ffn_up": (2 * ffn, h)}
+    if arch == "gpt-oss":
+        return {"post_attention_norm": (h,), "attn_sinks": (cfg["num_attention_heads"],)}
     return {}

@@ -2,7 +2,7 @@
 
 A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the widest
 of the formats their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with Q4_1 ->
-int4 g32, anything with Q8_0 -> int8-g32; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
+int4 g32, anything with Q8_0 -> int8-g32, MXFP4 alone -> mxfp4; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
 format of --dtype, its blocks dequantized. The
 tied LM head takes the embedding's type (the smollm2 file's Q8_0: int8-g32); the embedding itself is
 a dense table in --dtype, since a lookup reads one row per token, not the whole matrix.
@@ -22,6 +22,7 @@ from ridgeline.gguf import repack
 from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import WEIGHT_FORMATS, WeightFormat, create_weight_format, register_weight_format
+from ridgeline.layers.fp_formats import MxFp4
 from ridgeline.layers.int_formats import Int4, Int8G32, QuantizedFormat
 
 
@@ -80,6 +81,13 @@ class KeptInt4Sym(KeptBlocks, Int4):
 @register_weight_format("gguf-int8-g32")
 class KeptInt8G32(KeptBlocks, Int8G32):
     target = "int8-g32"
+
+
+@register_weight_format("gguf-mxfp4")
+class KeptMxFp4(KeptBlocks, MxFp4):
+    """MXFP4 blocks (GPT-OSS's experts) as the mxfp4 format's own: its kernel quantizes the input to int8 per
+    block of 32, as llama.cpp's MXFP4 dot product does."""
+    target = "mxfp4"
 
 
 def layer_types(types: dict[str, object], fused: dict[str, tuple[str, int]], tied: bool) -> dict[str, set]:

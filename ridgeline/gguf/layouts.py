@@ -12,8 +12,10 @@ A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (
                                                      q in [0, 15], scale d * s, min -(dmin * n) (fp32)
     Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
                                                      q in [0, 63], zero 32, scale d * s (fp32)
+    MXFP4 32: E8M0 byte e; 16 bytes of E2M1 codes    q = twice the code's value (an int8 in [-12, 12]),
+                                                     scale 2^(e - 128) (fp32)
 
-Nibble order is GGML's: in Q4_0 / Q4_1 byte j holds elements j (low) and j + 16 (high); in Q4_K each
+Nibble order is GGML's: in Q4_0 / Q4_1 / MXFP4 byte j holds elements j (low) and j + 16 (high); in Q4_K each
 32-byte chunk c holds sub-block 2c (low) and 2c + 1 (high). `kept` names the narrowest of our packed
 formats a layer of that type keeps its blocks in (repack.py), `exact` those that hold its values as
 they are. A new block type is one layout here: its unpacking, its kept format and where it is exact.
@@ -81,6 +83,19 @@ def _q5_0(b):
     return Parts((_nibbles(b[:, 6:]) | (high.to(torch.uint8) << 4)).unsqueeze(1), 16, _f16(b[:, :2]), None)
 
 
+MXFP4_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
+
+
+def mxfp4_codes(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 blocks [n, 17] -> (E2M1 codes [n, 32] uint8 in element order, E8M0 exponents [n] uint8)."""
+    return _nibbles(b[:, 1:]), b[:, 0].contiguous()
+
+
+def _mxfp4(b):
+    codes, e = mxfp4_codes(b)
+    return Parts(MXFP4_DOUBLED[codes.long()].unsqueeze(1), 0, torch.exp2(e.float() - 128).unsqueeze(1), None)
+
+
 def _q4_k(b):
     d, dmin, sc, qs = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int(), b[:, 16:]
     # 8 sub-blocks of 32 share 6-bit scales and mins packed into 12 bytes
@@ -106,7 +121,7 @@ def _q6_k(b):
 
 # types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
 # int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q5_K 5.5 -> 8.5 bits per
-# weight) until they get micro-kernels of their own. IQ1_*, IQ2_*, IQ3_* and MXFP4 stay refused.
+# weight) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
 REPACKED: dict[T, str] = {T.Q5_1: "int8-g32", T.Q5_K: "int8-g32", T.Q3_K: "int8-g32", T.Q2_K: "int8-g32",
                           T.IQ4_NL: "int8-g32", T.IQ4_XS: "int8-g32"}
 
@@ -117,4 +132,7 @@ LAYOUTS: dict[T, Layout] = {
     T.Q5_0: Layout(_q5_0, "int8-g32", frozenset({"int8-g32"})),  # q - 16 in [-16, 15]: int8 exactly
     T.Q4_K: Layout(_q4_k, "int4", frozenset()),
     T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
+    # kept as the mxfp4 format's own blocks (GPT-OSS's experts); beside other types, int8-g32 holds its values
+    # exactly while 2^(e - 128) is an fp16 number
+    T.MXFP4: Layout(_mxfp4, "mxfp4", frozenset({"mxfp4", "int8-g32"})),
 }

@@ -110,7 +110,7 @@ def check_tensors(g, cfg: dict, arch: str, family_shapes: dict | None = None) ->
         kind = m and want.get(m.group(1))
         if kind is None:
             continue  # the converter places (or refuses) the rest
-        shape = kind[:1] if m.group(2) == "bias" else kind
+        shape = kind[:-1] if m.group(2) == "bias" and len(kind) > 1 else kind  # a weight's rows (per expert)
         if info.shape != shape:
             raise ModelLoadError(f"{where_}: {name} has shape {list(info.shape)}, but the metadata ({arch}.*) "
                                  f"describe {list(shape)}")
