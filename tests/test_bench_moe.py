@@ -34,3 +34,17 @@ def test_random_model_runs_and_reports_expert_load(tmp_path):
     assert stats["expert_bytes_touched"] == stats["experts_touched_per_call"] * stats["layer_calls"] * \
         stats["expert_bytes"]
     assert any("load counts" in line for line in moe_report.lines(stats))
+
+
+def test_gpt_oss_random_model_is_an_mxfp4_checkpoint(tmp_path):
+    """gpt-oss-20b's preset writes its checkpoint layout directly (MXFP4 expert blocks, bf16 elsewhere, the
+    head size kept while widths divide, every width whole blocks of 32), and it loads with the blocks kept."""
+    cls, cfg = scaled_config("gpt-oss-20b", 8, 2)
+    assert cls == "GptOssConfig" and cfg["head_dim"] == 64 and cfg["hidden_size"] % 32 == 0
+    out = tmp_path / "oss"
+    cmd_random_model(argparse.Namespace(output=str(out), like="gpt-oss-20b", divide=8, layers=2, seed=0))
+    llm = LLM(str(out), dtype="float32", kv_cache_memory="4MiB", max_model_len=256, progress=False)
+    assert "mxfp4 (checkpoint blocks) x 128" in llm.info.weight_formats  # 2 layers x 32 experts x 2
+    assert all(p is None for p in llm.info.layer_paths) or not llm.info.kernel_plan.c_stack
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -45,6 +45,8 @@ class SparseMoE(nn.Module):
         self.gate = Linear(hidden, cfg.num_experts, router_format, cfg.bias, opts.act_dtype, prefix=f"{prefix}.gate")
         self.ep = None
         self.act = cfg.activation
+        # the experts' activation parameters for moe.c (fp32 [alpha, limit]; unused by SiLU)
+        self.act_params = torch.tensor(cfg.act_params or (0.0, 0.0), dtype=torch.float32, device="cpu")
 
         def expert(e: int) -> MLP:
             return MLP(hidden, cfg.intermediate_size, opts, f"{prefix}.experts.{e}", cfg.activation, cfg.bias,
@@ -125,10 +127,9 @@ class SparseMoE(nn.Module):
                 return f"{lin.prefix}: its bias is not fp32"
             weights[lin] = list(desc) + [0 if lin.bias is None else lin.bias.data_ptr()]
         zero = [0] * cpu_moe.WEIGHT_FIELDS
-        ex = self.expert_items()[0][1]
         act = {"silu": 0, "swiglu_clamp": 2}[self.act]
         row = [self.num_experts, self.top_k, self.inter, int(self.norm_topk), self.shared_inter,
-               self._stats().data_ptr(), self._dispatch_pointer(), act, ex.act_params.data_ptr()] + weights[self.gate]
+               self._stats().data_ptr(), self._dispatch_pointer(), act, self.act_params.data_ptr()] + weights[self.gate]
         if self.shared_expert is not None:
             row += (weights[self.shared_expert.gate_up_proj] + weights[self.shared_expert.down_proj]
                     + weights[self.shared_expert_gate])
