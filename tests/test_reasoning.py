@@ -260,3 +260,98 @@ def test_the_answer_keeps_the_tokens_it_forwards_and_drops_the_rest():
     thought, answer, ids = p.feed([301, 302, 304], "a</think>b<tool_call>c<|end|>")
     rest = p.finish()
     assert (thought, answer + rest[1], ids) == ("a", "b<tool_call>c", [302])
+
+
+# ---------------------------------------------------------------- harmony (GPT-OSS)
+HIDS = {"<|start|>": 400, "<|channel|>": 401, "<|message|>": 402, "<|end|>": 403, "<|return|>": 404, "<|call|>": 405}
+HARMONY_REPLIES = [  # reply -> (reasoning, content)
+    ("<|channel|>analysis<|message|>Add 1 and 2.<|end|><|start|>assistant<|channel|>final<|message|>It is 3.<|return|>",
+     ("Add 1 and 2.", "It is 3.")),
+    ("<|channel|>final<|message|>Hello there.<|return|>", (None, "Hello there.")),
+    ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+     "<|message|>{\"x\": 1}<|call|>", ("Use the tool.", '{"x": 1}')),
+    ("no harmony at all, 1 < 2", (None, "no harmony at all, 1 < 2")),
+    ("<|channel|>analysis<|message|>still thinking", ("still thinking", None)),  # cut off by max_tokens
+]
+
+
+def harmony_split(text: str, cuts: list[int]):
+    from ridgeline.tool_calls.reasoning import HARMONY, HarmonySplitter
+    pieces, i = [], 0
+    while i < len(text):
+        hit = next((m for m in HIDS if text.startswith(m, i)), None)
+        pieces.append(([HIDS[hit]], hit) if hit else ([], text[i]))
+        i += len(hit) if hit else 1
+    p = ReplyParser(HarmonySplitter(HARMONY, {i: m for m, i in HIDS.items()}, set()), None)
+    last = 0
+    for c in sorted(set(cuts)) + [len(pieces)]:
+        if c > last:
+            p.feed([i for ids, _ in pieces[last:c] for i in ids], "".join(t for _, t in pieces[last:c]))
+            last = c
+    p.finish()
+    return "".join(p.reasoning_text) or None, "".join(p.content) or None
+
+
+@pytest.mark.parametrize("reply,want", HARMONY_REPLIES)
+@given(cuts=st.lists(st.integers(0, 120), max_size=6))
+@settings(max_examples=25, deadline=None)
+def test_harmony_channels_split_whatever_the_chunking(reply, want, cuts):
+    """The analysis channel is the reasoning, final and commentary the answer; headers, recipients and markers
+    are text of neither; a reply without harmony markers is the answer."""
+    assert harmony_split(reply, cuts) == want
+
+
+def test_harmony_is_found_in_its_template_and_needs_its_tokens():
+    from types import SimpleNamespace
+    from ridgeline.errors import InvalidRequestError
+    from ridgeline.serve.reasoning import plan
+    from ridgeline.tool_calls.reasoning import HARMONY
+    template = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                "<|start|>assistant<|channel|>")
+    assert detect_reasoning(template) is HARMONY and not opens_reasoning(HARMONY, "<|start|>assistant")
+    body = SimpleNamespace(include_reasoning=None, thinking_token_budget=None, max_reasoning_tokens=None)
+    as_text = SimpleNamespace(token_id=lambda m: None, special_ids=set())
+    with pytest.raises(InvalidRequestError, match="harmony needs"):
+        plan(HARMONY, as_text, None, None, body)
+    tok = SimpleNamespace(token_id=HIDS.get, special_ids=set(HIDS.values()), id_to_token={v: k for k, v in HIDS.items()}.get)
+    with pytest.raises(InvalidRequestError, match="thinking budget"):
+        plan(HARMONY, tok, None, None, SimpleNamespace(include_reasoning=None, thinking_token_budget=8,
+                                                          max_reasoning_tokens=None))
+
+
+@pytest.fixture(scope="module")
+def harmony_server(tmp_path_factory):
+    """The tiny GPT-OSS model with harmony's special tokens and a template that writes them."""
+    from conftest import SERVER_OPTS
+    from test_family_chat import family_chat_model
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder, tok = family_chat_model(tmp_path_factory.mktemp("tiny-harmony"), "gpt_oss")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>"
+                            "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+                            "{# replies: <|channel|>analysis ... #}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False, max_model_len=256,
+                                                **{**SERVER_OPTS, "kv_cache_memory": "8MiB"}))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        s.marks = {m: tok.token_to_id(m) for m in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")}
+        yield s
+
+
+def test_harmony_replies_come_apart_streamed_and_not_alike(harmony_server):
+    """Replies sampled with harmony's markers pushed up: no marker's text in either part, and the streamed
+    reply splits as the whole one does."""
+    bias = {str(i): 4.0 for i in harmony_server.marks.values()}
+    for seed in range(6):
+        kw = {"logit_bias": bias, "temperature": 1.0, "seed": seed}
+        r = _chat(harmony_server, **kw)
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        for part in (msg.get("reasoning_content") or "", msg["content"] or ""):
+            assert not any(m in part for m in harmony_server.marks), (msg, part)
+        assert _chat(harmony_server, stream=True, **kw) == {"reasoning_content": msg.get("reasoning_content") or "",
+                                                            "content": msg["content"] or ""}

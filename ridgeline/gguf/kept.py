@@ -21,7 +21,8 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.gguf import repack
 from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.layers.kernel_plan import KernelPlan
-from ridgeline.layers.weight_formats import WEIGHT_FORMATS, WeightFormat, create_weight_format, register_weight_format
+from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
+                                             kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
 from ridgeline.layers.int_formats import Int4, Int8G32, QuantizedFormat
 
@@ -41,16 +42,12 @@ class KeptBlocks(QuantizedFormat):
     def load(self, layer: nn.Module, param: str, tensor, shard: int | None) -> None:
         if not isinstance(tensor, GGUFBlocks):
             raise ValueError(f"{param} of {layer.prefix}: format {self.name} loads GGUF blocks, got a float tensor")
-        rows = layer.shard_rows(shard)
-        want = (rows[1] if rows else layer.out_features, layer.in_features)
-        if tuple(tensor.shape) != want:
-            raise ValueError(f"{param} of {layer.prefix}: checkpoint shape {tuple(tensor.shape)}, expected {want}")
-        layer.blocks[shard] = tensor
+        keep_shard(layer, param, tensor, shard)
 
     def finish(self, layer: nn.Module) -> None:
         if layer.weight is None:
             return
-        shards = [None] if None in layer.blocks else list(range(len(layer.shard_sizes or [None])))
+        shards = kept_shards(layer)
         parts = [repack.convert(layer.blocks[s], self.target) for s in shards]
         types = sorted({layer.blocks[s].qtype.name for s in shards})
         exact = all(e for _, e in parts)

@@ -41,10 +41,14 @@ int ridgeline_rmsnorm(const float *x, float *residual, const float *w, float *ou
 }
 
 /* out[t, i] = g sigmoid(a) * u, g and u the two halves of gu's row t: a = g is SiLU; a = 2 sqrt(2 / pi) (g +
- * 0.044715 g^3) makes g sigmoid(a) exactly GELU's tanh approximation 0.5 g (1 + tanh(a / 2)) (Gemma). One exp
- * per element and no overflow (exp -> inf gives 0, exp -> 0 gives g). */
+ * 0.044715 g^3) makes g sigmoid(a) exactly GELU's tanh approximation 0.5 g (1 + tanh(a / 2)) (Gemma); GPT-OSS's
+ * clamped SwiGLU takes g = min(g, limit), a = alpha g and u = clamp(u, -limit, limit) + 1, in the order
+ * transformers computes it. One exp per element and no overflow (exp -> inf gives 0, exp -> 0 gives g). */
 #define GELU_2C 1.5957691216057308f /* 2 sqrt(2 / pi) */
-static int gated_mul(const float *gu, float *out, int64_t T, int64_t I, int gelu, int nthreads) {
+enum { GATE_SILU, GATE_GELU_TANH, GATE_SWIGLU_CLAMP };
+static int gated_mul(const float *gu, float *out, int64_t T, int64_t I, int kind, float alpha, float limit,
+                     int nthreads) {
+    const int gelu = kind == GATE_GELU_TANH, clamp = kind == GATE_SWIGLU_CLAMP;
     #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
@@ -52,55 +56,39 @@ static int gated_mul(const float *gu, float *out, int64_t T, int64_t I, int gelu
         int64_t i = 0;
 #ifdef __AVX512F__
         const __m512 one = _mm512_set1_ps(1.f), c = _mm512_set1_ps(-GELU_2C), k = _mm512_set1_ps(0.044715f);
+        const __m512 lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit), na = _mm512_set1_ps(-alpha);
         for (; i + 16 <= I; i += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + i);
-            const __m512 z = gelu ? _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(k, gv), _mm512_mul_ps(gv, gv), gv))
-                                  : _mm512_sub_ps(_mm512_setzero_ps(), gv);
-            const __m512 e = vexp512(z);
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+            __m512 gv = _mm512_loadu_ps(g + i), uv = _mm512_loadu_ps(u + i);
+            if (clamp) {
+                gv = _mm512_min_ps(gv, lim);
+                uv = _mm512_add_ps(_mm512_max_ps(_mm512_min_ps(uv, lim), nlim), one);
+            }
+            const __m512 z = gelu    ? _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(k, gv), _mm512_mul_ps(gv, gv), gv))
+                             : clamp ? _mm512_mul_ps(na, gv)
+                                     : _mm512_sub_ps(_mm512_setzero_ps(), gv);
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, vexp512(z))), uv));
         }
 #endif
         for (; i < I; i++) {
-            const float x = g[i];
-            o[i] = x / (1.f + expf(gelu ? -GELU_2C * (x + 0.044715f * x * x * x) : -x)) * u[i];
+            float x = g[i], y = u[i];
+            if (clamp) x = x < limit ? x : limit, y = (y < limit ? (y > -limit ? y : -limit) : limit) + 1.f;
+            o[i] = x / (1.f + expf(gelu ? -GELU_2C * (x + 0.044715f * x * x * x) : clamp ? -alpha * x : -x)) * y;
         }
     }
     return 0;
 }
 
 int ridgeline_silu_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
-    return gated_mul(gu, out, T, I, 0, nthreads);
+    return gated_mul(gu, out, T, I, GATE_SILU, 1.f, 0.f, nthreads);
 }
 
 int ridgeline_gelu_tanh_mul(const float *gu, float *out, int64_t T, int64_t I, int nthreads) {
-    return gated_mul(gu, out, T, I, 1, nthreads);
+    return gated_mul(gu, out, T, I, GATE_GELU_TANH, 1.f, 0.f, nthreads);
 }
 
-/* GPT-OSS's clamped SwiGLU, in the order transformers computes it: the clamps, then g sigmoid(alpha g),
- * then (u + 1) times that */
 int ridgeline_swiglu_clamp_mul(const float *gu, float *out, int64_t T, int64_t I, float alpha, float limit,
                                int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) if (T * I >= 65536)
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = gu + t * 2 * I, *u = g + I;
-        float *o = out + t * I;
-        int64_t i = 0;
-#ifdef __AVX512F__
-        const __m512 one = _mm512_set1_ps(1.f), lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
-        const __m512 na = _mm512_set1_ps(-alpha);
-        for (; i + 16 <= I; i += 16) {
-            const __m512 gv = _mm512_min_ps(_mm512_loadu_ps(g + i), lim);
-            const __m512 uv = _mm512_max_ps(_mm512_min_ps(_mm512_loadu_ps(u + i), lim), nlim);
-            const __m512 glu = _mm512_div_ps(gv, _mm512_add_ps(one, vexp512(_mm512_mul_ps(na, gv))));
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_add_ps(uv, one), glu));
-        }
-#endif
-        for (; i < I; i++) {
-            const float x = g[i] < limit ? g[i] : limit, y = u[i] < limit ? (u[i] > -limit ? u[i] : -limit) : limit;
-            o[i] = (y + 1.f) * (x / (1.f + expf(-alpha * x)));
-        }
-    }
-    return 0;
+    return gated_mul(gu, out, T, I, GATE_SWIGLU_CLAMP, alpha, limit, nthreads);
 }
 
 /* qkv [T, (H + 2 Hkv) D]: each of the H q heads normed with qw [D], each of the Hkv k heads with kw [D],

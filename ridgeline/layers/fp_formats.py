@@ -24,7 +24,7 @@ from torch import nn
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.kernels import cpu_fpquant
-from ridgeline.layers.weight_formats import load_rows, register_weight_format
+from ridgeline.layers.weight_formats import keep_shard, kept_shards, load_rows, register_weight_format
 from ridgeline.formats import fpq, rtn
 from ridgeline.layers.int_formats import QuantizedFormat
 
@@ -128,16 +128,12 @@ class KeptMxFp4(MxFp4):
         if not self.takes(tensor):
             raise ValueError(f"{param} of {layer.prefix}: format {self.name} loads an MXFP4 checkpoint's blocks, "
                              f"got {type(tensor).__name__}")
-        rows = layer.shard_rows(shard)
-        want = (rows[1] if rows else layer.out_features, layer.in_features)
-        if tuple(tensor.shape) != want:
-            raise ValueError(f"{param} of {layer.prefix}: checkpoint shape {tuple(tensor.shape)}, expected {want}")
-        layer.blocks[shard] = tensor
+        keep_shard(layer, param, tensor, shard)
 
     def finish(self, layer: nn.Module) -> None:
         if layer.weight is None:
             return
-        shards = [None] if None in layer.blocks else list(range(len(layer.shard_sizes or [None])))
+        shards = kept_shards(layer)
         missing = [s for s in shards if s not in layer.blocks]
         if missing:
             raise ModelLoadError(f"{layer.prefix}: the MXFP4 checkpoint has no blocks for shard(s) {missing}")

@@ -144,3 +144,17 @@ def dense_matmul(x: torch.Tensor, w: torch.Tensor, plan: KernelPlan) -> torch.Te
         return F.linear(x, w)
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # bf16 weights, fp32 activations (CPU): GEMM in bf16
 
+
+def keep_shard(layer: nn.Module, param: str, blocks, shard: int | None) -> None:
+    """A format that keeps a checkpoint's blocks as stored (GGUF's, an MXFP4 checkpoint's): shard `shard`'s
+    blocks, their shape checked, set aside in layer.blocks until finish()."""
+    rows = layer.shard_rows(shard)
+    want = (rows[1] if rows else layer.out_features, layer.in_features)
+    if tuple(blocks.shape) != want:
+        raise ValueError(f"{param} of {layer.prefix}: checkpoint shape {tuple(blocks.shape)}, expected {want}")
+    layer.blocks[shard] = blocks
+
+
+def kept_shards(layer: nn.Module) -> list[int | None]:
+    """The shards a kept-blocks layer holds in order ([None]: the whole weight at once)."""
+    return [None] if None in layer.blocks else list(range(len(layer.shard_sizes or [None])))

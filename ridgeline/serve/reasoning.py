@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
-from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, BudgetNeedsToken, ReasoningFormat, ReasoningSplitter,
-                                            budget_only, detect_reasoning, opens_reasoning, with_reasoning,
-                                            wrap_grammar)
+from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, BudgetNeedsToken, HarmonyFormat, HarmonySplitter,
+                                            ReasoningFormat, ReasoningSplitter, budget_only, detect_reasoning,
+                                            opens_reasoning, with_reasoning, wrap_grammar)
 from ridgeline.tool_calls.reply import ReplyParser
 
 PARSERS = ("auto", "none", *REASONING_FORMATS)
@@ -99,6 +99,14 @@ def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials
                                           code="unsupported_parameter")
         return None, params
     ids = {m: i for m in fmt.markers if (i := tok.token_id(m)) is not None}
+    if isinstance(fmt, HarmonyFormat):
+        missing = [m for m in fmt.markers if m not in ids]
+        if missing:
+            raise InvalidRequestError(f"reasoning: harmony needs {', '.join(missing)} as tokens of the tokenizer; "
+                                      "this one writes them as text (use --reasoning-parser none)", "reasoning")
+        if budget is not None:
+            raise InvalidRequestError(f"{budget[0]}: a thinking budget is not supported with harmony replies yet",
+                                      budget[0], code="unsupported_parameter")
     if budget is not None and fmt.end not in ids:
         raise InvalidRequestError(f"{budget[0]}: a thinking budget needs the end marker {fmt.end} to be one token "
                                   "of the tokenizer; this one writes it as text", budget[0],
@@ -118,6 +126,9 @@ def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingPar
         return params
     rp.opened = opens_reasoning(rp.fmt, prompt_text)
     spec, budget = params.structured, rp.budget[1] if rp.budget else None
+    if isinstance(rp.fmt, HarmonyFormat) and spec is not None:
+        raise InvalidRequestError(f"{spec.field}: a constraint after harmony's analysis channel is not supported yet",
+                                  spec.field, code="unsupported_parameter")
     try:
         if spec is None:
             if budget is None:
@@ -141,5 +152,10 @@ def reply_parser(rp: ReasoningPlan | None, tools) -> ReplyParser | None:
         return None
     # the answer keeps the tokens the tool-call parser reads, or, without one, what a plain decode would show
     forward = set(tool_parser.specials.values()) if tool_parser is not None else (set(rp.plain) if rp else set())
-    splitter = ReasoningSplitter(rp.fmt, rp.specials, rp.opened, forward) if rp is not None else None
+    if rp is None:
+        splitter = None
+    elif isinstance(rp.fmt, HarmonyFormat):
+        splitter = HarmonySplitter(rp.fmt, rp.specials, forward)
+    else:
+        splitter = ReasoningSplitter(rp.fmt, rp.specials, rp.opened, forward)
     return ReplyParser(splitter, tool_parser, rp.keep if rp is not None else True)

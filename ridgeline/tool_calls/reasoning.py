@@ -34,21 +34,41 @@ class ReasoningFormat:
         return self.start, self.end
 
 
+@dataclass(frozen=True)
+class HarmonyFormat(ReasoningFormat):
+    """GPT-OSS's harmony: a reply is messages `<|channel|>NAME<|message|>TEXT<|end|>`, a new one opened by
+    `<|start|>assistant`; the `analysis` channel is the reasoning, the others (`final`, `commentary`) the answer.
+    Its markers are all tokens, matched by id (HarmonySplitter)."""
+    header: str = "<|start|>"
+    message: str = "<|message|>"
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return self.header, self.start, self.message, self.end
+
+
 THINK = ReasoningFormat("think", "<think>", "</think>")
 MAGISTRAL = ReasoningFormat("magistral", "[THINK]", "[/THINK]")
-REASONING_FORMATS = {f.name: f for f in (THINK, MAGISTRAL)}
+HARMONY = HarmonyFormat("harmony", "<|channel|>", "<|end|>")
+REASONING_FORMATS = {f.name: f for f in (THINK, MAGISTRAL, HARMONY)}
 
 
 def detect_reasoning(template: str | None) -> ReasoningFormat | None:
-    """The format whose end marker the template's source writes (None: not a reasoning template)."""
-    for f in REASONING_FORMATS.values():
+    """The format whose markers the template's source writes (None: not a reasoning template); harmony's
+    channel and message markers together, else a section's end marker."""
+    if template and HARMONY.start in template and HARMONY.message in template:
+        return HARMONY
+    for f in (THINK, MAGISTRAL):
         if template and f.end in template:
             return f
     return None
 
 
 def opens_reasoning(fmt: ReasoningFormat, rendered_prompt: str) -> bool:
-    """The prompt ends inside a section: its last start marker comes after its last end marker."""
+    """The prompt ends inside a section: its last start marker comes after its last end marker (harmony: a
+    reply always starts with its own channel header)."""
+    if isinstance(fmt, HarmonyFormat):
+        return False
     return rendered_prompt.rfind(fmt.start) > rendered_prompt.rfind(fmt.end)
 
 
@@ -167,6 +187,60 @@ class ReasoningSplitter:
             out["content"].append(self._text)
             self._text = ""
             return
+
+
+_HEADER, _BODY, _BETWEEN = 0, 1, 2
+
+
+class HarmonySplitter(ReasoningSplitter):
+    """Harmony replies (GPT-OSS) split by channel: the text of `analysis` messages is the reasoning, that of
+    the other channels the answer; headers (`assistant`, `<|channel|>final`, a recipient such as
+    ` to=functions.f`) and the markers are not text of either. A reply written without any harmony marker is
+    the answer as it is. Same feed / finish contract as ReasoningSplitter, whatever the chunking: every marker
+    is a token matched by id."""
+
+    def __init__(self, fmt: HarmonyFormat, specials: Mapping[int, str], forward: set[str] | None = None):
+        super().__init__(fmt, specials, False, forward)
+        self._hstate = _HEADER  # the reply opens in the assistant's header (the prompt wrote <|start|>assistant)
+        self._channel: str | None = None  # the header's text after <|channel|>, None before one
+        self._target = "content"
+        self._seen = False  # a harmony marker came: header text is not the answer
+
+    def _special(self, out: dict, token: str) -> None:
+        f = self.fmt
+        if token not in f.markers:  # an end of turn (<|return|>, <|call|>), <|constrain|>: neither text, unless
+            if self._hstate == _BODY and self._target == "content" and (self.forward is None
+                                                                          or token in self.forward):
+                out["content"].append(token)  # a token the answer keeps (one the decode shows as text)
+                out["ids"].append(self._ids[token])
+            return
+        self._seen = True
+        if self._hstate == _HEADER and token == f.start:
+            self._channel, self._text = "", ""
+        elif self._hstate == _HEADER and token == f.message:
+            name = (self._channel if self._channel is not None else self._text).strip().split(" ")[0]
+            self._target = "reasoning" if name == "analysis" else "content"
+            self._hstate, self._text = _BODY, ""
+        elif self._hstate == _BODY and token == f.end:
+            self._hstate = _BETWEEN
+        elif token == f.header:
+            self._hstate, self._channel, self._text = _HEADER, None, ""
+        # any other marker out of place (a <|message|> inside a message): not text, the state unchanged
+
+    def _plain(self, out: dict, text: str, final: bool) -> None:
+        if self._hstate == _BODY:
+            if text:
+                out[self._target].append(text)
+            return
+        if self._hstate == _HEADER:
+            if self._channel is not None:
+                self._channel += text
+            else:
+                self._text += text
+            if final and not self._seen and self._text:  # no harmony at all: the reply is the answer
+                out["content"].append(self._text)
+                self._text = ""
+        # between messages: nothing is text
 
 
 def with_reasoning(spec: StructuredOutputs, fmt: ReasoningFormat, token_ids: Mapping[str, int],
