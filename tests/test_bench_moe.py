@@ -45,6 +45,12 @@ def test_gpt_oss_random_model_is_an_mxfp4_checkpoint(tmp_path):
     cmd_random_model(argparse.Namespace(output=str(out), like="gpt-oss-20b", divide=8, layers=2, seed=0))
     llm = LLM(str(out), dtype="float32", kv_cache_memory="4MiB", max_model_len=256, progress=False)
     assert "mxfp4 (checkpoint blocks) x 128" in llm.info.weight_formats  # 2 layers x 32 experts x 2
+    assert llm.info.quantization == "mxfp4 (checkpoint)"
+    # a decode step reads 4 of each layer's 32 experts: the bench's floor counts those, not all of them
+    model = llm.engine.runner.model
+    experts = sum(lin.format.weight_bytes(lin) for layer in model.model.layers for _, ex in layer.mlp.expert_items()
+                  for lin in (ex.gate_up_proj, ex.down_proj))
+    assert abs(llm.info.weight_bytes_per_token - (llm.info.weight_bytes - experts * 28 // 32)) <= 2  # per-layer rounding
     assert all(p is None for p in llm.info.layer_paths) or not llm.info.kernel_plan.c_stack
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4

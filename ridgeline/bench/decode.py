@@ -3,9 +3,9 @@
 One chat prompt of about --prompt-len tokens; each side generates output_len + 1 tokens and the
 decode rate is the last output_len tokens over the time from the first token to the last (prefill
 excluded; time to first token reported beside it). Best of --repeats runs, after a warm-up.
-At batch 1 every weight is read once per token, so the achieved weight bandwidth is
-bytes of weights read per token (params x dtype bytes) x tok/s: compare it with the memory's read
-bandwidth to see how close decode is to its floor.
+At batch 1 every weight a token runs through is read once per token, so the achieved weight bandwidth
+is the bytes read per token (params x dtype bytes; quantized, as stored; a sparse layer's top-k experts)
+x tok/s: compare it with the memory's read bandwidth to see how close decode is to its floor.
 """
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def weight_bytes_per_token(arch, dtype) -> int:
     one row of it)."""
     params = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size)
     return params * dtype.itemsize
+
+
+def read_bytes_per_token(info, arch) -> int:
+    """What a batch-1 decode step reads of the weights: quantized, the linears as stored (scales included,
+    the norms' few KB left out, a sparse layer's top_k experts); dense, the parameters in the dtype."""
+    if info.quantization == "none":
+        return weight_bytes_per_token(arch, info.dtype)
+    return info.weight_bytes_per_token or info.weight_bytes
 
 
 def ridgeline_decode_timing(eng, prompt: list[int], output_len: int, tag: str) -> dict:
@@ -80,8 +88,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     prompt = chat_workload(engine.tokenizer, 1, max(1, args.prompt_len - slack), args.prompt_len + slack,
                            args.workload_seed)[0]
     quantized = info.quantization != "none"
-    # quantized: the linear weights as stored, scales included (the norms' few KB left out)
-    wbytes = info.weight_bytes if quantized else weight_bytes_per_token(arch, info.dtype)
+    wbytes = read_bytes_per_token(info, arch)
     label = dtype_name(info.dtype) + (f", {info.weight_formats}" if quantized else "")
     print(f"decode     prompt {len(prompt)} tokens, {args.output_len} decode tokens, dtype "
           f"{label}, weights read per token {_num(wbytes / 1e6)} MB; best of {args.repeats}",

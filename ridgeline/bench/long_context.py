@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from ridgeline.bench.decode import ridgeline_decode_timing, weight_bytes_per_token
+from ridgeline.bench.decode import read_bytes_per_token, ridgeline_decode_timing
 from ridgeline.errors import InvalidRequestError
 from ridgeline.measure.attn_profile import LayerShape, profile_prefill
 
@@ -71,7 +71,7 @@ def measure(eng, lengths: list[int], decode_tokens: int, repeats: int, profile_t
     spec = spec_from_arch(arch, "model")
     shape = LayerShape.of(arch)
     kv_per_token = info.kv_bytes / info.kv_capacity_tokens
-    wbytes = weight_bytes_per_token(arch, info.dtype)
+    wbytes = read_bytes_per_token(info, arch)
     chunk = eng.config.scheduler.max_num_batched_tokens
     rows = []
     for L in lengths:

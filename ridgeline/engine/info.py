@@ -30,7 +30,10 @@ class EngineInfo:
     load_seconds: float
     prefix_caching: bool = False
     weight_formats: str = ""  # each Linear weight format with its count, e.g. "int8 x 121"
-    weight_bytes: int = 0  # bytes of Linear weights as stored (scales included): what a decode step reads
+    weight_bytes: int = 0  # bytes of Linear weights as stored (scales included)
+    # of those, what one token's decode step reads: a sparse layer's experts counted as the top_k a token runs
+    # (0: not known, take weight_bytes)
+    weight_bytes_per_token: int = 0
     speculative: str | None = None  # "ngram, k <= 4", or None when off
     quantization: str = "none"  # what the quantization option resolved to (auto: gguf for a GGUF model)
     kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)

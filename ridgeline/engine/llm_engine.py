@@ -27,6 +27,7 @@ from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.inputs import check_text
 from ridgeline.kv_spec import KVCacheSpec
 from ridgeline.layers.linear import weight_summary
+from ridgeline.layers.moe import unread_expert_bytes
 from ridgeline.engine.kv_centers import calibrate_k_centers
 from ridgeline.runner.kv_store import KVStoreError
 from ridgeline.sampling_params import SamplingParams
@@ -101,12 +102,14 @@ class LLMEngine:
         evict = cc.kv_eviction != "none"
         pool_bytes = kv.num_blocks * kv.spec.bytes_per_block
         formats, weight_bytes = weight_summary(model)
+        per_token = weight_bytes - unread_expert_bytes(model)
         return EngineInfo(
             model_folder=src.folder, architecture=src.arch.architecture, device=src.device, dtype=src.dtype,
             dtype_reason=src.dtype_reason, kv_spec=kv.spec, kernel_plan=plan,
             layer_paths=tuple(self.runner.layer_paths), max_model_len=kv.max_len, num_kv_blocks=kv.num_blocks,
             kv_bytes=(kv.num_blocks - 1) * kv.spec.bytes_per_block, eos_token_ids=eos, load_seconds=seconds,
             prefix_caching=self.kv.caching, weight_formats=formats, weight_bytes=weight_bytes,
+            weight_bytes_per_token=per_token,
             speculative=spec_line(config, proposer), quantization=quantization, kv_window=src.arch.kv_window,
             kv_budget=cc.kv_eviction_budget if evict else None,
             kv_eviction=describe_eviction(cc) if evict else None, offload=offload_line,

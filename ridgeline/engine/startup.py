@@ -24,8 +24,9 @@ def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, p
     ckpt = fp8_checkpoint.checkpoint_formats(folder, dense) if mc.quantization == "auto" else None
     if ckpt is not None:  # an fp8 checkpoint keeps its fp8 weights (another quantization re-quantizes them)
         default, rules = ckpt[0], rules + ckpt[1]
-    if mc.quantization == "auto":  # an MXFP4 checkpoint keeps its experts' blocks (none decodes them to floats)
-        rules = rules + mxfp4_checkpoint.checkpoint_rules(folder)
+    mx = mxfp4_checkpoint.checkpoint_rules(folder) if mc.quantization == "auto" else ()
+    if mx:  # an MXFP4 checkpoint keeps its experts' blocks (none decodes them to floats)
+        rules, quant = rules + mx, "mxfp4 (checkpoint)"
     return layer_format_rules(rules, default, plan), None, quant
 
 

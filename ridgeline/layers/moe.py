@@ -199,3 +199,16 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def unread_expert_bytes(model: nn.Module) -> int:
+    """Weight bytes a token's decode step does not read: in each sparse layer, all but top_k of the experts
+    this process holds (their mean size: a GGUF file may store experts of one layer alike)."""
+    out = 0
+    for m in model.modules():
+        if isinstance(m, SparseMoE):
+            held = m.expert_items()
+            if len(held) > m.top_k:
+                size = sum(lin.format.weight_bytes(lin) for _, ex in held for lin in (ex.gate_up_proj, ex.down_proj))
+                out += size * (len(held) - m.top_k) // len(held)
+    return out
