@@ -29,8 +29,10 @@ from ridgeline.layers.int_formats import Int4, Int8G32, QuantizedFormat
 
 class KeptBlocks(QuantizedFormat):
     """Loads GGUF blocks shard by shard (kept aside, never as floats) and converts them in finish()."""
-    accepts_blocks = True
     target = "?"
+
+    def takes(self, tensor) -> bool:
+        return isinstance(tensor, GGUFBlocks)
 
     def create(self, layer: nn.Module) -> None:
         self.check_shape(layer)
@@ -40,7 +42,7 @@ class KeptBlocks(QuantizedFormat):
         layer.packed = layer.quant = None
 
     def load(self, layer: nn.Module, param: str, tensor, shard: int | None) -> None:
-        if not isinstance(tensor, GGUFBlocks):
+        if not self.takes(tensor):
             raise ValueError(f"{param} of {layer.prefix}: format {self.name} loads GGUF blocks, got a float tensor")
         keep_shard(layer, param, tensor, shard)
 

@@ -26,6 +26,7 @@ from ridgeline.errors import ModelLoadError
 from ridgeline.kernels import cpu_fpquant
 from ridgeline.layers.weight_formats import keep_shard, kept_shards, load_rows, register_weight_format
 from ridgeline.formats import fpq, rtn
+from ridgeline.weights.mxfp4_checkpoint import MxBlocks
 from ridgeline.layers.int_formats import QuantizedFormat
 
 
@@ -116,7 +117,7 @@ class KeptMxFp4(MxFp4):
     aside until finish() packs them for the kernel; never a float staging copy."""
 
     def takes(self, tensor) -> bool:
-        return type(tensor).__name__ == "MxBlocks"
+        return isinstance(tensor, MxBlocks)
 
     def create(self, layer: nn.Module) -> None:
         self.check_shape(layer)

@@ -48,12 +48,11 @@ class WeightFormat:
     name = "?"
     dtype: torch.dtype
     shares_tied_weight = True  # an LM head tied to the embedding uses the embedding's tensor as its weight
-    accepts_blocks = False  # load() takes a GGUF file's blocks as they are (else they arrive dequantized)
 
     def takes(self, tensor) -> bool:
-        """Whether load() takes this checkpoint object as it is; other block objects (a GGUF file's, an MXFP4
-        checkpoint's) arrive dequantized."""
-        return self.accepts_blocks and type(tensor).__name__ == "GGUFBlocks"
+        """Whether load() takes this block object (a GGUF file's, an MXFP4 checkpoint's) as it is; the formats
+        that keep blocks say which they keep, for every other one blocks arrive dequantized."""
+        return False
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan

@@ -102,9 +102,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         stream = mxfp4_checkpoint.tensors(stream)
     if getattr(model.cfg, "fused_checkpoint", False):
         stream = split_fused(stream, model, folder)
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None and cfg.family.stacked_experts and cfg.moe is not None:
-        stream = split_stacked_experts(stream, cfg.moe.num_experts)
+    if model.cfg.family.stacked_experts and model.cfg.moe is not None:
+        stream = split_stacked_experts(stream, model.cfg.moe.num_experts)
     for name, tensor in stream:
         target, shard = map_name(model, name)
         if target is None:
