@@ -70,6 +70,15 @@ FAMILY_SHAPES = {
 FAMILY_ARCHS = tuple(FAMILY_SHAPES)
 
 
+def transformers_folder(folder: Path) -> Path:
+    """A folder transformers can read: a converted GGUF model's folder holds no weights (Ridgeline reads
+    them from the file), so they are written into it for transformers first."""
+    from ridgeline.gguf.convert import ensure_converted
+    from ridgeline.gguf.source import source_gguf
+    linked = source_gguf(Path(folder))
+    return ensure_converted(linked, progress=False, weights=True) if linked else Path(folder)
+
+
 def make_tiny_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
     import transformers
 

@@ -32,20 +32,19 @@ def load(path: Path) -> None:
     import torch
 
     from ridgeline.layers.kernel_plan import TORCH_ONLY
-    from ridgeline.models.loader import build_model
+    from ridgeline.models.loader import build_model, folder_tensors
     from ridgeline.layers.build_options import BuildOptions
     from ridgeline.models.registry import model_class
     from ridgeline.gguf.load import kept_blocks
     from ridgeline.weights.hf_config import load_arch_config
     from ridgeline.models.resolve import resolve_model_source
-    from ridgeline.weights.safetensors_loader import iter_tensors
     from ridgeline.weights.tokenizer import Tokenizer
 
     folder, gguf = resolve_model_source(str(path), progress=False)
     arch = load_arch_config(folder)
     model_class(arch.architecture)
     Tokenizer(folder).encode("hello world, 12 times")
-    for _ in iter_tensors(folder):
+    for _ in folder_tensors(folder, arch):  # every tensor decoded from the file, as --quantization none reads it
         pass
     formats, tensors = kept_blocks(gguf, arch, model_class(arch.architecture).packed, (), "f32", TORCH_ONLY)
     opts = BuildOptions(TORCH_ONLY, torch.float32, torch.float32, "auto", formats)

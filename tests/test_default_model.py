@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ridgeline import LLM, SamplingParams
+from conftest import transformers_folder
 
 pytestmark = pytest.mark.default_model
 
@@ -22,7 +23,7 @@ def llm():
 
 def test_greedy_matches_transformers_on_the_same_weights(llm):
     import transformers
-    ref = transformers.AutoModelForCausalLM.from_pretrained(llm.info.model_folder, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(transformers_folder(llm.info.model_folder), dtype=torch.float32).eval()
     convs = [[{"role": "user", "content": q}] for q in QUESTIONS]
     outs = llm.chat(convs, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     for out in outs:
@@ -68,7 +69,7 @@ def test_long_prompt_matches_transformers_past_3000_tokens():
     prompt = llm.tokenizer.encode(corpus.text("heldout"))[:3200]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=1),
                        use_tqdm=False)[0]
-    ref = transformers.AutoModelForCausalLM.from_pretrained(llm.info.model_folder, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(transformers_folder(llm.info.model_folder), dtype=torch.float32).eval()
     ids = torch.tensor([prompt + list(out.outputs[0].token_ids)])
     with torch.no_grad():
         logits = ref(ids).logits[0].double()

@@ -174,7 +174,7 @@ def test_convert_tiny_matches_transformers(tiny, home):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, hf = tiny
-    folder = ensure_converted(path, progress=False)
+    folder = ensure_converted(path, progress=False, weights=True)
     assert folder.parent == home / "converted"
     state = load_file(folder / "model.safetensors")
     for name, w in hf.items():  # q/k un-permuted back to exactly the HF layout
@@ -206,8 +206,10 @@ def test_convert_is_cached_atomic_and_keyed_on_mtime(tiny, home):
     assert ensure_converted(path, progress=False) == first
     assert time.perf_counter() - t0 < 0.1
     assert [p.name for p in (home / "converted").iterdir()] == [first.name]  # no temp dirs left
-    assert {p.name for p in first.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+    assert {p.name for p in first.iterdir()} == {"config.json", "gguf-source.json", "tokenizer.json",
                                                  "tokenizer_config.json", "generation_config.json"}
+    assert ensure_converted(path, progress=False, weights=True) == first  # the float32 copy only on request
+    assert {p.name for p in first.iterdir()} >= {"model.safetensors", "gguf-source.json"}
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     try:
@@ -307,7 +309,7 @@ def smollm():
     from ridgeline.weights.pull import pull
 
     path = pull("smollm2-135m", progress=False)
-    folder = ensure_converted(path, progress=False)
+    folder = ensure_converted(path, progress=False, weights=True)
     ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     ref_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return path, folder, ref, ref_tok

@@ -100,7 +100,7 @@ def test_gguf_moe_converts_and_matches_transformers(arch, tmp_path, monkeypatch)
     folder = make_tiny_model(tmp_path / "hf", arch, vocab_size=len(tiny_vocab()[0]), tie_word_embeddings=False,
                              **extra)
     write_moe_gguf(tmp_path / f"{arch}.gguf", folder, arch)
-    converted = ensure_converted(tmp_path / f"{arch}.gguf", progress=False)
+    converted = ensure_converted(tmp_path / f"{arch}.gguf", progress=False, weights=True)
     want, got = load_file(folder / "model.safetensors"), load_file(converted / "model.safetensors")
     assert sorted(got) == sorted(want)
     for name in want:

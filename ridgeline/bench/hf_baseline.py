@@ -30,6 +30,11 @@ def unavailable(wanted: bool, machine: dict) -> str | None:
 
 def load_model(folder: str | Path, dtype: torch.dtype):
     import transformers
+    from ridgeline.gguf.source import source_gguf
+    linked = source_gguf(Path(folder))
+    if linked is not None:  # a GGUF model: transformers reads a folder's safetensors, written once for it
+        from ridgeline.gguf.convert import ensure_converted
+        folder = ensure_converted(linked, weights=True)
     t0 = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
     model.load_seconds = time.perf_counter() - t0

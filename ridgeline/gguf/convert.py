@@ -1,8 +1,10 @@
-"""Convert a GGUF file into a cached Hugging Face-format folder (float32 safetensors).
+"""Convert a GGUF file into a cached Hugging Face-format folder: config, tokenizer and a link to the file.
 
 The folder lives in `model_cache_dir()/converted/<stem>-<key>/`, keyed by the GGUF's resolved path,
 size and mtime. It is built in a temporary sibling and renamed into place, so it either exists
-whole or not at all.
+whole or not at all. The weights stay in the GGUF file and are read from it in place (source.py); only
+`ensure_converted(..., weights=True)` writes them out as float32 safetensors, for tools that read a
+folder themselves (transformers).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from tqdm.auto import tqdm
 
 from ridgeline.errors import ModelLoadError, UnsupportedArchitectureError
 from ridgeline.gguf import families
-from ridgeline.gguf.dequant import dequantize_tensor
+from ridgeline.gguf.dequant import check_type, dequantize_tensor
 from ridgeline.gguf.meta import MISSING, check_tensors, in_file, meta_bool, meta_float, meta_index, meta_int, meta_str
 from ridgeline.gguf.reader import GGUFFile, read_gguf
+from ridgeline.gguf.source import write_source
 from ridgeline.gguf.tokenizer import build_tokenizer, special_tokens
 from ridgeline.weights import limits
 from ridgeline.weights.cache_dir import model_cache_dir
 
-_FORMAT_VERSION = 1  # bump when the converted folder's contents change
+_FORMAT_VERSION = 2  # bump when the converted folder's contents change (2: weights read from the file)
 
 # general.architecture -> (HF architecture, model_type, q/k stored in llama.cpp's rope permutation);
 # a "llama" file with experts (llama.expert_count) is Mixtral
@@ -281,10 +284,14 @@ def converted_dir(gguf_path: Path) -> Path:
     return model_cache_dir() / "converted" / f"{resolved.stem}-{digest}"
 
 
-def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
-    """Return a Hugging Face-format folder for `gguf_path`, converting it on first use."""
+def ensure_converted(gguf_path: str | Path, progress: bool = True, weights: bool = False) -> Path:
+    """Return a Hugging Face-format folder for `gguf_path`, converting it on first use. weights: also
+    write the dequantized float32 weights into it (`model.safetensors`), for a reader other than
+    Ridgeline's loader; without them the folder reads its weights from the file (source.py)."""
     final = converted_dir(Path(gguf_path))
     if (final / "config.json").is_file():
+        if weights and not (final / "model.safetensors").is_file():
+            _write_weights(gguf_path, final, progress)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     g = read_gguf(gguf_path)
@@ -294,14 +301,15 @@ def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
     try:
         try:
             cfg = hf_config(g)
+            for name, info in g.tensors.items():  # every type named now, not when the model is built
+                check_type(info.qtype, name)
             _tokenizer_files(g, cfg, tmp)
-            state = _state_dict(g, cfg, progress)
+            if weights:
+                _save_state(g, cfg, tmp / "model.safetensors", progress)
         except ModelLoadError as e:  # metadata and tensor errors name the key or tensor; add the file
             raise in_file(e, g.path) from None
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del state
+        write_source(tmp, Path(gguf_path))
         _write_json(tmp / "config.json", cfg)
-        os.chmod(tmp / "model.safetensors", (tmp / "config.json").stat().st_mode)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -311,3 +319,25 @@ def ensure_converted(gguf_path: str | Path, progress: bool = True) -> Path:
         g.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _save_state(g: GGUFFile, cfg: dict, path: Path, progress: bool) -> None:
+    state = _state_dict(g, cfg, progress)
+    save_file(state, str(path), metadata={"format": "pt"})
+    del state
+    os.chmod(path, path.parent.stat().st_mode & 0o666)
+
+
+def _write_weights(gguf_path: str | Path, folder: Path, progress: bool) -> None:
+    """Add the float32 weights to an existing folder, written beside it and renamed into place."""
+    g = read_gguf(gguf_path)
+    tmp = folder / f".model.{os.getpid()}.{uuid.uuid4().hex[:8]}.safetensors.tmp"
+    try:
+        try:
+            _save_state(g, json.loads((folder / "config.json").read_text(encoding="utf-8")), tmp, progress)
+        except ModelLoadError as e:
+            raise in_file(e, g.path) from None
+        os.replace(tmp, folder / "model.safetensors")
+    finally:
+        g.close()
+        tmp.unlink(missing_ok=True)

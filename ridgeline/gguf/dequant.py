@@ -17,9 +17,8 @@ SUPPORTED_TYPES = frozenset(LAYOUTS) | frozenset(REPACKED) | {
 }
 
 
-def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType | int, shape: tuple[int, ...],
-               name: str = "<tensor>") -> torch.Tensor:
-    """Raw GGUF tensor bytes (uint8) -> float32 tensor of logical `shape` (torch order)."""
+def check_type(qtype: GGMLQuantizationType | int, name: str) -> GGMLQuantizationType:
+    """The tensor's type if Ridgeline reads it, else an error naming it and the types that load."""
     try:
         qtype = GGMLQuantizationType(qtype)
     except ValueError:
@@ -28,6 +27,13 @@ def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType | int, shape: tuple[
         raise ModelLoadError(
             f"tensor {name!r} has GGML type {qtype.name}, which Ridgeline cannot dequantize "
             f"(supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))})")
+    return qtype
+
+
+def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType | int, shape: tuple[int, ...],
+               name: str = "<tensor>") -> torch.Tensor:
+    """Raw GGUF tensor bytes (uint8) -> float32 tensor of logical `shape` (torch order)."""
+    qtype = check_type(qtype, name)
     raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
     if qtype == GGMLQuantizationType.F32:
         out = torch.from_numpy(raw.copy().view(np.float32))

@@ -12,6 +12,7 @@ from torch import nn
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
+from ridgeline.gguf.source import source_gguf
 from ridgeline.layers.linear import Linear, finish_loading
 from ridgeline.layers.rotary import Rotary
 from ridgeline.layers.weight_formats import load_rows
@@ -56,7 +57,8 @@ def check_size(model: nn.Module, cfg: ArchConfig, folder: Path, max_positions: i
     on the meta device, and the rotary tables for max_positions, float64 while they are built) against its
     weight files. given: the tensors come from elsewhere (a GGUF file); a folder without weights is not
     checked then."""
-    files = weight_files(folder) if not given or any(Path(folder).glob("*.safetensors")) else []
+    linked = source_gguf(folder)
+    files = [linked] if linked else weight_files(folder) if not given or any(Path(folder).glob("*.safetensors")) else []
     if not files:
         return
     have = sum(f.stat().st_size for f in files)
@@ -92,7 +94,8 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
         owner = modules[n.rpartition(".")[0]]
         sizes = owner.shard_sizes if isinstance(owner, Linear) else None
         pending.update((n, i) for i in (range(len(sizes)) if sizes else [None]))
-    stream = iter_tensors(folder, lambda name: _not_held(model, modules, name)) if tensors is None else tensors
+    stream = folder_tensors(folder, model.cfg, lambda name: _not_held(model, modules, name)) \
+        if tensors is None else tensors
     qc = read_quant_config(folder) if tensors is None else None
     if qc is not None:  # a GPTQ / AWQ folder: its packed layers unpacked for their formats
         stream = unpack_checkpoint(stream, qc)
@@ -131,6 +134,16 @@ def load_weights(model: nn.Module, folder: Path, tensors: Iterable | None = None
     if pending:
         names = sorted(n if i is None else f"{n}[shard {i}]" for n, i in pending)
         raise ModelLoadError(f"weights missing from {folder}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+
+
+def folder_tensors(folder: Path, cfg: ArchConfig, skip=None) -> Iterable:
+    """(checkpoint name, tensor) of a folder's weights: its safetensors, or for a folder converted from a
+    GGUF file (gguf/source.py) the file's tensors decoded as they are read. skip(name) True: not read."""
+    linked = source_gguf(folder)
+    if linked is None:
+        return iter_tensors(folder, skip)
+    from ridgeline.gguf.load import dequantized_tensors  # the gguf package loads only for a GGUF model
+    return dequantized_tensors(linked, cfg, skip)
 
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}

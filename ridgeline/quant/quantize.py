@@ -77,7 +77,7 @@ def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool 
     stats: calibrate.capture's one-pass statistics of the float model, to use for every layer instead
     of sequential calibration (an ablation; one capture serves every method and group size)."""
     from ridgeline.weights.hf_config import load_arch_config
-    from ridgeline.weights.safetensors_loader import iter_tensors
+    from ridgeline.models.loader import folder_tensors
     opts.check()
     existing = read_quant_config(src)
     if existing is not None:
@@ -91,7 +91,7 @@ def quantize_folder(src: Path, out: Path, opts: QuantizeOptions, progress: bool 
     text, source = (None, None)
     if opts.method != "rtn":
         text, source = calibrate.calibration_text(opts.calibration)
-    tensors = {name: t for name, t in iter_tensors(src)}
+    tensors = {name: t for name, t in folder_tensors(src, arch)}
     if opts.method == "rtn" or stats is not None:
         stats = stats or {}
         with one_thread():
@@ -265,9 +265,11 @@ def _engine_name(prefix: str) -> str:
 
 def _write(src: Path, out: Path, tensors: dict, qc: dict) -> None:
     from safetensors.torch import save_file
+    from ridgeline.gguf.source import SOURCE_FILE  # a GGUF model's link to its file: the output has weights
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json",
+                                                                       SOURCE_FILE):
             shutil.copy2(f, out / f.name)
     cfg = json.loads((src / "config.json").read_text())
     cfg["quantization_config"] = qc
