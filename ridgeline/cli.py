@@ -73,7 +73,10 @@ def cmd_pull(args):
     print(f"converted: {ensure_converted(path)}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """command: the subcommand about to run (main passes argv's; "" for none, as `--version` and `--help`);
+    a plugin whose parser costs imports to build (bench) builds only a stub for any other. None: every
+    parser whole (the reference pages, the tests)."""
     parser = RidgelineParser(prog="ridgeline", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -97,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pull)
 
     for register in _plugins():
-        register(sub)
+        register(sub, command)
     apply_brief(parser)
     return parser
 
@@ -134,7 +137,8 @@ def _walk(parser: argparse.ArgumentParser, path: tuple = ()):
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(next((a for a in argv if not a.startswith("-")), "")).parse_args(argv)
         rc = args.func(args) or 0
         sys.stdout.flush()  # a reader that went away shows up here, not in the interpreter's exit
         return rc

@@ -64,7 +64,7 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
         type=output_file)
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     p = subparsers.add_parser("advise", help="which wall you hit and which technique pays off (arithmetic shown)",
                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, sub=False)

@@ -1,8 +1,16 @@
 """`ridgeline bench ...`: registered by ridgeline/cli.py when this module exists."""
 from __future__ import annotations
 
+HELP = ("benchmarks: throughput and decode vs HF transformers, serve (online), speculative decoding, structured "
+        "outputs, the quantization ladder, long context, random-weight models")
 
-def register(subparsers) -> None:
+
+def register(subparsers, command: str | None = None) -> None:
+    """command: the subcommand being run; for another one (or none: `ridgeline --help`), `bench` is a stub
+    with its help line, so its modules (torch among their imports) are not loaded."""
+    if command is not None and command != "bench":
+        subparsers.add_parser("bench", help=HELP)
+        return
     from ridgeline.bench.decode import add_decode_parser
     from ridgeline.bench.quant import add_quant_parser
     from ridgeline.bench.long_context_cli import add_long_context_parser
@@ -17,9 +25,7 @@ def register(subparsers) -> None:
 
     VALIDATORS["spec"] = (add_spec_validate_args, run_spec_validate)  # `advise spec --validate` measures here
 
-    p = subparsers.add_parser("bench", help="benchmarks: throughput and decode vs HF transformers, serve (online), "
-                                            "speculative decoding, structured outputs, the quantization ladder, long context, "
-                                            "random-weight models",
+    p = subparsers.add_parser("bench", help=HELP,
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "
                                           "dtype and prompts, in one process (throughput, decode); an "
                                           "OpenAI-compatible server under load (serve); speculative "

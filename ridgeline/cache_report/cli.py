@@ -15,7 +15,7 @@ the prefix-share fraction, the hit rate at each KV capacity (the engine's KV man
 arrival order), and where near-identical prompts diverge."""
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     p = subparsers.add_parser("cache-report", help="offline prefix-cache report on logged requests (JSONL)",
                               description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="JSONL: one OpenAI-style request body per line (ridgeline serve --log-requests)")

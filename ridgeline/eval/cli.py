@@ -11,7 +11,7 @@ from ridgeline.errors import InvalidRequestError
 DEFAULT_KV_MEMORY = "512MiB"  # per engine (two are loaded at once): a window batch, not a serving load
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     from ridgeline.engine.args import add_engine_args
     p = subparsers.add_parser(
         "eval", help="quality of a (quantized) model against the unquantized one on held-out text",

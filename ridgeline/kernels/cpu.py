@@ -1,4 +1,5 @@
-"""Build (once per machine, cached) and load the C kernels in this folder through ctypes.
+"""Load the C kernels in this folder through ctypes (built when the package installs, else once per machine
+into the model cache: build.py).
 
 gemm_packed.c: matmul against weights repacked at load time (AVX-512 fp32, AVX512-BF16 bf16), for
 every batch size; torch's CPU GEMM reads weights slowly at small M and runs below peak at large M.
@@ -20,15 +21,9 @@ moe.c: a sparse MLP's routing and grouped per-expert matmuls (module path and de
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+import sys
+import time
 
-_SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
 
@@ -101,29 +96,22 @@ _RESTYPES = {"ridgeline_stack_scratch": _I64, "ridgeline_moe_scratch": _I64, "ri
 
 
 def _build() -> ctypes.CDLL:
+    from ridgeline.kernels import build
     from ridgeline.kernels.formats import stale_header
-    from ridgeline.utils.device import cpu_flags
     from ridgeline.weights.cache_dir import model_cache_dir
 
     stale = stale_header()  # the C side's format codes are the Python table's, or nothing is built
     if stale:
         raise RuntimeError(stale)
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if cc is None:
-        raise RuntimeError("no C compiler (gcc/cc) on PATH")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.[ch]"))))
-    digest.update((" ".join(sorted(cpu_flags())) + platform.machine()).encode())
-    out = model_cache_dir() / "kernels" / f"ridgeline-{digest.hexdigest()[:16]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            tmp_so = Path(tmp) / out.name
-            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-finite-math-only", "-shared", "-fPIC", *map(str, _SOURCES), "-o",
-                   str(tmp_so), "-lm"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"compiling the C kernels failed: {proc.stderr.strip()[:500]}")
-            os.replace(tmp_so, out)
+    out = build.packaged_library()  # built when the package installed
+    if out is None:  # sources edited since, or another CPU: compiled once into the model cache
+        out = model_cache_dir() / "kernels" / build.library_name()
+        if not out.exists():
+            t0 = time.perf_counter()
+            print(f"compiling the C kernels for this CPU into {out.parent} (once; the package holds no build of "
+                  "these sources for this CPU) ...", file=sys.stderr, flush=True)
+            build.compile_library(out)
+            print(f"C kernels built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     lib = ctypes.CDLL(str(out))
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)

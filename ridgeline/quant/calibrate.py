@@ -30,7 +30,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.data import corpus
 from ridgeline.layers.linear import Linear
 
-DEFAULT_TOKENS = 16384
+from ridgeline.quant.choices import DEFAULT_TOKENS  # noqa: E402
 WINDOW = 512
 SINK_TOKENS = 4  # leading rows of each window counted as the attention sink
 SINK_WEIGHT = 128  # their weight in an attention projection's Hessian (measured 128 and 512: the same)

@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 
 from ridgeline.cli_parser import positive_int
-from ridgeline.quant.calibrate import DEFAULT_TOKENS
 from ridgeline.formats.options import INT4_GROUP_SIZES
-from ridgeline.quant.quantize import BITS, METHODS
+from ridgeline.quant.choices import BITS, DEFAULT_TOKENS, METHODS
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     p = subparsers.add_parser(
         "quantize", help="write an int4 GPTQ / AWQ / round-to-nearest copy of a model folder",
         description="Quantize every decoder layer's projections to int4 and write a Hugging Face folder in "

@@ -31,8 +31,7 @@ from ridgeline.quant import awq, awq_block, calibrate, clip, gptq, sequential
 from ridgeline.formats import grid, hub_layout
 from ridgeline.weights.quant_checkpoint import read_quant_config
 
-METHODS = ("rtn", "gptq", "awq")
-BITS = (4,)
+from ridgeline.quant.choices import BITS, METHODS  # noqa: E402 (re-exported: the CLI's choices)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 ATTN_INPUT = ("q_proj", "k_proj", "v_proj")  # the projections of the attention's input (qkv_proj)

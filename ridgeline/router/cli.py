@@ -10,7 +10,7 @@ from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.http.front_limits import add_front_args, front_limits, front_problems, resolve_api_key, warn_if_exposed
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     from ridgeline.router.policy import POLICIES
     p = subparsers.add_parser(
         "router", help="one OpenAI endpoint in front of Ridgeline replicas (round-robin, least-load, cache-aware)",

@@ -9,7 +9,7 @@ from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.http.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
                                           warn_if_exposed)
-from ridgeline.serve.state import ServerSettings
+from ridgeline.serve.settings import ServerSettings
 
 _D = ServerSettings("")  # the defaults the flags show
 
@@ -27,7 +27,7 @@ def _request_defaults() -> str:
             "/v1/chat/completions. Send temperature 0 for greedy, reproducible output.")
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     p = subparsers.add_parser(
         "serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, "
                       "/health, /metrics, /docs)",

@@ -15,15 +15,18 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ridgeline.cli_parser import non_negative_int, positive_int
 from ridgeline.errors import InvalidRequestError
-from ridgeline.speculative.train_data import Sample
+
+if TYPE_CHECKING:  # torch loads when the command runs, not for `ridgeline --help`
+    import torch
+
+    from ridgeline.speculative.train_data import Sample
 
 
-def register(subparsers) -> None:
+def register(subparsers, command: str | None = None) -> None:
     p = subparsers.add_parser(
         "train-draft", help="train an EAGLE-style draft head for a model on its own replies or its hidden states over text",
         description=__doc__ + "\nPrompts: the shipped public-domain seeds (every template x topic in "
@@ -110,6 +113,8 @@ class _Cache:
     SAVE_EVERY = 16
 
     def __init__(self, path: Path, key: dict):
+        import torch
+        from ridgeline.speculative.train_data import Sample
         self.path, self.key = path, key
         self.samples = [Sample(t, h) for t, h in torch.load(path, weights_only=True)["samples"]] if path.is_file() else []
         self.saved = len(self.samples)
@@ -120,6 +125,7 @@ class _Cache:
             self.save()
 
     def save(self) -> None:
+        import torch
         self.saved = len(self.samples)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
@@ -165,6 +171,7 @@ def _source_samples(eng, args: argparse.Namespace, src: str, cache: _Cache | Non
 
 
 def cmd_train_draft(args: argparse.Namespace) -> int:
+    import torch
     from ridgeline.engine.run import start_engine
     from ridgeline.speculative.eagle_io import head_config_for, head_rows, load_head, save_head, target_fingerprint
     from ridgeline.speculative.eagle_pointer import train_pointer
@@ -253,7 +260,6 @@ def _with_pointer(head, dim: int, match: int = 0):
     return out.eval()
 
 
-@torch.no_grad()
 def _embed_fn(lm):
     """ids (CPU) -> the target's embeddings, on the CPU: the head trains there whatever the target's
     device."""
@@ -264,6 +270,7 @@ def _embed_fn(lm):
 def _target_argmax(lm, hidden: torch.Tensor) -> torch.Tensor:
     """The target's next token from its final hidden states [T, H] (its own LM head, whole vocabulary),
     on the CPU."""
+    import torch
     dev = lm.model.embed_tokens.weight.device
     return torch.cat([lm.compute_logits(hidden[i:i + 256].to(dev, lm.model.act_dtype)).argmax(-1).cpu()
                       for i in range(0, hidden.shape[0], 256)])
