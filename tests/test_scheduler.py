@@ -30,6 +30,25 @@ def test_chunked_prefill_under_budget():
     assert kv.tables["a"] == [1, 2, 3, 4, 5]
 
 
+def test_prefill_progress_counts_a_long_prompt_chunk_by_chunk():
+    from types import SimpleNamespace
+    from ridgeline.serve.stats_log import throughput_line
+    kv = KVCacheManager(64, 4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4), kv)
+    s.add(req("a", 20))
+    s.add(req("b", 4))
+    seen = []
+    for _ in range(4):
+        run_step(s)
+        seen.append((s.prefill_progress(), s.num_prompt_tokens_scheduled))
+    # a's 8-token chunks (b queued behind it for the budget), then a's last 4 beside b's 4: every prompt token once
+    assert seen == [((1, 8, 20), 8), ((1, 16, 20), 16), ((0, 0, 0), 24), ((0, 0, 0), 24)]
+    stats = SimpleNamespace(kv_blocks_used=3, kv_blocks_total=63, prefill=(1, 2048, 7000))
+    line = throughput_line((2048.0, 0.0, 10.0), (0.0, 0.0, 0.0), 0, 1, stats)
+    assert line == ("throughput: prompt 204.8 tok/s, generation 0.0 tok/s; 0 running, 1 waiting; KV cache 4.8% used; "
+                    "prefill 2,048 of 7,000 prompt tokens (1 request)")
+
+
 def test_decodes_and_prefill_chunks_share_a_step_decodes_first():
     kv = KVCacheManager(64, 4)
     s = Scheduler(SchedulerConfig(max_num_batched_tokens=10, max_num_seqs=4), kv)

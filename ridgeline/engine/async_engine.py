@@ -62,6 +62,8 @@ class EngineStats:
     # (most requests holding KV blocks at once, the most before the first preemption, how many held blocks at it)
     running_peaks: tuple[int, int, int] = (0, 0, 0)
     structured: StructuredStats | None = None  # structured outputs' counters (a copy)
+    prompt_tokens_scheduled: int = 0  # prompt tokens computed (or being computed) so far, recomputation included
+    prefill: tuple[int, int, int] = (0, 0, 0)  # requests in their prompt: (how many, tokens computed, prompt tokens)
 
 
 class RequestStream:
@@ -330,7 +332,8 @@ class AsyncEngine:
                            tier.block_bytes if tier else 0, self.engine.scheduler.num_recomputed_tokens,
                            (tier.num_slots, len(tier.lru), len(tier.free_slots)) if tier else (0, 0, 0),
                            (sched.peak_running, sched.peak_running_before_preemption,
-                            sched.running_at_first_preemption), self.engine.structured.stats)
+                            sched.running_at_first_preemption), self.engine.structured.stats,
+                           sched.num_prompt_tokens_scheduled, sched.prefill_progress())
 
 
 def build_off_main_thread(factory):

@@ -39,6 +39,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_recomputed_tokens = 0  # computed tokens preemption threw away and readmission computed again
+        self.num_prompt_tokens_scheduled = 0  # prompt tokens handed to the runner, recomputed ones included
         # concurrency in KV terms: requests holding blocks (running), the most at once, and at the first preemption
         self.peak_running = 0  # after each plan's admissions, since start
         self.peak_running_before_preemption = 0  # peak_running until the first preemption, then frozen
@@ -263,6 +264,7 @@ class Scheduler:
         seqs = []
         for req, n in scheduled:
             start = req.num_computed_tokens
+            self.num_prompt_tokens_scheduled += max(0, min(start + n, req.num_prompt_tokens) - start)
             held, moves = self._slots.pop(req.request_id, (start, ()))
             known = min(n, req.num_tokens - start)
             p = req.params
@@ -280,6 +282,11 @@ class Scheduler:
                 kv_moves=self._physical(req.request_id, moves)))
         seqs.sort(key=lambda s: not s.is_decode)  # stable: decodes first, then the rest
         return seqs
+
+    def prefill_progress(self) -> tuple[int, int, int]:
+        """(running requests still in their prompt, prompt tokens they have computed, their prompt tokens)."""
+        rows = [r for r in self.running if r.num_computed_tokens < r.num_prompt_tokens]
+        return len(rows), sum(r.num_computed_tokens for r in rows), sum(r.num_prompt_tokens for r in rows)
 
     def _physical(self, req_id: str, moves) -> list[tuple[int, int]]:
         """Slot indices of a request's table -> flat cache slots."""
