@@ -62,7 +62,7 @@ def test_config_json_path_and_rate(capsys, tmp_path):
 
 def test_plot(capsys, tmp_path):
     png = tmp_path / "roofline.png"
-    rc, _, _ = run(capsys, "--model", "Llama-3.1-8B", "--plot", str(png))
+    rc, _, _ = run(capsys, "--model", "Llama-3.1-8B", "--hardware", "H100", "--plot", str(png))
     assert rc == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 

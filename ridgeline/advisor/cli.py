@@ -38,11 +38,13 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
 
     g = p.add_argument_group("model and hardware")
     add(g, "--model", "smollm2-135m", "config.json path, shipped name (e.g. Llama-3.1-70B), or a model Ridgeline loads")
-    add(g, "--hardware", "H100-SXM", "table name (e.g. H100, MI300X, L4) or 'local'")
+    add(g, "--hardware", "auto", "table name (e.g. H100, MI300X, L4), 'local' (this machine, measured once and "
+        "cached), or 'auto': the visible GPU's table entry, else local")
     add(g, "--gpus", None, "devices to use (default: the fewest that fit)", type=int, metavar="N")
     add(g, "--pipeline-parallel-size", None, "plan this many pipeline stages (default: the advisor chooses the "
         "layout)", type=int, metavar="N")
-    add(g, "--weights", "bf16", "weight precision: fp32 bf16 fp16 fp8 int8 int4 fp4")
+    add(g, "--weights", "auto", "weight precision: fp32 bf16 fp16 fp8 int8 int4 fp4, or 'auto': what the engine "
+        "runs the model in (a GGUF's blocks as stored, a quantized folder's format, else bf16)")
     add(g, "--kv", "bf16", "KV cache precision")
     add(g, "--reprofile", False, "re-measure --hardware local", action="store_true")
     w = p.add_argument_group("workload")
@@ -100,19 +102,21 @@ def scenario_from_args(args, spec=None):
     from ridgeline.advisor.scenario import SpecDecode, build
     from ridgeline.advisor.workload import Workload
 
+    from ridgeline.advisor.defaults import hardware_name, weights_for
     spec = spec or resolve_spec(args.model)
-    if args.hardware.lower() == "local":
+    if hardware_name(args.hardware).lower() == "local":
         from ridgeline.advisor.local_profile import local_hardware
         hw = local_hardware(refresh=args.reprofile)
     else:
-        hw = lookup_hardware(args.hardware)
+        hw = lookup_hardware(hardware_name(args.hardware))
+    weights = weights_for(args.weights, args.model, spec.num_params)
     require_positive("--ttft-slo-ms", args.ttft_slo_ms)
     require_positive("--tpot-slo-ms", args.tpot_slo_ms)
     if args.draft_len < 1 or not 0 <= args.alpha < 1 or not 0 <= args.draft_cost < math.inf:
         raise AdvisorError("speculative settings: need --draft-len >= 1, 0 <= --alpha < 1, finite --draft-cost >= 0")
     w = Workload(prompt_len=args.prompt_len, output_len=args.output_len, concurrency=args.concurrency,
                  rate=args.rate, prefix_share=args.prefix_share, ttft_slo=args.ttft_slo_ms / 1e3,
-                 tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=args.weights, kv_precision=args.kv)
+                 tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=weights, kv_precision=args.kv)
     return build(spec, hw, w, gpus=args.gpus, sd=SpecDecode(args.alpha, args.draft_len, args.draft_cost),
                  chunk=args.chunk, pp=getattr(args, "pipeline_parallel_size", None))
 

@@ -8,6 +8,10 @@ HELP = ("benchmarks: throughput and decode vs HF transformers, serve (online), s
 def register(subparsers, command: str | None = None) -> None:
     """command: the subcommand being run; for another one (or none: `ridgeline --help`), `bench` is a stub
     with its help line, so its modules (torch among their imports) are not loaded."""
+    from ridgeline.advisor.cli import VALIDATORS
+    from ridgeline.bench.spec_validate import add_spec_validate_args, run_spec_validate
+
+    VALIDATORS["spec"] = (add_spec_validate_args, run_spec_validate)  # `advise spec --validate` measures here
     if command is not None and command != "bench":
         subparsers.add_parser("bench", help=HELP)
         return
@@ -20,10 +24,6 @@ def register(subparsers, command: str | None = None) -> None:
     from ridgeline.bench.structured import add_structured_parser
     from ridgeline.bench.throughput import add_throughput_parser
     from ridgeline.engine.args import add_engine_args
-    from ridgeline.advisor.cli import VALIDATORS
-    from ridgeline.bench.spec_validate import add_spec_validate_args, run_spec_validate
-
-    VALIDATORS["spec"] = (add_spec_validate_args, run_spec_validate)  # `advise spec --validate` measures here
 
     p = subparsers.add_parser("bench", help=HELP,
                               description="Benchmarks: Ridgeline and HF transformers on the same model, "

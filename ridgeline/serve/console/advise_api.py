@@ -79,13 +79,19 @@ def parse(body: dict) -> argparse.Namespace:
 
 
 def scenario(request: Request, args: argparse.Namespace):
+    from ridgeline.advisor.defaults import hardware_name, precision_of
     state = state_of(request)
+    args.hardware = hardware_name(args.hardware)  # auto: the GPU's table entry, else this machine
     if args.hardware.lower() == "local":
         from ridgeline.advisor.local_profile import cached_profile
         if cached_profile() is None:  # never measure the machine from a web request
             raise AdvisorError(NO_PROFILE, "hardware")
     if args.model == SERVED:
-        return scenario_from_args(args, served_spec(state.engine, state.settings.served_model_name))
+        spec = served_spec(state.engine, state.settings.served_model_name)
+        stored = state.engine.info.weight_bytes
+        if args.weights.lower() == "auto":  # the format this engine runs, from the bytes it holds per weight
+            args.weights = precision_of(stored / spec.num_params) if stored and spec.num_params else "bf16"
+        return scenario_from_args(args, spec)
     if lookup(args.model) is None:
         raise AdvisorError(f"unknown model {args.model!r}: pick `{SERVED}` (this server's model) or one of "
                            f"{', '.join(TABLE)}", "model")
@@ -107,7 +113,8 @@ def options(request: Request):
     ctx = state_of(request).engine.arch.max_position_embeddings
     if d["prompt_len"] + d["output_len"] > ctx:
         d["prompt_len"], d["output_len"] = max(1, ctx // 2), max(1, ctx // 4)
-    return {"models": [SERVED, *TABLE], "hardware": ["local", *HARDWARE], "precisions": list(BYTES),
+    return {"models": [SERVED, *TABLE], "hardware": ["auto", "local", *HARDWARE], "precisions": list(BYTES),
+            "weights": ["auto", *BYTES],
             "calculators": [*CALCULATORS, "roofline"], "defaults": d}
 
 

@@ -38,6 +38,8 @@ def served_spec(engine, name: str) -> ModelSpec:
 
 
 def hardware(name: str) -> HardwareSpec:
+    from ridgeline.advisor.defaults import hardware_name
+    name = hardware_name(name)  # auto: the GPU's table entry, else this machine
     if name.lower() == "local":
         from ridgeline.advisor.local_profile import cached_profile, to_spec
         p = cached_profile()

@@ -35,7 +35,7 @@ function buildFields() {
     const label = document.createElement("label");
     label.htmlFor = "calc-" + name;
     label.textContent = LABELS[name];
-    const choices = { model: options.models, hardware: options.hardware, weights: options.precisions, kv: options.precisions }[name];
+    const choices = { model: options.models, hardware: options.hardware, weights: options.weights || options.precisions, kv: options.precisions }[name];
     const el = document.createElement(choices ? "select" : "input");
     if (choices) el.innerHTML = choices.map((c) => `<option>${c}</option>`).join("");
     else { el.type = "text"; el.inputMode = "decimal"; }
