@@ -67,6 +67,9 @@ def test_live_view_follows_the_counters(tiny_server, monkeypatch):
     assert after["recent"]["ttft"]["p50"] > 0 and after["recent"]["tpot"]["p99"] > 0
     assert after["wall"]["name"] in {"capacity", "bandwidth", "compute", "network", "slo-contention"}
     assert after["wall"]["workload"]["output_len"] >= 1 and after["wall"]["roofline"]["points"]
+    w = after["wall"]  # the SLOs judged by the measured medians, the prediction beside them
+    assert w["measured"]["ttft"] > 0 and w["measured"]["tpot"] > 0 and w["predicted"]["tpot"] > 0
+    assert w["met"] == {k: w["measured"][k] <= w["slo"][k] for k in ("ttft", "tpot")}
     assert len(after["series"]) >= 2
 
 

@@ -19,7 +19,7 @@ from ridgeline.advisor.model_table import TABLE, lookup
 from ridgeline.advisor.plot import roofline_points
 from ridgeline.advisor.report import as_json, render
 from ridgeline.advisor.units import BYTES, finite_or_none, fmt_ratio, fmt_time
-from ridgeline.serve.console.live_wall import NO_PROFILE, live_scenario, served_spec
+from ridgeline.serve.console.live_wall import NO_PROFILE, live_scenario, precisions, served_spec
 from ridgeline.serve.state import state_of
 
 router = APIRouter()
@@ -79,7 +79,7 @@ def parse(body: dict) -> argparse.Namespace:
 
 
 def scenario(request: Request, args: argparse.Namespace):
-    from ridgeline.advisor.defaults import hardware_name, precision_of
+    from ridgeline.advisor.defaults import hardware_name
     state = state_of(request)
     args.hardware = hardware_name(args.hardware)  # auto: the GPU's table entry, else this machine
     if args.hardware.lower() == "local":
@@ -88,9 +88,8 @@ def scenario(request: Request, args: argparse.Namespace):
             raise AdvisorError(NO_PROFILE, "hardware")
     if args.model == SERVED:
         spec = served_spec(state.engine, state.settings.served_model_name)
-        stored = state.engine.info.weight_bytes
-        if args.weights.lower() == "auto":  # the format this engine runs, from the bytes it holds per weight
-            args.weights = precision_of(stored / spec.num_params) if stored and spec.num_params else "bf16"
+        if args.weights.lower() == "auto":  # the format this engine runs
+            args.weights = precisions(state.engine.info, spec)[0]
         return scenario_from_args(args, spec)
     if lookup(args.model) is None:
         raise AdvisorError(f"unknown model {args.model!r}: pick `{SERVED}` (this server's model) or one of "

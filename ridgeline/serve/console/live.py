@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ridgeline.serve.console.live_wall import live_wall, precisions
+from ridgeline.serve.console.live_wall import live_wall, precisions, served_spec
 from ridgeline.serve.state import ServerState
 
 SERIES_LEN = 120  # samples kept for the charts
@@ -80,7 +80,7 @@ class LiveView:
         series = self.series()
         recent = list(st.metrics.recent)
         prompt = sum(r.prompt_tokens for r in recent)
-        weights, kv = precisions(info)
+        weights, kv = precisions(info, served_spec(st.engine, st.settings.served_model_name))
         return {
             "model": st.settings.served_model_name, "running": last.running, "waiting": last.waiting,
             "kv": {"block_size": info.block_size, "total": s.kv_blocks_total, "tiers": _tiers(s)},

@@ -26,10 +26,14 @@ NO_PROFILE = ("no measured profile of this machine yet: run `ridgeline advise --
               "cached), or pick a table hardware")
 
 
-def precisions(info) -> tuple[str, str]:
-    """(weights, KV) of the running engine as the advisor's formats."""
+def precisions(info, spec: ModelSpec | None = None) -> tuple[str, str]:
+    """(weights, KV) of the running engine as the advisor's formats. A GGUF's kept blocks are named by the
+    bytes the engine holds per weight (Q4_* int4, Q8_0 int8), given the model's spec for its size."""
+    from ridgeline.advisor.defaults import precision_of
     q = info.quantization or "none"
     weights = next((p for prefix, p in _WEIGHTS if q.startswith(prefix)), _DTYPES.get(str(info.dtype), "fp32"))
+    if q.startswith("gguf") and spec is not None and info.weight_bytes and spec.num_params:
+        weights = precision_of(info.weight_bytes / spec.num_params)
     return weights, _KV.get(info.kv_spec.format.name, "bf16")
 
 
@@ -72,11 +76,11 @@ def live_workload(recent, running: int, weights: str, kv: str) -> Workload | Non
 
 def live_scenario(engine, name: str, hardware_name: str, recent, running: int) -> Scenario:
     info = engine.info
-    weights, kv = precisions(info)
+    spec = served_spec(engine, name)
+    weights, kv = precisions(info, spec)
     w = live_workload(recent, running, weights, kv)
     if w is None:
         raise AdvisorError("no finished request yet: the wall follows from the traffic")
-    spec = served_spec(engine, name)
     hw = engine_hardware(hardware(hardware_name), spec, weights, info.kv_bytes)
     return build(spec, hw, w, gpus=1)
 
@@ -88,4 +92,18 @@ def live_wall(engine, name: str, hardware_name: str, recent, running: int) -> di
     except AdvisorError as e:
         return {"name": None, "reason": e.message, "hardware": hardware_name}
     return {**diagnose(s).json(), "hardware": s.hw.name, "workload": s.w.summary(),
-            "predicted": {"ttft": s.serving.ttft, "tpot": s.serving.tpot_contended}, "roofline": roofline_points(s)}
+            "predicted": {"ttft": s.serving.ttft, "tpot": s.serving.tpot_contended}, "roofline": roofline_points(s),
+            **slo_verdict(recent, s.w.ttft_slo, s.w.tpot_slo)}
+
+
+def slo_verdict(recent, ttft_slo: float, tpot_slo: float) -> dict:
+    """The SLOs judged by what was measured (the median of the recent finished requests), not by the
+    prediction: {"slo": targets, "measured": p50s, "met": True / False, or None where nothing was measured}."""
+    import statistics
+    measured = {}
+    for key in ("ttft", "tpot"):
+        values = [getattr(r, key) for r in recent if getattr(r, key) is not None]
+        measured[key] = statistics.median(values) if values else None
+    slo = {"ttft": ttft_slo, "tpot": tpot_slo}
+    return {"slo": slo, "measured": measured,
+            "met": {k: None if measured[k] is None else measured[k] <= slo[k] for k in slo}}

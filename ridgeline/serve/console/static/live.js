@@ -23,14 +23,18 @@ function render(d) {
   $("live-tpot").textContent = triple(d.recent.tpot);
   const f = d.formats;
   $("live-formats").textContent = `weights ${f.weights} (${f.quantization}); KV ${f.kv}; ${f.dtype}`;
-  $("live-wall").textContent = d.wall.name || "not known yet";
+  const missed = d.wall.met ? Object.keys(d.wall.met).filter((k) => d.wall.met[k] === false) : [];
+  $("live-wall").textContent = (d.wall.name || "not known yet") +
+    (missed.length ? ` (measured ${missed.map((k) => k.toUpperCase()).join(" and ")} over its SLO)` : "");
   $("live-wall").dataset.wall = d.wall.name || "";
   $("live-wall-reason").textContent = d.wall.reason;
-  const p = d.wall.predicted;
+  const p = d.wall.predicted, m = d.wall.measured, met = d.wall.met, slo = d.wall.slo;
+  const verdict = (k) => `${k.toUpperCase()} ${ms(m[k])} of ${ms(slo[k])}: ` +
+    (met[k] === null ? "not measured" : met[k] ? "met" : "missed");
   $("live-wall-check").textContent = !p ? "" :
+    `SLOs as measured (median of the last ${d.recent.n}): ${verdict("ttft")}; ${verdict("tpot")}. ` +
     `The advisor's model of this traffic on ${d.wall.hardware} predicts TTFT ${ms(p.ttft)} and TPOT ${ms(p.tpot)}; ` +
-    `measured (p50 of the last ${d.recent.n}): TTFT ${ms(d.recent.ttft && d.recent.ttft.p50)}, ` +
-    `TPOT ${ms(d.recent.tpot && d.recent.tpot.p50)}. If they are far apart, pick the hardware this runs on ` +
+    "if they are far apart from the measured, pick the hardware this runs on " +
     "(local: `ridgeline advise --hardware local` measures this machine once).";
   const rows = d.kv.tiers.map((t) => `<tr><th scope="row">${t.name}</th><td>${t.used}</td><td>${t.cached}</td><td>${t.free}</td></tr>`);
   $("live-kv").tBodies[0].innerHTML = rows.join("");
