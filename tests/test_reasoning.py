@@ -301,6 +301,57 @@ def test_harmony_channels_split_whatever_the_chunking(reply, want, cuts):
     assert harmony_split(reply, cuts) == want
 
 
+HARMONY_CALL_REPLIES = [  # reply -> (reasoning, content, calls)
+    ("<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+     "<|constrain|>json<|message|>{\"x\": 1}<|call|>", ("Use the tool.", None, [("f", '{"x": 1}')])),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}", (None, None, [("f", '{"x": 1}')])),
+    ("<|channel|>commentary to=functions.f<|message|>{\"x\": 1}<|call|><|start|>assistant<|channel|>commentary "
+     "to=functions.g<|message|>{\"y\": [2]}<|call|>", (None, None, [("f", '{"x": 1}'), ("g", '{"y": [2]}')])),
+    ("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>No call needed.<|return|>",
+     ("hm", "No call needed.", [])),
+    ("<|channel|>commentary to=functions.f<|message|>not json<|call|>", (None, "not json", [])),  # kept as text
+    ("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.f<|channel|>commentary json"
+     "<|message|>{}<|call|>", (None, "Checking.", [("f", "{}")])),  # the recipient before the channel
+]
+HIDS_CALLS = {**HIDS, "<|constrain|>": 406}
+
+
+def harmony_calls(text: str, cuts: list[int], max_calls=None):
+    from ridgeline.tool_calls.formats import HARMONY_CALLS
+    from ridgeline.tool_calls.reasoning import HARMONY, HarmonySplitter
+    pieces, i = [], 0
+    while i < len(text):
+        hit = next((m for m in HIDS_CALLS if text.startswith(m, i)), None)
+        pieces.append(([HIDS_CALLS[hit]], hit) if hit else ([], text[i]))
+        i += len(hit) if hit else 1
+    specials = {i: m for m, i in HIDS_CALLS.items()}
+    tools = ToolCallParser(HARMONY_CALLS, specials, max_calls=max_calls)
+    p = ReplyParser(HarmonySplitter(HARMONY, specials, set(tools.specials.values()), calls=True), tools)
+    events, last = [], 0
+    for c in sorted(set(cuts)) + [len(pieces)]:
+        if c > last:
+            events += p.feed([i for ids, _ in pieces[last:c] for i in ids], "".join(t for _, t in pieces[last:c]))
+            last = c
+    events += p.finish()
+    calls = [(c.name, c.arguments) for c in p.calls]
+    assert [(e["tool_call"].name, e["tool_call"].arguments) for e in events if "tool_call" in e] == calls
+    return "".join(p.reasoning_text) or None, "".join(p.content) or None, calls
+
+
+@pytest.mark.parametrize("reply,want", HARMONY_CALL_REPLIES)
+@given(cuts=st.lists(st.integers(0, 160), max_size=6))
+@settings(max_examples=25, deadline=None)
+def test_harmony_calls_come_from_messages_addressed_to_functions(reply, want, cuts):
+    """With tools, a message to functions.NAME is a call (its body the arguments, ended by <|call|> or the
+    reply's end), whatever the chunking: the events carry the calls the whole reply has."""
+    assert harmony_calls(reply, cuts) == want
+
+
+def test_harmony_calls_stop_at_one_without_parallel_calls():
+    two = HARMONY_CALL_REPLIES[2][0]
+    assert harmony_calls(two, [], max_calls=1)[2] == [("f", '{"x": 1}')]
+
+
 def test_harmony_is_found_in_its_template_and_needs_its_tokens():
     from types import SimpleNamespace
     from ridgeline.errors import InvalidRequestError
@@ -355,3 +406,50 @@ def test_harmony_replies_come_apart_streamed_and_not_alike(harmony_server):
             assert not any(m in part for m in harmony_server.marks), (msg, part)
         assert _chat(harmony_server, stream=True, **kw) == {"reasoning_content": msg.get("reasoning_content") or "",
                                                             "content": msg["content"] or ""}
+
+
+@pytest.fixture(scope="module")
+def harmony_tools_server(tmp_path_factory):
+    """The tiny GPT-OSS model with a harmony template that renders tools (tests/data/templates/harmony.jinja)."""
+    from pathlib import Path
+    from conftest import SERVER_OPTS
+    from test_family_chat import family_chat_model
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder, tok = family_chat_model(tmp_path_factory.mktemp("tiny-harmony-tools"), "gpt_oss")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (Path(__file__).parent / "data" / "templates" / "harmony.jinja").read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False, max_model_len=1024,
+                                                **{**SERVER_OPTS, "kv_cache_memory": "8MiB"}))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        yield s
+
+
+HARMONY_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                                   "parameters": {"type": "object",
+                                                                  "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_harmony_tools_render_through_the_template_and_refuse_what_they_cannot_enforce(harmony_tools_server):
+    plain = _chat(harmony_tools_server, max_tokens=2)
+    auto = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS)
+    assert plain.status_code == auto.status_code == 200, auto.text
+    # the template wrote the tools' namespace into the prompt
+    assert auto.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"] + 20
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS, messages=history)
+    assert r.status_code == 200, r.text
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS, tool_choice=choice)
+        assert r.status_code == 400 and "harmony" in r.json()["error"]["message"], r.text
+    strict = [{**HARMONY_TOOLS[0], "function": {**HARMONY_TOOLS[0]["function"], "strict": True}}]
+    r = _chat(harmony_tools_server, max_tokens=2, tools=strict)  # auto: nothing would enforce the schema
+    assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text

@@ -174,3 +174,11 @@ def test_the_corpus_tools_each_get_a_valid_call_streamed_or_not(sdk):
                                                       for t in c.message.tool_calls]
             n += 1
     assert n >= 20
+
+
+def test_strict_tools_are_enforced_where_the_format_is_constrained_and_refused_where_nothing_would(client):
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    body = {"model": "tiny", "messages": USER, "max_tokens": 4, "tools": strict}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200  # generic format: auto is constrained
+    r = client.post("/v1/chat/completions", json={**body, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text  # auto beside a response_format

@@ -5,6 +5,7 @@ template, and the calls it writes parse back to the calls given."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,30 @@ def renderer(name: str):
 def test_detects_each_family(family):
     found = detect(renderer(family))
     assert found.format.name == family and found.template_tools and found.parallel
+
+
+def test_detects_harmony_and_its_history_reads_back_through_the_channels():
+    """GPT-OSS: calls are commentary messages addressed to functions.NAME; the template's own rendering of
+    a call history reads back, through the harmony splitter, as the calls given; a result names its function."""
+    from ridgeline.tool_calls.formats import HARMONY_CALLS
+    from ridgeline.tool_calls.reasoning import HARMONY, HarmonySplitter
+    from ridgeline.tool_calls.reply import ReplyParser
+    from ridgeline.tool_calls.request import template_messages
+    go = renderer("harmony")
+    found = detect(go)
+    assert found.format is HARMONY_CALLS and found.template_tools and found.parallel
+    raw = _history([(n, json.dumps(a)) for n, a in CALLS])  # as a request writes them: arguments a JSON string
+    full = go(template_messages([{"role": m["role"], "content": m["content"]} for m in raw], raw), TOOLS, True)
+    assert "<|start|>functions.get_weather to=assistant" in full and "<|start|>functions.add to=assistant" in full
+    turn = [m for m in _history(CALLS) if m["role"] != "tool"]
+    text = go(turn, TOOLS)
+    reply = text[text.index("<|start|>assistant to=functions."):]  # the calls as the template writes them
+    marks = {m: 900 + i for i, m in enumerate(["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"])}
+    ids = [marks[t] for t in re.findall(r"<\|[a-z]+\|>", reply) if t in marks]
+    specials = {i: m for m, i in marks.items()}
+    p = ReplyParser(HarmonySplitter(HARMONY, specials, set(), calls=True), ToolCallParser(HARMONY_CALLS, specials))
+    _, content, calls = p.whole(ids, reply)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == CALLS and content is None, reply
 
 
 def test_a_template_without_tools_gets_the_generic_format():

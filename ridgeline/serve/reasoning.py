@@ -155,7 +155,7 @@ def reply_parser(rp: ReasoningPlan | None, tools) -> ReplyParser | None:
     if rp is None:
         splitter = None
     elif isinstance(rp.fmt, HarmonyFormat):
-        splitter = HarmonySplitter(rp.fmt, rp.specials, forward)
+        splitter = HarmonySplitter(rp.fmt, rp.specials, forward, calls=tool_parser is not None)
     else:
         splitter = ReasoningSplitter(rp.fmt, rp.specials, rp.opened, forward)
     return ReplyParser(splitter, tool_parser, rp.keep if rp is not None else True)

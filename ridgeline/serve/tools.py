@@ -90,6 +90,12 @@ def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, i
     fmt = detected.format
     if choice.mode == "auto":  # the calls are constrained once their marker appears; the text is free
         if not lazily_constrained(fmt) or params.structured is not None:
+            if choice.strict:  # never fail open: a strict schema that nothing enforces is refused
+                why = (f"this model's call format ({fmt.name}) cannot be constrained under auto yet"
+                       if params.structured is None else f"auto beside {params.structured.field} is not constrained")
+                raise InvalidRequestError(f"tools: strict calls cannot be enforced: {why}; drop strict, or use "
+                                          "tool_choice required where the format allows it", "tools",
+                                          code="unsupported_parameter")
             return params  # parsed as written (a response_format constrains the whole reply instead)
         grammar = auto_grammar(fmt, choice.callable, choice.parallel, ids)
         return dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar, field="tools"))

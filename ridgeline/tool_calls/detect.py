@@ -21,6 +21,7 @@ SIGNATURES: tuple[tuple[str, re.Pattern], ...] = (
     ("mistral", re.compile(r"\[TOOL_CALLS\]")),
     ("phi4_mini", re.compile(r"<\|tool_call\|>")),
     ("llama3_json", re.compile(rf'<\|python_tag\|>|\{{"name":\s*"{PROBE}",\s*"parameters"')),
+    ("harmony", re.compile(rf"to=functions\.{PROBE}\b")),
 )
 # render(messages, tools or None) -> the template's text (no generation prompt); raises on failure
 Render = Callable[[list[dict], "list[dict] | None"], str]

@@ -30,6 +30,8 @@ class CallFormat:
     def call_text(self, name: str, arguments: dict) -> str:
         """One call as this format writes it (for tests and the generic format's history)."""
         args = json.dumps(arguments, ensure_ascii=False)
+        if self.body == "harmony":
+            return f"{self.start}commentary to=functions.{name} <|constrain|>json<|message|>{args}{self.end}"
         if self.body == "xml":
             params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
                              for k, v in arguments.items())
@@ -51,7 +53,11 @@ LLAMA3_JSON = CallFormat("llama3_json", "<|python_tag|>", None, args_key="parame
 MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", None, listed=True, call_sep=", ")
 PHI4_MINI = CallFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", listed=True, call_sep=", ")
 GENERIC = CallFormat("generic", "<tool_call>", "</tool_call>")
-FORMATS = {f.name: f for f in (HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, PHI4_MINI, GENERIC)}
+# GPT-OSS: a call is a commentary message addressed to the function, its body the arguments, ended by <|call|>:
+# <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>. The harmony splitter
+# (reasoning.py) reads the channels and hands each call to the parser (ToolCallParser.take); not constrained.
+HARMONY_CALLS = CallFormat("harmony", "<|channel|>", "<|call|>", body="harmony", constrainable=False)
+FORMATS = {f.name: f for f in (HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, PHI4_MINI, HARMONY_CALLS, GENERIC)}
 
 
 def system_prompt(tools: list[dict]) -> str:

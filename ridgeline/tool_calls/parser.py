@@ -188,6 +188,22 @@ class ToolCallParser:
         if calls is None:
             self._content(out, self._opened + body + closer)
             return
+        self._add_calls(out, calls)
+
+    def take(self, name: str, arguments: str) -> list[dict]:
+        """A call another reader found (harmony's channels: the function it is addressed to and the message
+        body): kept as this parser keeps its own, arguments a JSON object; anything else is content."""
+        out: list[dict] = []
+        if self._state == _DONE:
+            return out
+        call = self._json_call({"name": name, "arguments": arguments.strip()})
+        if call is None:
+            self._content(out, arguments)
+        else:
+            self._add_calls(out, [call])
+        return out
+
+    def _add_calls(self, out: list[dict], calls: list[tuple[str, str]]) -> None:
         self._seen_text = True
         for name, args in calls:
             self._ws = ""

@@ -15,6 +15,7 @@ section: free text up to the end marker, then the constraint."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -190,6 +191,8 @@ class ReasoningSplitter:
 
 
 _HEADER, _BODY, _BETWEEN = 0, 1, 2
+CALL_END = "<|call|>"  # harmony: the end of a message addressed to a function
+_RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")  # the function a message is addressed to
 
 
 class HarmonySplitter(ReasoningSplitter):
@@ -197,17 +200,46 @@ class HarmonySplitter(ReasoningSplitter):
     the other channels the answer; headers (`assistant`, `<|channel|>final`, a recipient such as
     ` to=functions.f`) and the markers are not text of either. A reply written without any harmony marker is
     the answer as it is. Same feed / finish contract as ReasoningSplitter, whatever the chunking: every marker
-    is a token matched by id."""
+    is a token matched by id.
 
-    def __init__(self, fmt: HarmonyFormat, specials: Mapping[int, str], forward: set[str] | None = None):
+    calls: a message addressed to a function (`to=functions.NAME` in its header) is a tool call, its body the
+    arguments, ended by `<|call|>` (or `<|end|>`, or the reply's end: `<|call|>` stops generation); each
+    finished call waits in `take_calls()` instead of going to the answer. Without calls such a message is
+    answer text, as any other channel's."""
+
+    def __init__(self, fmt: HarmonyFormat, specials: Mapping[int, str], forward: set[str] | None = None,
+                 calls: bool = False):
         super().__init__(fmt, specials, False, forward)
         self._hstate = _HEADER  # the reply opens in the assistant's header (the prompt wrote <|start|>assistant)
         self._channel: str | None = None  # the header's text after <|channel|>, None before one
+        self._pre = ""  # the header's text before <|channel|> (`assistant to=functions.f`)
         self._target = "content"
         self._seen = False  # a harmony marker came: header text is not the answer
+        self._calls_on = calls
+        self._call: list | None = None  # [function name, its body so far] while in a call's message
+        self._done_calls: list[tuple[str, str]] = []
+
+    def take_calls(self) -> list[tuple[str, str]]:
+        """(function name, arguments text) of the calls finished since the last take, in order."""
+        out, self._done_calls = self._done_calls, []
+        return out
+
+    def _end_call(self) -> None:
+        if self._call is not None:
+            self._done_calls.append((self._call[0], self._call[1]))
+            self._call = None
+
+    def finish(self) -> tuple[str, str, list[int]]:
+        out = self._split(final=True)
+        self._end_call()  # the reply ended inside a call's message: <|call|> stopped it
+        return out
 
     def _special(self, out: dict, token: str) -> None:
         f = self.fmt
+        if token == CALL_END and self._call is not None:  # the call's message ends
+            self._end_call()
+            self._hstate = _BETWEEN
+            return
         if token not in f.markers:  # an end of turn (<|return|>, <|call|>), <|constrain|>: neither text, unless
             if self._hstate == _BODY and self._target == "content" and (self.forward is None
                                                                           or token in self.forward):
@@ -216,20 +248,26 @@ class HarmonySplitter(ReasoningSplitter):
             return
         self._seen = True
         if self._hstate == _HEADER and token == f.start:
-            self._channel, self._text = "", ""
+            self._pre, self._channel, self._text = self._text, "", ""  # a recipient may come before the channel
         elif self._hstate == _HEADER and token == f.message:
             name = (self._channel if self._channel is not None else self._text).strip().split(" ")[0]
             self._target = "reasoning" if name == "analysis" else "content"
+            to = _RECIPIENT.search(f"{self._pre} {self._text} {self._channel or ''}")
+            if self._calls_on and to is not None:
+                self._call, self._target = [to.group(1), ""], "call"
             self._hstate, self._text = _BODY, ""
         elif self._hstate == _BODY and token == f.end:
+            self._end_call()
             self._hstate = _BETWEEN
         elif token == f.header:
-            self._hstate, self._channel, self._text = _HEADER, None, ""
+            self._hstate, self._channel, self._text, self._pre = _HEADER, None, "", ""
         # any other marker out of place (a <|message|> inside a message): not text, the state unchanged
 
     def _plain(self, out: dict, text: str, final: bool) -> None:
         if self._hstate == _BODY:
-            if text:
+            if text and self._call is not None:
+                self._call[1] += text
+            elif text:
                 out[self._target].append(text)
             return
         if self._hstate == _HEADER:

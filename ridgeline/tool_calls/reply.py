@@ -30,14 +30,23 @@ class ReplyParser:
         if self.reasoning is None:
             return self._answer(list(ids), text, final=False)
         thought, answer, answer_ids = self.reasoning.feed(ids, text)
-        return self._thought(thought) + self._answer(answer_ids, answer, final=False)
+        return self._thought(thought) + self._answer(answer_ids, answer, final=False) + self._taken()
 
     def finish(self) -> list[dict]:
         out: list[dict] = []
         if self.reasoning is not None:
             thought, answer, answer_ids = self.reasoning.finish()
-            out = self._thought(thought) + self._answer(answer_ids, answer, final=False)
+            out = self._thought(thought) + self._answer(answer_ids, answer, final=False) + self._taken()
         return out + self._answer([], "", final=True)
+
+    def _taken(self) -> list[dict]:
+        """Calls the splitter read itself (harmony's messages addressed to a function), into the tool parser."""
+        take = getattr(self.reasoning, "take_calls", None)
+        if take is None or self.tools is None:
+            return []
+        events = [e for name, args in take() for e in self.tools.take(name, args)]
+        self.content.extend(e["content"] for e in events if "content" in e)
+        return events
 
     def _thought(self, text: str) -> list[dict]:
         if not text or not self.keep_reasoning:

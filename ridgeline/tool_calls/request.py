@@ -28,6 +28,7 @@ class ToolChoice:
     mode: str  # "none" | "auto" | "required" | "named"
     name: str | None  # the named function
     parallel: bool
+    strict: bool = False  # a tool asked for `strict`: its calls must follow its schema (constrained, or refused)
 
     @property
     def schemas(self) -> dict[str, dict]:
@@ -121,7 +122,8 @@ def tool_choice(tools, choice, parallel) -> ToolChoice | None:
         raise _bad("tool_choice", '"required" needs tools')
     if not checked:
         return None
-    return ToolChoice(tuple(checked), mode, name, parallel is not False)
+    strict = any(t["function"].get("strict") is True for t in tools)
+    return ToolChoice(tuple(checked), mode, name, parallel is not False, strict)
 
 
 def _calls(m: dict, where: str) -> list[dict]:
@@ -148,12 +150,13 @@ def _calls(m: dict, where: str) -> list[dict]:
 
 def template_messages(messages: list[dict], raw: list[dict]) -> list[dict]:
     """messages: the template input of each message (role, content); raw: the request's messages
-    (their tool_calls and tool_call_id). Checks each tool message answers an earlier call."""
-    out, ids = [], set()
+    (their tool_calls and tool_call_id). Checks each tool message answers an earlier call, and names the
+    function it answers (`name`, for templates that address a result to its function: GPT-OSS's)."""
+    out, ids = [], {}
     for i, (m, r) in enumerate(zip(messages, raw)):
         where = f"messages[{i}]"
         calls = _calls(r, where)
-        ids.update(c["id"] for c in calls)
+        ids.update((c["id"], c["function"]["name"]) for c in calls)
         m = {**m, "tool_calls": calls} if calls else dict(m)
         if m["role"] == "tool":
             tid = r.get("tool_call_id")
@@ -162,6 +165,7 @@ def template_messages(messages: list[dict], raw: list[dict]) -> list[dict]:
             if tid not in ids:
                 raise _bad(f"{where}.tool_call_id", f"{ascii(tid)[:70]} matches no earlier assistant tool call")
             m["tool_call_id"] = tid
+            m.setdefault("name", r.get("name") if isinstance(r.get("name"), str) else ids[tid])
         elif r.get("tool_call_id") is not None:
             raise _bad(f"{where}.tool_call_id", "only tool messages carry tool_call_id")
         out.append(m)
