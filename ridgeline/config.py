@@ -157,7 +157,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     # a registered proposer (ridgeline.engine.proposal.PROPOSERS), or several joined by "+" (speculative/cascade.py:
-    # each request takes the first that proposes, e.g. "ngram+eagle"); None: off
+    # each request takes the first that proposes, e.g. "ngram+eagle"); None (or "none"): off
     speculative_method: str | None = None
     num_speculative_tokens: int = 4  # proposals per request per step, at most
     ngram_min: int = 2  # `ngram` proposer: the shortest suffix it looks up
@@ -184,6 +184,8 @@ class SpeculativeConfig:
         return () if self.speculative_method is None else tuple(self.speculative_method.split("+"))
 
     def __post_init__(self):
+        if self.speculative_method == "none":  # said explicitly: off
+            object.__setattr__(self, "speculative_method", None)
         if not 1 <= self.num_speculative_tokens <= 64:
             raise InvalidRequestError("num_speculative_tokens must be in [1, 64]", "num_speculative_tokens")
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:

@@ -81,6 +81,10 @@ def test_command_line_flags_reach_the_config():
     args = build_parser().parse_args(["serve", "--speculative-method", "eagle", "--draft-model", "/heads/x"])
     spec = EngineConfig.from_kwargs("m", **engine_kwargs(args)).speculative
     assert (spec.method, spec.draft_model) == ("eagle", "/heads/x")
+    args = build_parser().parse_args(["generate", "hi", "--speculative-method", "none"])  # said explicitly: off
+    spec = EngineConfig.from_kwargs("m", **engine_kwargs(args)).speculative
+    assert spec.method is None and spec.methods == ()
+    assert EngineConfig.from_kwargs("m", speculative_method="none").speculative.method is None
 
 
 def test_a_kv_tier_keeps_blocks_the_drafts_grow_into(tiny_llama):

@@ -13,8 +13,10 @@ from ridgeline.formats.options import QUANTIZATIONS
 
 
 def speculative_method(text: str) -> str:
-    """A proposer's name, or several joined by '+' (ngram+eagle), each a known one."""
+    """A proposer's name, or several joined by '+' (ngram+eagle), each a known one; `none`: off."""
     from ridgeline.engine.proposal import known_methods
+    if text == "none":
+        return text
     known = known_methods()
     bad = [m for m in text.split("+") if m not in known]
     if bad:
@@ -93,7 +95,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "first --speculative-layers layers and its head; eagle: a head trained by "
                         "`ridgeline train-draft`, --draft-model DIR, or the head shipped for the model; grammar: only the "
                         "tokens a structured output forces next, which every method drafts first; several joined "
-                        "by '+', e.g. ngram+eagle: each request takes the first that proposes; default: off)")
+                        "by '+', e.g. ngram+eagle: each request takes the first that proposes; none: off, the "
+                        "default)")
     g.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
                    help="most tokens proposed per request per step")
     g.add_argument("--draft-model", default=None, metavar="PATH",
