@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ridgeline.engine.constraints import StructuredStats
@@ -117,10 +118,18 @@ class _Add:
     done: asyncio.Future
 
 
+@dataclass(frozen=True)
+class _Call:
+    """fn(engine), run by the step thread between steps (it owns the engine); `done` settles on the event
+    loop with what fn returned or raised."""
+    fn: Callable
+    done: asyncio.Future
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._ops: deque[_Add | AbortRequest | Shutdown] = deque()
+        self._ops: deque[_Add | _Call | AbortRequest | Shutdown] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -185,6 +194,21 @@ class AsyncEngine:
             self._adding.discard(done)
         return stream
 
+    async def call(self, fn: Callable):
+        """fn(engine) on the step thread, between two steps (a forward outside the scheduler: embeddings);
+        returns its result or raises its error. Refused, like add, once the server is stopping."""
+        if self._refusal is not None:
+            raise self._refusal
+        if not self.alive:
+            raise EngineStoppedError("the server is shutting down")
+        done = self._loop.create_future()
+        self._adding.add(done)  # failed with the adds if the server stops first
+        self._post(_Call(fn, done))
+        try:
+            return await done
+        finally:
+            self._adding.discard(done)
+
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._no_token_yet.pop(request_id, None)
@@ -230,7 +254,7 @@ class AsyncEngine:
         """Have the step thread look at its ops and step_gate again."""
         self._wake.set()
 
-    def _post(self, op: _Add | AbortRequest | Shutdown) -> None:
+    def _post(self, op: _Add | _Call | AbortRequest | Shutdown) -> None:
         self._ops.append(op)
         self._wake.set()
 
@@ -285,6 +309,12 @@ class AsyncEngine:
             op = self._ops.popleft()
             if isinstance(op, _Add):
                 self._add(op.requests, op.done)
+            elif isinstance(op, _Call):
+                try:
+                    value, error = op.fn(self.engine), None
+                except Exception as e:  # the caller's error (a 400 it raised, or a bug it reports)
+                    value, error = None, e
+                self._to_loop(_settle_value, op.done, value, error)
             elif isinstance(op, AbortRequest):
                 self.engine.abort_request(op.request_id)
                 self._live.discard(op.request_id)
@@ -358,6 +388,15 @@ def build_off_main_thread(factory):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def _settle_value(future: asyncio.Future, value, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
