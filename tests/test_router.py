@@ -62,6 +62,15 @@ def test_models_health_and_summed_metrics(router, client, replicas):
     assert metric(router.url, "ridgeline_router_replica_up", f'replica="{replicas[0].url}"') == 1
 
 
+def test_embeddings_and_tokenize_reach_a_replica(client, replicas, router):
+    direct = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key="x", max_retries=0)
+    want = direct.embeddings.create(model=MODEL, input="hello").data[0].embedding
+    assert client.embeddings.create(model=MODEL, input="hello").data[0].embedding == pytest.approx(want, abs=1e-6)
+    r = httpx.post(router.url + "/tokenize", json={"prompt": "hello"})
+    assert r.status_code == 200 and r.json()["count"] == httpx.post(replicas[0].url + "/tokenize",
+                                                                     json={"prompt": "hello"}).json()["count"]
+
+
 def test_chat_and_stream_pass_through(client, replicas):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "tell me"}], temperature=0, max_tokens=12,
               extra_body={"ignore_eos": True})

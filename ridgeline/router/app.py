@@ -1,5 +1,6 @@
 """build_router_app(router): the router's OpenAI front (FastAPI). Generation routes are routed by
-the policy; /v1/models goes to any replica that is up; /health and /metrics are the router's. The
+the policy; /v1/embeddings, /tokenize and /detokenize go where the policy sends a request without a prefix;
+/v1/models goes to any replica that is up; /health and /metrics are the router's. The
 server's Guard runs first: a request is authenticated, and its body capped, before it is parsed or
 tokenized."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ridgeline.engine.cache_namespace import tenant_salt
 from ridgeline.utils.internal_auth import deployment_secret
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
+ANY_REPLICA = ("/v1/embeddings", "/tokenize", "/detokenize")  # no prefix to route by: whichever the policy picks
 
 
 def build_router_app(router: Router) -> FastAPI:
@@ -63,6 +65,13 @@ def build_router_app(router: Router) -> FastAPI:
                 executor, router.hasher.route, request.url.path, parsed, field)
         return await forward(router, "POST", request.url.path, body, headers, route)
 
+    async def any_replica(request: Request):
+        headers = forwarded_headers(request.headers)
+        tenant = tenant_of(request.scope)
+        if tenant is not None:
+            headers[TENANT_HEADER] = tenant
+        return await forward(router, "POST", request.url.path, await read_body(request), headers, Route())
+
     async def models(request: Request):
         return await forward(router, request.method, request.url.path, b"", forwarded_headers(request.headers),
                              Route())
@@ -78,6 +87,8 @@ def build_router_app(router: Router) -> FastAPI:
 
     for path in GENERATE:
         app.add_api_route(path, generate, methods=["POST"])
+    for path in ANY_REPLICA:
+        app.add_api_route(path, any_replica, methods=["POST"])
     app.add_api_route("/v1/models", models, methods=["GET", "HEAD"])
     app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
