@@ -400,9 +400,4 @@ def _settle_value(future: asyncio.Future, value, error: BaseException | None) ->
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    _settle_value(future, None, error)
