@@ -165,7 +165,9 @@ def template_messages(messages: list[dict], raw: list[dict]) -> list[dict]:
             if tid not in ids:
                 raise _bad(f"{where}.tool_call_id", f"{ascii(tid)[:70]} matches no earlier assistant tool call")
             m["tool_call_id"] = tid
-            m.setdefault("name", r.get("name") if isinstance(r.get("name"), str) else ids[tid])
+            # the called function's name (checked for special-token text with the call), never a client's `name`:
+            # templates render it outside the contents
+            m["name"] = ids[tid]
         elif r.get("tool_call_id") is not None:
             raise _bad(f"{where}.tool_call_id", "only tool messages carry tool_call_id")
         out.append(m)
