@@ -101,14 +101,15 @@ def scenario_from_args(args, spec=None):
     from ridgeline.advisor.model_config import resolve_spec
     from ridgeline.advisor.scenario import SpecDecode, build
     from ridgeline.advisor.workload import Workload
-
     from ridgeline.advisor.defaults import hardware_name, weights_for
+
     spec = spec or resolve_spec(args.model)
-    if hardware_name(args.hardware).lower() == "local":
+    name = hardware_name(args.hardware)
+    if name.lower() == "local":
         from ridgeline.advisor.local_profile import local_hardware
         hw = local_hardware(refresh=args.reprofile)
     else:
-        hw = lookup_hardware(hardware_name(args.hardware))
+        hw = lookup_hardware(name)
     weights = weights_for(args.weights, args.model, spec.num_params)
     require_positive("--ttft-slo-ms", args.ttft_slo_ms)
     require_positive("--tpot-slo-ms", args.tpot_slo_ms)

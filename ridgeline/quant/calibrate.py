@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 from ridgeline.errors import InvalidRequestError
 from ridgeline.data import corpus
 from ridgeline.layers.linear import Linear
+from ridgeline.quant.choices import DEFAULT_TOKENS
 
-from ridgeline.quant.choices import DEFAULT_TOKENS  # noqa: E402
 WINDOW = 512
 SINK_TOKENS = 4  # leading rows of each window counted as the attention sink
 SINK_WEIGHT = 128  # their weight in an attention projection's Hessian (measured 128 and 512: the same)

@@ -28,10 +28,10 @@ from tqdm.auto import tqdm
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.quant import awq, awq_block, calibrate, clip, gptq, sequential
+from ridgeline.quant.choices import BITS, METHODS
 from ridgeline.formats import grid, hub_layout
 from ridgeline.weights.quant_checkpoint import read_quant_config
 
-from ridgeline.quant.choices import BITS, METHODS  # noqa: E402 (re-exported: the CLI's choices)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 ATTN_INPUT = ("q_proj", "k_proj", "v_proj")  # the projections of the attention's input (qkv_proj)

@@ -9,6 +9,7 @@ the scheduler, run by the step thread between steps (AsyncEngine.call), its KV b
 from __future__ import annotations
 
 import base64
+import struct
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -61,7 +62,6 @@ def _embed(engine, ids: list[list[int]], normalize: bool) -> list[list[float]]:
 def _encoded(vector: list[float], fmt: str):
     if fmt == "float":
         return vector
-    import struct
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 

@@ -96,6 +96,10 @@ class ReasoningSplitter:
         self._state = _REASONING if in_reasoning else _START
         self._strip = False  # the answer's leading blank space after a section is dropped
 
+    def take_calls(self) -> list[tuple[str, str]]:
+        """Tool calls this splitter read itself (harmony's, HarmonySplitter): none in a thinking section."""
+        return []
+
     def feed(self, ids: Sequence[int], text: str) -> tuple[str, str, list[int]]:
         for i in ids:
             t = self.specials.get(i)

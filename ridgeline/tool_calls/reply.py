@@ -41,10 +41,9 @@ class ReplyParser:
 
     def _taken(self) -> list[dict]:
         """Calls the splitter read itself (harmony's messages addressed to a function), into the tool parser."""
-        take = getattr(self.reasoning, "take_calls", None)
-        if take is None or self.tools is None:
+        if self.tools is None:
             return []
-        events = [e for name, args in take() for e in self.tools.take(name, args)]
+        events = [e for name, args in self.reasoning.take_calls() for e in self.tools.take(name, args)]
         self.content.extend(e["content"] for e in events if "content" in e)
         return events
 
