@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.errors import InvalidRequestError
-from ridgeline.serve import chat, completions
+from ridgeline.serve import completions
+from ridgeline.serve.chat_run import render_prompt
 from ridgeline.serve.generate import accept, check_admission, check_context, compile_structured
 from ridgeline.serve.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -29,8 +30,8 @@ async def _prompts(state, route: str, raw: dict, name: str):
         params = accept(state, body, route)
         await compile_structured(state, params, name)  # off the step thread, under its deadline
         messages = [m.as_template_input() for m in body.messages]
-        return body, params, [await state.offload(name, chat._prompt, state.engine.tokenizer, messages, state.render,
-                                                  state.text_bound)]
+        return body, params, [await state.offload(name, render_prompt, state.engine.tokenizer, messages,
+                                                  state.render, state.text_bound)]
     raise InvalidRequestError(f"route must be one of {', '.join(ROUTES)}, got {route!r}", "route")
 
 
