@@ -210,8 +210,12 @@ def test_api_key(front, fclient):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         r = httpx.post(front.url + CMPL, json=cmpl(), headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.post(front.url + CMPL, json=cmpl(), headers={"x-api-key": "wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert front.reached() == before, "a request without the key got past the front"
     assert httpx.get(front.url + "/health").status_code == 200  # probes need no key
+    r = httpx.post(front.url + CMPL, json=cmpl(), headers={"x-api-key": KEY})  # Anthropic's clients' header
+    assert r.status_code == 200
     assert fclient.post(CMPL, json=cmpl()).status_code == 200
     assert front.reached() > before
 

@@ -1,10 +1,13 @@
-"""Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}}.
+"""Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}},
+or, under a path prefix whose API has its own shape (Anthropic's, ollama's), as that API's body
+(register_error_shape).
 A 500 never carries its cause (exception text can hold paths, prompts, internals): clients get the
 generic INTERNAL body, and the detail goes to the log only."""
 from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +41,23 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# (path prefix, shape(error) -> body): APIs whose clients read another error body than OpenAI's
+_SHAPES: list[tuple[str, Callable[[RidgelineError], dict]]] = []
+
+
+def register_error_shape(prefix: str, shape: Callable[[RidgelineError], dict]) -> None:
+    """Errors under paths starting with prefix leave as shape(e) (a client-visible RidgelineError)."""
+    _SHAPES[:] = [(p, f) for p, f in _SHAPES if p != prefix] + [(prefix, shape)]
+
+
+def shaped_body(e: RidgelineError, path: str = "") -> dict:
+    """The error body the client of `path` reads (OpenAI's unless an API registered its own)."""
+    for prefix, shape in _SHAPES:
+        if path.startswith(prefix):
+            return shape(e)
+    return error_body(e.message, e.type, e.param, e.code)
+
+
 def status_of(e: BaseException) -> int:
     """The HTTP status `e` is answered with (see public)."""
     return e.status if isinstance(e, RidgelineError) and (e.status < 500 or e.status == 503) else 500
@@ -60,36 +80,37 @@ def error_headers(e: RidgelineError) -> dict[str, str] | None:
     return headers or None
 
 
-def error_response(e: BaseException) -> JSONResponse:
+def error_response(e: BaseException, path: str = "") -> JSONResponse:
     e = public(e)
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), e.status, error_headers(e))
+    return JSONResponse(shaped_body(e, path), e.status, error_headers(e))
 
 
 def install_error_handlers(app: FastAPI, on_error) -> None:
     """on_error(status) counts each refusal for /metrics."""
 
     @app.exception_handler(RidgelineError)
-    async def ridgeline_error(_: Request, e: RidgelineError):
+    async def ridgeline_error(request: Request, e: RidgelineError):
         on_error(e.status)
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError):  # FastAPI would answer 422
+    async def validation_error(request: Request, e: RequestValidationError):  # FastAPI would answer 422
         on_error(400)
-        return error_response(from_validation(e.errors()))
+        return error_response(from_validation(e.errors()), request.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         on_error(e.status_code)
         if e.status_code == 404 and e.detail == "Not Found":  # no such route: say which exist
             return error_response(ApiError(404, f"no route {request.method} {request.url.path}; this server "
-                                                f"answers {routes_of(request.app)}", code="unknown_route"))
-        return error_response(ApiError(e.status_code, str(e.detail), headers=e.headers))
+                                                f"answers {routes_of(request.app)}", code="unknown_route"),
+                                  request.url.path)
+        return error_response(ApiError(e.status_code, str(e.detail), headers=e.headers), request.url.path)
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
+    async def internal_error(request: Request, e: Exception):
         on_error(500)
-        return error_response(e)
+        return error_response(e, request.url.path)
 
 
 def routes_of(app) -> str:

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ridgeline.http.api_keys import TENANT as TENANT_NAME
 from ridgeline.http.api_keys import load_api_keys
-from ridgeline.http.errors import RETRY_AFTER_S, ApiError, error_body, error_headers
+from ridgeline.http.errors import RETRY_AFTER_S, ApiError, error_headers, shaped_body
 from ridgeline.http.front_limits import FrontLimits
 from ridgeline.http.origins import OriginPolicy
 
@@ -79,7 +79,8 @@ class Guard:
         if self.keys and not self._open(path):
             ok, tenant = self._authorized(headers)
             if not ok:
-                return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                return ApiError(401, "missing or incorrect API key: send it as `Authorization: Bearer <key>` "
+                                     "(or `x-api-key: <key>`)",
                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             if tenant is None and self.tenant_header:
                 tenant = headers.get(TENANT_HEADER)
@@ -103,10 +104,13 @@ class Guard:
                                            and ".." not in path)
 
     def _authorized(self, headers: dict[str, str]) -> tuple[bool, str | None]:
-        """(a key of ours came, its tenant)."""
+        """(a key of ours came, its tenant): `Authorization: Bearer <key>`, or `x-api-key: <key>` as
+        Anthropic's clients send it."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
-            return False, None
+            token = headers.get("x-api-key")
+            if token is None:
+                return False, None
         return self.keys.check(token.strip())
 
     def _limited(self, receive: Receive) -> Receive:
@@ -137,8 +141,7 @@ class Guard:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, err: ApiError) -> None:
         self.on_error(err.status)
-        response = JSONResponse(error_body(err.message, err.type, err.param, err.code), err.status,
-                                error_headers(err))
+        response = JSONResponse(shaped_body(err, scope["path"]), err.status, error_headers(err))
         await response(scope, receive, send)
 
 
