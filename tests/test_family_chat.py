@@ -27,7 +27,7 @@ FAMILIES = {
     "phi3": (PHI, ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|endoftext|>"], "<|end|>", None,
              "<|endoftext|>"),
     "gpt_oss": (HARMONY, ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>",
-                          "<|endoftext|>"], "<|return|>", None, "<|endoftext|>"),
+                          "<|constrain|>", "<|endoftext|>"], "<|return|>", None, "<|endoftext|>"),
 }
 
 

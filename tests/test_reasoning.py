@@ -365,9 +365,9 @@ def test_harmony_is_found_in_its_template_and_needs_its_tokens():
     with pytest.raises(InvalidRequestError, match="harmony needs"):
         plan(HARMONY, as_text, None, None, body)
     tok = SimpleNamespace(token_id=HIDS.get, special_ids=set(HIDS.values()), id_to_token={v: k for k, v in HIDS.items()}.get)
-    with pytest.raises(InvalidRequestError, match="thinking budget"):
-        plan(HARMONY, tok, None, None, SimpleNamespace(include_reasoning=None, thinking_token_budget=8,
-                                                          max_reasoning_tokens=None))
+    with pytest.raises(InvalidRequestError, match="thinking budget on harmony replies needs a constraint"):
+        plan(HARMONY, tok, SimpleNamespace(structured=None), None,
+             SimpleNamespace(include_reasoning=None, thinking_token_budget=8, max_reasoning_tokens=None))
 
 
 @pytest.fixture(scope="module")
@@ -447,9 +447,70 @@ def test_harmony_tools_render_through_the_template_and_refuse_what_they_cannot_e
                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     r = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS, messages=history)
     assert r.status_code == 200, r.text
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        r = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS, tool_choice=choice)
-        assert r.status_code == 400 and "harmony" in r.json()["error"]["message"], r.text
     strict = [{**HARMONY_TOOLS[0], "function": {**HARMONY_TOOLS[0]["function"], "strict": True}}]
     r = _chat(harmony_tools_server, max_tokens=2, tools=strict)  # auto: nothing would enforce the schema
     assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"],
+        "additionalProperties": False}
+CITY_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}},
+              {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {},
+                                                                              "additionalProperties": False}}}]
+
+
+def _streamed_calls(server, **kw):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, **kw}
+    reasoning, calls, finish = "", [], None
+    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:])["choices"]:
+                    reasoning += ch["delta"].get("reasoning_content") or ""
+                    calls += [(d["function"]["name"], d["function"]["arguments"]) for d in ch["delta"].get("tool_calls")
+                              or []]
+                    finish = ch["finish_reason"] or finish
+    return reasoning or None, calls, finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "noop"}}])
+def test_harmony_required_and_named_calls_are_constrained_after_the_analysis(harmony_tools_server, choice):
+    """tool_choice required / named on harmony: one grammar, the analysis message first (its text cut at the
+    thinking budget), then a commentary message addressed to a tool whose body validates; streamed alike."""
+    from jsonschema import Draft202012Validator
+    allowed = {"get_weather", "noop"} if choice == "required" else {"noop"}
+    seen_reasoning = False
+    for seed in range(4):
+        kw = dict(max_tokens=120, tools=CITY_TOOLS, tool_choice=choice, temperature=1.0, seed=seed,
+                  thinking_token_budget=3)
+        r = _chat(harmony_tools_server, **kw)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        calls = c["message"].get("tool_calls") or []
+        assert c["finish_reason"] == "tool_calls" and len(calls) == 1, c
+        name, args = calls[0]["function"]["name"], calls[0]["function"]["arguments"]
+        assert name in allowed
+        Draft202012Validator(CITY if name == "get_weather" else CITY_TOOLS[1]["function"]["parameters"]).validate(
+            json.loads(args))
+        thought = c["message"].get("reasoning_content")
+        seen_reasoning |= thought is not None
+        assert len((thought or "").encode()) <= 3 * 4  # the budget's tokens at most (a token is at most 4 bytes)
+        assert _streamed_calls(harmony_tools_server, **kw) == (thought, [(name, args)], "tool_calls")
+    assert seen_reasoning, "no reply wrote an analysis message before its call"
+
+
+def test_harmony_json_answer_is_the_final_channel_after_the_analysis(harmony_tools_server):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    for seed in range(3):
+        r = _chat(harmony_tools_server, max_tokens=60, temperature=1.0, seed=seed, response_format=fmt,
+                  max_reasoning_tokens=2)
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert 0 <= json.loads(msg["content"])["n"] <= 9, msg
+    r = _chat(harmony_tools_server, max_tokens=8, structured_outputs={"regex": "a+"})
+    assert r.status_code == 400 and "regex" in r.json()["error"]["message"], r.text  # not framed yet: refused
+    r = _chat(harmony_tools_server, max_tokens=8, thinking_token_budget=2)
+    assert r.status_code == 400 and "thinking budget" in r.json()["error"]["message"], r.text

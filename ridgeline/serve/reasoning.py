@@ -13,7 +13,8 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.tool_calls.reasoning import (REASONING_FORMATS, BudgetNeedsToken, HarmonyFormat, HarmonySplitter,
                                             ReasoningFormat, ReasoningSplitter, budget_only, detect_reasoning,
-                                            opens_reasoning, with_reasoning, wrap_grammar)
+                                            opens_reasoning, with_reasoning, wrap_tool_grammar)
+from ridgeline.tool_calls.harmony_grammar import TOKENS as HARMONY_TOKENS
 from ridgeline.tool_calls.reply import ReplyParser
 
 PARSERS = ("auto", "none", *REASONING_FORMATS)
@@ -104,8 +105,9 @@ def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials
         if missing:
             raise InvalidRequestError(f"reasoning: harmony needs {', '.join(missing)} as tokens of the tokenizer; "
                                       "this one writes them as text (use --reasoning-parser none)", "reasoning")
-        if budget is not None:
-            raise InvalidRequestError(f"{budget[0]}: a thinking budget is not supported with harmony replies yet",
+        if budget is not None and params.structured is None:
+            raise InvalidRequestError(f"{budget[0]}: a thinking budget on harmony replies needs a constraint "
+                                      "(tool_choice required or named, or a response_format) yet",
                                       budget[0], code="unsupported_parameter")
     if budget is not None and fmt.end not in ids:
         raise InvalidRequestError(f"{budget[0]}: a thinking budget needs the end marker {fmt.end} to be one token "
@@ -117,6 +119,8 @@ def plan(fmt: ReasoningFormat | None, tok, params: SamplingParams, tool_specials
     if not params.skip_special_tokens:
         specials.update({i: tok.id_to_token(i) for i in tok.special_ids if i not in specials})
     plain = frozenset(t for i, t in specials.items() if i not in tok.special_ids)
+    if isinstance(fmt, HarmonyFormat):  # the grammars also write <|constrain|>, <|return|>, <|call|> by id
+        ids.update({m: i for m in HARMONY_TOKENS if (i := tok.token_id(m)) is not None})
     return ReasoningPlan(fmt, specials, ids, include_reasoning is not False, budget, plain), params
 
 
@@ -126,18 +130,16 @@ def after_prompt(rp: ReasoningPlan | None, prompt_text: str, params: SamplingPar
         return params
     rp.opened = opens_reasoning(rp.fmt, prompt_text)
     spec, budget = params.structured, rp.budget[1] if rp.budget else None
-    if isinstance(rp.fmt, HarmonyFormat) and spec is not None:
-        raise InvalidRequestError(f"{spec.field}: a constraint after harmony's analysis channel is not supported yet",
-                                  spec.field, code="unsupported_parameter")
+    harmony = isinstance(rp.fmt, HarmonyFormat)  # a reply is messages: any constraint is one of them
     try:
         if spec is None:
             if budget is None:
                 return params
             spec = budget_only(rp.fmt, rp.token_ids, rp.opened, budget)
         elif spec.field == "tools":  # the tool-call grammars (serve/tools.py): ours, start rule first
-            spec = dataclasses.replace(spec, grammar=wrap_grammar(spec.grammar, rp.fmt, rp.token_ids, rp.opened,
-                                                                  budget))
-        elif spec.kind in ("json", "json_object", "choice") or rp.opened or budget is not None:
+            spec = dataclasses.replace(spec, grammar=wrap_tool_grammar(spec.grammar, rp.fmt, rp.token_ids,
+                                                                       rp.opened, budget))
+        elif spec.kind in ("json", "json_object", "choice") or rp.opened or budget is not None or harmony:
             spec = with_reasoning(spec, rp.fmt, rp.token_ids, rp.opened, budget)  # other kinds: refused
     except BudgetNeedsToken:  # checked in plan(); here for a format given by flag
         raise InvalidRequestError(f"{rp.budget[0]}: a thinking budget needs the end marker as one token",

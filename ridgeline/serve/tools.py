@@ -14,6 +14,7 @@ from ridgeline.sampling_params import SamplingParams
 from ridgeline.structured_params import StructuredOutputs
 from ridgeline.tool_calls.detect import Detected, detect
 from ridgeline.tool_calls.grammar import auto_grammar, call_grammar, lazily_constrained
+from ridgeline.tool_calls.harmony_grammar import TOKENS as HARMONY_TOKENS
 from ridgeline.tool_calls.parser import ToolCallParser
 from ridgeline.tool_calls.request import ToolChoice, generic_messages, template_messages, tool_choice
 
@@ -82,7 +83,10 @@ def plan(body, tok, render, params: SamplingParams, template_input: list[dict]) 
             params = dataclasses.replace(params, skip_special_tokens=False)
         if not params.skip_special_tokens:
             specials.update({i: tok.id_to_token(i) for i in tok.special_ids})
-        params = _constrain(choice, detected, params, {m: i for i, m in specials.items() if m in fmt.markers})
+        ids = {m: i for i, m in specials.items() if m in fmt.markers}
+        if fmt.body == "harmony":  # its grammar writes every harmony marker by id
+            ids.update({m: i for m in HARMONY_TOKENS if (i := tok.token_id(m)) is not None})
+        params = _constrain(choice, detected, params, ids)
     return ToolPlan(choice, detected, messages, extra, specials, params)
 
 
@@ -104,6 +108,11 @@ def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, i
     if not fmt.constrainable:
         raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be enforced for this model's call format "
                                   f"({fmt.name}) yet; use auto", "tool_choice", code="unsupported_parameter")
+    missing = [m for m in HARMONY_TOKENS[:5] if m not in ids] if fmt.body == "harmony" else []
+    if missing:
+        raise InvalidRequestError(f"tool_choice: {choice.mode} on harmony calls needs {', '.join(missing)} as tokens "
+                                  "of the tokenizer; this one writes them as text", "tool_choice",
+                                  code="unsupported_parameter")
     if params.structured is not None:
         raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be combined with "
                                   f"{params.structured.field}", "tool_choice")

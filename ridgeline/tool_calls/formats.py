@@ -55,8 +55,9 @@ PHI4_MINI = CallFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", listed=Tr
 GENERIC = CallFormat("generic", "<tool_call>", "</tool_call>")
 # GPT-OSS: a call is a commentary message addressed to the function, its body the arguments, ended by <|call|>:
 # <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>. The harmony splitter
-# (reasoning.py) reads the channels and hands each call to the parser (ToolCallParser.take); not constrained.
-HARMONY_CALLS = CallFormat("harmony", "<|channel|>", "<|call|>", body="harmony", constrainable=False)
+# (reasoning.py) reads the channels and hands each call to the parser (ToolCallParser.take); required and
+# named are constrained (harmony_grammar.py), auto is not (the channel marker opens every message).
+HARMONY_CALLS = CallFormat("harmony", "<|channel|>", "<|call|>", body="harmony")
 FORMATS = {f.name: f for f in (HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, PHI4_MINI, HARMONY_CALLS, GENERIC)}
 
 

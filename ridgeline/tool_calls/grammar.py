@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from ridgeline.tool_calls import harmony_grammar
 from ridgeline.tool_calls.formats import CallFormat
 
 COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -51,6 +52,8 @@ def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
     if not fmt.constrainable:
         raise ValueError(f"the {fmt.name} format cannot be constrained")
     ids = token_ids or {}
+    if fmt.body == "harmony":  # a message addressed to the function (harmony_grammar.py)
+        return harmony_grammar.call_rules(fmt, tools, ids)
     rest, repeats = _after_marker(fmt, parallel, ids)
     block = f"{_lit(fmt.writes, ids)} {rest}"
     body = f'{block} ("\\n" {block})*' if repeats else block
@@ -59,8 +62,9 @@ def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
 
 def lazily_constrained(fmt: CallFormat) -> bool:
     """tool_choice auto can be constrained from the format's opening marker on: the marker is what the
-    format writes (Llama 3's bare JSON calls have no marker to trigger on)."""
-    return fmt.constrainable and fmt.opener is None and bool(fmt.start)
+    format writes (Llama 3's bare JSON calls have no marker to trigger on; harmony's channel marker opens
+    every message, not only calls)."""
+    return fmt.constrainable and fmt.opener is None and bool(fmt.start) and fmt.body != "harmony"
 
 
 def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,

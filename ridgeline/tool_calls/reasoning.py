@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ridgeline.structured_params import COMPACT_JSON, StructuredOutputs
+from ridgeline.tool_calls import harmony_grammar
 from ridgeline.tool_calls.parser import _held
 
 
@@ -288,21 +289,37 @@ class HarmonySplitter(ReasoningSplitter):
 def with_reasoning(spec: StructuredOutputs, fmt: ReasoningFormat, token_ids: Mapping[str, int],
                    opened: bool, budget: int | None = None) -> StructuredOutputs:
     """spec, applied after the reasoning section: free text to the end marker (the section the prompt
-    opened, or one the reply may open with the start marker), then the constraint. A JSON schema,
-    JSON object or choice; other kinds are refused (their grammar cannot be nested here yet)."""
-    if spec.kind == "json":
-        body = f"%json {json.dumps({**json.loads(spec.json), 'x-guidance': COMPACT_JSON})}"
-    elif spec.kind == "json_object":
-        body = f"%json {json.dumps({'type': 'object', 'x-guidance': COMPACT_JSON})}"
-    elif spec.kind == "choice":
-        body = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+    opened, or one the reply may open with the start marker), then the constraint; harmony: after the
+    analysis message, the final channel's message is the constraint. A JSON schema, JSON object or choice;
+    other kinds are refused (their grammar cannot be nested here yet)."""
+    body = _constraint_body(spec)
+    if isinstance(fmt, HarmonyFormat):
+        grammar = harmony_grammar.with_analysis(harmony_grammar.final_rules(body, token_ids), token_ids, budget)
     else:
-        from ridgeline.errors import InvalidRequestError
-        raise InvalidRequestError(f"{spec.field}: a {spec.kind.replace('_', ' ')} cannot be enforced after a "
-                                  "reasoning section yet; give a JSON schema or choices, or turn thinking off "
-                                  "(chat_template_kwargs)", spec.field, code="unsupported_parameter")
-    return StructuredOutputs(grammar=wrap_grammar(f"start: {body}\n", fmt, token_ids, opened, budget),
-                             field=spec.field)
+        grammar = wrap_grammar(f"start: {body}\n", fmt, token_ids, opened, budget)
+    return StructuredOutputs(grammar=grammar, field=spec.field)
+
+
+def _constraint_body(spec: StructuredOutputs) -> str:
+    """The constraint as one Lark expression."""
+    if spec.kind == "json":
+        return f"%json {json.dumps({**json.loads(spec.json), 'x-guidance': COMPACT_JSON})}"
+    if spec.kind == "json_object":
+        return f"%json {json.dumps({'type': 'object', 'x-guidance': COMPACT_JSON})}"
+    if spec.kind == "choice":
+        return " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
+    from ridgeline.errors import InvalidRequestError
+    raise InvalidRequestError(f"{spec.field}: a {spec.kind.replace('_', ' ')} cannot be enforced after a "
+                              "reasoning section yet; give a JSON schema or choices, or turn thinking off "
+                              "(chat_template_kwargs)", spec.field, code="unsupported_parameter")
+
+
+def wrap_tool_grammar(grammar: str, fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool,
+                      budget: int | None = None) -> str:
+    """A tool-call grammar (grammar.py's, or harmony_grammar's calls) after the reasoning section."""
+    if isinstance(fmt, HarmonyFormat):
+        return harmony_grammar.with_analysis(grammar, token_ids, budget)
+    return wrap_grammar(grammar, fmt, token_ids, opened, budget)
 
 
 def budget_only(fmt: ReasoningFormat, token_ids: Mapping[str, int], opened: bool, budget: int) -> StructuredOutputs:
