@@ -182,3 +182,44 @@ def test_strict_tools_are_enforced_where_the_format_is_constrained_and_refused_w
     assert client.post("/v1/chat/completions", json=body).status_code == 200  # generic format: auto is constrained
     r = client.post("/v1/chat/completions", json={**body, "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text  # auto beside a response_format
+
+
+@pytest.fixture(scope="module")
+def coder_sdk(tmp_path_factory):
+    """A tiny Llama whose template writes Qwen3-Coder's XML calls (tests/data/templates/qwen3_coder.jinja)."""
+    from pathlib import Path
+    from conftest import SERVER_OPTS, make_tiny_model
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-coder"), "llama", max_position_embeddings=2048)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    cfg["chat_template"] = (Path(__file__).parent / "data" / "templates" / "qwen3_coder.jinja").read_text()
+    cfg_path.write_text(json.dumps(cfg))
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False,
+                                                **{**SERVER_OPTS, "kv_cache_memory": "16MiB"}))
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_xml_calls_are_constrained_streamed_or_not(coder_sdk, choice):
+    """Qwen3-Coder's XML format: required and named calls are held to each tool's schema, read back typed."""
+    allowed = set(SCHEMAS) if choice == "required" else {"add"}
+    for seed in range(3):
+        kw = dict(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=1.0,
+                  seed=seed, parallel_tool_calls=False)
+        c = coder_sdk.chat.completions.create(**kw).choices[0]
+        assert c.finish_reason == "tool_calls", c
+        _check(c.message.tool_calls, allowed)
+        _, calls, finish = _streamed(coder_sdk, **kw)
+        assert finish == "tool_calls"
+        assert [(n, a) for _, n, a in calls] == [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+    pattern = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "^a+$"}}}}}]
+    with pytest.raises(openai.BadRequestError, match="pattern"):
+        coder_sdk.chat.completions.create(model="tiny", messages=USER, tools=pattern, tool_choice="required",
+                                          max_tokens=8)

@@ -65,7 +65,7 @@ def test_auto_leaves_text_free_and_constrains_each_call(fmt, specials):
     good = enc("Let me check. " + call(fmt, "get_weather", {"city": "Paris", "days": 2}))
     n, m = _walk(ltok, g, good)
     assert n == len(good), tok.decode(good[:n + 1])
-    bad_args = enc("Let me check. " + call(fmt, "get_weather", {"city": 3}))
+    bad_args = enc("Let me check. " + call(fmt, "get_weather", {"city": "Paris", "days": "two"}))
     assert _walk(ltok, g, bad_args)[0] < len(bad_args)  # arguments against the schema are refused
     unknown = enc("Let me check. " + call(fmt, "delete_everything", {}))
     assert _walk(ltok, g, unknown)[0] < len(unknown)  # only the tools given
@@ -101,6 +101,52 @@ def test_required_admits_only_calls(fmt):
 
 
 def test_formats_without_a_marker_to_trigger_on_are_not_lazily_constrained():
-    assert not lazily_constrained(FORMATS["llama3_json"]) and not lazily_constrained(FORMATS["qwen3_coder"])
+    assert not lazily_constrained(FORMATS["llama3_json"]) and not lazily_constrained(FORMATS["harmony"])
     with pytest.raises(ValueError):
         auto_grammar(FORMATS["llama3_json"], TOOLS, True)
+
+
+XML_TOOLS = {"edit": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
+                                                       "code": {"type": "string"},
+                                                       "mode": {"type": "string", "enum": ["add", "drop"]},
+                                                       "lines": {"type": "array", "items": {"type": "integer"}}},
+                      "required": ["path", "code"], "additionalProperties": False},
+             "anything": {"type": "object"}}
+
+
+@pytest.mark.parametrize("args, ok", [
+    ({"path": "a.py", "code": "if a < b:\n    x = '</div>'\n"}, True),  # markup that is not the closer is text
+    ({"path": "a.py", "code": "x", "mode": "drop", "lines": [1, 2]}, True),
+    ({"path": "a.py", "code": "x</parameter>y"}, False),  # would end the value early in the parser's reading
+    ({"path": "a-very-long-name.py", "code": "x"}, False),  # maxLength 12
+    ({"path": "a.py", "code": "x", "mode": "move"}, False),  # not in the enum
+    ({"path": "a.py", "code": "x", "lines": ["one"]}, False),  # items are integers
+    ({"code": "x"}, False),  # path is required
+])
+def test_xml_calls_are_held_to_the_schema_and_read_back_as_written(args, ok):
+    from ridgeline.tool_calls.parser import ToolCallParser
+    fmt = FORMATS["qwen3_coder"]
+    tok, ltok, _ = _tokenizer(True)
+    g = call_grammar(fmt, XML_TOOLS, parallel=False, token_ids=_ids(tok, True))
+    text = fmt.call_text("edit", args)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    n, m = _walk(ltok, g, ids)
+    assert (n == len(ids) and m.is_accepting()) == ok, tok.decode(ids[:n + 1])
+    if ok:  # what the grammar let through, the parser reads back as the arguments written
+        p = ToolCallParser(fmt, None, schemas=XML_TOOLS)
+        p.feed([], text)
+        p.finish()
+        assert [json.loads(c.arguments) for c in p.calls] == [args]
+
+
+def test_xml_free_objects_take_any_parameters_and_unenforceable_strings_are_named():
+    from ridgeline.tool_calls.grammar import NotConstrainable
+    fmt = FORMATS["qwen3_coder"]
+    tok, ltok, _ = _tokenizer(True)
+    g = call_grammar(fmt, XML_TOOLS, parallel=False, token_ids=_ids(tok, True))
+    ids = tok.encode(fmt.call_text("anything", {"q": "hi", "k2": "there"}), add_special_tokens=False).ids
+    n, m = _walk(ltok, g, ids)
+    assert n == len(ids) and m.is_accepting()
+    for bad in ({"type": "string", "pattern": "^a+$"}, {"type": "string", "format": "email"}):
+        with pytest.raises(NotConstrainable, match="x"):
+            call_grammar(fmt, {"t": {"type": "object", "properties": {"x": bad}}}, parallel=False)

@@ -13,7 +13,7 @@ from ridgeline.errors import InvalidRequestError
 from ridgeline.sampling_params import SamplingParams
 from ridgeline.structured_params import StructuredOutputs
 from ridgeline.tool_calls.detect import Detected, detect
-from ridgeline.tool_calls.grammar import auto_grammar, call_grammar, lazily_constrained
+from ridgeline.tool_calls.grammar import NotConstrainable, auto_grammar, call_grammar, lazily_constrained
 from ridgeline.tool_calls.harmony_grammar import TOKENS as HARMONY_TOKENS
 from ridgeline.tool_calls.parser import ToolCallParser
 from ridgeline.tool_calls.request import ToolChoice, generic_messages, template_messages, tool_choice
@@ -101,7 +101,13 @@ def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, i
                                           "tool_choice required where the format allows it", "tools",
                                           code="unsupported_parameter")
             return params  # parsed as written (a response_format constrains the whole reply instead)
-        grammar = auto_grammar(fmt, choice.callable, choice.parallel, ids)
+        try:
+            grammar = auto_grammar(fmt, choice.callable, choice.parallel, ids)
+        except NotConstrainable as e:
+            if choice.strict:
+                raise InvalidRequestError(f"tools: strict calls cannot be enforced: {e}", "tools",
+                                          code="unsupported_parameter") from None
+            return params  # parsed as written, as on a format nothing constrains
         return dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar, field="tools"))
     if choice.mode not in ("required", "named"):
         return params
@@ -116,5 +122,9 @@ def _constrain(choice: ToolChoice, detected: Detected, params: SamplingParams, i
     if params.structured is not None:
         raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be combined with "
                                   f"{params.structured.field}", "tool_choice")
-    grammar = call_grammar(fmt, choice.callable, choice.parallel, ids)
+    try:
+        grammar = call_grammar(fmt, choice.callable, choice.parallel, ids)
+    except NotConstrainable as e:
+        raise InvalidRequestError(f"tool_choice: {choice.mode} cannot be enforced: {e}", "tool_choice",
+                                  code="unsupported_parameter") from None
     return dataclasses.replace(params, structured=StructuredOutputs(grammar=grammar, field="tools"))

@@ -47,7 +47,7 @@ class CallFormat:
 
 
 HERMES = CallFormat("hermes", "<tool_call>", "</tool_call>")
-QWEN3_CODER = CallFormat("qwen3_coder", "<tool_call>", "</tool_call>", body="xml", constrainable=False)
+QWEN3_CODER = CallFormat("qwen3_coder", "<tool_call>", "</tool_call>", body="xml")
 LLAMA3_JSON = CallFormat("llama3_json", "<|python_tag|>", None, args_key="parameters", leading_json=True,
                          call_sep="; ", opener="")
 MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", None, listed=True, call_sep=", ")

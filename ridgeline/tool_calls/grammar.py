@@ -10,6 +10,9 @@ from collections.abc import Mapping
 
 from ridgeline.tool_calls import harmony_grammar
 from ridgeline.tool_calls.formats import CallFormat
+from ridgeline.tool_calls.xml_grammar import NotConstrainable, xml_calls
+
+__all__ = ["NotConstrainable", "auto_grammar", "call_grammar", "lazily_constrained"]
 
 COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -22,6 +25,8 @@ def _lit(text: str, token_ids: Mapping[str, int]) -> str:
 
 def _calls(fmt: CallFormat, tools: Mapping[str, dict]) -> list[str]:
     """The `call` rule: one call of any of tools, its arguments the tool's schema."""
+    if fmt.body == "xml":
+        return xml_calls(tools)
     rules, alts = [], []
     for k, (name, schema) in enumerate(tools.items()):
         schema = {**schema, "x-guidance": COMPACT}
