@@ -20,7 +20,9 @@ FFN = 512
 CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0, "int8-g32"), (T.Q4_K, "int4"),
                (T.Q6_K, "int8-g32"), (T.Q4_1, "int8-g32"), (T.Q4_0, "int8-g32"), (T.Q4_K, "int8-g32"),
                (T.Q5_1, "int8-g32"), (T.Q5_K, "int8-g32"), (T.Q3_K, "int8-g32"), (T.Q2_K, "int8-g32"),
-               (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32")]
+               (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32"),
+               (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
+               (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -44,23 +46,31 @@ def test_every_block_type_converts_to_the_values_gguf_dequantizes(qtype, target)
         np.testing.assert_array_equal(got, want)
         return
     err = np.abs(got - want)
-    if target == "int4":  # Q4_K: q kept, its fp32 scale and minimum products rounded to fp16 (2^-11 relative)
-        scale = t.scale.float().abs().repeat_interleave(32, 1).numpy()
+    if target in ("int4", "int5"):  # K-quants: q kept, the fp32 scale and minimum products rounded to fp16
+        scale = t.scale.float().abs().repeat_interleave(32, 1).numpy()  # (2^-11 relative)
         mn = t.min.float().abs().repeat_interleave(32, 1).numpy()
-        assert (err <= (15 * scale + mn) * 2**-11 + 1e-12).all()
+        assert (err <= ((15 if target == "int4" else 31) * scale + mn) * 2**-11 + 1e-12).all()
     else:  # re-rounded to int8 with an fp16 scale per 32: half a step of the new grid (a scale in fp16's
         # subnormal range, rounded down, can clamp the largest value: 127 halves of its 2^-24 quantum more)
         step = t.scale.float().repeat_interleave(32, 1).numpy()
         assert (err <= step * (0.5 + 1e-3) + 127 * 2**-25).all()
     rel = float(np.sqrt((err ** 2).mean() / (want ** 2).mean()))
     print(f"{qtype.name} -> {target}: rms error / rms weight {rel:.2e}")
-    assert rel < (1e-3 if target == "int4" else 1e-2), rel  # int8 re-rounding: ~1/(127 * sqrt(12)) of the range
+    assert rel < (1e-3 if target in ("int4", "int5") else 1e-2), rel  # int8 re-rounding: ~1/(127 * sqrt(12)) of the range
+
+
+def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
+    pick = gguf_repack.target_for
+    assert pick({T.Q4_0}) == "int4-sym" and pick({T.Q4_0, T.Q4_1}) == "int4" and pick({T.Q5_0}) == "int5-sym"
+    assert pick({T.Q5_0, T.Q4_0}) == "int5-sym" and pick({T.Q5_1}) == pick({T.Q5_K}) == "int5"
+    assert pick({T.Q5_0, T.Q4_K}) == pick({T.Q5_K, T.Q4_1}) == "int5"  # a minimum beside 5 bits: int5
+    assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == "int8-g32"
 
 
 def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
     from ridgeline.errors import ModelLoadError
     from ridgeline.gguf.dequant import dequantize
-    for qtype in (T.Q5_1, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):
+    for qtype in (T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):
         assert gguf_repack.target_for({qtype}) == "int8-g32"
         assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # a fused layer takes the widest
         with pytest.raises(ValueError, match="int4 form"):
@@ -158,8 +168,8 @@ K_MIX = {"attn_q": T.Q5_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_XS, "attn_output": 
 
 
 def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path, home):
-    """Q5_K / Q3_K / Q2_K / IQ4_XS / IQ4_NL / Q5_1 (the types of Q3/Q5 _K_M files), re-rounded to int8-g32:
-    close to the dequantized model, the C stack equal to the module path."""
+    """Q3_K / Q2_K / IQ4_XS / IQ4_NL (the types of Q2/Q3 _K and IQ4 files), re-rounded to int8-g32, and the
+    5-bit types fused beside them: close to the dequantized model, the C stack equal to the module path."""
     path = tmp_path / "kmix.gguf"
     write_gguf(path, K_MIX, tied=False)
     ref, kept = _llm(path, quantization="none"), _llm(path)
@@ -171,6 +181,33 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
     if cpu_quant.available("int8") and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)
     _module_path_equals_the_stack(kept)
+
+
+FIVE_BIT = {"attn_q": T.Q5_K, "attn_k": T.Q5_K, "attn_v": T.Q5_K, "attn_output": T.Q5_1, "ffn_gate": T.Q5_0,
+            "ffn_up": T.Q4_K, "ffn_down": T.Q5_0, "output": T.Q5_K}
+
+
+def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
+    """Q5_0 / Q5_1 / Q5_K (the bulk of Q5_K_M files, and Q4_K_M files' fallback type) keep 5 bits a weight:
+    int5-sym for Q5_0, int5 for the rest (a Q4_K shard beside a 5-bit one too); close to the dequantized
+    model, the C stack equal to the module path, and the torch path without the kernel close to both."""
+    path = tmp_path / "five.gguf"
+    write_gguf(path, FIVE_BIT, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    assert sorted(kept.info.weight_formats.split(", ")) == [
+        "Q4_K+Q5_0 repacked (int5) x 2", "Q5_0 kept (int5-sym) x 2", "Q5_1 kept (int5) x 2",
+        "Q5_K repacked (int5) x 3"]
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("int5") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    _module_path_equals_the_stack(kept)
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    plain = _llm(path)
+    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
+    torch_path = _logits(plain)  # fp32 x against the dequantized weights; the kernel rounds x to bf16
+    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
 
 
 def test_a_q4_1_file_kept_equals_int4_rtn_of_its_dequantized_weights(tmp_path, home):

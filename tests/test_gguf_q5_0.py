@@ -1,7 +1,7 @@
 """GGUF Q5_0 (llama.cpp's blocks of 32: an fp16 scale d, 32 high bits, 16 bytes of low nibbles; w = d (q - 16)),
 quantized here by llama.cpp's reference quantize_row_q5_0: it dequantizes to the reference values exactly,
-its blocks are kept as int8-g32 exactly (q - 16 is an int8, d the group's fp16 scale) and run in the C
-stack, a model kept greedy-decodes as the same model dequantized, and the dequantized model's logits are
+its blocks are kept as int5-sym exactly (q and d as stored; as int8-g32 too, q - 16 an int8, beside 8-bit
+shards) and run in the C stack, a model kept greedy-decodes as the same model dequantized, and the dequantized model's logits are
 transformers' on the same file."""
 import numpy as np
 import pytest
@@ -68,7 +68,21 @@ def test_the_reference_quantizer_is_gguf_pys_and_dequantizes_to_the_reference_va
     assert np.abs(want - w).max() > 0  # and not trivially exact
 
 
-def test_blocks_are_kept_as_int8_g32_exactly():
+def test_blocks_are_kept_as_int5_sym_exactly():
+    w = _weights(40, 256, 1)
+    raw = quantize_q5_0(w)
+    blocks = GGUFBlocks(T.Q5_0, w.shape, torch.from_numpy(raw.copy()), "w")
+    t, exact = repack.convert(blocks, "int5-sym")
+    assert exact and t.symmetric and int(t.q.max()) <= 31 and t.q.dtype == torch.uint8
+    scale_bits = raw.reshape(-1, 22)[:, :2].copy().view(np.float16).reshape(40, -1)
+    np.testing.assert_array_equal(t.scale.numpy().view(np.uint16), scale_bits.view(np.uint16))
+    np.testing.assert_array_equal(t.dequantize().numpy(), dequantize_q5_0(raw))
+    assert repack.target_for({T.Q5_0}) == "int5-sym" and repack.target_for({T.Q5_0, T.Q4_0, T.Q4_K}) == "int5"
+    with pytest.raises(ValueError, match="Q5_0 has no int4 form"):
+        repack.convert(blocks, "int4")
+
+
+def test_blocks_are_kept_as_int8_g32_exactly_beside_8_bit_shards():
     w = _weights(40, 256, 1)
     raw = quantize_q5_0(w)
     blocks = GGUFBlocks(T.Q5_0, w.shape, torch.from_numpy(raw.copy()), "w")
@@ -78,9 +92,7 @@ def test_blocks_are_kept_as_int8_g32_exactly():
     scale_bits = raw.reshape(-1, 22)[:, :2].copy().view(np.float16).reshape(40, -1)
     np.testing.assert_array_equal(t.scale.numpy().view(np.uint16), scale_bits.view(np.uint16))
     np.testing.assert_array_equal(t.dequantize().numpy(), dequantize_q5_0(raw))
-    assert repack.target_for({T.Q5_0}) == "int8-g32" == repack.target_for({T.Q5_0, T.Q4_0, T.Q4_K})
-    with pytest.raises(ValueError, match="Q5_0 has no int4 form"):
-        repack.convert(blocks, "int4")
+    assert repack.target_for({T.Q5_0, T.Q8_0}) == "int8-g32"
 
 
 def write_q5_0_model(path) -> dict[str, np.ndarray]:
@@ -131,13 +143,13 @@ def test_a_q5_0_model_loads_dequantized_and_kept_and_decodes_the_same(tmp_path, 
         assert torch.equal(state[name], torch.from_numpy(w)), name
 
     ref, kept = _llm(path, quantization="none"), _llm(path)  # a .gguf model keeps its blocks by default
-    assert kept.info.quantization == "gguf" and kept.info.weight_formats == "Q5_0 kept (int8-g32) x 9"
-    if cpu_quant.available("int8") and kept.info.kernel_plan.c_stack:
+    assert kept.info.quantization == "gguf" and kept.info.weight_formats == "Q5_0 kept (int5-sym) x 9"
+    if cpu_quant.available("int5") and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)  # every layer in the C decoder stack
     assert [t for t, _ in _generate(kept)] == [t for t, _ in _generate(ref)]
     want_logits, got = _logits(ref), _logits(kept)
     rel = float((got - want_logits).abs().max() / want_logits.abs().max())
-    assert rel < 0.02, rel  # the same weights; with AVX512-BF16 the int8-g32 kernel rounds x to bf16 (0.006)
+    assert rel < 0.02, rel  # the same weights; the int5 kernel rounds x to bf16 (0.006)
     assert float((got.argmax(-1) == want_logits.argmax(-1)).float().mean()) >= 0.95  # 68 of the 69 rows here
 
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -54,6 +54,10 @@ def _packed():
         for sym in (False, True):
             yield cpu_quant.PackedInt4(rtn.quantize_int4(w, g, sym)), "i4", g, sym
             yield cpu_quant.PackedW4A8(rtn.quantize_int4(w, g, sym)), "w4a8", g, sym
+    q5 = torch.randint(0, 32, (50, 128), dtype=torch.uint8)
+    d = torch.rand(50, 4).half()
+    yield cpu_quant.PackedInt5(rtn.Int5Tensor(q5, d, None)), "i5", 32, True
+    yield cpu_quant.PackedInt5(rtn.Int5Tensor(q5, d, -d)), "i5", 32, False
     for element, mode in (("e4m3", 0), ("e5m2", 1)):
         yield cpu_fpquant.PackedFp8(fpq.quantize_fp8(w, element)), "fp8", mode, False
     yield cpu_fpquant.PackedFp8(fpq.quantize_mx(w, "mxfp8")), "fp8", 2, False

@@ -72,6 +72,31 @@ class Int4Tensor:
         return w.view(N, K)
 
 
+@dataclass
+class Int5Tensor:
+    """5-bit weights in groups of 32 (GGUF Q5_0's and Q5_1's grids, the kept form of Q5_K)."""
+    q: torch.Tensor  # [N, K] uint8 in [0, 31]
+    scale: torch.Tensor  # [N, K / 32] fp16
+    min: torch.Tensor | None  # [N, K / 32] fp16 (asymmetric: w = d q + m), None (symmetric: w = d (q - 16))
+    group: int = 32
+
+    @property
+    def symmetric(self) -> bool:
+        return self.min is None
+
+    @property
+    def nbytes(self) -> int:
+        """As packed: 5 bits a weight, with fp16 scales (and minimums)."""
+        return self.q.numel() * 5 // 8 + self.scale.numel() * 2 * (1 if self.min is None else 2)
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        q = self.q.float().view(N, K // self.group, self.group)
+        d = self.scale.float()[..., None]
+        w = d * (q - 16) if self.min is None else d * q + self.min.float()[..., None]
+        return w.view(N, K)
+
+
 def quantize_int8(w: torch.Tensor) -> Int8Tensor:
     """w [N, K] float -> per-channel int8 (an all-zero row gets scale 0)."""
     w = w.detach().float()

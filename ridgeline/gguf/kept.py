@@ -1,8 +1,9 @@
 """`--quantization gguf`: every Linear keeps the blocks a GGUF file stores, in the nearest packed format.
 
-A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the widest
-of the formats their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with Q4_1 ->
-int4 g32, anything with Q8_0 -> int8-g32, MXFP4 alone -> mxfp4; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
+A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the narrowest
+format that holds what their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with
+Q4_1 -> int4 g32, Q5_0 -> int5-sym, Q5_1 / Q5_K (or Q5_0 with Q4_K) -> int5, anything with Q8_0 ->
+int8-g32, MXFP4 alone -> mxfp4; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
 format of --dtype, its blocks dequantized. The
 tied LM head takes the embedding's type (the smollm2 file's Q8_0: int8-g32); the embedding itself is
 a dense table in --dtype, since a lookup reads one row per token, not the whole matrix.
@@ -24,7 +25,7 @@ from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
                                              kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
-from ridgeline.layers.int_formats import Int4, Int8G32, QuantizedFormat
+from ridgeline.layers.int_formats import Int4, Int5, Int8G32, QuantizedFormat
 
 
 class KeptBlocks(QuantizedFormat):
@@ -74,6 +75,17 @@ class KeptInt4(KeptBlocks, Int4):
 @register_weight_format("gguf-int4-sym")
 class KeptInt4Sym(KeptBlocks, Int4):
     target = "int4-sym"
+    symmetric = True
+
+
+@register_weight_format("gguf-int5")
+class KeptInt5(KeptBlocks, Int5):
+    target = "int5"
+
+
+@register_weight_format("gguf-int5-sym")
+class KeptInt5Sym(KeptBlocks, Int5):
+    target = "int5-sym"
     symmetric = True
 
 

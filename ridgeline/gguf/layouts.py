@@ -8,8 +8,13 @@ A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (
     Q8_0  32: d fp16; 32 int8                        q in [-127, 127], scale d
     Q5_0  32: d fp16; 32 high bits (a little-endian uint32, bit j for element j); 16 bytes of nibbles
                                                      q in [0, 31], zero 16, scale d
+    Q5_1  32: d, m fp16; 32 high bits as Q5_0's; 16 bytes of nibbles
+                                                     q in [0, 31], scale d, min m
     Q4_K  256 = 8 x 32: d, dmin fp16, 12 bytes of 6-bit scales s and mins n, 128 bytes of nibbles
                                                      q in [0, 15], scale d * s, min -(dmin * n) (fp32)
+    Q5_K  256 = 8 x 32: d, dmin fp16, 12 bytes of scales and mins as Q4_K's, 32 bytes of high bits (bit s of
+          byte l for element l of sub-block s), 128 bytes of nibbles as Q4_K's
+                                                     q in [0, 31], scale d * s, min -(dmin * n) (fp32)
     Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
                                                      q in [0, 63], zero 32, scale d * s (fp32)
     MXFP4 32: E8M0 byte e; 16 bytes of E2M1 codes    q = twice the code's value (an int8 in [-12, 12]),
@@ -96,15 +101,36 @@ def _mxfp4(b):
     return Parts(MXFP4_DOUBLED[codes.long()].unsqueeze(1), 0, torch.exp2(e.float() - 128).unsqueeze(1), None)
 
 
-def _q4_k(b):
-    d, dmin, sc, qs = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int(), b[:, 16:]
-    # 8 sub-blocks of 32 share 6-bit scales and mins packed into 12 bytes
+def _q5_1(b):
+    high = (b[:, 4:8].contiguous().view(torch.int32) >> torch.arange(32, dtype=torch.int32)) & 1  # [n, 32]
+    return Parts((_nibbles(b[:, 8:]) | (high.to(torch.uint8) << 4)).unsqueeze(1), 0, _f16(b[:, :2]), _f16(b[:, 2:4]))
+
+
+def _k_scales(b):
+    """A K-quant block's d, dmin and 8 pairs of 6-bit scales and mins (bytes 4..16): [n, 8] scale and min."""
+    d, dmin, sc = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int()
     lo_s, lo_m = sc[:, 0:4] & 63, sc[:, 4:8] & 63
     hi_s = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
     hi_m = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
-    q = qs.reshape(-1, 4, 1, 32)  # chunk c: sub-block 2c in the low nibbles, 2c + 1 in the high
-    q = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(-1, 8, 32)
-    return Parts(q, 0, d * torch.cat([lo_s, hi_s], 1).float(), -(dmin * torch.cat([lo_m, hi_m], 1).float()))
+    return d * torch.cat([lo_s, hi_s], 1).float(), -(dmin * torch.cat([lo_m, hi_m], 1).float())
+
+
+def _k_nibbles(qs):
+    """[n, 128] bytes -> [n, 8, 32]: chunk c holds sub-block 2c in the low nibbles, 2c + 1 in the high."""
+    q = qs.reshape(-1, 4, 1, 32)
+    return torch.cat([q & 0x0F, q >> 4], dim=2).reshape(-1, 8, 32)
+
+
+def _q4_k(b):
+    scale, mn = _k_scales(b)  # 8 sub-blocks of 32 share 6-bit scales and mins packed into 12 bytes
+    return Parts(_k_nibbles(b[:, 16:]), 0, scale, mn)
+
+
+def _q5_k(b):
+    scale, mn = _k_scales(b)
+    qh = b[:, 16:48].reshape(-1, 1, 32)  # bit s of byte l: element l of sub-block s
+    high = (qh >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1
+    return Parts(_k_nibbles(b[:, 48:]) | (high << 4), 0, scale, mn)
 
 
 def _q6_k(b):
@@ -120,17 +146,18 @@ def _q6_k(b):
 
 
 # types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
-# int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q5_K 5.5 -> 8.5 bits per
+# int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q3_K 3.4 -> 8.5 bits per
 # weight) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
-REPACKED: dict[T, str] = {T.Q5_1: "int8-g32", T.Q5_K: "int8-g32", T.Q3_K: "int8-g32", T.Q2_K: "int8-g32",
-                          T.IQ4_NL: "int8-g32", T.IQ4_XS: "int8-g32"}
+REPACKED: dict[T, str] = {T.Q3_K: "int8-g32", T.Q2_K: "int8-g32", T.IQ4_NL: "int8-g32", T.IQ4_XS: "int8-g32"}
 
 LAYOUTS: dict[T, Layout] = {
-    T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4"})),
-    T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4"})),
+    T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4", "int5-sym", "int5"})),
+    T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4", "int5"})),
     T.Q8_0: Layout(_q8_0, "int8-g32", frozenset({"int8-g32"})),
-    T.Q5_0: Layout(_q5_0, "int8-g32", frozenset({"int8-g32"})),  # q - 16 in [-16, 15]: int8 exactly
+    T.Q5_0: Layout(_q5_0, "int5-sym", frozenset({"int5-sym", "int5", "int8-g32"})),  # q - 16: int8 exactly too
+    T.Q5_1: Layout(_q5_1, "int5", frozenset({"int5"})),
     T.Q4_K: Layout(_q4_k, "int4", frozenset()),
+    T.Q5_K: Layout(_q5_k, "int5", frozenset()),
     T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
     # kept as the mxfp4 format's own blocks (GPT-OSS's experts); beside other types, int8-g32 holds its values
     # exactly while 2^(e - 128) is an fp16 number

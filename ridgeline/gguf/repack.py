@@ -5,6 +5,9 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
     int4      G = 32, q in [0, 15]: q kept, d = scale and m = min - zero * scale in fp16; exact where
               the file stores them so (Q4_1; Q4_0, whose -8 d is a power-of-two multiple, while it stays
               in fp16's range); Q4_K's fp32 products d s and -dmin n are rounded to fp16
+    int5-sym  G = 32, zero 16, no min: q (or Q4_0's q + 8) and the fp16 scale as they are (Q5_0)
+    int5      G = 32, q in [0, 31]: q kept, d and m as int4's (Q5_1 exact; Q5_0 as int4 takes Q4_0; Q5_K's fp32
+              products rounded to fp16; Q4_K and Q4_1 too, beside a 5-bit shard)
     int8-g32  G = 32, |q - zero| <= 127, fp16 scale, no min: q - zero and the scale as they are (Q8_0;
               MXFP4 as twice its values over 2^(e - 128), where that is an fp16 number); any other type
               round-to-nearest of its values (Q6_K's two 16-scales per 32 do not fit; the types with no
@@ -24,7 +27,11 @@ from ridgeline.gguf.blocks import GGUFBlocks
 from ridgeline.gguf.layouts import LAYOUTS, REPACKED, mxfp4_codes
 from ridgeline.formats import fpq, rtn
 
-TARGETS = ("int4-sym", "int4", "int8-g32")  # each holds the grids of those before it
+TARGETS = ("int4-sym", "int4", "int5-sym", "int5", "int8-g32")  # in bytes per weight
+# target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding)
+HOLDS = {"int4-sym": {"int4-sym"}, "int4": {"int4-sym", "int4"}, "int5-sym": {"int4-sym", "int5-sym"},
+         "int5": {"int4-sym", "int4", "int5-sym", "int5"}, "int8-g32": set(TARGETS)}
+BITS = {"int4-sym": 4, "int4": 4, "int5-sym": 5, "int5": 5}
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}
 
 
@@ -33,35 +40,41 @@ def _kept(t) -> str:
 
 
 def target_for(types: set) -> str | None:
-    """Our format for a layer whose shards have these GGML types: the widest their layouts keep (int4-sym,
-    int4, int8-g32; the types with no layout int8-g32), or None (dense: a dense or unsupported shard)."""
+    """Our format for a layer whose shards have these GGML types: the narrowest that holds what their layouts
+    keep (int4-sym, int4, int5-sym, int5, int8-g32; the types with no layout int8-g32), or None (dense: a dense
+    or unsupported shard)."""
     if not types or any(t not in LAYOUTS and t not in REPACKED for t in types):
         return None
     if T.MXFP4 in types:  # its own blocks alone; beside another type the grid that holds them both
         return "mxfp4" if types == {T.MXFP4} else "int8-g32"
-    return max((_kept(t) for t in types), key=TARGETS.index)
+    kept = {_kept(t) for t in types}
+    return next(target for target in TARGETS if kept <= HOLDS[target])
 
 
-def to_int4(t: GGUFBlocks, symmetric: bool) -> tuple[rtn.Int4Tensor, bool]:
+def to_grid(t: GGUFBlocks, target: str) -> tuple[rtn.Int4Tensor | rtn.Int5Tensor, bool]:
+    """One shard in int4-sym, int4, int5-sym or int5 (its kept format held by target: HOLDS)."""
     N, K = t.shape
-    target = "int4-sym" if symmetric else "int4"
     layout = LAYOUTS.get(t.qtype)
-    if layout is None or layout.kept not in TARGETS or TARGETS.index(layout.kept) > TARGETS.index(target):
-        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {'symmetric ' if symmetric else ''}int4 form")
+    if layout is None or layout.kept not in HOLDS[target]:
+        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
     p = layout.unpack(t.blocks())
     exact = (target, t.qtype) in EXACT
-    d, m = p.scale.to(torch.float16), None
-    if not symmetric:
+    symmetric, zero = target.endswith("-sym"), 1 << (BITS[target] - 1)
+    d, m, q = p.scale.to(torch.float16), None, p.q
+    if symmetric:  # the source is symmetric too (HOLDS): its q moved to this zero
+        q = q if p.zero == zero else (q.to(torch.int16) + (zero - p.zero)).to(torch.uint8)
+    else:
         m = p.min.to(torch.float16) if p.min is not None else None
         if p.zero:  # m - zero * d: only past fp16's range is it not the file's value
             m = p.scale.float() * -p.zero
             m = (m if p.min is None else m + p.min.float()).to(torch.float16)
             exact = exact and bool(torch.isfinite(m).all())
         elif not exact and not bool(torch.isfinite(d).all() and torch.isfinite(m).all()):
-            raise ModelLoadError(f"{t.name}: {t.qtype.name} scales past fp16's range cannot be repacked to int4")
-    out = rtn.Int4Tensor(p.q.reshape(N, K).contiguous(), d.reshape(N, K // 32),
-                         None if m is None else m.reshape(N, K // 32), 32)
+            raise ModelLoadError(f"{t.name}: {t.qtype.name} scales past fp16's range cannot be repacked to {target}")
+    cls = rtn.Int4Tensor if BITS[target] == 4 else rtn.Int5Tensor
+    out = cls(q.reshape(N, K).contiguous(), d.reshape(N, K // 32), None if m is None else m.reshape(N, K // 32), 32)
     return out, exact
+
 
 
 def to_int8_g32(t: GGUFBlocks) -> tuple[rtn.Int8GroupTensor, bool]:
@@ -90,10 +103,10 @@ def convert(t: GGUFBlocks, target: str):
     """(tensor of `target`, exact?) for one shard."""
     if target == "mxfp4":
         return to_mxfp4(t)
-    return to_int8_g32(t) if target == "int8-g32" else to_int4(t, target == "int4-sym")
+    return to_int8_g32(t) if target == "int8-g32" else to_grid(t, target)
 
 
-def concat(parts: list) -> rtn.Int4Tensor | rtn.Int8GroupTensor:
+def concat(parts: list) -> rtn.Int4Tensor | rtn.Int5Tensor | rtn.Int8GroupTensor:
     """The shards of a fused projection, stacked along the output channels."""
     first = parts[0]
     if isinstance(first, fpq.BlockTensor):
@@ -101,4 +114,4 @@ def concat(parts: list) -> rtn.Int4Tensor | rtn.Int8GroupTensor:
     if isinstance(first, rtn.Int8GroupTensor):
         return rtn.Int8GroupTensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
     mins = None if first.min is None else torch.cat([p.min for p in parts])
-    return rtn.Int4Tensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), mins, 32)
+    return type(first)(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), mins, 32)

@@ -13,11 +13,12 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.formats.rtn import Int4Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import Int4Tensor, Int5Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
-KINDS = ("int8", "int4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
-NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "w8a8": "AVX-512 with AVX512-VNNI",
+KINDS = ("int8", "int4", "int5", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
+NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "int5": "AVX-512 with AVX512-BF16",
+         "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
 
 
@@ -27,6 +28,7 @@ def available(kind: str) -> bool:
     if lib is None:
         return False
     fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available,
+          "int5": lib.ridgeline_int4_available,
           "fp8": lib.ridgeline_fp8_available, "fp4": lib.ridgeline_fp4_available}.get(
         kind, lib.ridgeline_a8_available)
     return bool(fn())
@@ -128,6 +130,35 @@ class PackedInt4(PackedQuant):
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i4p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, self.group, int(self.symmetric), threads)
+
+
+class PackedInt5(PackedQuant):
+    """5-bit weights in groups of 32 (kernels/gemm_int5.c): data [groups][K/8][NC] uint32 (the low nibbles, as
+    PackedInt4's), then [groups][K/32][NC] uint32 (the high bits); scale [groups][K/32][2 or 1][NC] fp16."""
+
+    def __init__(self, t: Int5Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        if self.K % 32:
+            raise ValueError(f"5-bit packing needs K a multiple of 32, got {self.K}")
+        self.symmetric = t.symmetric
+        self.code = code_of("i5", 32, t.symmetric)
+        G = _groups(self.N)
+        low = G * (self.K // 8) * NC
+        self.data = torch.empty(low + G * (self.K // 32) * NC, dtype=torch.int32)
+        q = t.q.contiguous()
+        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)  # keeps q & 15
+        lib.ridgeline_pack_i5_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        parts = [t.scale] if t.symmetric else [t.scale, t.min]
+        sc = torch.zeros(G * NC, self.K // 32, len(parts), dtype=torch.float16)
+        sc[:self.N] = torch.stack(parts, dim=-1)
+        self.scale = sc.view(G, NC, -1, len(parts)).permute(0, 2, 3, 1).contiguous().view(-1)  # [G][K/32][parts][NC]
+        self._high = low
+
+    def _gemm(self, x, y, M, threads) -> int:
+        p = self.data.data_ptr()
+        return cpu.lib().ridgeline_gemm_i5p(p, p + 4 * self._high, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, int(self.symmetric), threads)
 
 
 class PackedW8A8(PackedQuant):

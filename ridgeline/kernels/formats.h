@@ -26,10 +26,12 @@ enum weight_format {
     WF_MXFP4 = 43,
     WF_NVFP4 = 44,
     WF_I8_G32 = 45,
-    WF_W8A8_G32 = 46
+    WF_W8A8_G32 = 46,
+    WF_I5_G32 = 47,
+    WF_I5_SYM_G32 = 48
 };
-enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4 };
-#define WF_CODES 47
+enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5 };
+#define WF_CODES 49
 
 /* kernel (WK_NONE: no such code), its parameter (int4 / w4a8 group, fp8 mode, fp4 block), symmetric */
 typedef struct {
@@ -62,6 +64,8 @@ static const weight_code WF_TABLE[WF_CODES] = {
     [WF_NVFP4] = {WK_FP4, 16, 0},
     [WF_I8_G32] = {WK_I8G32, 0, 0},
     [WF_W8A8_G32] = {WK_W8A8G32, 0, 0},
+    [WF_I5_G32] = {WK_I5, 32, 0},
+    [WF_I5_SYM_G32] = {WK_I5, 32, 1},
 };
 
 /* the row of a descriptor's format field, or NULL */

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the matmul kernels stack_linear.c dispatches to (C: WK_<NAME>), in their enum order (0 = none)
-KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4")
+KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ TABLE: tuple[WeightCode, ...] = (
     WeightCode(44, "nvfp4", "fp4", 16),
     WeightCode(45, "i8_g32", "i8g32"),  # int8, an fp16 scale per 32 k (GGUF Q8_0's grid), gemm_int8_g32.c
     WeightCode(46, "w8a8_g32", "w8a8g32"),  # the same grid against int8 activations, gemm_a8.c
+    WeightCode(47, "i5_g32", "i5", 32),  # 5-bit, an fp16 scale and minimum per 32 k (Q5_1's grid), gemm_int5.c
+    WeightCode(48, "i5_sym_g32", "i5", 32, True),  # 5-bit, an fp16 scale per 32 k, zero 16 (Q5_0's grid)
 )
 BY_NAME = {c.name: c for c in TABLE}
 

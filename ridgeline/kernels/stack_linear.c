@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "formats.h"
+#include "quant_tile.h"
 #include "tile_driver.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -35,6 +36,8 @@ int ridgeline_fp8_available(void);
 int ridgeline_fp4_available(void);
 int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
                          int64_t K, int nthreads);
+int ridgeline_gemm_i5p(const uint32_t *p, const uint32_t *h, const uint16_t *s, const float *x, float *y, int64_t M,
+                       int64_t N, int64_t K, int sym, int nthreads);
 
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 
@@ -48,7 +51,7 @@ int ridgeline_stack_weight_format(int64_t format) {
     case WK_F32: return ridgeline_packed_available(0);
     case WK_BF16: return ridgeline_packed_available(1);
     case WK_I8: case WK_I8G32: return ridgeline_int8_available();
-    case WK_I4: return ridgeline_int4_available();
+    case WK_I4: case WK_I5: return ridgeline_int4_available();
     case WK_W8A8: case WK_W8A8G32: case WK_W4A8: return ridgeline_a8_available();
     case WK_FP8: return ridgeline_fp8_available();
     case WK_FP4: return ridgeline_fp4_available();
@@ -70,6 +73,12 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_I4:
         rc = ridgeline_gemm_i4p(PTR(const uint32_t, d), PTR(const uint16_t, s), x, y, M, N, K, c->param, c->sym, nt);
         break;
+    case WK_I5: { /* data: the nibbles [groups][K/8][NC], then the high bits [groups][K/32][NC] (gemm_int5.c) */
+        const uint32_t *p = PTR(const uint32_t, d);
+        rc = ridgeline_gemm_i5p(p, p + (N + QT_NC - 1) / QT_NC * (K / 8) * QT_NC, PTR(const uint16_t, s), x, y, M, N, K,
+                                c->sym, nt);
+        break;
+    }
     case WK_W8A8: rc = ridgeline_gemm_w8a8(PTR(const uint8_t, d), PTR(const float, s), x, y, M, N, K, nt); break;
     case WK_W8A8G32:
         rc = ridgeline_gemm_w8a8_g32(PTR(const uint8_t, d), PTR(const uint16_t, s), x, y, M, N, K, nt);

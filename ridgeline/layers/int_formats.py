@@ -4,6 +4,7 @@
     int8-g32                  int8 with an fp16 scale per 32 input columns (GGUF Q8_0's grid)
     int4, int4-g64, int4-g128 group-wise int4, asymmetric (fp16 scale and minimum per group, Q4_1's grid)
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
+    (int5, int5-sym)          5-bit in groups of 32 (Q5_1's and Q5_0's grids): GGUF blocks kept only (gguf/kept.py)
     w8a8                      int8's weights; each linear's input quantized to int8 per block of 32 of a row
                               inside the call
     w8a8-g32                  int8-g32's weights (Q8_0's grid), the input as w8a8's (w4a8's LM head)
@@ -144,6 +145,22 @@ class Int4(QuantizedFormat):
 
     def pack(self, t):
         return cpu_quant.PackedInt4(t)
+
+
+class Int5(QuantizedFormat):
+    """5-bit weights in groups of 32 (GGUF Q5_0 / Q5_1 / Q5_K blocks kept: gguf/kept.py); no round-to-nearest
+    quantizer of its own."""
+    kind = "int5"
+    group = 32
+    symmetric = False
+
+    def check_shape(self, layer: nn.Module) -> None:
+        if layer.in_features % 32:
+            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 32; "
+                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
+
+    def pack(self, t):
+        return cpu_quant.PackedInt5(t)
 
 
 @register_weight_format("w8a8")

@@ -1,0 +1,182 @@
+/* y[M, N] = x[M, K] @ W^T for 5-bit weights in groups of 32 k, fp32 x and y (weight-only: x is not
+ * quantized): GGUF Q5_0's grid (symmetric, w = d * (q - 16)) and Q5_1's (w = d * q + m), one fp16 scale
+ * d (and minimum m) per group; q in [0, 31]. K is a multiple of 32.
+ *   P[g][k/8][NC] uint32: the low nibbles (q & 15) in gemm_int4.c's layout (ridgeline_pack_i4)
+ *   H[g][k/32][NC] uint32: the high bits (q >> 4); of group k0 = 32 b, k = k0 + 8 o + 2 j + h (o, j < 4,
+ *                          h < 2) is bit 16 h + 4 o + j, so one shift brings a k pair's two bits to bits 6
+ *                          and 22, as a nibble pair's shift brings it to bits 2..5 and 18..21
+ *   S[g][k/32][2][NC] fp16: d, then m (asymmetric); S[g][k/32][NC]: d (symmetric)
+ * The nibble, the high bit and bf16 exponent 32 are masked together (two vpternlogd), so each 16-bit half
+ * reads 32 + q exactly: a vdpbf16ps operand. x is rounded to bf16 as for the int4 kernel, and per group
+ * S = sum x (32 + q) gives sum x w = d * S + (m - 32 d) * X, X = sum x over the group (symmetric:
+ * d * S - 48 d * X). Per group the partial S starts from zero and folds into fp32 sums; an output's
+ * arithmetic does not depend on M or on the tile shape (a lone row takes two column groups at once), so
+ * a row's result does not depend on its batch. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_tile.h"
+
+#define I5G 32
+
+/* q [N, K] uint8 in [0, 31] -> h [groups][K/32][NC] uint32 (the high bits; the nibbles: ridgeline_pack_i4) */
+int ridgeline_pack_i5_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) {
+    const int64_t G = (N + QT_NC - 1) / QT_NC, B = K / I5G;
+    if (K % I5G) return -1;
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t c = 0; c < QT_NC; c++) {
+                const int64_t n = g * QT_NC + c;
+                uint32_t word = 0;
+                for (int r = 0; n < N && r < I5G; r++) {
+                    const int o = r / 8, j = (r % 8) / 2, half = r % 2;
+                    word |= (uint32_t)((q[n * K + b * I5G + r] >> 4) & 1) << (16 * half + 4 * o + j);
+                }
+                h[(g * B + b) * QT_NC + c] = word;
+            }
+    return 0;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define I5_MR 4
+
+/* nibble pair j of word W[v] and its high bits (Ho[v], already shifted right by 4 o) against every row */
+#define I5_PAIR(j, LOW, HIGH) \
+    for (int v = 0; v < nv; v++) { \
+        const __m512i t = _mm512_ternarylogic_epi32(LOW, nib, magic, 0xEA); /* (low & nib) | magic */ \
+        const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(HIGH, top, t, 0xEA); \
+        for (int i = 0; i < mr; i++) { \
+            int32_t pair; \
+            memcpy(&pair, xg + i * ldx + 8 * o + 2 * (j), 4); \
+            S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
+        } \
+    }
+
+/* k = 8 o .. 8 o + 7 of the group: its nibble words and the high bits of its 8 k */
+#define I5_OCTET(O) \
+    { \
+        const int o = (O); \
+        __m512i W[2 * QT_NR], Hs[2 * QT_NR]; \
+        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + (b * 4 + o) * QT_NC, QT_NR, mr); \
+        for (int v = 0; v < nv; v++) { \
+            W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * 4 + o) * QT_NC + 16 * (v % QT_NR)); \
+            Hs[v] = _mm512_srli_epi32(Hb[v], 4 * (O)); \
+        } \
+        I5_PAIR(0, _mm512_slli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 6)) \
+        I5_PAIR(1, _mm512_srli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 5)) \
+        I5_PAIR(2, _mm512_srli_epi32(W[v], 6), _mm512_slli_epi32(Hs[v], 4)) \
+        I5_PAIR(3, _mm512_srli_epi32(W[v], 10), _mm512_slli_epi32(Hs[v], 3)) \
+    }
+
+/* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2)
+ * consecutive column groups (nibble stride gs words, high-bit stride hs words, scale stride ss halves),
+ * kg groups from this block's start -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_i5(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs,
+       const uint16_t *sc, int64_t ss, const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y,
+       int64_t n0, int64_t N, int64_t kg, int flags) {
+    const __m512i nib = _mm512_set1_epi32(0x003C003C), top = _mm512_set1_epi32(0x00400040),
+                  magic = _mm512_set1_epi32(0x42004200);
+    const int nv = ng * QT_NR, sn = sym ? 1 : 2;
+    __m512 acc[I5_MR][2 * QT_NR];
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t b = 0; b < kg; b++) {
+        __m512 S[I5_MR][2 * QT_NR];
+        __m512i Hb[2 * QT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_ps();
+        for (int v = 0; v < nv; v++) Hb[v] = _mm512_loadu_si512(ph + (v / QT_NR) * hs + b * QT_NC + 16 * (v % QT_NR));
+        const uint16_t *xg = xb + b * I5G;
+        I5_OCTET(0) I5_OCTET(1) I5_OCTET(2) I5_OCTET(3)
+        for (int v = 0; v < nv; v++) {
+            const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+            const __m512 m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
+            const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-48.f))
+                                  : _mm512_fnmadd_ps(_mm512_set1_ps(32.f), d, m);
+            for (int i = 0; i < mr; i++) {
+                acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
+                acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
+            }
+        }
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+typedef void (*ukr_i5_fn)(const uint32_t *, int64_t, const uint32_t *, int64_t, const uint16_t *, int64_t,
+                          const uint16_t *, int64_t, const float *, int64_t, float *, int64_t, int64_t, int64_t, int);
+#define UKR_I5(R, NG, SYM) \
+    static void ukr_i5_##R##_##NG##_##SYM(const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs, \
+                                          const uint16_t *sc, int64_t ss, const uint16_t *xb, int64_t ldx, \
+                                          const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, \
+                                          int64_t kg, int flags) { \
+        ukr_i5(R, NG, SYM, pw, gs, ph, hs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, flags); \
+    }
+UKR_I5(1, 2, 0) UKR_I5(1, 1, 0) UKR_I5(2, 1, 0) UKR_I5(3, 1, 0) UKR_I5(4, 1, 0)
+UKR_I5(1, 2, 1) UKR_I5(1, 1, 1) UKR_I5(2, 1, 1) UKR_I5(3, 1, 1) UKR_I5(4, 1, 1)
+static const ukr_i5_fn UKRS_I5[2][I5_MR + 1] = {{0, ukr_i5_1_1_0, ukr_i5_2_1_0, ukr_i5_3_1_0, ukr_i5_4_1_0},
+                                                {0, ukr_i5_1_1_1, ukr_i5_2_1_1, ukr_i5_3_1_1, ukr_i5_4_1_1}};
+static const ukr_i5_fn UKRS_I5_WIDE[2] = {ukr_i5_1_2_0, ukr_i5_1_2_1};
+
+typedef struct {
+    const uint32_t *p, *h;
+    const uint16_t *s;
+    const float *x;
+    float *y;
+    int64_t M, N, K;
+    int sym;
+} i5_args;
+
+/* the prepared x: xb [M][K] bf16, then xs [M][K/32] fp32 */
+static inline float *i5_sums(const i5_args *a, const void *ws) {
+    return (float *)((uint16_t *)ws + a->M * a->K);
+}
+
+static void tile_i5(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                    int flags) {
+    const i5_args *a = args;
+    const int64_t KG = a->K / I5G, gs = a->K / 8 * QT_NC, hs = KG * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
+    const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC, *ph = a->h + g * hs + k0 / I5G * QT_NC;
+    const uint16_t *sc = a->s + g * ss + k0 / I5G * (a->sym ? 1 : 2) * QT_NC;
+    const ukr_i5_fn f = ng == 2 ? UKRS_I5_WIDE[a->sym] : UKRS_I5[a->sym][mr];
+    f(pw, gs, ph, hs, sc, ss, (const uint16_t *)ws + m * a->K + k0, a->K, i5_sums(a, ws) + m * KG + k0 / I5G, KG,
+      a->y + m * a->N, g * QT_NC, a->N, kc / I5G, flags);
+}
+
+/* the driver's prep: rows [r0, r1) of x rounded to bf16 (nearest even), and each group's sum of them */
+static void prep_i5(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const i5_args *a = args;
+    const int64_t K = a->K;
+    uint16_t *xb = (uint16_t *)ws;
+    float *xs = i5_sums(a, ws);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k0 = 0; k0 < K; k0 += I5G) {
+            const __m512 lo = _mm512_loadu_ps(a->x + r * K + k0), hi = _mm512_loadu_ps(a->x + r * K + k0 + 16);
+            const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_storeu_si512(xb + r * K + k0, v);
+            __m512 sum = _mm512_add_ps((__m512)_mm512_slli_epi32(v, 16),
+                                       (__m512)_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+            xs[r * (K / I5G) + k0 / I5G] = _mm512_reduce_add_ps(sum);
+        }
+}
+#endif
+
+/* p: ridgeline_pack_i4's nibbles of q; h: ridgeline_pack_i5_high's high bits; s: the scales as above */
+int ridgeline_gemm_i5p(const uint32_t *p, const uint32_t *h, const uint16_t *s, const float *x, float *y, int64_t M,
+                       int64_t N, int64_t K, int sym, int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (M < 1 || N < 1 || K < 1 || K % I5G) return -1;
+    const int64_t KC = qt_k_block(M, K, 2, I5G);
+    const i5_args a = {p, h, s, x, y, M, N, K, sym != 0};
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 2, I5_MR), .mr = I5_MR, .wide = 1,
+                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I5G)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    return ridgeline_td_run(&plan, &a, prep_i5, tile_i5, nthreads);
+#else
+    (void)p; (void)h; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)sym; (void)nthreads;
+    return -2;
+#endif
+}
