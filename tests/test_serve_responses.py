@@ -269,7 +269,10 @@ def test_bad_input_is_a_400_naming_the_field(server, extra, param):
 
 
 def test_accepted_fields_and_unknown_ones_named(server):
-    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "store": True, "truncation": "auto",
+    codex = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}], "id": None}]
+    body = {"model": "tiny", "input": codex, "max_output_tokens": 2, "store": True, "truncation": "auto",
+            "tool_choice": "auto", "parallel_tool_calls": False, "tools": TOOLS,
             "include": ["reasoning.encrypted_content"], "service_tier": "auto", "safety_identifier": "s",
             "prompt_cache_key": "k", "reasoning": {"summary": "auto"}, "text": {"verbosity": "medium"},
             "frobnicate": 1}
@@ -277,6 +280,27 @@ def test_accepted_fields_and_unknown_ones_named(server):
     assert r.status_code == 200, r.text
     assert r.json()["store"] is False and r.json()["truncation"] == "auto"
     assert r.headers["x-ridgeline-ignored-fields"] == "frobnicate"
+
+
+def test_truncation_auto_never_drops_input(server):
+    r = httpx.post(server.url + ROUTE, timeout=60, json={"model": "tiny", "input": "x" * 3000, "truncation": "auto"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert r.json()["error"]["code"] == "context_length_exceeded" and "truncation auto" in r.json()["error"]["message"]
+
+
+def test_an_error_mid_stream_is_an_error_event_then_response_failed():
+    from openai.types.responses import ResponseErrorEvent, ResponseFailedEvent
+    from ridgeline.errors import InvalidRequestError
+    from ridgeline.serve.responses_output import envelope
+    from ridgeline.serve.responses_request import ResponsesRequest
+    from ridgeline.serve.responses_stream import ResponseEvents
+    events = ResponseEvents(None, envelope(ResponsesRequest(model="tiny", input="hi"), "resp_1"), None)
+    events.seq = 7
+    error, failed = events.failed(InvalidRequestError("grammar: too slow", "text.format", "unsupported_parameter"))
+    error, failed = ResponseErrorEvent.model_validate(error), ResponseFailedEvent.model_validate(failed)
+    assert (error.sequence_number, error.param, error.code) == (7, "text.format", "unsupported_parameter")
+    assert failed.sequence_number == 8 and failed.response.status == "failed"
+    assert (failed.response.error.code, failed.response.error.message) == ("invalid_prompt", "grammar: too slow")
 
 
 def test_an_abandoned_stream_frees_its_request(server):

@@ -65,7 +65,9 @@ class ResponseEvents:
             yield e
 
     def failed(self, e) -> list[dict]:
-        error = {"code": e.code or e.type, "message": e.message}
+        # the response's error code is one of OpenAI's few; the error event carries Ridgeline's own
+        code = {400: "invalid_prompt", 429: "rate_limit_exceeded"}.get(e.status, "server_error")
+        error = {"code": code, "message": e.message}
         return [self.event("error", code=e.code or e.type, message=e.message, param=e.param),
                 self.event("response.failed", response={**self.head, "status": "failed", "error": error,
                                                         "output": self.output()})]
