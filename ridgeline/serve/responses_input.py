@@ -30,7 +30,7 @@ def messages(items: str | list, instructions: str | None) -> list[dict]:
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad(where, "must be an object")
-        kind = item.get("type", "message")
+        kind = item.get("type") or "message"  # EasyInputMessage: type may be left out
         _known(item, _ITEM_KEYS.get(kind, set(item)), where)
         if kind == "reasoning":
             thought = _reasoning_text(item, where)
@@ -60,9 +60,9 @@ def messages(items: str | list, instructions: str | None) -> list[dict]:
             m["_open"] = True  # later function_call items join it
             if thought is not None:
                 m["reasoning_content"] = thought
-        thought = None  # reasoning belongs to the assistant turn right after it
+        thought = None  # reasoning belongs to the assistant turn right after it (none: dropped)
         out.append(m)
-    for m in out:  # a reasoning item with no assistant turn after it has nothing to render with: dropped
+    for m in out:  # the assistant turns without calls carry none
         if not m.pop("_open", False) or m["tool_calls"]:
             continue
         del m["tool_calls"]

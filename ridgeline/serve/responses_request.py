@@ -146,7 +146,9 @@ def _tool_choice(choice) -> str | dict:
     extra = sorted(set(choice) - {"type", "name"})
     if extra:
         raise _unsupported(f"tool_choice.{extra[0]}", "not supported")
-    return {"type": "function", "function": {"name": choice.get("name")}}
+    if not isinstance(choice.get("name"), str):
+        raise _bad("tool_choice.name", "must be a string: the function to call")
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def text_format(text: dict | None) -> dict | None:
