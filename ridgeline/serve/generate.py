@@ -3,10 +3,9 @@ one HTTP request's engine requests until they finish or are aborted, deltas, SSE
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -253,20 +252,34 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None) -> StreamingResponse:
-    """headers: more response headers (the ignored fields' warning)."""
+def _data_frame(chunk: dict) -> str:
+    return f"data: {dumps(chunk)}\n\n"
+
+
+def _error_chunks(e) -> list[dict]:
+    return [error_body(e.message, e.type, e.param, e.code)]
+
+
+def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None, *,
+                 frame: Callable[[dict], str] = _data_frame, on_error: Callable[[object], list[dict]] = _error_chunks,
+                 done: str | None = "data: [DONE]\n\n") -> StreamingResponse:
+    """headers: more response headers (the ignored fields' warning). The API's framing: frame writes a
+    chunk as SSE text (OpenAI's chat: `data: <json>`), on_error gives the in-band chunks for an error once
+    the status line is sent (a RidgelineError, already public), done is the closing text (None: none)."""
     async def body():
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
             async for chunk in chunks:
-                yield f"data: {dumps(chunk)}\n\n"
+                yield frame(chunk)
             status = 200
         except Exception as e:  # the status line is sent: report in-band, as OpenAI does
             status, e = status_of(e), public(e)
-            yield f"data: {json.dumps(error_body(e.message, e.type, e.param, e.code))}\n\n"
+            for chunk in on_error(e):
+                yield frame(chunk)
         finally:  # also on disconnect (cancellation) or generator close: abort and free at once
             job.close(status)
-        yield "data: [DONE]\n\n"
+        if done is not None:
+            yield done
 
     return _JobResponse(job, body(), media_type="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
