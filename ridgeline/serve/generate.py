@@ -253,20 +253,31 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None) -> StreamingResponse:
-    """headers: more response headers (the ignored fields' warning)."""
+def _data_frame(chunk: dict) -> str:
+    return f"data: {dumps(chunk)}\n\n"
+
+
+def _error_frame(e) -> str:
+    return f"data: {json.dumps(error_body(e.message, e.type, e.param, e.code))}\n\n"
+
+
+def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None, frame=_data_frame,
+                 error_frame=_error_frame, done: str = "data: [DONE]\n\n") -> StreamingResponse:
+    """headers: more response headers (the ignored fields' warning). frame(chunk) and error_frame(error)
+    write one event, done ends the stream (OpenAI's by default; another API's event framing else)."""
     async def body():
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
             async for chunk in chunks:
-                yield f"data: {dumps(chunk)}\n\n"
+                yield frame(chunk)
             status = 200
         except Exception as e:  # the status line is sent: report in-band, as OpenAI does
             status, e = status_of(e), public(e)
-            yield f"data: {json.dumps(error_body(e.message, e.type, e.param, e.code))}\n\n"
+            yield error_frame(e)
         finally:  # also on disconnect (cancellation) or generator close: abort and free at once
             job.close(status)
-        yield "data: [DONE]\n\n"
+        if done:
+            yield done
 
     return _JobResponse(job, body(), media_type="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
