@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel
 from conftest import SERVER_OPTS, _byte_tokenizer, make_tiny_model
 from jsonschema import Draft202012Validator
 from server_helpers import StepGate, metric, wait_idle, wait_until
@@ -191,6 +192,12 @@ def test_structured_output_holds(sdk):
                                                                                             "schema": schema}})
     assert m.content[0].text == r.choices[0].message.content
 
+    class N(BaseModel):
+        ok: bool  # a bounded value: the reply fits in max_tokens
+    parsed = client.messages.parse(model="tiny", max_tokens=40, messages=[{"role": "user", "content": "n?"}],
+                                   output_format=N, extra_body=T0)  # the SDK sends N's schema as output_config
+    assert isinstance(parsed.parsed_output, N)
+
 
 def test_thinking_budget_and_disabled(think_server):
     client, oai = _clients(think_server)
@@ -227,6 +234,10 @@ BAD = [  # (body changes, the name the 400's message starts with or holds)
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
     ({"tools": [{"name": "a", "input_schema": {"type": "object"}, "defer_loading": True}]}, "defer_loading"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "citations": [{}]}]}]}, "citations"),
+    ({"system": [{"type": "text", "text": "a", "citations": [{}]}]}, "citations"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c",
+                                                  "content": [{"type": "image", "source": {}}]}]}]}, "image"),
     ({"temperature": 1.5}, "temperature"),
     ({"stop_sequences": "x"}, "stop_sequences"),
     ({"thinking": {"type": "enabled", "budget_tokens": 4}}, "thinking.budget_tokens"),  # no reasoning section
@@ -294,3 +305,30 @@ def test_an_abandoned_stream_frees_its_request(server):
     wait_idle(url)
     assert not server.engine.has_unfinished()
     server.engine.kv.check_integrity()
+
+
+def test_an_error_mid_stream_is_an_error_event():
+    from ridgeline.http.errors import ApiError
+    from ridgeline.serve.anthropic import _error_event
+    from ridgeline.serve.anthropic_stream import event_frame
+    from ridgeline.serve.generate import sse_response
+
+    class Job:
+        closed = None
+
+        def close(self, status=499):
+            self.closed = self.closed or status
+
+    async def events():
+        yield {"type": "message_start", "message": {}}
+        raise ApiError(503, "the server is shutting down")
+
+    async def body(response):
+        return [part async for part in response.body_iterator]
+
+    job = Job()
+    frames = asyncio.run(body(sse_response(job, events(), frame=event_frame, error_frame=_error_event, done="")))
+    assert frames[0].startswith("event: message_start\n")
+    assert frames[1] == ('event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
+                         '"message":"the server is shutting down"}}\n\n')
+    assert len(frames) == 2 and job.closed == 503

@@ -175,8 +175,17 @@ def _block(data: Any, where: str, allowed: dict[str, type[BaseModel]]) -> BaseMo
     return _parse(allowed[kind], data, where)
 
 
+def _text(data: Any, where: str, allowed: dict[str, type[BaseModel]]) -> BaseModel:
+    """_block, and a text block's citations refused (they would be dropped from what the model reads)."""
+    b = _block(data, where, allowed)
+    if isinstance(b, TextBlock) and b.citations:
+        raise InvalidRequestError(f"{where}.citations: citations are not supported", where.split(".")[0],
+                                  code="unsupported_parameter")
+    return b
+
+
 def _text_of(blocks: list[dict], where: str) -> str:
-    return "\n".join(_block(b, f"{where}.{j}", {"text": TextBlock}).text for j, b in enumerate(blocks))
+    return "\n".join(_text(b, f"{where}.{j}", {"text": TextBlock}).text for j, b in enumerate(blocks))
 
 
 def _user(m: Message, where: str) -> list[dict]:
@@ -185,7 +194,7 @@ def _user(m: Message, where: str) -> list[dict]:
     out: list[dict] = []
     texts: list[str] = []
     for j, raw in enumerate(m.content):
-        b = _block(raw, f"{where}.content.{j}", {"text": TextBlock, "tool_result": ToolResultBlock})
+        b = _text(raw, f"{where}.content.{j}", {"text": TextBlock, "tool_result": ToolResultBlock})
         if isinstance(b, TextBlock):
             texts.append(b.text)
             continue
@@ -205,7 +214,7 @@ def _assistant(m: Message, where: str) -> dict:
         return {"role": "assistant", "content": m.content}
     texts, calls, thoughts = [], [], []
     for j, raw in enumerate(m.content):
-        b = _block(raw, f"{where}.content.{j}", {"text": TextBlock, "tool_use": ToolUseBlock,
+        b = _text(raw, f"{where}.content.{j}", {"text": TextBlock, "tool_use": ToolUseBlock,
                                                   "thinking": ThinkingBlock})
         if isinstance(b, TextBlock):
             texts.append(b.text)
@@ -225,7 +234,10 @@ def _assistant(m: Message, where: str) -> dict:
 def chat_messages(body: MessagesRequest) -> list[dict]:
     out: list[dict] = []
     if body.system is not None:
-        text = body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system)
+        blocks = [] if isinstance(body.system, str) else body.system
+        if any(b.citations for b in blocks):
+            raise InvalidRequestError("system: citations are not supported", "system", code="unsupported_parameter")
+        text = body.system if isinstance(body.system, str) else "\n".join(b.text for b in blocks)
         out.append({"role": "system", "content": text})
     for i, m in enumerate(body.messages):
         where = f"messages.{i}"
