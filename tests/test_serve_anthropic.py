@@ -160,15 +160,17 @@ def test_tool_use_equals_the_chat_routes_and_round_trips(sdk, choice, allowed):
     want = [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls]
     assert [(c.name, c.input) for c in calls] == want
     # the calls and their results back: the same conversation as the chat route's
-    results = [{"type": "tool_result", "tool_use_id": c.id, "content": [{"type": "text", "text": "sunny"}]}
-               for c in calls]
+    failed = calls[0].id  # its result is an error: the template reads it as ERROR_PREFIX + its text
+    results = [{"type": "tool_result", "tool_use_id": c.id, "content": [{"type": "text", "text": "sunny"}],
+                "is_error": c.id == failed} for c in calls]
     history = USER + [{"role": "assistant", "content": _blocks(m)}, {"role": "user", "content": results}]
     again = _same_streamed(client, model="tiny", max_tokens=16, extra_body=T0, messages=history, tools=TOOLS)
     chat_history = USER + [{"role": "assistant", "content": None,
                             "tool_calls": [{"id": c.id, "type": "function",
                                             "function": {"name": c.name, "arguments": json.dumps(c.input)}}
                                            for c in calls]}]
-    chat_history += [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in calls]
+    chat_history += [{"role": "tool", "tool_call_id": c.id, "content": ("Error: " if c.id == failed else "") + "sunny"}
+                     for c in calls]
     r = oai.chat.completions.create(model="tiny", max_tokens=16, temperature=0, messages=chat_history,
                                     tools=OPENAI_TOOLS)
     got = [(b.type, getattr(b, "text", None) or getattr(b, "name", None)) for b in again.content]
