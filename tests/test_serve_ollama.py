@@ -120,6 +120,18 @@ def test_generate_goes_through_the_template_and_raw_does_not(client, sdk):
     assert unbounded.done and unbounded.eval_count >= 1
 
 
+def test_logprobs_are_the_openai_routes_entries(client, sdk):
+    got = client.chat(model="tiny", messages=USER, options=GREEDY, logprobs=True, top_logprobs=2)
+    ref = sdk.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=12, logprobs=True,
+                                      top_logprobs=2)
+    want = [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in ref.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in got.logprobs] == want
+    parts = list(client.chat(model="tiny", messages=USER, options=GREEDY, logprobs=True, top_logprobs=2, stream=True))
+    assert [e.token for p in parts for e in p.logprobs or []] == [w[0] for w in want]
+    raw = client.generate(model="tiny", prompt="Once upon", raw=True, options=GREEDY, logprobs=True)
+    assert len(raw.logprobs) == raw.eval_count and all(e.top_logprobs == [] for e in raw.logprobs)
+
+
 def test_an_empty_conversation_or_prompt_is_ollamas_load_request(client):
     assert client.chat(model="tiny", messages=[]).done_reason == "load"
     assert client.generate(model="tiny", prompt="").done_reason == "load"
@@ -278,7 +290,8 @@ def test_model_routes(client, server):
     ("/api/chat", {"format": {"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}}, 400, "format"),
     ("/api/chat", {"think": True}, 400, "think:"),
     ("/api/chat", {"think": "high"}, 400, "think:"),
-    ("/api/chat", {"logprobs": True}, 400, "logprobs:"),
+    ("/api/chat", {"top_logprobs": 2}, 400, "top_logprobs:"),
+    ("/api/generate", {"prompt": "x", "raw": True, "top_logprobs": 2}, 400, "top_logprobs:"),
     ("/api/chat", {"bogus": 1}, 400, "bogus:"),
     ("/api/chat", {"messages": "hi"}, 400, "messages:"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "messages[0].images:"),

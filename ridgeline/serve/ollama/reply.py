@@ -72,22 +72,35 @@ CHAT_END = {"message": {"role": "assistant", "content": ""}}
 GENERATE_END = {"response": ""}
 
 
-async def lines(job: Job, deltas: AsyncIterator[tuple[dict, str | None]], model: str,
+def entries(logprobs) -> list | None:
+    """chat_logprobs' JSON ({"content": [{token, logprob, bytes, top_logprobs}], ...}) -> ollama's `logprobs`
+    list (the same entries)."""
+    return None if logprobs is None else json.loads(logprobs)["content"]
+
+
+async def lines(job: Job, deltas: AsyncIterator[tuple[dict, str | None, list | None]], model: str,
                 piece: Callable[[dict], dict | None], end: dict) -> AsyncIterator[dict]:
-    """deltas: (OpenAI delta, finish reason or None) pairs -> ollama's lines, the counters on the last."""
+    """deltas: (OpenAI delta, finish reason or None, logprob entries or None) -> ollama's lines, the counters
+    on the last."""
     finish = None
-    async for delta, reason in deltas:
+    async for delta, reason, logprobs in deltas:
         fields = piece(delta)
+        if fields is None and logprobs:
+            fields = end
         if fields is not None:
-            yield {"model": model, "created_at": created_at(), **fields, "done": False}
+            yield {"model": model, "created_at": created_at(), **fields,
+                   **({"logprobs": logprobs} if logprobs else {}), "done": False}
         finish = reason or finish
     yield {"model": model, "created_at": created_at(), **end, "done_reason": done_reason(finish), "done": True,
            **counters(job)}
 
 
-def whole(job: Job, model: str, fields: dict, finish: str | None) -> dict:
-    return {"model": model, "created_at": created_at(), **fields, "done_reason": done_reason(finish), "done": True,
-            **counters(job)}
+def whole(job: Job, model: str, fields: dict, finish: str | None, logprobs=None) -> dict:
+    """The whole reply; logprobs: chat_logprobs' JSON, or None."""
+    out = {"model": model, "created_at": created_at(), **fields}
+    if logprobs is not None:
+        out["logprobs"] = entries(logprobs)
+    return {**out, "done_reason": done_reason(finish), "done": True, **counters(job)}
 
 
 def ndjson_response(job: Job, body_lines: AsyncIterator[dict]) -> StreamingResponse:

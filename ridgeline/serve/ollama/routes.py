@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.serve.chat_run import ChatRun, start_chat
+from ridgeline.serve.logprobs import TokenTexts, chat_logprobs
 from ridgeline.serve.ollama import reply
 from ridgeline.serve.ollama.card import resolve
 from ridgeline.serve.ollama.messages import chat_messages
@@ -38,7 +39,7 @@ async def _chat_run(state, body, messages: list[dict], request: Request, rid: st
 
 async def _chat_deltas(run: ChatRun):
     async for d in run.deltas():
-        yield d.delta, d.finish_reason
+        yield d.delta, d.finish_reason, reply.entries(d.logprobs)
 
 
 @router.post("/api/chat")
@@ -58,7 +59,7 @@ async def chat(body: ChatRequest, request: Request):
         message["thinking"] = c.reasoning
     if c.tool_calls:
         message["tool_calls"] = [reply.ollama_call(call.delta()) for call in c.tool_calls]
-    return JSONResponse(reply.whole(run.job, body.model, {"message": message}, c.finish_reason))
+    return JSONResponse(reply.whole(run.job, body.model, {"message": message}, c.finish_reason, c.logprobs))
 
 
 def _refuse_generate_fields(body: GenerateRequest) -> None:
@@ -95,11 +96,12 @@ async def generate(body: GenerateRequest, request: Request):
             job = await start_raw(state, fields, body.prompt, request, rid)
             check_window(job, num_ctx, fields.get("max_tokens"))
         if body.stream:
-            return reply.ndjson_response(job, reply.lines(job, raw_deltas(job), body.model, reply.generate_piece,
+            return reply.ndjson_response(job, reply.lines(job, raw_deltas(job, state.engine.tokenizer), body.model, reply.generate_piece,
                                                           reply.GENERATE_END))
         [out] = await job.results(request)
         c = out.outputs[0]
-        return JSONResponse(reply.whole(job, body.model, {"response": c.text}, c.finish_reason))
+        logprobs = chat_logprobs(TokenTexts(state.engine.tokenizer), c.logprobs)
+        return JSONResponse(reply.whole(job, body.model, {"response": c.text}, c.finish_reason, logprobs))
     messages = ([{"role": "system", "content": body.system}] if body.system is not None else []) + \
         [{"role": "user", "content": body.prompt}]
     run = await _chat_run(state, body, messages, request, rid, "/api/generate")
@@ -110,4 +112,4 @@ async def generate(body: GenerateRequest, request: Request):
     fields = {"response": c.content or ""}
     if c.reasoning is not None:
         fields["thinking"] = c.reasoning
-    return JSONResponse(reply.whole(run.job, body.model, fields, c.finish_reason))
+    return JSONResponse(reply.whole(run.job, body.model, fields, c.finish_reason, c.logprobs))

@@ -42,10 +42,6 @@ def _renamed(e: RidgelineError) -> RidgelineError:
 
 def chat_fields(state, body, messages: list[dict], served: str) -> tuple[dict, int | None]:
     """(the ChatCompletionRequest's fields, options.num_ctx or None) for an ollama chat or generate body."""
-    if body.logprobs or body.top_logprobs is not None:
-        field = "logprobs" if body.logprobs else "top_logprobs"
-        raise InvalidRequestError(f"{field}: log probabilities on the ollama routes are not supported yet (the "
-                                  "OpenAI routes have them); leave it unset", field, code="unsupported_parameter")
     tok = state.engine.tokenizer
     sampling, num_ctx = opts.translate(body.options, state.engine.max_model_len)
     fields: dict = {"model": served, "messages": messages, **sampling}
@@ -54,6 +50,10 @@ def chat_fields(state, body, messages: list[dict], served: str) -> tuple[dict, i
         fields["response_format"] = fmt
     has_reasoning = reasoning.reasoning_format(state.settings.reasoning_parser, tok) is not None
     fields.update(opts.think_fields(body.think, has_reasoning, tok.chat_template, body.model))
+    if body.logprobs is not None:
+        fields["logprobs"] = body.logprobs
+    if body.top_logprobs is not None:
+        fields["top_logprobs"] = body.top_logprobs  # without logprobs true: chat's 400 names it
     tools = getattr(body, "tools", None)
     if tools:
         fields["tools"] = tools
