@@ -16,7 +16,7 @@ from ridgeline.http.guard import install_guard
 from ridgeline.version import __version__
 from ridgeline.engine.async_engine import AsyncEngine
 from ridgeline.engine.llm_engine import LLMEngine
-from ridgeline.serve import anthropic, chat, completions, embeddings, responses, tokenize
+from ridgeline.serve import anthropic, chat, completions, embeddings, ollama, responses, tokenize
 from ridgeline.serve.console.paths import LIVE_PATH, STATIC_PREFIX
 from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
@@ -75,6 +75,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
     app.include_router(embeddings.router)
     app.include_router(responses.router)
     app.include_router(anthropic.router)
+    ollama.install(app, settings.console)
     for path, route in (("/v1/models", list_models), ("/v1/models/{model_id:path}", get_model), ("/health", health),
                         ("/version", tokenize.version)):
         app.add_api_route(path, route, methods=["GET"])

@@ -50,7 +50,7 @@ def _inputs(value) -> list[str | list[int]]:
     return items
 
 
-def _embed(engine, ids: list[list[int]], normalize: bool) -> list[list[float]]:
+def embed_ids(engine, ids: list[list[int]], normalize: bool) -> list[list[float]]:
     """On the step thread: each input's last-token hidden state, L2-normalized unless told not to."""
     out = []
     for prompt in ids:
@@ -93,7 +93,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
         if len(prompt) > engine.max_model_len:
             raise PromptTooLongError(len(prompt), engine.max_model_len)
         ids.append(prompt)
-    vectors = await state.async_engine.call(lambda eng: _embed(eng, ids, body.normalize))
+    vectors = await state.async_engine.call(lambda eng: embed_ids(eng, ids, body.normalize))
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     tokens = sum(len(p) for p in ids)
