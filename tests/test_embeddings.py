@@ -72,3 +72,51 @@ def test_unnormalized_and_unknown_fields(server):
     assert plain.status_code == 200 and abs(torch.tensor(plain.json()["data"][0]["embedding"]).norm() - 1) > 1e-3
     r = _post(server, input="x", pooling="mean")  # not a field of this route: ignored, and said so
     assert r.status_code == 200 and r.headers["x-ridgeline-ignored-fields"] == "pooling"
+
+
+def _pooled_folder(tiny_llama, tmp_path, config: dict):
+    """The tiny model as a sentence-transformers folder whose Pooling module says `config`."""
+    import json
+    import shutil
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("config, flag, want", [({"pooling_mode_mean_tokens": True}, "auto", "mean"),
+                                                ({"pooling_mode_cls_token": True}, "auto", "cls"),
+                                                ({"pooling_mode_mean_tokens": True}, "last", "last"),
+                                                ({}, "cls", "cls")])
+def test_pooling_follows_the_folder_or_the_flag(tiny_llama, tmp_path, config, flag, want):
+    """--pooling auto reads a sentence-transformers folder's Pooling config; a flag value wins over it."""
+    import transformers
+    from ridgeline.config import EngineConfig
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.serve.app import build_app
+    from ridgeline.serve.server import ServerThread
+    from ridgeline.serve.state import ServerSettings
+    folder = _pooled_folder(tiny_llama, tmp_path, config)
+    engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False, dtype="float32", kv_cache_memory="2MiB"))
+    ids = [5, 17, 99, 3, 42]
+    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True, pooling=flag))) as s:
+        got = torch.tensor(_post(s, input=ids).json()["data"][0]["embedding"])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        h = ref(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
+    v = {"last": h[-1], "cls": h[0], "mean": h.mean(0)}[want]
+    torch.testing.assert_close(got, v / v.norm(), atol=2e-4, rtol=0)
+
+
+def test_a_pooling_it_cannot_compute_is_named_at_start(tiny_llama, tmp_path):
+    from ridgeline.errors import ModelLoadError
+    from ridgeline.serve.pooling import pooling_of
+    folder = _pooled_folder(tiny_llama, tmp_path, {"pooling_mode_max_tokens": True})
+    with pytest.raises(ModelLoadError, match="pooling_mode_max_tokens.*--pooling"):
+        pooling_of("auto", folder)
+    assert pooling_of("mean", folder) == "mean" and pooling_of("auto", tiny_llama) == "last"

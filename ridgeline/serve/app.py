@@ -22,6 +22,7 @@ from ridgeline.serve.docs import docs_page
 from ridgeline.serve.drain import Drain
 from ridgeline.serve.limits import CHAT_TEMPLATE_MIN_BYTES, text_bound
 from ridgeline.serve.metrics import ServerMetrics
+from ridgeline.serve.pooling import pooling_of
 from ridgeline.serve.replica_info import install_replica_routes, start_publisher
 from ridgeline.serve.request_log import RequestLog
 from ridgeline.serve.state import ServerSettings, ServerState, state_of
@@ -38,6 +39,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings, log_interval: float =
                         system_fingerprint(engine))
     state.kv_events = start_publisher(engine, async_engine, settings.kv_events_endpoint)
     state.text_bound = bound = text_bound(engine.max_model_len, engine.tokenizer.max_bytes_per_token)
+    state.pooling = pooling_of(settings.pooling, engine.info.model_folder)
     template_bytes = settings.chat_template_max_bytes
     if template_bytes is None:  # the default never refuses a prompt that could fit
         template_bytes = max(CHAT_TEMPLATE_MIN_BYTES, bound.max_chars if bound is not None else 0)

@@ -9,6 +9,7 @@ from ridgeline.cli_parser import positive_int
 from ridgeline.errors import InvalidRequestError, RidgelineError
 from ridgeline.http.front_limits import (add_front_args, allowed_origins, front_problems, resolve_api_key,
                                           warn_if_exposed)
+from ridgeline.serve.pooling import SETTINGS as POOLING
 from ridgeline.serve.settings import ServerSettings
 
 _D = ServerSettings("")  # the defaults the flags show
@@ -42,6 +43,10 @@ def register(subparsers, command: str | None = None) -> None:
                    help="behind `ridgeline router --api-key-file`: requests carrying this server's --api-key (the "
                         "router's --replica-api-key) name their tenant in x-ridgeline-tenant (default: off)")
     g.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the model)")
+    g.add_argument("--pooling", default=_D.pooling, choices=POOLING,
+                   help="how /v1/embeddings reads a vector from the final hidden states: auto (a sentence-transformers "
+                        "folder's Pooling config, else last), last (the last token's: decoder embedding models), mean, "
+                        "or cls (the first token's) (default: %(default)s)")
     g.add_argument("--reasoning-parser", default=_D.reasoning_parser, choices=_reasoning_parsers(),
                    help="split a reasoning model's thinking into `reasoning_content`: auto (the format the chat "
                         "template writes, <think> or [THINK]; none if it writes neither), none, or a format "
@@ -252,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_body=args.timeout_body, max_connections=args.max_connections, public_metrics=args.public_metrics,
         quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console,
         api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
-        reasoning_parser=args.reasoning_parser, **_limit_settings(args))
+        reasoning_parser=args.reasoning_parser, pooling=args.pooling, **_limit_settings(args))
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)

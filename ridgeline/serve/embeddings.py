@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from ridgeline.errors import InvalidRequestError, PromptTooLongError
 from ridgeline.serve.fields import ignored_header
+from ridgeline.serve.pooling import pool
 from ridgeline.serve.protocol import RequestBody
 from ridgeline.serve.state import state_of
 
@@ -50,11 +51,11 @@ def _inputs(value) -> list[str | list[int]]:
     return items
 
 
-def embed_ids(engine, ids: list[list[int]], normalize: bool) -> list[list[float]]:
-    """On the step thread: each input's last-token hidden state, L2-normalized unless told not to."""
+def embed_ids(engine, ids: list[list[int]], normalize: bool, mode: str = "last") -> list[list[float]]:
+    """On the step thread: each input's hidden states pooled (pooling.py's mode), L2-normalized unless told not to."""
     out = []
     for prompt in ids:
-        h = engine.prompt_hidden(prompt)[-1].float()
+        h = pool(engine.prompt_hidden(prompt), mode)
         out.append((h / h.norm().clamp_min(1e-12) if normalize else h).tolist())
     return out
 
@@ -93,7 +94,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
         if len(prompt) > engine.max_model_len:
             raise PromptTooLongError(len(prompt), engine.max_model_len)
         ids.append(prompt)
-    vectors = await state.async_engine.call(lambda eng: embed_ids(eng, ids, body.normalize))
+    vectors = await state.async_engine.call(lambda eng: embed_ids(eng, ids, body.normalize, state.pooling))
     data = [{"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
     tokens = sum(len(p) for p in ids)

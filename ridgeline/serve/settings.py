@@ -33,6 +33,7 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # web pages allowed besides the console (http/origins.py)
     tenant_header: bool = False  # behind a launcher's front: its internal key's requests name their tenant
     reasoning_parser: str = "auto"  # the reasoning section of replies: auto (from the template), none, or a format
+    pooling: str = "auto"  # embeddings: auto (a sentence-transformers folder's, else last), last, mean or cls
 
     @property
     def limits(self) -> FrontLimits:

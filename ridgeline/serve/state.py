@@ -37,6 +37,7 @@ class ServerState:
     cache_secret: bytes = field(default_factory=internal_auth.deployment_secret)
     text_bound: object = None  # limits.TextBound: text prompts longer can never fit (None: no sound bound)
     pending_seqs: int = 0  # sequences of requests admitted and not yet counted by the engine (generate.admitted)
+    pooling: str = "last"  # how an embedding is read from the hidden states (serve/pooling.py)
 
     def render(self, source: str, context: dict) -> str:
         """A chat template rendered in a bounded worker (Tokenizer's `render`)."""

@@ -59,7 +59,7 @@ async def embed(body: EmbedRequest, request: Request):
     if len(texts) > MAX_INPUTS:
         raise InvalidRequestError(f"input: at most {MAX_INPUTS} inputs per request, got {len(texts)}", "input")
     ids = await _ids(state, texts, body.truncate, _window(state, body.options))
-    vectors = await state.async_engine.call(lambda eng: embed_ids(eng, ids, True))
+    vectors = await state.async_engine.call(lambda eng: embed_ids(eng, ids, True, state.pooling))
     took = int((time.monotonic() - start) * 1e9)
     return JSONResponse({"model": body.model, "embeddings": vectors, "total_duration": took, "load_duration": 0,
                          "prompt_eval_count": sum(len(p) for p in ids)})
@@ -73,5 +73,5 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     if not body.prompt:
         return JSONResponse({"embedding": []})  # as ollama answers an empty prompt
     ids = await _ids(state, [body.prompt], True, window)
-    [vector] = await state.async_engine.call(lambda eng: embed_ids(eng, ids, False))
+    [vector] = await state.async_engine.call(lambda eng: embed_ids(eng, ids, False, state.pooling))
     return JSONResponse({"embedding": vector})
