@@ -70,7 +70,18 @@ def cmd_pull(args):
     from ridgeline.weights.pull import pull
     path = pull(args.alias)
     print(f"{args.alias}: {path}")
-    print(f"converted: {ensure_converted(path)}")
+    print(f"converted: {ensure_converted(path, weights=args.with_weights)}")
+
+
+def cmd_list(args):
+    from ridgeline.weights.model_list import cached_models, table
+    print(table(cached_models()))
+
+
+def cmd_rm(args):
+    from ridgeline.weights.model_list import remove
+    for path in remove(args.name):
+        print(f"removed {path}")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -97,7 +108,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="fetch a built-in model alias into the model cache")
     p.add_argument("alias", nargs="?", default="smollm2-135m", help="built-in model alias")
+    p.add_argument("--with-weights", action="store_true",
+                   help="also write the converted folder's float32 weights (model.safetensors), for tools that read "
+                        "an HF folder such as transformers; Ridgeline itself reads the GGUF in place")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("list", help="the models in the cache: pulled aliases and converted GGUF folders")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("rm", help="remove a cached model (a pulled alias and its converted folders)")
+    p.add_argument("name", help="an alias, or a GGUF file name as `ridgeline list` shows it")
+    p.set_defaults(func=cmd_rm)
 
     for register in _plugins():
         register(sub, command)

@@ -1,0 +1,39 @@
+"""`ridgeline list` shows what the model cache holds (pulled aliases, converted GGUF folders and whether their
+source is still there), `ridgeline rm` removes an alias with its converted folders, and never anything else."""
+import json
+
+from ridgeline.cli import main
+from ridgeline.weights.pull import ALIASES, alias_path
+
+
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
+    gguf = alias_path("smollm2-135m")
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    gguf.write_bytes(b"GGUF" + b"\0" * 1000)
+    root = gguf.parent.parent
+    for name, source in (("a-1", gguf), ("b-2", tmp_path / "gone.gguf")):
+        folder = root / "converted" / name
+        folder.mkdir(parents=True)
+        (folder / "gguf-source.json").write_text(json.dumps({"gguf": str(source), "size": 1, "mtime_ns": 1}))
+        (folder / "config.json").write_text("{}")
+    outside = tmp_path / "keep.gguf"
+    outside.write_bytes(b"x")
+    return gguf, root, outside
+
+
+def test_list_and_rm(tmp_path, monkeypatch, capsys):
+    gguf, root, outside = _cache(tmp_path, monkeypatch)
+    assert main(["list"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "pulled" in out and ALIASES["smollm2-135m"].description in out
+    assert out.count(" converted ") == 2 and "gone.gguf" in out and "source missing" in out
+    assert main(["rm", "smollm2-135m"]) in (0, None)
+    removed = capsys.readouterr().out
+    assert str(gguf) in removed and "a-1" in removed and "b-2" not in removed
+    assert not gguf.exists() and not (root / "converted" / "a-1").exists() and (root / "converted" / "b-2").exists()
+    assert main(["rm", "gone.gguf"]) in (0, None) and not (root / "converted" / "b-2").exists()
+    assert outside.exists()  # a converted folder's source outside the cache is never touched
+    assert main(["rm", "nothing-like-it"]) == 2
+    assert "no cached model 'nothing-like-it'" in capsys.readouterr().err
+    assert main(["list"]) in (0, None) and "is empty" in capsys.readouterr().out
