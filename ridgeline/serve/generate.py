@@ -262,10 +262,11 @@ def _error_chunks(e) -> list[dict]:
 
 def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = None, *,
                  frame: Callable[[dict], str] = _data_frame, on_error: Callable[[object], list[dict]] = _error_chunks,
-                 done: str | None = "data: [DONE]\n\n") -> StreamingResponse:
+                 done: str | None = "data: [DONE]\n\n", media_type: str = "text/event-stream") -> StreamingResponse:
     """headers: more response headers (the ignored fields' warning). The API's framing: frame writes a
-    chunk as SSE text (OpenAI's chat: `data: <json>`), on_error gives the in-band chunks for an error once
-    the status line is sent (a RidgelineError, already public), done is the closing text (None: none)."""
+    chunk as text (OpenAI's chat: SSE `data: <json>`; ollama's: a JSON line), on_error gives the in-band
+    chunks for an error once the status line is sent (a RidgelineError, already public), done is the closing
+    text (None: none)."""
     async def body():
         status = 499  # unless it ends below: the client went away (cancellation, generator closed)
         try:
@@ -281,7 +282,7 @@ def sse_response(job: Job, chunks: AsyncIterator[dict], headers: dict | None = N
         if done is not None:
             yield done
 
-    return _JobResponse(job, body(), media_type="text/event-stream",
+    return _JobResponse(job, body(), media_type=media_type,
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 

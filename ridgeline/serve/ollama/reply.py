@@ -12,8 +12,7 @@ from datetime import datetime, timezone
 
 from fastapi.responses import StreamingResponse
 
-from ridgeline.http.errors import public, status_of
-from ridgeline.serve.generate import Job
+from ridgeline.serve.generate import Job, sse_response
 from ridgeline.serve.json_body import dumps
 
 NDJSON = "application/x-ndjson"
@@ -106,30 +105,5 @@ def whole(job: Job, model: str, fields: dict, finish: str | None, logprobs=None)
 def ndjson_response(job: Job, body_lines: AsyncIterator[dict]) -> StreamingResponse:
     """The job's lines as NDJSON; an error after the status line is sent goes in-band as {"error": ...} (the
     client raises it). The job is closed however the stream ends, so an abandoned one frees its KV at once."""
-    async def body():
-        status = 499  # unless it ends below: the client went away
-        try:
-            async for line in body_lines:
-                yield dumps(line) + "\n"
-            status = 200
-        except Exception as e:
-            status, e = status_of(e), public(e)
-            yield json.dumps({"error": e.message}) + "\n"
-        finally:
-            job.close(status)
-
-    return _JobStream(job, body(), media_type=NDJSON, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class _JobStream(StreamingResponse):
-    """Closes the job even when the body never starts (the client gone before the first byte)."""
-
-    def __init__(self, job: Job, content, **kw):
-        super().__init__(content, **kw)
-        self.job = job
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.job.close()
+    return sse_response(job, body_lines, frame=lambda line: dumps(line) + "\n",
+                        on_error=lambda e: [{"error": e.message}], done=None, media_type=NDJSON)
