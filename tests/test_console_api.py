@@ -37,8 +37,11 @@ def test_no_console_flag(tiny_engine):
     assert build_parser().parse_args(["serve", "--no-console"]).console is False
     assert build_parser().parse_args(["serve"]).console is True
     with ServerThread(build_app(tiny_engine, ServerSettings("tiny", quiet=True, console=False))) as s:
-        for path in ("/", "/console/api/live", "/console/static/main.js"):
+        for path in ("/console/api/live", "/console/static/main.js"):
             assert httpx.get(s.url + path).status_code == 404, path
+        root = httpx.get(s.url + "/")  # without the console, / is ollama's liveness answer, not the page
+        assert root.status_code == 200 and "text/html" not in root.headers["content-type"]
+        assert "Ollama is running" in root.text
         assert httpx.post(s.url + "/console/api/advise/kv", json={}).status_code == 404
 
 
