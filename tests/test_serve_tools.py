@@ -57,13 +57,23 @@ def _check(calls, allowed):
         Draft202012Validator(SCHEMAS[c.function.name]).validate(json.loads(c.function.arguments))
 
 
-def _streamed(sdk, **kw):
+def _streamed(sdk, pieces: dict | None = None, **kw):
+    """A streamed reply as a client assembles it: a call's first delta has its id and name, the arguments
+    are the concatenation of its deltas' (pieces: index -> how many argument deltas it came in)."""
     content, calls, finish = "", {}, None
     for chunk in sdk.chat.completions.create(stream=True, **kw):
         for ch in chunk.choices:
             content += ch.delta.content or ""
             for d in ch.delta.tool_calls or []:
-                calls[d.index] = (d.id, d.function.name, d.function.arguments)
+                if d.id is not None:
+                    assert d.index not in calls and d.function.name, d
+                    calls[d.index] = (d.id, d.function.name, d.function.arguments or "")
+                else:
+                    assert d.function.name is None, d
+                    cid, name, args = calls[d.index]
+                    calls[d.index] = (cid, name, args + d.function.arguments)
+                if pieces is not None and d.function.arguments:
+                    pieces[d.index] = pieces.get(d.index, 0) + 1
             finish = ch.finish_reason or finish
     return content or None, [calls[i] for i in sorted(calls)], finish
 
@@ -81,11 +91,14 @@ def test_constrained_calls_validate_streamed_or_not(sdk, choice, parallel):
         _check(c.message.tool_calls, allowed)
         if not parallel:
             assert len(c.message.tool_calls) == 1
-        content, calls, finish = _streamed(sdk, **kw)
+        pieces: dict = {}
+        content, calls, finish = _streamed(sdk, pieces, **kw)
         assert finish == "tool_calls"
         assert [(n, a) for _, n, a in calls] == [(t.function.name, t.function.arguments)
                                                  for t in c.message.tool_calls]
         assert content == c.message.content
+        # the grammar writes these calls: their arguments stream as they are written, not whole at the end
+        assert all(pieces.get(i, 0) >= 2 for i, (_, _, a) in enumerate(calls) if len(a) > 8), pieces
 
 
 def test_history_round_trips_through_the_template(sdk):

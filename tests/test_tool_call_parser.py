@@ -82,9 +82,9 @@ def chunked(toks, cuts: list[int], lags: list[float]):
     return chunks
 
 
-def parse(fmt, specials, schemas, chunks):
+def parse(fmt, specials, schemas, chunks, stream=False):
     ids = itertools.count()
-    p = ToolCallParser(fmt, specials, schemas=schemas, new_id=lambda: f"call_{next(ids)}")
+    p = ToolCallParser(fmt, specials, schemas=schemas, new_id=lambda: f"call_{next(ids)}", stream_arguments=stream)
     events = []
     for chunk_ids, text in chunks:
         events += p.feed(chunk_ids, text)
@@ -92,7 +92,29 @@ def parse(fmt, specials, schemas, chunks):
     content = "".join(e["content"] for e in events if "content" in e)
     calls = [e["tool_call"] for e in events if "tool_call" in e]
     assert calls == p.calls and content == "".join(p.content)
+    assert_pieces_make_the_calls(events, calls)
     return content or None, [(c.index, c.id, c.name, json.loads(c.arguments)) for c in calls]
+
+
+def assert_pieces_make_the_calls(events, calls):
+    """A streamed call: its head first (id, name, no arguments), its argument pieces, then the whole call,
+    whose arguments are the pieces' concatenation; no other call's pieces in between."""
+    open_call, pieces = None, ""
+    for e in events:
+        if "tool_call_start" in e:
+            assert open_call is None and e["tool_call_start"].arguments == ""
+            open_call, pieces = e["tool_call_start"], ""
+        elif "tool_call_arguments" in e:
+            assert e["tool_call_arguments"]["index"] == open_call.index
+            pieces += e["tool_call_arguments"]["arguments"]
+        elif e.get("streamed"):
+            call = e["tool_call"]
+            assert (call.index, call.id, call.name) == (open_call.index, open_call.id, open_call.name)
+            assert call.arguments == pieces
+            open_call = None
+        elif "tool_call" in e:
+            assert open_call is None
+    assert open_call is None
 
 
 # harmony's calls are read by its channel splitter, not from markers in text (tests/test_reasoning.py)
@@ -102,18 +124,19 @@ TEXT_FORMATS = sorted(n for n, f in FORMATS.items() if f.body != "harmony")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fmt=st.sampled_from(TEXT_FORMATS), by_id=st.booleans(), before=WORDS, between=WORDS, after=WORDS,
        calls=CALLS.filter(_consistent), cuts=st.lists(st.integers(0, 10_000), max_size=12),
-       lags=st.lists(st.floats(0, 1, allow_subnormal=False), min_size=1, max_size=5))
-def test_any_chunking_gives_the_whole_reply(fmt, by_id, before, between, after, calls, cuts, lags):
+       lags=st.lists(st.floats(0, 1, allow_subnormal=False), min_size=1, max_size=5), stream=st.booleans())
+def test_any_chunking_gives_the_whole_reply(fmt, by_id, before, between, after, calls, cuts, lags, stream):
+    """stream: arguments come out in pieces as they are written (where a grammar writes the calls)."""
     fmt = FORMATS[fmt]
     text, content = reply(fmt, before, calls, between, after)
     toks, specials = tokens(text, fmt, by_id)
     schemas = _schemas(calls)
-    whole = parse(fmt, specials, schemas, [([i for i, _ in toks], "".join(p for _, p in toks))])
+    whole = parse(fmt, specials, schemas, [([i for i, _ in toks], "".join(p for _, p in toks))], stream)
     expected_calls = [(k, f"call_{k}", n, a) for k, (n, a) in enumerate(calls)]
     assert whole[1] == expected_calls, text
     assert "".join((whole[0] or "").split()) == "".join((content or "").split()), text  # up to whitespace
-    assert parse(fmt, specials, schemas, [([i], p) for i, p in toks]) == whole
-    assert parse(fmt, specials, schemas, chunked(toks, cuts, lags)) == whole
+    assert parse(fmt, specials, schemas, [([i], p) for i, p in toks], stream) == whole
+    assert parse(fmt, specials, schemas, chunked(toks, cuts, lags), stream) == whole
 
 
 def test_a_marker_typed_as_text_is_text_when_markers_are_tokens():
@@ -138,3 +161,40 @@ def test_max_calls_drops_the_rest():
 def test_llama_reply_that_is_plain_json_stays_content():
     p = ToolCallParser(LLAMA3_JSON)
     assert parse_all(p, [], '{"answer": 42}') == ('{"answer": 42}', [])
+
+
+JSON_FORMATS = sorted(n for n, f in FORMATS.items() if f.body == "json")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(JSON_FORMATS), calls=CALLS, cut=st.integers(1, 10_000),
+       cuts=st.lists(st.integers(0, 10_000), max_size=12))
+def test_streamed_arguments_come_in_pieces_and_a_cut_call_keeps_them(fmt, calls, cut, cuts):
+    """Token by token, each call's arguments arrive in as many pieces as they have characters; a reply
+    cut anywhere (max_tokens) gives, in any chunking, the same calls, the last keeping the arguments
+    written before the cut."""
+    fmt = FORMATS[fmt]
+    text, _ = reply(fmt, "Hi.", calls, " ", "")
+    events = []
+    p = ToolCallParser(fmt, stream_arguments=True)
+    for ch in text:
+        events += p.feed([], ch)
+    events += p.finish()
+    for call in p.calls:
+        n = sum(1 for e in events if e.get("tool_call_arguments", {}).get("index") == call.index)
+        assert n == len(call.arguments)
+    cut_text = text[:cut % (len(text) + 1)]
+
+    def streamed(chunks):
+        q = ToolCallParser(fmt, stream_arguments=True)
+        evs = [e for c in chunks for e in q.feed([], c)] + q.finish()
+        assert_pieces_make_the_calls(evs, q.calls)
+        return [(c.name, c.arguments) for c in q.calls]
+
+    whole = streamed([cut_text])
+    bounds = sorted(set(c % (len(cut_text) + 1) for c in cuts)) + [len(cut_text)]
+    assert streamed([cut_text[a:b] for a, b in zip([0] + bounds, bounds)]) == whole
+    written = [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+    assert len(whole) <= len(written)
+    for k, (name, args) in enumerate(whole):  # every call written before the cut, the last maybe cut short
+        assert name == written[k][0] and written[k][1].startswith(args)

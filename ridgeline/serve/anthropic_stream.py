@@ -42,7 +42,10 @@ def usage_of(run: ChatRun) -> dict:
 def _tool_use(call_id: str, name: str, arguments: str | None) -> dict:
     block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
     if arguments is not None:
-        block["input"] = json.loads(arguments)
+        try:
+            block["input"] = json.loads(arguments)
+        except ValueError:  # a call cut by max_tokens (stop_reason says so): no input to give
+            pass
     return block
 
 
@@ -79,7 +82,7 @@ async def message_events(run: ChatRun, head: dict, stop_sequences: list[str] | N
         else:
             continue
         for kind, piece in pieces:
-            if kind != open_kind or kind == "tool_use":
+            if kind != open_kind or (kind == "tool_use" and "id" in piece):  # a call's head opens its block
                 if open_kind is not None:
                     yield {"type": "content_block_stop", "index": index}
                 index, open_kind = index + 1, kind
@@ -87,8 +90,9 @@ async def message_events(run: ChatRun, head: dict, stop_sequences: list[str] | N
                     else _STARTS[kind]
                 yield {"type": "content_block_start", "index": index, "content_block": start}
             if kind == "tool_use":
-                yield {"type": "content_block_delta", "index": index,
-                       "delta": {"type": "input_json_delta", "partial_json": piece["function"]["arguments"]}}
+                if piece["function"]["arguments"]:
+                    yield {"type": "content_block_delta", "index": index,
+                           "delta": {"type": "input_json_delta", "partial_json": piece["function"]["arguments"]}}
             else:
                 yield {"type": "content_block_delta", "index": index,
                        "delta": {"type": _DELTAS[kind], kind: piece}}

@@ -46,7 +46,9 @@ class Choice:
 @dataclass
 class Delta:
     """One streamed piece of a choice. delta: OpenAI's ({"content"}, {"reasoning_content", "reasoning"},
-    {"tool_calls": [one call, whole]}, or {} carrying only logprobs or the finish reason)."""
+    {"tool_calls": [one call]} or {} carrying only logprobs or the finish reason). A call comes whole, or,
+    where a grammar writes it, as its head ({index, id, type, function: {name, arguments: ""}}) then
+    pieces of its arguments ({index, function: {arguments}})."""
     index: int
     delta: dict
     logprobs: object = None
@@ -87,8 +89,9 @@ class ChatRun:
             result.append(Choice(c.index, content, thought, calls, finish, logprobs, len(c.token_ids)))
         return result
 
-    async def deltas(self) -> AsyncIterator[Delta]:
-        """The choices' pieces as they come. The caller closes the job (sse_response does)."""
+    async def deltas(self, whole_calls: bool = False) -> AsyncIterator[Delta]:
+        """The choices' pieces as they come; whole_calls: each call in one delta once complete (for APIs
+        that stream no arguments in pieces). The caller closes the job (sse_response does)."""
         texts = TokenTexts(self.tok)
         parsers = [self.parser() for _ in range(self.n)]
         async for out in self.job:
@@ -96,7 +99,7 @@ class ChatRun:
                 parser = parsers[c.index]
                 logprobs = chat_logprobs(texts, c.logprobs)
                 if parser is not None:
-                    for d in _parsed_deltas(parser, c, logprobs):
+                    for d in _parsed_deltas(parser, c, logprobs, whole_calls):
                         yield d
                 elif c.text or c.logprobs or c.finish_reason:
                     yield Delta(c.index, {"content": c.text} if c.text else {}, logprobs, c.finish_reason)
@@ -144,21 +147,29 @@ def render_prompt(tok, messages: list[dict], render=None, bound: TextBound | Non
     return Prompt(tok.encode_chat(messages, rendered=text, render=render, **extra), text)  # contents never parse specials
 
 
-def _delta(event: dict) -> dict:
+def _delta(event: dict, whole_calls: bool) -> dict | None:
+    """A parser event as OpenAI's delta (None: nothing to send)."""
     if "reasoning" in event:
         return {"reasoning_content": event["reasoning"], "reasoning": event["reasoning"]}
     if "content" in event:
         return {"content": event["content"]}
-    return {"tool_calls": [event["tool_call"].delta()]}
+    if whole_calls:
+        return {"tool_calls": [event["tool_call"].delta()]} if "tool_call" in event else None
+    if "tool_call_start" in event:
+        return {"tool_calls": [event["tool_call_start"].delta()]}
+    if "tool_call_arguments" in event:
+        piece = event["tool_call_arguments"]
+        return {"tool_calls": [{"index": piece["index"], "function": {"arguments": piece["arguments"]}}]}
+    return None if event.get("streamed") else {"tool_calls": [event["tool_call"].delta()]}
 
 
-def _parsed_deltas(parser, c, logprobs):
+def _parsed_deltas(parser, c, logprobs, whole_calls: bool):
     """One engine delta through the choice's parser: Deltas, the logprobs on the first, the finish reason
     on the last."""
     events = parser.feed(c.token_ids, c.text)
     if c.finish_reason:
         events += parser.finish()
-    deltas = [_delta(e) for e in events]
+    deltas = [d for e in events if (d := _delta(e, whole_calls)) is not None]
     finish = c.finish_reason
     if finish and parser.calls and (parser.done or finish == "stop"):
         finish = "tool_calls"

@@ -85,9 +85,13 @@ class ResponseEvents:
         elif delta.get("content"):
             yield from self._close_reasoning()
             yield from self._text(delta["content"])
-        for call in delta.get("tool_calls") or ():
+        for call in delta.get("tool_calls") or ():  # a call's head, then pieces of its arguments
             fn = call["function"]
-            self.calls.append(ToolCall(call["index"], call["id"], fn["name"], fn["arguments"]))
+            if "id" in call:
+                self.calls.append(ToolCall(call["index"], call["id"], fn["name"], fn["arguments"]))
+            else:
+                head = self.calls[-1]
+                self.calls[-1] = ToolCall(head.index, head.id, head.name, head.arguments + fn["arguments"])
 
     def _reasoning_text(self, text: str) -> Iterator[dict]:
         r = self.reasoning

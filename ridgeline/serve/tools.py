@@ -35,7 +35,12 @@ class ToolPlan:
         if self.choice is None or self.choice.mode == "none":
             return None
         return ToolCallParser(self.detected.format, self.specials, schemas=self.choice.schemas,
-                              max_calls=None if self.choice.parallel else 1)
+                              max_calls=None if self.choice.parallel else 1, stream_arguments=self.constrained)
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar writes the calls (required, named, or auto's lazy grammar): their arguments stream."""
+        return self.params.structured is not None and self.params.structured.field == "tools"
 
 
 def detected_format(tok, render) -> Detected:

@@ -9,9 +9,16 @@ special id is plain text, and no detokenizer split can cut a marker (a partial o
 Special tokens that are no marker (an end-of-turn token) are dropped from the content.
 
 Whitespace-only content next to calls is dropped; a block that does not parse comes back as
-content, as it was written, so nothing the model wrote is lost."""
+content, as it was written, so nothing the model wrote is lost.
+
+With stream_arguments (the calls are written by a grammar, so a call that begins is a call), JSON
+calls come out as they are written (arg_stream.py): {"tool_call_start": ToolCall with empty
+arguments}, then {"tool_call_arguments": {"index", "arguments": piece}} as the text arrives, then the
+whole {"tool_call": ToolCall, "streamed": True}; the arguments are the text the model wrote. Without
+it, each call comes out whole once its block closed, its arguments re-serialized."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -19,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ridgeline.tool_calls.arg_stream import ArgStream
 from ridgeline.tool_calls.formats import CallFormat
 
 _TEXT, _CALL, _DONE = 0, 1, 2
@@ -67,12 +75,16 @@ class ToolCallParser:
     the text is decoded with special tokens kept, every special token (those that are no marker are
     dropped). None: every marker is matched as text.
     schemas: tool name -> its parameters schema (types the XML format's values). max_calls: calls
-    kept at most (parallel_tool_calls false: 1); after the last, the rest of the reply is dropped."""
+    kept at most (parallel_tool_calls false: 1); after the last, the rest of the reply is dropped.
+    stream_arguments: JSON calls come out as they are written (the module's docstring)."""
 
     def __init__(self, fmt: CallFormat, specials: Mapping[int, str] | None = None, *,
                  schemas: Mapping[str, dict] | None = None, max_calls: int | None = None,
-                 new_id: Callable[[], str] = new_call_id):
+                 new_id: Callable[[], str] = new_call_id, stream_arguments: bool = False):
         self.fmt, self.schemas, self.max_calls, self.new_id = fmt, schemas or {}, max_calls, new_id
+        self._streams = stream_arguments and fmt.body == "json"
+        self._scan: ArgStream | None = None  # the open block's scanner (stream_arguments)
+        self._started: ToolCall | None = None  # the call whose arguments are coming
         self.specials = dict(specials or {})
         special_texts = set(self.specials.values())
         self._by_id = {m for m in fmt.markers if m in special_texts}
@@ -154,7 +166,14 @@ class ToolCallParser:
         self._text += text
         while self._state != _DONE:
             if self._state == _CALL:
-                if not (self._end_by_text and (j := self._text.find(self.fmt.end)) >= 0):
+                j = self._text.find(self.fmt.end) if self._end_by_text else -1
+                if self._scan is not None:  # up to the end marker, or what cannot still become one
+                    upto = j if j >= 0 else len(self._text) - (
+                        _held(self._text, (self.fmt.end,)) if self._end_by_text and not final else 0)
+                    self._steps(out, self._scan.advance(self._text[:upto]))
+                    if self._state == _DONE:
+                        return
+                if j < 0:
                     return
                 body, self._text = self._text[:j], self._text[j + len(self.fmt.end):]
                 self._close_block(out, body, self.fmt.end)
@@ -164,7 +183,7 @@ class ToolCallParser:
                 if head.startswith("{"):
                     self._ws += self._text[:len(self._text) - len(head)]
                     self._text = head
-                    self._opened, self._state = "", _CALL
+                    self._open(out, "")
                     continue
                 if not head and not final:
                     return  # whitespace so far: a call may still begin
@@ -180,10 +199,22 @@ class ToolCallParser:
 
     def _open(self, out: list[dict], marker: str) -> None:
         self._opened, self._state = marker, _CALL
+        self._scan = ArgStream() if self._streams else None
 
     def _close_block(self, out: list[dict], body: str, closer: str) -> None:
         """body: the block's text between its markers (self._text already holds what follows)."""
         self._state = _TEXT
+        scan, self._scan = self._scan, None
+        if scan is not None and scan.opened:  # its calls are out; what follows the last is read whole
+            self._steps(out, scan.finish())
+            rest = body[scan.pos:]
+            if self._state != _DONE and rest.strip(_SEPARATORS + "[]}"):
+                calls = self._json_calls(rest.lstrip(_SEPARATORS + "]}"))
+                if calls is None:
+                    self._content(out, rest + closer)
+                else:
+                    self._add_calls(out, calls)
+            return
         calls = self._calls(body)
         if calls is None:
             self._content(out, self._opened + body + closer)
@@ -202,6 +233,25 @@ class ToolCallParser:
         else:
             self._add_calls(out, [call])
         return out
+
+    def _steps(self, out: list[dict], steps: list[tuple[str, str]]) -> None:
+        """The scanner's steps as events (arg_stream.py): a call opens, its arguments come, it closes."""
+        for kind, text in steps:
+            if self._state == _DONE:
+                return
+            if kind == "open":
+                self._seen_text, self._ws = True, ""
+                self._started = ToolCall(len(self.calls), self.new_id(), text, "")
+                out.append({"tool_call_start": self._started})
+            elif kind == "piece":
+                out.append({"tool_call_arguments": {"index": self._started.index, "arguments": text}})
+            else:
+                call = dataclasses.replace(self._started, arguments=text)
+                self._started = None
+                self.calls.append(call)
+                out.append({"tool_call": call, "streamed": True})
+                if self.max_calls is not None and len(self.calls) >= self.max_calls:
+                    self._state, self._text, self._raw = _DONE, "", ""
 
     def _add_calls(self, out: list[dict], calls: list[tuple[str, str]]) -> None:
         self._seen_text = True

@@ -42,8 +42,12 @@ def _ns(seconds: float) -> int:
 def ollama_call(call: dict) -> dict:
     """An OpenAI tool call (arguments: JSON text) -> ollama's (arguments: an object)."""
     f = call["function"]
+    try:
+        arguments = json.loads(f["arguments"])
+    except ValueError:  # a call cut by max_tokens: its text as written
+        arguments = f["arguments"]
     return {"id": call["id"], "function": {"index": call.get("index", 0), "name": f["name"],
-                                           "arguments": json.loads(f["arguments"])}}
+                                           "arguments": arguments}}
 
 
 def chat_piece(delta: dict) -> dict | None:

@@ -38,7 +38,7 @@ async def _chat_run(state, body, messages: list[dict], request: Request, rid: st
 
 
 async def _chat_deltas(run: ChatRun):
-    async for d in run.deltas():
+    async for d in run.deltas(whole_calls=True):
         yield d.delta, d.finish_reason, reply.entries(d.logprobs)
 
 
