@@ -104,12 +104,6 @@ def scenario_from_args(args, spec=None):
     from ridgeline.advisor.defaults import hardware_name, weights_for
 
     spec = spec or resolve_spec(args.model)
-    name = hardware_name(args.hardware)
-    if name.lower() == "local":
-        from ridgeline.advisor.local_profile import local_hardware
-        hw = local_hardware(refresh=args.reprofile)
-    else:
-        hw = lookup_hardware(name)
     weights = weights_for(args.weights, args.model, spec.num_params)
     require_positive("--ttft-slo-ms", args.ttft_slo_ms)
     require_positive("--tpot-slo-ms", args.tpot_slo_ms)
@@ -118,6 +112,13 @@ def scenario_from_args(args, spec=None):
     w = Workload(prompt_len=args.prompt_len, output_len=args.output_len, concurrency=args.concurrency,
                  rate=args.rate, prefix_share=args.prefix_share, ttft_slo=args.ttft_slo_ms / 1e3,
                  tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=weights, kv_precision=args.kv)
+    w.check_fits(spec.max_context, spec.name)
+    name = hardware_name(args.hardware)  # after the workload's checks: bad input never waits for a profile
+    if name.lower() == "local":
+        from ridgeline.advisor.local_profile import local_hardware
+        hw = local_hardware(refresh=args.reprofile)
+    else:
+        hw = lookup_hardware(name)
     return build(spec, hw, w, gpus=args.gpus, sd=SpecDecode(args.alpha, args.draft_len, args.draft_cost),
                  chunk=args.chunk, pp=getattr(args, "pipeline_parallel_size", None))
 
