@@ -94,8 +94,10 @@ def register(subparsers, command: str | None = None) -> None:
     p.set_defaults(func=run, advise_command=None)
 
 
-def scenario_from_args(args, spec=None):
-    """spec: the model's, when the caller has it already (the console's served model); else args.model's."""
+def scenario_from_args(args, spec=None, local=None):
+    """spec: the model's, when the caller has it already (the console's served model); else args.model's.
+    local: () -> this machine's Hardware (the console's: the cached profile or an error); else measured once
+    and cached."""
     from ridgeline.advisor.errors import AdvisorError, require_positive
     from ridgeline.advisor.hardware import lookup_hardware
     from ridgeline.advisor.model_config import resolve_spec
@@ -114,7 +116,9 @@ def scenario_from_args(args, spec=None):
                  tpot_slo=args.tpot_slo_ms / 1e3, weight_precision=weights, kv_precision=args.kv)
     w.check_fits(spec.max_context, spec.name)
     name = hardware_name(args.hardware)  # after the workload's checks: bad input never waits for a profile
-    if name.lower() == "local":
+    if name.lower() == "local" and local is not None:
+        hw = local()
+    elif name.lower() == "local":
         from ridgeline.advisor.local_profile import local_hardware
         hw = local_hardware(refresh=args.reprofile)
     else:

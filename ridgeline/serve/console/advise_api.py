@@ -82,19 +82,24 @@ def scenario(request: Request, args: argparse.Namespace):
     from ridgeline.advisor.defaults import hardware_name
     state = state_of(request)
     args.hardware = hardware_name(args.hardware)  # auto: the GPU's table entry, else this machine
-    if args.hardware.lower() == "local":
-        from ridgeline.advisor.local_profile import cached_profile
-        if cached_profile() is None:  # never measure the machine from a web request
-            raise AdvisorError(NO_PROFILE, "hardware")
     if args.model == SERVED:
         spec = served_spec(state.engine, state.settings.served_model_name)
         if args.weights.lower() == "auto":  # the format this engine runs
             args.weights = precisions(state.engine.info, spec)[0]
-        return scenario_from_args(args, spec)
+        return scenario_from_args(args, spec, local=_cached_hardware)
     if lookup(args.model) is None:
         raise AdvisorError(f"unknown model {args.model!r}: pick `{SERVED}` (this server's model) or one of "
                            f"{', '.join(TABLE)}", "model")
-    return scenario_from_args(args)
+    return scenario_from_args(args, local=_cached_hardware)
+
+
+def _cached_hardware():
+    """This machine's cached profile: a web request never measures the machine (after the workload's checks,
+    so a bad body says what is wrong with it first)."""
+    from ridgeline.advisor.local_profile import cached_profile, local_hardware
+    if cached_profile() is None:
+        raise AdvisorError(NO_PROFILE, "hardware")
+    return local_hardware(refresh=False)
 
 
 def _batch(body: dict) -> int:
