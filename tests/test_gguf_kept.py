@@ -22,7 +22,7 @@ CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0
                (T.Q5_1, "int8-g32"), (T.Q5_K, "int8-g32"), (T.Q3_K, "int8-g32"), (T.Q2_K, "int8-g32"),
                (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32"),
                (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
-               (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32")]
+               (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32"), (T.Q6_K, "int6")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -64,7 +64,8 @@ def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
     assert pick({T.Q4_0}) == "int4-sym" and pick({T.Q4_0, T.Q4_1}) == "int4" and pick({T.Q5_0}) == "int5-sym"
     assert pick({T.Q5_0, T.Q4_0}) == "int5-sym" and pick({T.Q5_1}) == pick({T.Q5_K}) == "int5"
     assert pick({T.Q5_0, T.Q4_K}) == pick({T.Q5_K, T.Q4_1}) == "int5"  # a minimum beside 5 bits: int5
-    assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == "int8-g32"
+    assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == pick({T.Q6_K, T.Q4_K}) == "int8-g32"
+    assert pick({T.Q6_K}) == "int6"  # its own grid alone: 6.5625 bits a weight, as stored
 
 
 def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
@@ -153,7 +154,7 @@ def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tm
     assert (ref.info.quantization, kept.info.quantization) == ("none", "gguf")
     assert sorted(kept.info.weight_formats.split(", ")) == [  # down_proj is F16: dense in --dtype
         "Q4_0 kept (int4-sym) x 1", "Q4_0+Q4_1+Q4_K repacked (int4) x 2", "Q4_0+Q8_0 repacked (int8-g32) x 2",
-        "Q6_K repacked (int8-g32) x 2", "f32 x 2"]
+        "Q6_K kept (int6) x 2", "f32 x 2"]
     assert "quantization gguf" in kept.info.summary()
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
@@ -175,6 +176,7 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
     ref, kept = _llm(path, quantization="none"), _llm(path)
     formats = kept.info.weight_formats
     assert "IQ4_XS+Q3_K+Q5_K repacked (int8-g32) x 2" in formats and "IQ4_NL+Q5_1 repacked (int8-g32) x 2" in formats
+    assert "Q6_K kept (int6) x 2" in formats
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel
@@ -207,6 +209,47 @@ def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, 
     plain = _llm(path)
     assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
     torch_path = _logits(plain)  # fp32 x against the dequantized weights; the kernel rounds x to bf16
+    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
+
+
+@pytest.mark.skipif(not cpu_quant.available("int6"), reason="the int6 kernel needs AVX-512 with AVX512-BF16")
+def test_the_int6_kernel_multiplies_the_files_values_and_a_row_never_depends_on_its_batch():
+    b, want = _blocks(T.Q6_K, 100, 4096, seed=3)  # K over one k block at 200 rows: blocked k sums
+    t, exact = gguf_repack.convert(b, "int6")
+    assert exact and t.nbytes == b.blocks().numel()  # the file's bytes: 6.5625 bits a weight
+    packed = cpu_quant.PackedInt6(t)
+    x = torch.randn(200, 4096, generator=torch.Generator().manual_seed(0))
+    y = packed(x)
+    ref = x.bfloat16().float() @ torch.from_numpy(want).T  # the kernel's bf16 x against the exact weights
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+    for rows in ((0, 1), (7, 10), (13, 17), (150, 200)):
+        assert torch.equal(packed(x[rows[0]:rows[1]]), y[rows[0]:rows[1]]), rows
+
+
+SIX_BIT = {"attn_output": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q4_K,
+           "attn_v": T.Q6_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K}
+
+
+def test_six_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
+    """Q6_K (a Q4_K_M / Q5_K_M file's ffn_down, attn_v and output tensors) keeps its 6.5625 bits a weight as
+    int6 where a layer holds it alone (the LM head too), exactly the file's values; beside Q4_K in a fused
+    q/k/v it is re-rounded to int8-g32. Close to the dequantized model, the C stack equal to the module path,
+    and the torch path without the kernel close to both."""
+    path = tmp_path / "six.gguf"
+    write_gguf(path, SIX_BIT, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    assert sorted(kept.info.weight_formats.split(", ")) == [
+        "Q4_K repacked (int4) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"]
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("int6") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    _module_path_equals_the_stack(kept)
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    plain = _llm(path)
+    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
+    torch_path = _logits(plain)
     assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
 
 

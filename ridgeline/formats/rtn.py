@@ -97,6 +97,27 @@ class Int5Tensor:
         return w.view(N, K)
 
 
+@dataclass
+class Int6Tensor:
+    """GGUF Q6_K's grid, as the file stores it: w = d * s * (q - 32), an int8 s per 16 k and an fp16 d per 256."""
+    q: torch.Tensor  # [N, K] uint8 in [0, 63]
+    sub: torch.Tensor  # [N, K / 16] int8 s
+    scale: torch.Tensor  # [N, K / 256] fp16 d
+    min = None  # symmetric
+    group: int = 16
+
+    @property
+    def nbytes(self) -> int:
+        """As packed: 6 bits a weight, a byte per 16, two bytes per 256 (6.5625 bits a weight, the file's)."""
+        return self.q.numel() * 6 // 8 + self.sub.numel() + self.scale.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        q = self.q.float().view(N, K // 256, 16, 16) - 32
+        ds = self.scale.float().view(N, K // 256, 1) * self.sub.float().view(N, K // 256, 16)
+        return (ds[..., None] * q).view(N, K)
+
+
 def quantize_int8(w: torch.Tensor) -> Int8Tensor:
     """w [N, K] float -> per-channel int8 (an all-zero row gets scale 0)."""
     w = w.detach().float()

@@ -145,6 +145,12 @@ def _q6_k(b):
     return Parts(q.reshape(-1, 16, 16), 32, d * sc, None)
 
 
+def q6_k_grid(b):
+    """Q6_K blocks [n, 210] as the int6 format keeps them: q [n, 256] in [0, 63], s [n, 16] int8, d [n] fp16."""
+    q = _q6_k(b).q.reshape(len(b), 256)
+    return q, b[:, 192:208].contiguous().view(torch.int8), _f16(b[:, 208:210]).reshape(-1)
+
+
 # types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
 # int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q3_K 3.4 -> 8.5 bits per
 # weight) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
@@ -158,7 +164,7 @@ LAYOUTS: dict[T, Layout] = {
     T.Q5_1: Layout(_q5_1, "int5", frozenset({"int5"})),
     T.Q4_K: Layout(_q4_k, "int4", frozenset()),
     T.Q5_K: Layout(_q5_k, "int5", frozenset()),
-    T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
+    T.Q6_K: Layout(_q6_k, "int6", frozenset({"int6"})),
     # kept as the mxfp4 format's own blocks (GPT-OSS's experts); beside other types, int8-g32 holds its values
     # exactly while 2^(e - 128) is an fp16 number
     T.MXFP4: Layout(_mxfp4, "mxfp4", frozenset({"mxfp4", "int8-g32"})),
