@@ -13,12 +13,12 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.formats.rtn import Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import IQ4Tensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
-KINDS = ("int8", "int4", "int5", "int6", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
+KINDS = ("int8", "int4", "int5", "int6", "iq4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "int5": "AVX-512 with AVX512-BF16",
-         "int6": "AVX-512 with AVX512-BF16",
+         "int6": "AVX-512 with AVX512-BF16", "iq4": "AVX-512 with AVX512-BF16",
          "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
 
@@ -30,6 +30,7 @@ def available(kind: str) -> bool:
         return False
     fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available,
           "int5": lib.ridgeline_int4_available, "int6": lib.ridgeline_int4_available,
+          "iq4": lib.ridgeline_iq4_available,
           "fp8": lib.ridgeline_fp8_available, "fp4": lib.ridgeline_fp4_available}.get(
         kind, lib.ridgeline_a8_available)
     return bool(fn())
@@ -190,6 +191,33 @@ class PackedInt6(PackedQuant):
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i6p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, threads)
+
+
+class PackedIQ4(PackedQuant):
+    """IQ4_NL's / IQ4_XS's grids (kernels/gemm_iq4.c): data [groups][K/8][NC] uint32 (the codes, as PackedInt4's
+    nibbles); scale [groups][K/32][NC] fp16 (IQ4_NL), or [groups][K/32][NC] int8 s then [groups][K/256][NC] fp16
+    (IQ4_XS), as bytes."""
+
+    def __init__(self, t: IQ4Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        self.block = t.block
+        if self.K % self.block:
+            raise ValueError(f"IQ4 packing needs K a multiple of {self.block}, got {self.K}")
+        self.code = code_of("iq4", self.block)
+        G = _groups(self.N)
+        self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
+        lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        parts = []
+        for src in ((t.scale,) if t.sub is None else (t.sub, t.scale)):
+            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
+            sc[:self.N] = src
+            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
+        self.scale = torch.cat(parts)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_iq4(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, self.block, threads)
 
 
 class PackedW8A8(PackedQuant):
