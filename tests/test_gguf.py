@@ -20,7 +20,7 @@ from ridgeline.gguf.tokenizer import _byte_alphabet, load_gguf_tokenizer
 _F16_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_1: [0, 2],
                T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0]}
 _SCALE = {T.Q8_0: 0.02, T.Q4_0: 0.05, T.Q4_1: 0.05, T.Q4_K: 1e-4, T.Q6_K: 1e-4, T.Q5_1: 0.02, T.Q5_K: 1e-4,
-          T.Q2_K: 1e-3, T.Q3_K: 1e-3, T.IQ4_NL: 1e-3, T.IQ4_XS: 1e-3}
+          T.Q2_K: 1e-3, T.Q3_K: 1e-3, T.IQ4_NL: 1e-3, T.IQ4_XS: 5e-5}  # IQ4_XS: d times a 6-bit scale
 
 
 def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:

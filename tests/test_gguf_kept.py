@@ -22,7 +22,8 @@ CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0
                (T.Q5_1, "int8-g32"), (T.Q5_K, "int8-g32"), (T.Q3_K, "int8-g32"), (T.Q2_K, "int8-g32"),
                (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32"),
                (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
-               (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32")]
+               (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32"), (T.Q6_K, "int6"),
+               (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -64,13 +65,16 @@ def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
     assert pick({T.Q4_0}) == "int4-sym" and pick({T.Q4_0, T.Q4_1}) == "int4" and pick({T.Q5_0}) == "int5-sym"
     assert pick({T.Q5_0, T.Q4_0}) == "int5-sym" and pick({T.Q5_1}) == pick({T.Q5_K}) == "int5"
     assert pick({T.Q5_0, T.Q4_K}) == pick({T.Q5_K, T.Q4_1}) == "int5"  # a minimum beside 5 bits: int5
-    assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == "int8-g32"
+    assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == pick({T.Q6_K, T.Q4_K}) == "int8-g32"
+    assert pick({T.Q6_K}) == "int6"  # its own grid alone: 6.5625 bits a weight, as stored
+    assert pick({T.IQ4_NL}) == "iq4-nl" and pick({T.IQ4_XS}) == "iq4-xs"  # their tables and scales as stored
+    assert pick({T.IQ4_NL, T.IQ4_XS}) == pick({T.IQ4_NL, T.Q4_0}) == "int8-g32"
 
 
 def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
     from ridgeline.errors import ModelLoadError
     from ridgeline.gguf.dequant import dequantize
-    for qtype in (T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):
+    for qtype in (T.Q3_K, T.Q2_K):
         assert gguf_repack.target_for({qtype}) == "int8-g32"
         assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # a fused layer takes the widest
         with pytest.raises(ValueError, match="int4 form"):
@@ -153,7 +157,7 @@ def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tm
     assert (ref.info.quantization, kept.info.quantization) == ("none", "gguf")
     assert sorted(kept.info.weight_formats.split(", ")) == [  # down_proj is F16: dense in --dtype
         "Q4_0 kept (int4-sym) x 1", "Q4_0+Q4_1+Q4_K repacked (int4) x 2", "Q4_0+Q8_0 repacked (int8-g32) x 2",
-        "Q6_K repacked (int8-g32) x 2", "f32 x 2"]
+        "Q6_K kept (int6) x 2", "f32 x 2"]
     assert "quantization gguf" in kept.info.summary()
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
@@ -175,6 +179,7 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
     ref, kept = _llm(path, quantization="none"), _llm(path)
     formats = kept.info.weight_formats
     assert "IQ4_XS+Q3_K+Q5_K repacked (int8-g32) x 2" in formats and "IQ4_NL+Q5_1 repacked (int8-g32) x 2" in formats
+    assert "Q6_K kept (int6) x 2" in formats
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel
@@ -207,6 +212,78 @@ def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, 
     plain = _llm(path)
     assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
     torch_path = _logits(plain)  # fp32 x against the dequantized weights; the kernel rounds x to bf16
+    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
+
+
+@pytest.mark.parametrize("qtype,target,kind,overhead", [(T.Q6_K, "int6", "int6", 1.0), (T.IQ4_NL, "iq4-nl", "iq4", 1.0),
+                                                         (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends_on_its_batch(qtype, target, kind,
+                                                                                                overhead):
+    if not cpu_quant.available(kind):
+        pytest.skip(f"the {kind} kernel needs {cpu_quant.NEEDS[kind]}")
+    b, want = _blocks(qtype, 100, 4096, seed=3)  # K over one k block at 200 rows: blocked k sums
+    t, exact = gguf_repack.convert(b, target)
+    assert exact and t.nbytes == b.blocks().numel() * overhead  # the file's bytes (IQ4_XS: its 6-bit scales in int8)
+    packed = (cpu_quant.PackedInt6 if kind == "int6" else cpu_quant.PackedIQ4)(t)
+    x = torch.randn(200, 4096, generator=torch.Generator().manual_seed(0))
+    y = packed(x)
+    ref = x.bfloat16().float() @ torch.from_numpy(want).T  # the kernel's bf16 x against the exact weights
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+    for rows in ((0, 1), (7, 10), (13, 17), (150, 200)):
+        assert torch.equal(packed(x[rows[0]:rows[1]]), y[rows[0]:rows[1]]), rows
+
+
+IQ4 = {"attn_q": T.IQ4_XS, "attn_k": T.IQ4_XS, "attn_v": T.IQ4_XS, "attn_output": T.IQ4_NL, "ffn_gate": T.IQ4_XS,
+       "ffn_up": T.IQ4_XS, "ffn_down": T.IQ4_NL, "output": T.IQ4_XS}
+
+
+def test_iq4_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
+    """IQ4_XS and IQ4_NL (IQ4_XS files, and their fallback for rows not a multiple of 256) keep the file's codes
+    and scales (4.3125 and 4.5 bits a weight): close to the dequantized model, the C stack equal to the module
+    path, and the torch path without the kernel close to both."""
+    path = tmp_path / "iq4.gguf"
+    write_gguf(path, IQ4, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    assert sorted(kept.info.weight_formats.split(", ")) == [
+        "IQ4_NL kept (iq4-nl) x 4", "IQ4_XS kept (iq4-xs) x 5"]
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("iq4") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    _module_path_equals_the_stack(kept)
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    plain = _llm(path)
+    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
+    torch_path = _logits(plain)
+    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
+
+
+SIX_BIT = {"attn_output": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q4_K,
+           "attn_v": T.Q6_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K}
+
+
+def test_six_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
+    """Q6_K (a Q4_K_M / Q5_K_M file's ffn_down, attn_v and output tensors) keeps its 6.5625 bits a weight as
+    int6 where a layer holds it alone (the LM head too), exactly the file's values; beside Q4_K in a fused
+    q/k/v it is re-rounded to int8-g32. Close to the dequantized model, the C stack equal to the module path,
+    and the torch path without the kernel close to both."""
+    path = tmp_path / "six.gguf"
+    write_gguf(path, SIX_BIT, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    assert sorted(kept.info.weight_formats.split(", ")) == [
+        "Q4_K repacked (int4) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"]
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("int6") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    _module_path_equals_the_stack(kept)
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    plain = _llm(path)
+    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
+    torch_path = _logits(plain)
     assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
 
 

@@ -58,6 +58,12 @@ def _packed():
     d = torch.rand(50, 4).half()
     yield cpu_quant.PackedInt5(rtn.Int5Tensor(q5, d, None)), "i5", 32, True
     yield cpu_quant.PackedInt5(rtn.Int5Tensor(q5, d, -d)), "i5", 32, False
+    q6 = torch.randint(0, 64, (50, 256), dtype=torch.uint8)
+    sub = torch.randint(-128, 128, (50, 16), dtype=torch.int8)
+    yield cpu_quant.PackedInt6(rtn.Int6Tensor(q6, sub, torch.rand(50, 1).half())), "i6", 16, True
+    codes = torch.randint(0, 16, (50, 256), dtype=torch.uint8)
+    yield cpu_quant.PackedIQ4(rtn.IQ4Tensor(codes, torch.rand(50, 8).half())), "iq4", 32, False
+    yield cpu_quant.PackedIQ4(rtn.IQ4Tensor(codes, torch.rand(50, 1).half(), sub[:, :8])), "iq4", 256, False
     for element, mode in (("e4m3", 0), ("e5m2", 1)):
         yield cpu_fpquant.PackedFp8(fpq.quantize_fp8(w, element)), "fp8", mode, False
     yield cpu_fpquant.PackedFp8(fpq.quantize_mx(w, "mxfp8")), "fp8", 2, False

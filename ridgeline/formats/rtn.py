@@ -97,6 +97,57 @@ class Int5Tensor:
         return w.view(N, K)
 
 
+@dataclass
+class Int6Tensor:
+    """GGUF Q6_K's grid, as the file stores it: w = d * s * (q - 32), an int8 s per 16 k and an fp16 d per 256."""
+    q: torch.Tensor  # [N, K] uint8 in [0, 63]
+    sub: torch.Tensor  # [N, K / 16] int8 s
+    scale: torch.Tensor  # [N, K / 256] fp16 d
+    min = None  # symmetric
+    group: int = 16
+
+    @property
+    def nbytes(self) -> int:
+        """As packed: 6 bits a weight, a byte per 16, two bytes per 256 (6.5625 bits a weight, the file's)."""
+        return self.q.numel() * 6 // 8 + self.sub.numel() + self.scale.numel() * 2
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        q = self.q.float().view(N, K // 256, 16, 16) - 32
+        ds = self.scale.float().view(N, K // 256, 1) * self.sub.float().view(N, K // 256, 16)
+        return (ds[..., None] * q).view(N, K)
+
+
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's table
+
+
+@dataclass
+class IQ4Tensor:
+    """GGUF IQ4_NL's and IQ4_XS's grids, as the file stores them: w = d * IQ4_VALUES[q] per group of 32, d an fp16
+    scale per 32 (IQ4_NL), or an int8 s per 32 by an fp16 scale per 256 (IQ4_XS: d = scale * s)."""
+    q: torch.Tensor  # [N, K] uint8 codes in [0, 15]
+    scale: torch.Tensor  # [N, K / 32] fp16 (IQ4_NL) or [N, K / 256] fp16 (IQ4_XS)
+    sub: torch.Tensor | None = None  # IQ4_XS: [N, K / 32] int8 s
+    min = None  # no minimum
+    group: int = 32
+
+    @property
+    def block(self) -> int:
+        return 32 if self.sub is None else 256
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() // 2 + self.scale.numel() * 2 + (0 if self.sub is None else self.sub.numel())
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        v = torch.tensor(IQ4_VALUES, dtype=torch.float32)[self.q.long()].view(N, K // 32, 32)
+        d = self.scale.float()
+        if self.sub is not None:
+            d = d.repeat_interleave(8, 1) * self.sub.float()
+        return (d[..., None] * v).view(N, K)
+
+
 def quantize_int8(w: torch.Tensor) -> Int8Tensor:
     """w [N, K] float -> per-channel int8 (an all-zero row gets scale 0)."""
     w = w.detach().float()

@@ -25,7 +25,7 @@ from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
                                              kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
-from ridgeline.layers.int_formats import Int4, Int5, Int8G32, QuantizedFormat
+from ridgeline.layers.int_formats import IQ4, Int4, Int5, Int6, Int8G32, QuantizedFormat
 
 
 class KeptBlocks(QuantizedFormat):
@@ -87,6 +87,22 @@ class KeptInt5(KeptBlocks, Int5):
 class KeptInt5Sym(KeptBlocks, Int5):
     target = "int5-sym"
     symmetric = True
+
+
+@register_weight_format("gguf-int6")
+class KeptInt6(KeptBlocks, Int6):
+    target = "int6"
+
+
+@register_weight_format("gguf-iq4-nl")
+class KeptIQ4NL(KeptBlocks, IQ4):
+    target = "iq4-nl"
+
+
+@register_weight_format("gguf-iq4-xs")
+class KeptIQ4XS(KeptBlocks, IQ4):
+    target = "iq4-xs"
+    block = 256
 
 
 @register_weight_format("gguf-int8-g32")

@@ -17,6 +17,9 @@ A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (
                                                      q in [0, 31], scale d * s, min -(dmin * n) (fp32)
     Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
                                                      q in [0, 63], zero 32, scale d * s (fp32)
+    IQ4_NL 32: d fp16; 16 bytes of codes as Q4_0's  q = IQ4_VALUES[code] (an int8), scale d
+    IQ4_XS 256 = 8 x 32: d fp16, a uint16 of high scale bit pairs, 4 bytes of low scale nibbles, 128 bytes of
+          codes (each 16 bytes a sub-block as IQ4_NL's)    q as IQ4_NL's, scale d * (s - 32) (fp32)
     MXFP4 32: E8M0 byte e; 16 bytes of E2M1 codes    q = twice the code's value (an int8 in [-12, 12]),
                                                      scale 2^(e - 128) (fp32)
 
@@ -145,10 +148,47 @@ def _q6_k(b):
     return Parts(q.reshape(-1, 16, 16), 32, d * sc, None)
 
 
+def q6_k_grid(b):
+    """Q6_K blocks [n, 210] as the int6 format keeps them: q [n, 256] in [0, 63], s [n, 16] int8, d [n] fp16."""
+    q = _q6_k(b).q.reshape(len(b), 256)
+    return q, b[:, 192:208].contiguous().view(torch.int8), _f16(b[:, 208:210]).reshape(-1)
+
+
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
+
+
+def iq4_nl_grid(b):
+    """IQ4_NL blocks [n, 18]: codes [n, 32] (byte j: element j low, j + 16 high), d [n] fp16."""
+    return _nibbles(b[:, 2:]), _f16(b[:, :2]).reshape(-1)
+
+
+def iq4_xs_grid(b):
+    """IQ4_XS blocks [n, 136]: codes [n, 256] (each 16-byte chunk a sub-block of 32 as IQ4_NL's), s [n, 8] int8
+    (6-bit scales, 4 low bits in bytes 4..7 two to a byte, 2 high bits in the uint16 at bytes 2..3, minus 32),
+    d [n] fp16."""
+    n = len(b)
+    codes = _nibbles(b[:, 8:].reshape(n * 8, 16)).reshape(n, 256)
+    low = b[:, 4:8].int()
+    low = torch.stack([low & 0x0F, low >> 4], dim=-1).reshape(n, 8)
+    high = (b[:, 2:4].contiguous().view(torch.int16).int() & 0xFFFF) >> torch.arange(0, 16, 2, dtype=torch.int32)
+    s = (low | ((high & 3) << 4)) - 32
+    return codes, s.to(torch.int8), _f16(b[:, :2]).reshape(-1)
+
+
+def _iq4_nl(b):
+    codes, d = iq4_nl_grid(b)
+    return Parts(IQ4_VALUES[codes.long()].unsqueeze(1), 0, d.unsqueeze(1), None)
+
+
+def _iq4_xs(b):
+    codes, s, d = iq4_xs_grid(b)
+    return Parts(IQ4_VALUES[codes.long()].view(len(b), 8, 32), 0, d.float()[:, None] * s.float(), None)
+
+
 # types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
 # int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q3_K 3.4 -> 8.5 bits per
-# weight) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
-REPACKED: dict[T, str] = {T.Q3_K: "int8-g32", T.Q2_K: "int8-g32", T.IQ4_NL: "int8-g32", T.IQ4_XS: "int8-g32"}
+# weight, Q2_K 2.6 -> 8.5) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
+REPACKED: dict[T, str] = {T.Q3_K: "int8-g32", T.Q2_K: "int8-g32"}
 
 LAYOUTS: dict[T, Layout] = {
     T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4", "int5-sym", "int5"})),
@@ -158,7 +198,10 @@ LAYOUTS: dict[T, Layout] = {
     T.Q5_1: Layout(_q5_1, "int5", frozenset({"int5"})),
     T.Q4_K: Layout(_q4_k, "int4", frozenset()),
     T.Q5_K: Layout(_q5_k, "int5", frozenset()),
-    T.Q6_K: Layout(_q6_k, "int8-g32", frozenset()),
+    T.Q6_K: Layout(_q6_k, "int6", frozenset({"int6"})),
+    # codes through IQ4_NL's table: int8 values, so int8-g32 holds IQ4_NL (its fp16 d) exactly too
+    T.IQ4_NL: Layout(_iq4_nl, "iq4-nl", frozenset({"iq4-nl", "int8-g32"})),
+    T.IQ4_XS: Layout(_iq4_xs, "iq4-xs", frozenset({"iq4-xs"})),
     # kept as the mxfp4 format's own blocks (GPT-OSS's experts); beside other types, int8-g32 holds its values
     # exactly while 2^(e - 128) is an fp16 number
     T.MXFP4: Layout(_mxfp4, "mxfp4", frozenset({"mxfp4", "int8-g32"})),

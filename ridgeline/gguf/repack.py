@@ -8,10 +8,13 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
     int5-sym  G = 32, zero 16, no min: q (or Q4_0's q + 8) and the fp16 scale as they are (Q5_0)
     int5      G = 32, q in [0, 31]: q kept, d and m as int4's (Q5_1 exact; Q5_0 as int4 takes Q4_0; Q5_K's fp32
               products rounded to fp16; Q4_K and Q4_1 too, beside a 5-bit shard)
-    int8-g32  G = 32, |q - zero| <= 127, fp16 scale, no min: q - zero and the scale as they are (Q8_0;
-              MXFP4 as twice its values over 2^(e - 128), where that is an fp16 number); any other type
-              round-to-nearest of its values (Q6_K's two 16-scales per 32 do not fit; the types with no
-              layout, Q5_1, Q5_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, from gguf's dequantizers)
+    int6      Q6_K alone: q, its int8 scale per 16 and fp16 scale per 256 as they are (6.5625 bits a weight)
+    iq4-nl    IQ4_NL alone: its codes and fp16 scale per 32 as they are
+    iq4-xs    IQ4_XS alone: its codes, its 6-bit scales minus 32 as int8 per 32, its fp16 scale per 256
+    int8-g32  G = 32, |q - zero| <= 127, fp16 scale, no min: q - zero and the scale as they are (Q8_0; IQ4_NL's
+              table values; MXFP4 as twice its values over 2^(e - 128), where that is an fp16 number); any other
+              type round-to-nearest of its values (Q6_K beside another type: its two 16-scales per 32 do not
+              fit; the types with no layout, Q3_K and Q2_K, from gguf's dequantizers)
     mxfp4     MXFP4 alone: its codes and E8M0 exponents as they are (a layer of MXFP4 shards only)
 
 Each conversion returns the tensor and whether it holds exactly the file's values.
@@ -24,13 +27,14 @@ from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
-from ridgeline.gguf.layouts import LAYOUTS, REPACKED, mxfp4_codes
+from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q6_k_grid
 from ridgeline.formats import fpq, rtn
 
-TARGETS = ("int4-sym", "int4", "int5-sym", "int5", "int8-g32")  # in bytes per weight
+TARGETS = ("iq4-xs", "int4-sym", "iq4-nl", "int4", "int5-sym", "int5", "int6", "int8-g32")  # in bytes per weight
 # target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding)
 HOLDS = {"int4-sym": {"int4-sym"}, "int4": {"int4-sym", "int4"}, "int5-sym": {"int4-sym", "int5-sym"},
-         "int5": {"int4-sym", "int4", "int5-sym", "int5"}, "int8-g32": set(TARGETS)}
+         "int5": {"int4-sym", "int4", "int5-sym", "int5"}, "int6": {"int6"}, "iq4-nl": {"iq4-nl"},
+         "iq4-xs": {"iq4-xs"}, "int8-g32": set(TARGETS)}
 BITS = {"int4-sym": 4, "int4": 4, "int5-sym": 5, "int5": 5}
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}
 
@@ -99,10 +103,36 @@ def to_mxfp4(t: GGUFBlocks) -> tuple[fpq.BlockTensor, bool]:
     return fpq.BlockTensor("mxfp4", codes.reshape(N, K).contiguous(), e.reshape(N, K // 32)), True
 
 
+def to_int6(t: GGUFBlocks) -> tuple[rtn.Int6Tensor, bool]:
+    """Q6_K blocks as the int6 format holds them: the same values and both levels of scales."""
+    N, K = t.shape
+    if t.qtype != T.Q6_K:
+        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no int6 form")
+    q, s, d = q6_k_grid(t.blocks())
+    return rtn.Int6Tensor(q.reshape(N, K).contiguous(), s.reshape(N, K // 16), d.reshape(N, K // 256)), True
+
+
+def to_iq4(t: GGUFBlocks, target: str) -> tuple[rtn.IQ4Tensor, bool]:
+    """IQ4_NL / IQ4_XS blocks as the iq4 formats hold them: the same codes and scales."""
+    N, K = t.shape
+    want = {"iq4-nl": T.IQ4_NL, "iq4-xs": T.IQ4_XS}[target]
+    if t.qtype != want:
+        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
+    if want == T.IQ4_NL:
+        codes, d = iq4_nl_grid(t.blocks())
+        return rtn.IQ4Tensor(codes.reshape(N, K).contiguous(), d.reshape(N, K // 32)), True
+    codes, s, d = iq4_xs_grid(t.blocks())
+    return rtn.IQ4Tensor(codes.reshape(N, K).contiguous(), d.reshape(N, K // 256), s.reshape(N, K // 32)), True
+
+
 def convert(t: GGUFBlocks, target: str):
     """(tensor of `target`, exact?) for one shard."""
     if target == "mxfp4":
         return to_mxfp4(t)
+    if target == "int6":
+        return to_int6(t)
+    if target.startswith("iq4"):
+        return to_iq4(t, target)
     return to_int8_g32(t) if target == "int8-g32" else to_grid(t, target)
 
 
@@ -113,5 +143,10 @@ def concat(parts: list) -> rtn.Int4Tensor | rtn.Int5Tensor | rtn.Int8GroupTensor
         return fpq.BlockTensor(first.kind, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
     if isinstance(first, rtn.Int8GroupTensor):
         return rtn.Int8GroupTensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+    if isinstance(first, rtn.IQ4Tensor):
+        return rtn.IQ4Tensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
+                             None if first.sub is None else torch.cat([p.sub for p in parts]))
+    if isinstance(first, rtn.Int6Tensor):
+        return rtn.Int6Tensor(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "sub", "scale")))
     mins = None if first.min is None else torch.cat([p.min for p in parts])
     return type(first)(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), mins, 32)

@@ -13,11 +13,12 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.formats.rtn import Int4Tensor, Int5Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import IQ4Tensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
-KINDS = ("int8", "int4", "int5", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
+KINDS = ("int8", "int4", "int5", "int6", "iq4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "int5": "AVX-512 with AVX512-BF16",
+         "int6": "AVX-512 with AVX512-BF16", "iq4": "AVX-512 with AVX512-BF16",
          "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
 
@@ -28,7 +29,8 @@ def available(kind: str) -> bool:
     if lib is None:
         return False
     fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available,
-          "int5": lib.ridgeline_int4_available,
+          "int5": lib.ridgeline_int4_available, "int6": lib.ridgeline_int4_available,
+          "iq4": lib.ridgeline_iq4_available,
           "fp8": lib.ridgeline_fp8_available, "fp4": lib.ridgeline_fp4_available}.get(
         kind, lib.ridgeline_a8_available)
     return bool(fn())
@@ -159,6 +161,63 @@ class PackedInt5(PackedQuant):
         p = self.data.data_ptr()
         return cpu.lib().ridgeline_gemm_i5p(p, p + 4 * self._high, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, int(self.symmetric), threads)
+
+
+class PackedInt6(PackedQuant):
+    """Q6_K's grid (kernels/gemm_int6.c): data [groups][K/8][NC] uint32 (the low nibbles, as PackedInt4's), then
+    [groups][K/16][NC] uint32 (the high bit pairs); scale [groups][K/16][NC] int8 s, then [groups][K/256][NC] fp16 d,
+    as bytes."""
+
+    code = code_of("i6", 16, True)
+
+    def __init__(self, t: Int6Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        if self.K % 256:
+            raise ValueError(f"6-bit packing needs K a multiple of 256, got {self.K}")
+        G = _groups(self.N)
+        low = G * (self.K // 8) * NC
+        self.data = torch.empty(low + G * (self.K // 16) * NC, dtype=torch.int32)
+        q = t.q.contiguous()
+        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)  # keeps q & 15
+        lib.ridgeline_pack_i6_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        parts = []
+        for src in (t.sub, t.scale):
+            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
+            sc[:self.N] = src
+            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
+        self.scale = torch.cat(parts)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_i6p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, threads)
+
+
+class PackedIQ4(PackedQuant):
+    """IQ4_NL's / IQ4_XS's grids (kernels/gemm_iq4.c): data [groups][K/8][NC] uint32 (the codes, as PackedInt4's
+    nibbles); scale [groups][K/32][NC] fp16 (IQ4_NL), or [groups][K/32][NC] int8 s then [groups][K/256][NC] fp16
+    (IQ4_XS), as bytes."""
+
+    def __init__(self, t: IQ4Tensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        self.block = t.block
+        if self.K % self.block:
+            raise ValueError(f"IQ4 packing needs K a multiple of {self.block}, got {self.K}")
+        self.code = code_of("iq4", self.block)
+        G = _groups(self.N)
+        self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
+        lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        parts = []
+        for src in ((t.scale,) if t.sub is None else (t.sub, t.scale)):
+            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
+            sc[:self.N] = src
+            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
+        self.scale = torch.cat(parts)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_iq4(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                            M, self.N, self.K, self.block, threads)
 
 
 class PackedW8A8(PackedQuant):

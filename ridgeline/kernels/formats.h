@@ -28,10 +28,13 @@ enum weight_format {
     WF_I8_G32 = 45,
     WF_W8A8_G32 = 46,
     WF_I5_G32 = 47,
-    WF_I5_SYM_G32 = 48
+    WF_I5_SYM_G32 = 48,
+    WF_I6_Q6K = 49,
+    WF_IQ4_NL = 50,
+    WF_IQ4_XS = 51
 };
-enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5 };
-#define WF_CODES 49
+enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5, WK_I6, WK_IQ4 };
+#define WF_CODES 52
 
 /* kernel (WK_NONE: no such code), its parameter (int4 / w4a8 group, fp8 mode, fp4 block), symmetric */
 typedef struct {
@@ -66,6 +69,9 @@ static const weight_code WF_TABLE[WF_CODES] = {
     [WF_W8A8_G32] = {WK_W8A8G32, 0, 0},
     [WF_I5_G32] = {WK_I5, 32, 0},
     [WF_I5_SYM_G32] = {WK_I5, 32, 1},
+    [WF_I6_Q6K] = {WK_I6, 16, 1},
+    [WF_IQ4_NL] = {WK_IQ4, 32, 0},
+    [WF_IQ4_XS] = {WK_IQ4, 256, 0},
 };
 
 /* the row of a descriptor's format field, or NULL */

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the matmul kernels stack_linear.c dispatches to (C: WK_<NAME>), in their enum order (0 = none)
-KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5")
+KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ TABLE: tuple[WeightCode, ...] = (
     WeightCode(46, "w8a8_g32", "w8a8g32"),  # the same grid against int8 activations, gemm_a8.c
     WeightCode(47, "i5_g32", "i5", 32),  # 5-bit, an fp16 scale and minimum per 32 k (Q5_1's grid), gemm_int5.c
     WeightCode(48, "i5_sym_g32", "i5", 32, True),  # 5-bit, an fp16 scale per 32 k, zero 16 (Q5_0's grid)
+    WeightCode(49, "i6_q6k", "i6", 16, True),  # 6-bit, zero 32, int8 scales per 16 k by fp16 per 256 (Q6_K), gemm_int6.c
+    WeightCode(50, "iq4_nl", "iq4", 32),  # IQ4_NL's table of 16 values, an fp16 scale per 32 k, gemm_iq4.c
+    WeightCode(51, "iq4_xs", "iq4", 256),  # the same values, int8 scales per 32 k by fp16 per 256 (IQ4_XS)
 )
 BY_NAME = {c.name: c for c in TABLE}
 

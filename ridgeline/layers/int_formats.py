@@ -5,6 +5,8 @@
     int4, int4-g64, int4-g128 group-wise int4, asymmetric (fp16 scale and minimum per group, Q4_1's grid)
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
     (int5, int5-sym)          5-bit in groups of 32 (Q5_1's and Q5_0's grids): GGUF blocks kept only (gguf/kept.py)
+    (iq4-nl, iq4-xs)          IQ4_NL's and IQ4_XS's non-linear 4-bit grids: GGUF blocks kept only
+    (int6)                    Q6_K's grid (6-bit, an int8 scale per 16 by an fp16 scale per 256): GGUF blocks kept only
     w8a8                      int8's weights; each linear's input quantized to int8 per block of 32 of a row
                               inside the call
     w8a8-g32                  int8-g32's weights (Q8_0's grid), the input as w8a8's (w4a8's LM head)
@@ -161,6 +163,35 @@ class Int5(QuantizedFormat):
 
     def pack(self, t):
         return cpu_quant.PackedInt5(t)
+
+
+class Int6(QuantizedFormat):
+    """Q6_K's grid (GGUF Q6_K blocks kept: gguf/kept.py); no round-to-nearest quantizer of its own."""
+    kind = "int6"
+    group = 16
+    symmetric = True
+
+    def check_shape(self, layer: nn.Module) -> None:
+        if layer.in_features % 256:
+            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 256; "
+                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
+
+    def pack(self, t):
+        return cpu_quant.PackedInt6(t)
+
+
+class IQ4(QuantizedFormat):
+    """IQ4_NL's (block 32) or IQ4_XS's (block 256) grid (GGUF blocks kept: gguf/kept.py)."""
+    kind = "iq4"
+    block = 32
+
+    def check_shape(self, layer: nn.Module) -> None:
+        if layer.in_features % self.block:
+            raise InvalidRequestError(f"{self.name} needs input columns in multiples of {self.block}; "
+                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
+
+    def pack(self, t):
+        return cpu_quant.PackedIQ4(t)
 
 
 @register_weight_format("w8a8")

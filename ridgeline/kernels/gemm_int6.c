@@ -1,0 +1,183 @@
+/* y[M, N] = x[M, K] @ W^T for GGUF Q6_K's grid, its values and scales as the file stores them, fp32 x
+ * and y (weight-only: x is not quantized): w = d * s * (q - 32), q in [0, 63], s one int8 scale per 16 k,
+ * d one fp16 scale per 256 k. K is a multiple of 256.
+ *   P[g][k/8][NC] uint32: the low nibbles (q & 15) in gemm_int4.c's layout (ridgeline_pack_i4)
+ *   H[g][k/16][NC] uint32: the high bit pairs (q >> 4); of group k0 = 16 b, k = k0 + 8 o + 2 j + h (o < 2,
+ *                          j < 4, h < 2) holds bits 16 h + 8 o + 2 j and the next, so one shift brings a k
+ *                          pair's bits to 5..6 and 21..22, as a nibble pair's shift brings it to 1..4, 17..20
+ *   S: [g][k/16][NC] int8 s, then [g][k/256][NC] fp16 d
+ * The nibble, the high bits and bf16 exponent 64 are masked together (two vpternlogd), so each 16-bit half
+ * reads 64 + q exactly (bf16 holds 64 + m / 2 for a 7-bit mantissa m = 2 q): a vdpbf16ps operand. x is
+ * rounded to bf16 as for the int4 kernel; per group of 16, S = sum x (64 + q) and X = sum x give
+ * sum x w = d s (S - 96 X), d s formed in fp32 (exact: 11 by 8 bits). Per group the partial S starts from
+ * zero and folds into fp32 sums; an output's arithmetic does not depend on M or on the tile shape (a lone
+ * row takes two column groups at once), so a row's result does not depend on its batch. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_tile.h"
+
+#define I6G 16   /* k per scale s */
+#define I6D 256  /* k per scale d */
+
+/* q [N, K] uint8 in [0, 63] -> h [groups][K/16][NC] uint32 (the high bit pairs; the nibbles: ridgeline_pack_i4) */
+int ridgeline_pack_i6_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) {
+    const int64_t G = (N + QT_NC - 1) / QT_NC, B = K / I6G;
+    if (K % I6D) return -1;
+    #pragma omp parallel for
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t c = 0; c < QT_NC; c++) {
+                const int64_t n = g * QT_NC + c;
+                uint32_t word = 0;
+                for (int r = 0; n < N && r < I6G; r++) {
+                    const int o = r / 8, j = (r % 8) / 2, half = r % 2;
+                    word |= (uint32_t)((q[n * K + b * I6G + r] >> 4) & 3) << (16 * half + 8 * o + 2 * j);
+                }
+                h[(g * B + b) * QT_NC + c] = word;
+            }
+    return 0;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define I6_MR 4
+
+/* nibble pair j of word W[v] and its high bits (Hs[v], already shifted right by 8 o) against every row */
+#define I6_PAIR(j, LOW, HIGH) \
+    for (int v = 0; v < nv; v++) { \
+        const __m512i t = _mm512_ternarylogic_epi32(LOW, nib, magic, 0xEA); /* (low & nib) | magic */ \
+        const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(HIGH, top, t, 0xEA); \
+        for (int i = 0; i < mr; i++) { \
+            int32_t pair; \
+            memcpy(&pair, xg + i * ldx + 8 * o + 2 * (j), 4); \
+            S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
+        } \
+    }
+
+/* k = 8 o .. 8 o + 7 of the group: its nibble words and the high bits of its 8 k */
+#define I6_OCTET(O) \
+    { \
+        const int o = (O); \
+        __m512i W[2 * QT_NR], Hs[2 * QT_NR]; \
+        for (int c = 0; c < ng; c++) w_prefetch(pw + c * gs + (b * 2 + o) * QT_NC, QT_NR, mr); \
+        for (int v = 0; v < nv; v++) { \
+            W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * 2 + o) * QT_NC + 16 * (v % QT_NR)); \
+            Hs[v] = _mm512_srli_epi32(Hb[v], 8 * (O)); \
+        } \
+        I6_PAIR(0, _mm512_slli_epi32(W[v], 1), _mm512_slli_epi32(Hs[v], 5)) \
+        I6_PAIR(1, _mm512_srli_epi32(W[v], 3), _mm512_slli_epi32(Hs[v], 3)) \
+        I6_PAIR(2, _mm512_srli_epi32(W[v], 7), _mm512_slli_epi32(Hs[v], 1)) \
+        I6_PAIR(3, _mm512_srli_epi32(W[v], 11), _mm512_srli_epi32(Hs[v], 1)) \
+    }
+
+/* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2) consecutive
+ * column groups (nibble stride gs words, high-bit stride hs words, s stride ss bytes, d stride sd halves),
+ * kg groups of 16 from this block's start (a multiple of 256) -> y rows at columns n0.. */
+static inline __attribute__((always_inline)) void
+ukr_i6(const int mr, const int ng, const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs, const int8_t *s8,
+       int64_t ss, const uint16_t *dd, int64_t sd, const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs,
+       float *y, int64_t n0, int64_t N, int64_t kg, int flags) {
+    const __m512i nib = _mm512_set1_epi32(0x001E001E), top = _mm512_set1_epi32(0x00600060),
+                  magic = _mm512_set1_epi32(0x42804280);
+    const int nv = ng * QT_NR;
+    __m512 acc[I6_MR][2 * QT_NR];
+    qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
+    for (int64_t b = 0; b < kg; b++) {
+        __m512 S[I6_MR][2 * QT_NR];
+        __m512i Hb[2 * QT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) S[i][v] = _mm512_setzero_ps();
+        for (int v = 0; v < nv; v++) Hb[v] = _mm512_loadu_si512(ph + (v / QT_NR) * hs + b * QT_NC + 16 * (v % QT_NR));
+        const uint16_t *xg = xb + b * I6G;
+        I6_OCTET(0) I6_OCTET(1)
+        for (int v = 0; v < nv; v++) {
+            const int64_t col = 16 * (v % QT_NR);
+            const __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(s8 + (v / QT_NR) * ss + b * QT_NC + col))));
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(dd + (v / QT_NR) * sd + b / (I6D / I6G) * QT_NC + col)));
+            const __m512 ds = _mm512_mul_ps(d, s), mo = _mm512_mul_ps(ds, _mm512_set1_ps(-96.f));
+            for (int i = 0; i < mr; i++) {
+                acc[i][v] = _mm512_fmadd_ps(S[i][v], ds, acc[i][v]);
+                acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
+            }
+        }
+    }
+    qt_store(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N);
+}
+
+typedef void (*ukr_i6_fn)(const uint32_t *, int64_t, const uint32_t *, int64_t, const int8_t *, int64_t,
+                          const uint16_t *, int64_t, const uint16_t *, int64_t, const float *, int64_t, float *,
+                          int64_t, int64_t, int64_t, int);
+#define UKR_I6(R, NG) \
+    static void ukr_i6_##R##_##NG(const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs, const int8_t *s8, \
+                                  int64_t ss, const uint16_t *dd, int64_t sd, const uint16_t *xb, int64_t ldx, \
+                                  const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, int64_t kg, \
+                                  int flags) { \
+        ukr_i6(R, NG, pw, gs, ph, hs, s8, ss, dd, sd, xb, ldx, xs, ldxs, y, n0, N, kg, flags); \
+    }
+UKR_I6(1, 2) UKR_I6(1, 1) UKR_I6(2, 1) UKR_I6(3, 1) UKR_I6(4, 1)
+static const ukr_i6_fn UKRS_I6[I6_MR + 1] = {0, ukr_i6_1_1, ukr_i6_2_1, ukr_i6_3_1, ukr_i6_4_1};
+
+typedef struct {
+    const uint32_t *p, *h;
+    const int8_t *s;
+    const uint16_t *d;
+    const float *x;
+    float *y;
+    int64_t M, N, K;
+} i6_args;
+
+/* the prepared x: xb [M][K] bf16, then xs [M][K/16] fp32 */
+static inline float *i6_sums(const i6_args *a, const void *ws) {
+    return (float *)((uint16_t *)ws + a->M * a->K);
+}
+
+static void tile_i6(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
+                    int flags) {
+    const i6_args *a = args;
+    const int64_t KG = a->K / I6G, gs = a->K / 8 * QT_NC, hs = KG * QT_NC, sd = a->K / I6D * QT_NC;
+    const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC, *ph = a->h + g * hs + k0 / I6G * QT_NC;
+    const int8_t *s8 = a->s + g * hs + k0 / I6G * QT_NC;
+    const uint16_t *dd = a->d + g * sd + k0 / I6D * QT_NC;
+    const ukr_i6_fn f = ng == 2 ? ukr_i6_1_2 : UKRS_I6[mr];
+    f(pw, gs, ph, hs, s8, hs, dd, sd, (const uint16_t *)ws + m * a->K + k0, a->K, i6_sums(a, ws) + m * KG + k0 / I6G,
+      KG, a->y + m * a->N, g * QT_NC, a->N, kc / I6G, flags);
+}
+
+/* the driver's prep: rows [r0, r1) of x rounded to bf16 (nearest even), and each group's sum of them */
+static void prep_i6(const void *args, void *ws, int64_t r0, int64_t r1) {
+    const i6_args *a = args;
+    const int64_t K = a->K;
+    uint16_t *xb = (uint16_t *)ws;
+    float *xs = i6_sums(a, ws);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k0 = 0; k0 < K; k0 += I6G) {
+            const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a->x + r * K + k0));
+            _mm256_storeu_si256((__m256i *)(xb + r * K + k0), v);
+            xs[r * (K / I6G) + k0 / I6G] =
+                _mm512_reduce_add_ps((__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        }
+}
+#endif
+
+/* p: ridgeline_pack_i4's nibbles of q, then ridgeline_pack_i6_high's high bits; s: the int8 scales s, then the
+ * fp16 scales d, as above */
+int ridgeline_gemm_i6p(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                       int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (M < 1 || N < 1 || K < 1 || K % I6D) return -1;
+    const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, I6D);
+    const i6_args a = {p, p + G * (K / 8) * QT_NC, (const int8_t *)s,
+                       (const uint16_t *)(s + G * (K / I6G) * QT_NC), x, y, M, N, K};
+    const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 2, I6_MR), .mr = I6_MR, .wide = 1,
+                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I6G)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    return ridgeline_td_run(&plan, &a, prep_i6, tile_i6, nthreads);
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
+    return -2;
+#endif
+}
