@@ -23,7 +23,7 @@ CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0
                (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32"),
                (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
                (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32"), (T.Q6_K, "int6"),
-               (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs")]
+               (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs"), (T.Q3_K, "int3"), (T.Q2_K, "int2")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -69,14 +69,14 @@ def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
     assert pick({T.Q6_K}) == "int6"  # its own grid alone: 6.5625 bits a weight, as stored
     assert pick({T.IQ4_NL}) == "iq4-nl" and pick({T.IQ4_XS}) == "iq4-xs"  # their tables and scales as stored
     assert pick({T.IQ4_NL, T.IQ4_XS}) == pick({T.IQ4_NL, T.Q4_0}) == "int8-g32"
+    assert pick({T.Q3_K}) == "int3" and pick({T.Q2_K}) == "int2" and pick({T.Q3_K, T.Q2_K}) == "int8-g32"
 
 
-def test_the_repacked_types_pick_int8_and_the_rest_stay_refused():
+def test_kept_grids_beside_another_type_pick_int8_and_the_rest_stay_refused():
     from ridgeline.errors import ModelLoadError
     from ridgeline.gguf.dequant import dequantize
-    for qtype in (T.Q3_K, T.Q2_K):
-        assert gguf_repack.target_for({qtype}) == "int8-g32"
-        assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # a fused layer takes the widest
+    for qtype in (T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS):
+        assert gguf_repack.target_for({qtype, T.Q4_K}) == "int8-g32"  # beside another type: the grid holding both
         with pytest.raises(ValueError, match="int4 form"):
             gguf_repack.convert(_blocks(qtype, 4, 256)[0], "int4")
     assert gguf_repack.target_for({T.MXFP4}) == "mxfp4"  # GPT-OSS's experts: the mxfp4 format's own blocks
@@ -172,14 +172,14 @@ K_MIX = {"attn_q": T.Q5_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_XS, "attn_output": 
 
 
 def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path, home):
-    """Q3_K / Q2_K / IQ4_XS / IQ4_NL (the types of Q2/Q3 _K and IQ4 files), re-rounded to int8-g32, and the
-    5-bit types fused beside them: close to the dequantized model, the C stack equal to the module path."""
+    """Q3_K / IQ4_XS / IQ4_NL fused beside other types (re-rounded to int8-g32), Q2_K and Q6_K alone in their own
+    grids: close to the dequantized model, the C stack equal to the module path."""
     path = tmp_path / "kmix.gguf"
     write_gguf(path, K_MIX, tied=False)
     ref, kept = _llm(path, quantization="none"), _llm(path)
     formats = kept.info.weight_formats
     assert "IQ4_XS+Q3_K+Q5_K repacked (int8-g32) x 2" in formats and "IQ4_NL+Q5_1 repacked (int8-g32) x 2" in formats
-    assert "Q6_K kept (int6) x 2" in formats
+    assert "Q6_K kept (int6) x 2" in formats and "Q2_K kept (int2) x 2" in formats
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel
@@ -216,7 +216,9 @@ def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, 
 
 
 @pytest.mark.parametrize("qtype,target,kind,overhead", [(T.Q6_K, "int6", "int6", 1.0), (T.IQ4_NL, "iq4-nl", "iq4", 1.0),
-                                                         (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25)],
+                                                         (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25),
+                                                         (T.Q3_K, "int3", "kq", 3.5625 / 3.4375),
+                                                         (T.Q2_K, "int2", "kq", 1.0)],
                          ids=lambda v: getattr(v, "name", v))
 def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends_on_its_batch(qtype, target, kind,
                                                                                                 overhead):
@@ -225,7 +227,7 @@ def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends
     b, want = _blocks(qtype, 100, 4096, seed=3)  # K over one k block at 200 rows: blocked k sums
     t, exact = gguf_repack.convert(b, target)
     assert exact and t.nbytes == b.blocks().numel() * overhead  # the file's bytes (IQ4_XS: its 6-bit scales in int8)
-    packed = (cpu_quant.PackedInt6 if kind == "int6" else cpu_quant.PackedIQ4)(t)
+    packed = {"int6": cpu_quant.PackedInt6, "iq4": cpu_quant.PackedIQ4, "kq": cpu_quant.PackedKQ}[kind](t)
     x = torch.randn(200, 4096, generator=torch.Generator().manual_seed(0))
     y = packed(x)
     ref = x.bfloat16().float() @ torch.from_numpy(want).T  # the kernel's bf16 x against the exact weights
@@ -251,6 +253,31 @@ def test_iq4_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monke
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel
     if cpu_quant.available("iq4") and kept.info.kernel_plan.c_stack:
+        assert all(p is None for p in kept.info.layer_paths)
+    _module_path_equals_the_stack(kept)
+    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
+    plain = _llm(path)
+    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
+    torch_path = _logits(plain)
+    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
+
+
+LOW_BIT = {"attn_q": T.Q3_K, "attn_k": T.Q3_K, "attn_v": T.Q3_K, "attn_output": T.Q3_K, "ffn_gate": T.Q2_K,
+           "ffn_up": T.Q2_K, "ffn_down": T.Q3_K, "output": T.Q2_K}
+
+
+def test_two_and_three_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
+    """Q3_K and Q2_K (Q3_K_* and Q2_K files) keep the file's values and both levels of scales (3.5625 and
+    2.625 bits a weight, the files 3.4375 and 2.625): close to the dequantized model, the C stack equal to the
+    module path, and the torch path without the kernel close to both."""
+    path = tmp_path / "low.gguf"
+    write_gguf(path, LOW_BIT, tied=False)
+    ref, kept = _llm(path, quantization="none"), _llm(path)
+    assert sorted(kept.info.weight_formats.split(", ")) == ["Q2_K kept (int2) x 3", "Q3_K kept (int3) x 6"]
+    want, got = _logits(ref), _logits(kept)
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel < 0.02, rel
+    if cpu_quant.available("kq") and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)
     _module_path_equals_the_stack(kept)
     monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512

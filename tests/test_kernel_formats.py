@@ -64,6 +64,9 @@ def _packed():
     codes = torch.randint(0, 16, (50, 256), dtype=torch.uint8)
     yield cpu_quant.PackedIQ4(rtn.IQ4Tensor(codes, torch.rand(50, 8).half())), "iq4", 32, False
     yield cpu_quant.PackedIQ4(rtn.IQ4Tensor(codes, torch.rand(50, 1).half(), sub[:, :8])), "iq4", 256, False
+    d = torch.rand(50, 1).half()
+    yield cpu_quant.PackedKQ(rtn.KQTensor(3, q6 & 7, sub, d)), "kq", 3, False
+    yield cpu_quant.PackedKQ(rtn.KQTensor(2, q6 & 3, sub.view(torch.uint8), d, d)), "kq", 2, False
     for element, mode in (("e4m3", 0), ("e5m2", 1)):
         yield cpu_fpquant.PackedFp8(fpq.quantize_fp8(w, element)), "fp8", mode, False
     yield cpu_fpquant.PackedFp8(fpq.quantize_mx(w, "mxfp8")), "fp8", 2, False

@@ -118,6 +118,34 @@ class Int6Tensor:
         return (ds[..., None] * q).view(N, K)
 
 
+@dataclass
+class KQTensor:
+    """GGUF Q3_K's and Q2_K's grids, as the file stores them, per 16 k and per 256 k:
+    bits 3: w = scale * sub * (q - 4), q in [0, 7], sub int8 (the 6-bit scale minus 32);
+    bits 2: w = scale * (sub & 15) * q - dmin * (sub >> 4), q in [0, 3], sub uint8 (4-bit scale and minimum)."""
+    bits: int
+    q: torch.Tensor  # [N, K] uint8
+    sub: torch.Tensor  # [N, K / 16] int8 (bits 3) or uint8 (bits 2)
+    scale: torch.Tensor  # [N, K / 256] fp16 D
+    dmin: torch.Tensor | None = None  # [N, K / 256] fp16 (bits 2)
+    min = None
+    group: int = 16
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.bits // 8 + self.sub.numel() + self.scale.numel() * 2 * (2 if self.bits == 2 else 1)
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        q = self.q.float().view(N, K // 16, 16)
+        D = self.scale.float().repeat_interleave(16, 1)
+        if self.bits == 3:
+            return ((D * self.sub.float())[..., None] * (q - 4)).view(N, K)
+        c = self.sub.int()
+        dl, ml = D * (c & 15).float(), self.dmin.float().repeat_interleave(16, 1) * (c >> 4).float()
+        return (dl[..., None] * q - ml[..., None]).view(N, K)
+
+
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # GGUF IQ4_NL's table
 
 

@@ -17,6 +17,11 @@ A type's blocks [n, type_size] unpack to sub-blocks of G elements, w = scale * (
                                                      q in [0, 31], scale d * s, min -(dmin * n) (fp32)
     Q6_K  256 = 16 x 16: 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 scales s, d fp16
                                                      q in [0, 63], zero 32, scale d * s (fp32)
+    Q3_K  256 = 16 x 16: 32 bytes of third bits (bit i of byte l: element 32 i + l), 64 bytes of 2-bit values
+          (each 128 k h: bytes 32 h.., shift 2 j for its elements 32 j..), 12 bytes of 6-bit scales s, d fp16
+                                                     q in [0, 7], zero 4, scale d * (s - 32) (fp32)
+    Q2_K  256 = 16 x 16: 16 bytes c (scale c & 15, minimum c >> 4), 64 bytes of 2-bit values as Q3_K's, d, dmin
+                                                     q in [0, 3], scale d * (c & 15), min -(dmin * (c >> 4))
     IQ4_NL 32: d fp16; 16 bytes of codes as Q4_0's  q = IQ4_VALUES[code] (an int8), scale d
     IQ4_XS 256 = 8 x 32: d fp16, a uint16 of high scale bit pairs, 4 bytes of low scale nibbles, 128 bytes of
           codes (each 16 bytes a sub-block as IQ4_NL's)    q as IQ4_NL's, scale d * (s - 32) (fp32)
@@ -154,6 +159,43 @@ def q6_k_grid(b):
     return q, b[:, 192:208].contiguous().view(torch.int8), _f16(b[:, 208:210]).reshape(-1)
 
 
+def _k_crumbs(qs):
+    """[n, 64] bytes of 2-bit values -> [n, 256]: each 128 k h takes bytes 32 h .. 32 h + 31, shift 2 j for
+    elements 32 j .. 32 j + 31 of it."""
+    a = qs.numpy().reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return torch.from_numpy((a & 3).reshape(len(a), 256))
+
+
+def q3_k_grid(b):
+    """Q3_K blocks [n, 110]: q [n, 256] in [0, 7] (zero 4), s [n, 16] int8 (6-bit scales minus 32), d [n] fp16."""
+    n = len(b)
+    hm = b[:, :32].numpy().reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    q = _k_crumbs(b[:, 32:96]) | (torch.from_numpy((hm & 1).reshape(n, 256)) << 2)
+    sc = b[:, 96:108].numpy()
+    low = (sc[:, :8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n, 16) & 15
+    high = (sc[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16) & 3
+    s = torch.from_numpy((low | (high << 4)).astype(np.int8) - np.int8(32))
+    return q, s, _f16(b[:, 108:110]).reshape(-1)
+
+
+def q2_k_grid(b):
+    """Q2_K blocks [n, 84]: q [n, 256] in [0, 3], c [n, 16] uint8 (scale in the low nibble, minimum in the
+    high), d and dmin [n] fp16."""
+    return _k_crumbs(b[:, 16:80]), b[:, :16].contiguous(), _f16(b[:, 80:82]).reshape(-1), _f16(b[:, 82:84]).reshape(-1)
+
+
+def _q3_k(b):
+    q, s, d = q3_k_grid(b)
+    return Parts(q.view(len(b), 16, 16), 4, d.float()[:, None] * s.float(), None)
+
+
+def _q2_k(b):
+    q, c, d, dmin = q2_k_grid(b)
+    c = c.int()
+    return Parts(q.view(len(b), 16, 16), 0, d.float()[:, None] * (c & 15).float(),
+                 -(dmin.float()[:, None] * (c >> 4).float()))
+
+
 IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
 
 
@@ -186,9 +228,9 @@ def _iq4_xs(b):
 
 
 # types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
-# int8 with an fp16 scale per 32 (repack.py); they read more bytes than the file (Q3_K 3.4 -> 8.5 bits per
-# weight, Q2_K 2.6 -> 8.5) until they get micro-kernels of their own. IQ1_*, IQ2_* and IQ3_* stay refused.
-REPACKED: dict[T, str] = {T.Q3_K: "int8-g32", T.Q2_K: "int8-g32"}
+# int8 with an fp16 scale per 32 (repack.py), reading more bytes than the file; none today. IQ1_*, IQ2_* and
+# IQ3_* stay refused.
+REPACKED: dict[T, str] = {}
 
 LAYOUTS: dict[T, Layout] = {
     T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4", "int5-sym", "int5"})),
@@ -202,6 +244,8 @@ LAYOUTS: dict[T, Layout] = {
     # codes through IQ4_NL's table: int8 values, so int8-g32 holds IQ4_NL (its fp16 d) exactly too
     T.IQ4_NL: Layout(_iq4_nl, "iq4-nl", frozenset({"iq4-nl", "int8-g32"})),
     T.IQ4_XS: Layout(_iq4_xs, "iq4-xs", frozenset({"iq4-xs"})),
+    T.Q3_K: Layout(_q3_k, "int3", frozenset({"int3"})),
+    T.Q2_K: Layout(_q2_k, "int2", frozenset({"int2"})),
     # kept as the mxfp4 format's own blocks (GPT-OSS's experts); beside other types, int8-g32 holds its values
     # exactly while 2^(e - 128) is an fp16 number
     T.MXFP4: Layout(_mxfp4, "mxfp4", frozenset({"mxfp4", "int8-g32"})),

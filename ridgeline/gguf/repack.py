@@ -11,10 +11,12 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
     int6      Q6_K alone: q, its int8 scale per 16 and fp16 scale per 256 as they are (6.5625 bits a weight)
     iq4-nl    IQ4_NL alone: its codes and fp16 scale per 32 as they are
     iq4-xs    IQ4_XS alone: its codes, its 6-bit scales minus 32 as int8 per 32, its fp16 scale per 256
+    int3      Q3_K alone: q, its 6-bit scales minus 32 as int8 per 16, its fp16 scale per 256
+    int2      Q2_K alone: q, its scale and minimum nibbles per 16, its fp16 scale and minimum per 256
     int8-g32  G = 32, |q - zero| <= 127, fp16 scale, no min: q - zero and the scale as they are (Q8_0; IQ4_NL's
               table values; MXFP4 as twice its values over 2^(e - 128), where that is an fp16 number); any other
-              type round-to-nearest of its values (Q6_K beside another type: its two 16-scales per 32 do not
-              fit; the types with no layout, Q3_K and Q2_K, from gguf's dequantizers)
+              type round-to-nearest of its values (Q6_K, Q3_K, Q2_K, IQ4_XS beside another type: their scales
+              per 16, or their fp32 scale products, do not fit)
     mxfp4     MXFP4 alone: its codes and E8M0 exponents as they are (a layer of MXFP4 shards only)
 
 Each conversion returns the tensor and whether it holds exactly the file's values.
@@ -27,14 +29,15 @@ from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
-from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q6_k_grid
+from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q2_k_grid, q3_k_grid, q6_k_grid
 from ridgeline.formats import fpq, rtn
 
-TARGETS = ("iq4-xs", "int4-sym", "iq4-nl", "int4", "int5-sym", "int5", "int6", "int8-g32")  # in bytes per weight
+TARGETS = ("int2", "int3", "iq4-xs", "int4-sym", "iq4-nl", "int4", "int5-sym", "int5", "int6", "int8-g32")  # in bytes per weight
 # target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding)
 HOLDS = {"int4-sym": {"int4-sym"}, "int4": {"int4-sym", "int4"}, "int5-sym": {"int4-sym", "int5-sym"},
          "int5": {"int4-sym", "int4", "int5-sym", "int5"}, "int6": {"int6"}, "iq4-nl": {"iq4-nl"},
-         "iq4-xs": {"iq4-xs"}, "int8-g32": set(TARGETS)}
+         "iq4-xs": {"iq4-xs"}, "int3": {"int3"}, "int2": {"int2"},
+         "int8-g32": set(TARGETS)}
 BITS = {"int4-sym": 4, "int4": 4, "int5-sym": 5, "int5": 5}
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}
 
@@ -125,6 +128,20 @@ def to_iq4(t: GGUFBlocks, target: str) -> tuple[rtn.IQ4Tensor, bool]:
     return rtn.IQ4Tensor(codes.reshape(N, K).contiguous(), d.reshape(N, K // 256), s.reshape(N, K // 32)), True
 
 
+def to_kq(t: GGUFBlocks, target: str) -> tuple[rtn.KQTensor, bool]:
+    """Q3_K / Q2_K blocks as the int3 / int2 formats hold them: the same values and both levels of scales."""
+    N, K = t.shape
+    want = {"int3": T.Q3_K, "int2": T.Q2_K}[target]
+    if t.qtype != want:
+        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
+    if want == T.Q3_K:
+        q, s, d = q3_k_grid(t.blocks())
+        return rtn.KQTensor(3, q.reshape(N, K).contiguous(), s.reshape(N, K // 16), d.reshape(N, K // 256)), True
+    q, c, d, dmin = q2_k_grid(t.blocks())
+    return rtn.KQTensor(2, q.reshape(N, K).contiguous(), c.reshape(N, K // 16), d.reshape(N, K // 256),
+                        dmin.reshape(N, K // 256)), True
+
+
 def convert(t: GGUFBlocks, target: str):
     """(tensor of `target`, exact?) for one shard."""
     if target == "mxfp4":
@@ -133,6 +150,8 @@ def convert(t: GGUFBlocks, target: str):
         return to_int6(t)
     if target.startswith("iq4"):
         return to_iq4(t, target)
+    if target in ("int3", "int2"):
+        return to_kq(t, target)
     return to_int8_g32(t) if target == "int8-g32" else to_grid(t, target)
 
 
@@ -143,6 +162,9 @@ def concat(parts: list) -> rtn.Int4Tensor | rtn.Int5Tensor | rtn.Int8GroupTensor
         return fpq.BlockTensor(first.kind, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
     if isinstance(first, rtn.Int8GroupTensor):
         return rtn.Int8GroupTensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+    if isinstance(first, rtn.KQTensor):
+        return rtn.KQTensor(first.bits, *(None if getattr(first, f) is None else torch.cat([getattr(p, f) for p in parts])
+                                          for f in ("q", "sub", "scale", "dmin")))
     if isinstance(first, rtn.IQ4Tensor):
         return rtn.IQ4Tensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
                              None if first.sub is None else torch.cat([p.sub for p in parts]))

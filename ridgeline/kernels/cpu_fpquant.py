@@ -68,7 +68,8 @@ class PackedFp4(PackedQuant):
         self.block = t.block
         self.code = code_of("fp4", t.block)
         self.data = torch.empty(_groups(self.N) * (self.K // 8) * NC, dtype=torch.int32)
-        if lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
+        held = t.q.contiguous()  # alive while the packer reads it
+        if lib.ridgeline_pack_i4(held.data_ptr(), self.data.data_ptr(), self.N, self.K):
             raise ValueError(f"fp4 packing needs K a multiple of 8, got {self.K}")
         c = 0.5 if t.kind == "mxfp4" else 128.0 * t.tensor_scale  # the kernel's u = 2v + 12 and E4M3-as-fp16
         header = torch.zeros(FP4_HEADER, dtype=torch.uint8)

@@ -13,12 +13,13 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.formats.rtn import IQ4Tensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import IQ4Tensor, KQTensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
-KINDS = ("int8", "int4", "int5", "int6", "iq4", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
+KINDS = ("int8", "int4", "int5", "int6", "iq4", "kq", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
 NEEDS = {"int8": "AVX-512", "int4": "AVX-512 with AVX512-BF16", "int5": "AVX-512 with AVX512-BF16",
          "int6": "AVX-512 with AVX512-BF16", "iq4": "AVX-512 with AVX512-BF16",
+         "kq": "AVX-512 with AVX512-BF16",
          "w8a8": "AVX-512 with AVX512-VNNI",
          "w4a8": "AVX-512 with AVX512-VNNI", "fp8": "AVX-512 with AVX512BW", "fp4": "AVX-512 with AVX512-VNNI"}
 
@@ -30,7 +31,7 @@ def available(kind: str) -> bool:
         return False
     fn = {"int8": lib.ridgeline_int8_available, "int4": lib.ridgeline_int4_available,
           "int5": lib.ridgeline_int4_available, "int6": lib.ridgeline_int4_available,
-          "iq4": lib.ridgeline_iq4_available,
+          "iq4": lib.ridgeline_iq4_available, "kq": lib.ridgeline_int4_available,
           "fp8": lib.ridgeline_fp8_available, "fp4": lib.ridgeline_fp4_available}.get(
         kind, lib.ridgeline_a8_available)
     return bool(fn())
@@ -85,7 +86,8 @@ class PackedInt8(PackedQuant):
         lib = cpu.lib()
         self.N, self.K = t.q.shape
         self.data = torch.zeros(_groups(self.N) * (self.K + self.K % 2) * NC, dtype=torch.int8)
-        lib.ridgeline_pack_i8_gemm(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        held = t.q.contiguous()  # alive while the packer reads it
+        lib.ridgeline_pack_i8_gemm(held.data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = torch.zeros(_groups(self.N) * NC)
         self.scale[:self.N] = t.scale
 
@@ -104,7 +106,8 @@ class PackedInt8G32(PackedQuant):
         self.N, self.K = t.q.shape
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.int8)
-        lib.ridgeline_pack_i8_gemm(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        held = t.q.contiguous()  # alive while the packer reads it
+        lib.ridgeline_pack_i8_gemm(held.data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = _group_scales(t, G)
 
     def _gemm(self, x, y, M, threads) -> int:
@@ -122,7 +125,8 @@ class PackedInt4(PackedQuant):
         self.code = code_of("i4", t.group, t.symmetric)
         G = _groups(self.N)
         self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
-        if lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
+        held = t.q.contiguous()  # alive while the packer reads it
+        if lib.ridgeline_pack_i4(held.data_ptr(), self.data.data_ptr(), self.N, self.K):
             raise ValueError(f"int4 packing needs K a multiple of 8, got {self.K}")
         parts = [t.scale] if t.symmetric else [t.scale, t.min]
         sc = torch.zeros(G * NC, self.K // t.group, len(parts), dtype=torch.float16)
@@ -207,7 +211,8 @@ class PackedIQ4(PackedQuant):
         self.code = code_of("iq4", self.block)
         G = _groups(self.N)
         self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
-        lib.ridgeline_pack_i4(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        q = t.q.contiguous()  # held while the packer reads it
+        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
         parts = []
         for src in ((t.scale,) if t.sub is None else (t.sub, t.scale)):
             sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
@@ -220,6 +225,39 @@ class PackedIQ4(PackedQuant):
                                             M, self.N, self.K, self.block, threads)
 
 
+class PackedKQ(PackedQuant):
+    """Q3_K's / Q2_K's grids (kernels/gemm_kq.c): data [groups][K/16][NC] uint32 (q's low 2 bits, as PackedInt6's
+    high bit pairs), then for Q3_K [groups][K/32][NC] uint32 (its third bit, as PackedInt5's high bits); scale
+    [groups][K/16][NC] bytes, then [groups][K/256][NC] fp16 D, then for Q2_K the same of Dmin."""
+
+    def __init__(self, t: KQTensor):
+        lib = cpu.lib()
+        self.N, self.K = t.q.shape
+        self.bits = t.bits
+        if self.K % 256:
+            raise ValueError(f"{t.bits}-bit K-quant packing needs K a multiple of 256, got {self.K}")
+        self.code = code_of("kq", t.bits)
+        G = _groups(self.N)
+        low = G * (self.K // 16) * NC
+        self.data = torch.empty(low + (G * (self.K // 32) * NC if t.bits == 3 else 0), dtype=torch.int32)
+        q = t.q.contiguous()
+        low_bits = ((q & 3) << 4).contiguous()  # held while the packer reads it
+        lib.ridgeline_pack_i6_high(low_bits.data_ptr(), self.data.data_ptr(), self.N, self.K)
+        if t.bits == 3:
+            third = ((q >> 2) << 4).contiguous()
+            lib.ridgeline_pack_i5_high(third.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        parts = []
+        for src in (t.sub, t.scale) + ((t.dmin,) if t.bits == 2 else ()):
+            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
+            sc[:self.N] = src
+            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
+        self.scale = torch.cat(parts)
+
+    def _gemm(self, x, y, M, threads) -> int:
+        return cpu.lib().ridgeline_gemm_kq(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+                                           M, self.N, self.K, self.bits, threads)
+
+
 class PackedW8A8(PackedQuant):
     """int8 weights against int8 activations: data [groups][K/4][NC][4] uint8 (q + 128); scale
     [groups * NC] fp32 (zero past N)."""
@@ -230,7 +268,8 @@ class PackedW8A8(PackedQuant):
         self.N, self.K = t.q.shape
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.uint8)
-        if cpu.lib().ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K):
+        held = t.q.contiguous()  # alive while the packer reads it
+        if cpu.lib().ridgeline_pack_w8a8(held.data_ptr(), self.data.data_ptr(), self.N, self.K):
             raise ValueError(f"w8a8 packing needs K a multiple of 4, got {self.K}")
         self.scale = torch.zeros(G * NC, dtype=torch.float32)
         self.scale[:self.N] = t.scale.float()
@@ -250,7 +289,8 @@ class PackedW8A8G32(PackedQuant):
         self.N, self.K = t.q.shape
         G = _groups(self.N)
         self.data = torch.empty(G * self.K * NC, dtype=torch.uint8)
-        cpu.lib().ridgeline_pack_w8a8(t.q.contiguous().data_ptr(), self.data.data_ptr(), self.N, self.K)
+        held = t.q.contiguous()  # alive while the packer reads it
+        cpu.lib().ridgeline_pack_w8a8(held.data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = _group_scales(t, G)
 
     def _gemm(self, x, y, M, threads) -> int:

@@ -31,10 +31,12 @@ enum weight_format {
     WF_I5_SYM_G32 = 48,
     WF_I6_Q6K = 49,
     WF_IQ4_NL = 50,
-    WF_IQ4_XS = 51
+    WF_IQ4_XS = 51,
+    WF_Q3_K = 52,
+    WF_Q2_K = 53
 };
-enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5, WK_I6, WK_IQ4 };
-#define WF_CODES 52
+enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5, WK_I6, WK_IQ4, WK_KQ };
+#define WF_CODES 54
 
 /* kernel (WK_NONE: no such code), its parameter (int4 / w4a8 group, fp8 mode, fp4 block), symmetric */
 typedef struct {
@@ -72,6 +74,8 @@ static const weight_code WF_TABLE[WF_CODES] = {
     [WF_I6_Q6K] = {WK_I6, 16, 1},
     [WF_IQ4_NL] = {WK_IQ4, 32, 0},
     [WF_IQ4_XS] = {WK_IQ4, 256, 0},
+    [WF_Q3_K] = {WK_KQ, 3, 0},
+    [WF_Q2_K] = {WK_KQ, 2, 0},
 };
 
 /* the row of a descriptor's format field, or NULL */

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the matmul kernels stack_linear.c dispatches to (C: WK_<NAME>), in their enum order (0 = none)
-KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4")
+KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4", "kq")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ TABLE: tuple[WeightCode, ...] = (
     WeightCode(49, "i6_q6k", "i6", 16, True),  # 6-bit, zero 32, int8 scales per 16 k by fp16 per 256 (Q6_K), gemm_int6.c
     WeightCode(50, "iq4_nl", "iq4", 32),  # IQ4_NL's table of 16 values, an fp16 scale per 32 k, gemm_iq4.c
     WeightCode(51, "iq4_xs", "iq4", 256),  # the same values, int8 scales per 32 k by fp16 per 256 (IQ4_XS)
+    WeightCode(52, "q3_k", "kq", 3),  # Q3_K's grid: 3 bits, int8 scales per 16 k by fp16 per 256, gemm_kq.c
+    WeightCode(53, "q2_k", "kq", 2),  # Q2_K's grid: 2 bits, 4-bit scales and minimums per 16 k by fp16 per 256
 )
 BY_NAME = {c.name: c for c in TABLE}
 
