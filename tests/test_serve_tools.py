@@ -197,9 +197,8 @@ def test_strict_tools_are_enforced_where_the_format_is_constrained_and_refused_w
     assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text  # auto beside a response_format
 
 
-@pytest.fixture(scope="module")
-def coder_sdk(tmp_path_factory):
-    """A tiny Llama whose template writes Qwen3-Coder's XML calls (tests/data/templates/qwen3_coder.jinja)."""
+def _template_server(tmp_path_factory, template: str):
+    """A tiny Llama served with tests/data/templates/<template>.jinja as its chat template."""
     from pathlib import Path
     from conftest import SERVER_OPTS, make_tiny_model
     from ridgeline.config import EngineConfig
@@ -207,15 +206,50 @@ def coder_sdk(tmp_path_factory):
     from ridgeline.serve.app import build_app
     from ridgeline.serve.server import ServerThread
     from ridgeline.serve.state import ServerSettings
-    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-coder"), "llama", max_position_embeddings=2048)
+    folder = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{template}"), "llama", max_position_embeddings=2048)
     cfg_path = folder / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    cfg["chat_template"] = (Path(__file__).parent / "data" / "templates" / "qwen3_coder.jinja").read_text()
+    cfg["chat_template"] = (Path(__file__).parent / "data" / "templates" / f"{template}.jinja").read_text()
     cfg_path.write_text(json.dumps(cfg))
     engine = LLMEngine(EngineConfig.from_kwargs(str(folder), progress=False,
                                                 **{**SERVER_OPTS, "kv_cache_memory": "16MiB"}))
-    with ServerThread(build_app(engine, ServerSettings("tiny", quiet=True))) as s:
+    return ServerThread(build_app(engine, ServerSettings("tiny", quiet=True)))
+
+
+@pytest.fixture(scope="module")
+def coder_sdk(tmp_path_factory):
+    """A tiny Llama whose template writes Qwen3-Coder's XML calls (tests/data/templates/qwen3_coder.jinja)."""
+    with _template_server(tmp_path_factory, "qwen3_coder") as s:
         yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def llama3_server(tmp_path_factory):
+    """A tiny Llama whose template writes Llama 3.x JSON calls (tests/data/templates/llama3_json.jinja)."""
+    with _template_server(tmp_path_factory, "llama3_json") as s:
+        yield s
+
+
+def test_llama3_auto_is_constrained_and_takes_strict_tools(llama3_server):
+    """Llama 3.x JSON calls under auto: the reply runs constrained (a leading "{" is calls, the tag opens calls
+    after text), so strict tools are enforced, not refused; whatever calls come validate, and parallel false
+    keeps to one."""
+    client = httpx.Client(base_url=llama3_server.url, timeout=120)
+    sdk = openai.OpenAI(base_url=llama3_server.url + "/v1", api_key="x", max_retries=0)
+
+    def choices():
+        return float(next(ln.split()[1] for ln in client.get("/metrics").text.splitlines()
+                          if ln.startswith("ridgeline_structured_choices")))
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    before = choices()
+    for seed in range(3):
+        r = sdk.chat.completions.create(model="tiny", messages=USER, tools=strict, tool_choice="auto", max_tokens=24,
+                                        temperature=1.0, seed=seed, parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls or []
+        assert len(calls) <= 1
+        if calls:
+            _check(calls, set(SCHEMAS))
+    assert choices() == before + 3
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])

@@ -17,7 +17,7 @@ TOOLS = {"get_weather": {"type": "object", "properties": {"city": {"type": "stri
                          "required": ["city"], "additionalProperties": False},
          "add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                  "required": ["a", "b"], "additionalProperties": False}}
-LAZY = [f for f in FORMATS.values() if lazily_constrained(f)]
+LAZY = [f for f in FORMATS.values() if lazily_constrained(f) and not f.leading_json]  # Llama 3's below
 MARKERS = sorted({m for f in FORMATS.values() for m in f.markers})
 
 
@@ -100,10 +100,48 @@ def test_required_admits_only_calls(fmt):
     assert _walk(ltok, g, prose)[0] == 0
 
 
-def test_formats_without_a_marker_to_trigger_on_are_not_lazily_constrained():
-    assert not lazily_constrained(FORMATS["llama3_json"]) and not lazily_constrained(FORMATS["harmony"])
+def test_harmony_is_not_lazily_constrained():
+    assert not lazily_constrained(FORMATS["harmony"])  # its channel marker opens every message, not only calls
     with pytest.raises(ValueError):
-        auto_grammar(FORMATS["llama3_json"], TOOLS, True)
+        auto_grammar(FORMATS["harmony"], TOOLS, True)
+
+
+@pytest.mark.parametrize("specials", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_llama3_auto_constrains_a_leading_call_and_calls_after_the_tag_and_the_parser_reads_them(specials, parallel):
+    """Llama 3.x under auto: a reply that begins with "{" (after whitespace) is calls, held to the tools'
+    schemas; other text is free, and after <|python_tag|> calls run to the end. What the grammar admits, the
+    parser reads as the same calls (or as content)."""
+    from ridgeline.tool_calls.parser import ToolCallParser, parse_all
+    fmt = FORMATS["llama3_json"]
+    assert lazily_constrained(fmt)
+    tok, ltok, _ = _tokenizer(specials)
+    ids = _ids(tok, specials)
+    g = auto_grammar(fmt, TOOLS, parallel, ids)
+    one, args = call(fmt, "add", {"a": 1, "b": 2}), {"a": 1, "b": 2}
+    specials_by_id = {i: m for m, i in ids.items()}
+
+    def admits(text: str) -> tuple[bool, bool]:
+        t = tok.encode(text, add_special_tokens=False).ids
+        n, m = _walk(ltok, g, t)
+        return n == len(t), n == len(t) and m.is_accepting()
+
+    def parsed(text: str):
+        t = tok.encode(text, add_special_tokens=False).ids
+        return parse_all(ToolCallParser(fmt, specials_by_id), t, tok.decode(t, skip_special_tokens=False))
+
+    for text, calls in [("", 0), ("  \n", 0), ('Just text: {"name": 1} and more', 0), (one, 1), ("\n " + one, 1),
+                        ("Let me see. <|python_tag|>" + one, 1), ("<|python_tag|>" + one, 1)]:
+        assert admits(text) == (True, True), text
+        content, got = parsed(text)
+        assert [(c.name, json.loads(c.arguments)) for c in got] == [("add", args)] * calls, text
+    two = one + "; " + one
+    assert admits(two) == ((True, True) if parallel else (False, False))
+    if parallel:
+        assert [c.name for c in parsed(two)[1]] == ["add", "add"]
+    for text in [call(fmt, "add", {"a": "x", "b": 2}), call(fmt, "delete_everything", {}), "{hello}", " {oops"]:
+        assert not admits(text)[0], text  # a leading "{" is a call of the tools given, its arguments valid
+    assert not admits("ok <|python_tag|>" + call(fmt, "add", {"a": 1}))[0]  # b is required
 
 
 XML_TOOLS = {"edit": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12},

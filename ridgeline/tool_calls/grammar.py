@@ -67,9 +67,30 @@ def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
 
 def lazily_constrained(fmt: CallFormat) -> bool:
     """tool_choice auto can be constrained from the format's opening marker on: the marker is what the
-    format writes (Llama 3's bare JSON calls have no marker to trigger on; harmony's channel marker opens
-    every message, not only calls)."""
+    format writes, or (Llama 3's bare JSON calls) a reply that begins with "{" is calls and the
+    <|python_tag|> marker opens them after text. Not harmony: its channel marker opens every message,
+    not only calls."""
+    if fmt.leading_json:
+        return fmt.constrainable and bool(fmt.start)
     return fmt.constrainable and fmt.opener is None and bool(fmt.start) and fmt.body != "harmony"
+
+
+# text that does not begin (after spaces, tabs and newlines) with "{": what the parser reads as content in a
+# format whose reply beginning with "{" is calls (ToolCallParser: leading_json)
+_NOT_LEADING_JSON = r"[ \t\r\n]*([^ \t\r\n{](.|\n)*)?"
+
+
+def _leading_json_auto(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool, ids: Mapping[str, int]) -> str:
+    """Llama 3.x under auto: the reply is calls from its first byte ("{"), or text that does not begin with
+    "{", optionally followed by the marker and calls to the end of the reply."""
+    more = f" ({json.dumps(fmt.call_sep)} call)*" if parallel else ""
+    if fmt.start in ids:  # a token: the text cannot contain it
+        tagged = [f"tagged: PROSE {_lit(fmt.start, ids)} block"]
+    else:  # the marker as text: the prose runs to its first occurrence
+        tagged = ["tagged: trig block", f"trig[lazy]: PROSE {_lit(fmt.start, ids)}"]
+    return "\n".join(["start: LEAD? block | PROSE | tagged", "LEAD: /[ \\t\\r\\n]+/", f"PROSE: /{_NOT_LEADING_JSON}/",
+                      *tagged,
+                      f"block: call{more}", *_calls(fmt, tools)]) + "\n"
 
 
 def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
@@ -81,6 +102,8 @@ def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
     if not lazily_constrained(fmt):
         raise ValueError(f"the {fmt.name} format cannot be constrained from a marker")
     ids = token_ids or {}
+    if fmt.leading_json:
+        return _leading_json_auto(fmt, tools, parallel, ids)
     rest, _ = _after_marker(fmt, parallel, ids)
     if fmt.start in ids:  # a token: free text cannot contain it, so the text simply runs up to it
         trig = f"trig: TEXT {_lit(fmt.start, ids)}"

@@ -179,7 +179,7 @@ class ToolCallParser:
                 self._close_block(out, body, self.fmt.end)
                 continue
             if self.fmt.leading_json and not self._seen_text:
-                head = self._text.lstrip()
+                head = self._text.lstrip(" \t\r\n")  # the whitespace the auto grammar admits before a call
                 if head.startswith("{"):
                     self._ws += self._text[:len(self._text) - len(head)]
                     self._text = head
