@@ -448,8 +448,10 @@ def test_harmony_tools_render_through_the_template_and_refuse_what_they_cannot_e
     r = _chat(harmony_tools_server, max_tokens=2, tools=HARMONY_TOOLS, messages=history)
     assert r.status_code == 200, r.text
     strict = [{**HARMONY_TOOLS[0], "function": {**HARMONY_TOOLS[0]["function"], "strict": True}}]
-    r = _chat(harmony_tools_server, max_tokens=2, tools=strict)  # auto: nothing would enforce the schema
-    assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text
+    r = _chat(harmony_tools_server, max_tokens=2, tools=strict)  # auto is constrained: strict is enforced
+    assert r.status_code == 200, r.text
+    r = _chat(harmony_tools_server, max_tokens=2, tools=strict, response_format={"type": "json_object"})
+    assert r.status_code == 400 and "strict" in r.json()["error"]["message"], r.text  # nothing would enforce it
 
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"],
@@ -498,6 +500,30 @@ def test_harmony_required_and_named_calls_are_constrained_after_the_analysis(har
         assert len((thought or "").encode()) <= 3 * 4  # the budget's tokens at most (a token is at most 4 bytes)
         assert _streamed_calls(harmony_tools_server, **kw) == (thought, [(name, args)], "tool_calls")
     assert seen_reasoning, "no reply wrote an analysis message before its call"
+
+
+def test_harmony_auto_is_constrained_messages_with_at_most_one_valid_call(harmony_tools_server):
+    """tool_choice auto on harmony: one grammar, the analysis message, commentary preambles, then either a
+    call whose body validates against its tool's schema or the final answer; streamed alike."""
+    from jsonschema import Draft202012Validator
+    schemas = {"get_weather": CITY, "noop": CITY_TOOLS[1]["function"]["parameters"]}
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in CITY_TOOLS]
+    called = 0
+    for seed in range(6):
+        kw = dict(max_tokens=120, tools=strict, tool_choice="auto", temperature=1.0, seed=seed,
+                  thinking_token_budget=3)
+        r = _chat(harmony_tools_server, **kw)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        calls = c["message"].get("tool_calls") or []
+        assert len(calls) <= 1
+        for call in calls:
+            Draft202012Validator(schemas[call["function"]["name"]]).validate(json.loads(call["function"]["arguments"]))
+            assert c["finish_reason"] == "tool_calls"
+        want = [(t["function"]["name"], t["function"]["arguments"]) for t in calls]
+        assert _streamed_calls(harmony_tools_server, **kw)[1:] == (want, c["finish_reason"])
+        called += bool(calls)
+    assert called, "no reply made a call"
 
 
 def test_harmony_json_answer_is_the_final_channel_after_the_analysis(harmony_tools_server):

@@ -68,11 +68,10 @@ def call_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
 def lazily_constrained(fmt: CallFormat) -> bool:
     """tool_choice auto can be constrained from the format's opening marker on: the marker is what the
     format writes, or (Llama 3's bare JSON calls) a reply that begins with "{" is calls and the
-    <|python_tag|> marker opens them after text. Not harmony: its channel marker opens every message,
-    not only calls."""
-    if fmt.leading_json:
+    <|python_tag|> marker opens them after text, or (harmony) the reply is messages, one of them a call."""
+    if fmt.leading_json or fmt.body == "harmony":
         return fmt.constrainable and bool(fmt.start)
-    return fmt.constrainable and fmt.opener is None and bool(fmt.start) and fmt.body != "harmony"
+    return fmt.constrainable and fmt.opener is None and bool(fmt.start)
 
 
 # text that does not begin (after spaces, tabs and newlines) with "{": what the parser reads as content in a
@@ -104,6 +103,8 @@ def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,
     ids = token_ids or {}
     if fmt.leading_json:
         return _leading_json_auto(fmt, tools, parallel, ids)
+    if fmt.body == "harmony":  # one call per reply whatever parallel says: <|call|> ends the turn
+        return harmony_grammar.auto_rules(fmt, tools, ids)
     rest, _ = _after_marker(fmt, parallel, ids)
     if fmt.start in ids:  # a token: free text cannot contain it, so the text simply runs up to it
         trig = f"trig: TEXT {_lit(fmt.start, ids)}"

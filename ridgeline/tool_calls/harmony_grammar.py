@@ -40,6 +40,23 @@ def call_rules(fmt: CallFormat, tools: Mapping[str, dict], ids: Mapping[str, int
     return "\n".join(["start: call", f"call: {' | '.join(alts)}", *rules]) + "\n"
 
 
+def auto_rules(fmt: CallFormat, tools: Mapping[str, dict], ids: Mapping[str, int]) -> str:
+    """tool_choice auto: commentary preambles to the user (free text), then either one call (as call_rules')
+    or the final channel's answer (free text). The analysis message before them is with_analysis's."""
+    from ridgeline.tool_calls.xml_grammar import NotConstrainable
+    missing = [m for m in TOKENS[:5] if m not in ids]
+    if missing:
+        raise NotConstrainable(f"harmony calls under auto need {', '.join(missing)} as tokens of the tokenizer")
+    calls = call_rules(fmt, tools, ids).split("\n", 1)[1]  # its rules without `start: call`
+    end = f" {_tok(RETURN, ids)}?" if RETURN in ids else ""
+    return "\n".join([
+        "start: preamble* (call | answer)",
+        f"preamble: {_tok('<|channel|>', ids)} \"commentary\" {_tok('<|message|>', ids)} FREE_TEXT "
+        f"{_tok('<|end|>', ids)} {_tok('<|start|>', ids)} \"assistant\"",
+        f"answer: {_tok('<|channel|>', ids)} \"final\" {_tok('<|message|>', ids)} FREE_TEXT{end}",
+        "FREE_TEXT: /(.|\\n)*/", calls]).rstrip("\n") + "\n"
+
+
 def final_rules(body: str, ids: Mapping[str, int]) -> str:
     """`start: answer`: the final channel's message, its body the Lark expression `body`."""
     end = f" {_tok(RETURN, ids)}" if RETURN in ids else ""
