@@ -316,7 +316,7 @@ HARMONY_CALL_REPLIES = [  # reply -> (reasoning, content, calls)
 HIDS_CALLS = {**HIDS, "<|constrain|>": 406}
 
 
-def harmony_calls(text: str, cuts: list[int], max_calls=None):
+def harmony_calls(text: str, cuts: list[int], max_calls=None, stream=False):
     from ridgeline.tool_calls.formats import HARMONY_CALLS
     from ridgeline.tool_calls.reasoning import HARMONY, HarmonySplitter
     pieces, i = [], 0
@@ -325,7 +325,7 @@ def harmony_calls(text: str, cuts: list[int], max_calls=None):
         pieces.append(([HIDS_CALLS[hit]], hit) if hit else ([], text[i]))
         i += len(hit) if hit else 1
     specials = {i: m for m, i in HIDS_CALLS.items()}
-    tools = ToolCallParser(HARMONY_CALLS, specials, max_calls=max_calls)
+    tools = ToolCallParser(HARMONY_CALLS, specials, max_calls=max_calls, stream_arguments=stream)
     p = ReplyParser(HarmonySplitter(HARMONY, specials, set(tools.specials.values()), calls=True), tools)
     events, last = [], 0
     for c in sorted(set(cuts)) + [len(pieces)]:
@@ -335,6 +335,14 @@ def harmony_calls(text: str, cuts: list[int], max_calls=None):
     events += p.finish()
     calls = [(c.name, c.arguments) for c in p.calls]
     assert [(e["tool_call"].name, e["tool_call"].arguments) for e in events if "tool_call" in e] == calls
+    if stream:  # each call opens with its name, then its arguments in pieces that add up to them
+        built: dict = {}
+        for e in events:
+            if "tool_call_start" in e:
+                built[e["tool_call_start"].index] = [e["tool_call_start"].name, ""]
+            elif "tool_call_arguments" in e:
+                built[e["tool_call_arguments"]["index"]][1] += e["tool_call_arguments"]["arguments"]
+        assert [tuple(v) for _, v in sorted(built.items())] == calls
     return "".join(p.reasoning_text) or None, "".join(p.content) or None, calls
 
 
@@ -345,6 +353,15 @@ def test_harmony_calls_come_from_messages_addressed_to_functions(reply, want, cu
     """With tools, a message to functions.NAME is a call (its body the arguments, ended by <|call|> or the
     reply's end), whatever the chunking: the events carry the calls the whole reply has."""
     assert harmony_calls(reply, cuts) == want
+
+
+@pytest.mark.parametrize("reply,want", [r for r in HARMONY_CALL_REPLIES if "not json" not in r[0]])
+@given(cuts=st.lists(st.integers(0, 160), max_size=6))
+@settings(max_examples=25, deadline=None)
+def test_constrained_harmony_calls_stream_their_arguments_in_pieces(reply, want, cuts):
+    """Where a grammar writes the calls (stream_arguments), a call's arguments come as the reply writes them,
+    whatever the chunking, and add up to the call the whole reply has."""
+    assert harmony_calls(reply, cuts, stream=True) == want
 
 
 def test_harmony_calls_stop_at_one_without_parallel_calls():
@@ -463,17 +480,23 @@ CITY_TOOLS = [{"type": "function", "function": {"name": "get_weather", "paramete
 
 def _streamed_calls(server, **kw):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True, **kw}
-    reasoning, calls, finish = "", [], None
+    reasoning, calls, finish, pieces = "", {}, None, {}
     with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 for ch in json.loads(line[6:])["choices"]:
                     reasoning += ch["delta"].get("reasoning_content") or ""
-                    calls += [(d["function"]["name"], d["function"]["arguments"]) for d in ch["delta"].get("tool_calls")
-                              or []]
+                    for d in ch["delta"].get("tool_calls") or []:  # a call's head, then its arguments' pieces
+                        if "id" in d:
+                            calls[d["index"]] = [d["function"]["name"], d["function"]["arguments"]]
+                        else:
+                            calls[d["index"]][1] += d["function"]["arguments"]
+                            pieces[d["index"]] = pieces.get(d["index"], 0) + 1
                     finish = ch["finish_reason"] or finish
-    return reasoning or None, calls, finish
+    for i, (_, args) in calls.items():  # constrained harmony calls stream their arguments as they are written
+        assert len(args) < 4 or pieces.get(i, 0) >= 2, (args, pieces)
+    return reasoning or None, [tuple(c) for _, c in sorted(calls.items())], finish
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "noop"}}])

@@ -94,7 +94,7 @@ class Tool(_Block):
     description: str | None = None
     type: Literal["custom"] | None = None
     strict: bool | None = None
-    eager_input_streaming: bool | None = None  # accepted: a call streams whole once it is parsed
+    eager_input_streaming: bool | None = None  # accepted: a constrained call streams in pieces either way
     defer_loading: bool | None = None
     input_examples: list[Any] | None = None
     allowed_callers: list[Any] | None = None

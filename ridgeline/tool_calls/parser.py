@@ -83,6 +83,8 @@ class ToolCallParser:
                  new_id: Callable[[], str] = new_call_id, stream_arguments: bool = False):
         self.fmt, self.schemas, self.max_calls, self.new_id = fmt, schemas or {}, max_calls, new_id
         self._streams = stream_arguments and fmt.body == "json"
+        self.streams_taken = stream_arguments and fmt.body == "harmony"  # take_events: arguments in pieces
+        self._taken_name: str | None = None  # the function of the call take_events has open
         self._scan: ArgStream | None = None  # the open block's scanner (stream_arguments)
         self._started: ToolCall | None = None  # the call whose arguments are coming
         self.specials = dict(specials or {})
@@ -232,6 +234,24 @@ class ToolCallParser:
             self._content(out, arguments)
         else:
             self._add_calls(out, [call])
+        return out
+
+    def take_events(self, events: list[tuple[str, str]]) -> list[dict]:
+        """Calls another reader found as they came (HarmonySplitter.take_call_events): with streams_taken, the
+        call opens at its start, its arguments follow in the reply's pieces and it closes with the text written
+        (a grammar held it to the schema); as take() otherwise."""
+        out: list[dict] = []
+        if not self.streams_taken:
+            for kind, text in events:
+                if kind == "start":
+                    self._taken_name = text  # the call's end may come in a later feed
+                elif kind == "end" and self._taken_name is not None:
+                    out += self.take(self._taken_name, text)
+                    self._taken_name = None
+            return out
+        steps = [("open" if kind == "start" else "piece" if kind == "piece" else "close", text)
+                 for kind, text in events if kind != "piece" or text]
+        self._steps(out, steps)
         return out
 
     def _steps(self, out: list[dict], steps: list[tuple[str, str]]) -> None:

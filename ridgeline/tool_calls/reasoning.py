@@ -97,7 +97,7 @@ class ReasoningSplitter:
         self._state = _REASONING if in_reasoning else _START
         self._strip = False  # the answer's leading blank space after a section is dropped
 
-    def take_calls(self) -> list[tuple[str, str]]:
+    def take_call_events(self) -> list[tuple[str, str]]:
         """Tool calls this splitter read itself (harmony's, HarmonySplitter): none in a thinking section."""
         return []
 
@@ -209,7 +209,7 @@ class HarmonySplitter(ReasoningSplitter):
 
     calls: a message addressed to a function (`to=functions.NAME` in its header) is a tool call, its body the
     arguments, ended by `<|call|>` (or `<|end|>`, or the reply's end: `<|call|>` stops generation); each
-    finished call waits in `take_calls()` instead of going to the answer. Without calls such a message is
+    call goes to `take_call_events()` (its start, its body's pieces, its end) instead of the answer. Without calls such a message is
     answer text, as any other channel's."""
 
     def __init__(self, fmt: HarmonyFormat, specials: Mapping[int, str], forward: set[str] | None = None,
@@ -222,16 +222,17 @@ class HarmonySplitter(ReasoningSplitter):
         self._seen = False  # a harmony marker came: header text is not the answer
         self._calls_on = calls
         self._call: list | None = None  # [function name, its body so far] while in a call's message
-        self._done_calls: list[tuple[str, str]] = []
+        # the calls as they come: ("start", function name), ("piece", text), ("end", arguments text), in order
+        self._call_events: list[tuple[str, str]] = []
 
-    def take_calls(self) -> list[tuple[str, str]]:
-        """(function name, arguments text) of the calls finished since the last take, in order."""
-        out, self._done_calls = self._done_calls, []
+    def take_call_events(self) -> list[tuple[str, str]]:
+        """The calls since the last take as they came (a call's arguments in the pieces the reply wrote)."""
+        out, self._call_events = self._call_events, []
         return out
 
     def _end_call(self) -> None:
         if self._call is not None:
-            self._done_calls.append((self._call[0], self._call[1]))
+            self._call_events.append(("end", self._call[1]))
             self._call = None
 
     def finish(self) -> tuple[str, str, list[int]]:
@@ -260,6 +261,7 @@ class HarmonySplitter(ReasoningSplitter):
             to = _RECIPIENT.search(f"{self._pre} {self._text} {self._channel or ''}")
             if self._calls_on and to is not None:
                 self._call, self._target = [to.group(1), ""], "call"
+                self._call_events.append(("start", to.group(1)))
             self._hstate, self._text = _BODY, ""
         elif self._hstate == _BODY and token == f.end:
             self._end_call()
@@ -272,6 +274,7 @@ class HarmonySplitter(ReasoningSplitter):
         if self._hstate == _BODY:
             if text and self._call is not None:
                 self._call[1] += text
+                self._call_events.append(("piece", text))
             elif text:
                 out[self._target].append(text)
             return

@@ -43,7 +43,7 @@ class ReplyParser:
         """Calls the splitter read itself (harmony's messages addressed to a function), into the tool parser."""
         if self.tools is None:
             return []
-        events = [e for name, args in self.reasoning.take_calls() for e in self.tools.take(name, args)]
+        events = self.tools.take_events(self.reasoning.take_call_events())
         self.content.extend(e["content"] for e in events if "content" in e)
         return events
 
