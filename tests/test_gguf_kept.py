@@ -23,7 +23,8 @@ CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0
                (T.IQ4_NL, "int8-g32"), (T.IQ4_XS, "int8-g32"), (T.MXFP4, "mxfp4"), (T.MXFP4, "int8-g32"),
                (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
                (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32"), (T.Q6_K, "int6"),
-               (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs"), (T.Q3_K, "int3"), (T.Q2_K, "int2")]
+               (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs"), (T.Q3_K, "int3"), (T.Q2_K, "int2"),
+               (T.Q4_K, "int4-k")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -70,6 +71,7 @@ def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
     assert pick({T.IQ4_NL}) == "iq4-nl" and pick({T.IQ4_XS}) == "iq4-xs"  # their tables and scales as stored
     assert pick({T.IQ4_NL, T.IQ4_XS}) == pick({T.IQ4_NL, T.Q4_0}) == "int8-g32"
     assert pick({T.Q3_K}) == "int3" and pick({T.Q2_K}) == "int2" and pick({T.Q3_K, T.Q2_K}) == "int8-g32"
+    assert pick({T.Q4_K}) == "int4-k" and pick({T.Q4_K, T.Q4_0}) == "int4"  # its own grid alone, else int4's
 
 
 def test_kept_grids_beside_another_type_pick_int8_and_the_rest_stay_refused():
@@ -218,7 +220,8 @@ def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, 
 @pytest.mark.parametrize("qtype,target,kind,overhead", [(T.Q6_K, "int6", "int6", 1.0), (T.IQ4_NL, "iq4-nl", "iq4", 1.0),
                                                          (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25),
                                                          (T.Q3_K, "int3", "kq", 3.5625 / 3.4375),
-                                                         (T.Q2_K, "int2", "kq", 1.0)],
+                                                         (T.Q2_K, "int2", "kq", 1.0),
+                                                         (T.Q4_K, "int4-k", "int4", 4.625 / 4.5)],
                          ids=lambda v: getattr(v, "name", v))
 def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends_on_its_batch(qtype, target, kind,
                                                                                                 overhead):
@@ -226,8 +229,9 @@ def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends
         pytest.skip(f"the {kind} kernel needs {cpu_quant.NEEDS[kind]}")
     b, want = _blocks(qtype, 100, 4096, seed=3)  # K over one k block at 200 rows: blocked k sums
     t, exact = gguf_repack.convert(b, target)
-    assert exact and t.nbytes == b.blocks().numel() * overhead  # the file's bytes (IQ4_XS: its 6-bit scales in int8)
-    packed = {"int6": cpu_quant.PackedInt6, "iq4": cpu_quant.PackedIQ4, "kq": cpu_quant.PackedKQ}[kind](t)
+    assert exact and t.nbytes == pytest.approx(b.blocks().numel() * overhead)  # the file's bytes (IQ4_XS: its 6-bit scales in int8)
+    packed = {"int6": cpu_quant.PackedInt6, "iq4-nl": cpu_quant.PackedIQ4, "iq4-xs": cpu_quant.PackedIQ4,
+              "int3": cpu_quant.PackedKQ, "int2": cpu_quant.PackedKQ, "int4-k": cpu_quant.PackedInt4K}[target](t)
     x = torch.randn(200, 4096, generator=torch.Generator().manual_seed(0))
     y = packed(x)
     ref = x.bfloat16().float() @ torch.from_numpy(want).T  # the kernel's bf16 x against the exact weights
@@ -300,7 +304,7 @@ def test_six_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, m
     write_gguf(path, SIX_BIT, tied=False)
     ref, kept = _llm(path, quantization="none"), _llm(path)
     assert sorted(kept.info.weight_formats.split(", ")) == [
-        "Q4_K repacked (int4) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"]
+        "Q4_K kept (int4-k) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"]
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel

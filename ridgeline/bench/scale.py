@@ -110,14 +110,14 @@ def make_gguf(tools: dict, tree: str, folder: Path, fmt: str, work: Path) -> Pat
 
 
 def llama_cpp_rates(tools: dict, path: Path, threads: int, prompt_len: int, batches: list[int],
-                    work: Path) -> dict:
+                    work: Path, repeats: int = 3) -> dict:
     """llama-bench's pp<prompt_len> and tg128, llama-batched-bench's decode rate at each batch size."""
     from ridgeline.bench.long_context import llama_bench_rates
     out: dict = {}
     if tools.get("llama-bench"):
         js = work / f"{path.stem}.llama-bench.json"
         _run([tools["llama-bench"], "-m", str(path), "-t", str(threads), "-p", str(prompt_len), "-n", "128",
-              "-r", "2", "-o", "json"], out=js)
+              "-r", str(repeats), "-o", "json"], out=js)
         rates = llama_bench_rates(str(js))
         out["prefill_tok_per_s"] = rates["pp"].get(prompt_len)
         out["decode_tok_per_s"] = rates["tg"].get(0)
@@ -150,8 +150,10 @@ def parse_batched(text: str) -> dict[int, float]:
 
 
 # ---- Ridgeline on one file --------------------------------------------------------------------------
-def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, batches: list[int]) -> dict:
-    """Batch-1 decode, a prefill of prompt_len tokens (best of 2), and decode at each batch size."""
+def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, batches: list[int],
+                      repeats: int = 3) -> dict:
+    """Batch-1 decode and a prefill of prompt_len tokens (each the best of repeats), and decode at each batch
+    size."""
     import gc
 
     from ridgeline.bench.decode import read_bytes_per_token, ridgeline_decode_timing
@@ -160,7 +162,7 @@ def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, ba
     from ridgeline.sampling_params import SamplingParams
 
     opts = dict(max_model_len=max(2048, prompt_len + 64), kv_cache_memory="1GiB", progress=False,
-                speculative_method="none")  # threads: torch's, set by probe()
+                speculative_method="none", enable_prefix_caching=False)  # every pass computed; torch's threads
     if fmt == "hf-bf16":
         opts.update(dtype="bfloat16", quantization="none")
     eng = LLMEngine(EngineConfig.from_kwargs(str(path), **opts))
@@ -168,9 +170,10 @@ def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, ba
         vocab = min(eng.arch.vocab_size, eng.tokenizer.vocab_size)  # ids the tokenizer has
         ids = [(7 + 31 * j) % (vocab - 300) + 100 for j in range(prompt_len)]
         ridgeline_decode_timing(eng, ids[:32], 4, "scale-warmup")
-        decode = ridgeline_decode_timing(eng, ids[:32], output_len, "scale-decode")
-        prefill = min(ridgeline_decode_timing(eng, ids, 1, f"scale-prefill-{i}")["ttft_s"] for i in range(2))
-        row = {"decode_tok_per_s": decode["decode_tok_per_s"], "prefill_tok_per_s": prompt_len / prefill,
+        decode = max(ridgeline_decode_timing(eng, ids[:32], output_len, f"scale-decode-{i}")["decode_tok_per_s"]
+                     for i in range(repeats))
+        prefill = min(ridgeline_decode_timing(eng, ids, 1, f"scale-prefill-{i}")["ttft_s"] for i in range(repeats))
+        row = {"decode_tok_per_s": decode, "prefill_tok_per_s": prompt_len / prefill,
                "read_bytes_per_token": read_bytes_per_token(eng.info, eng.arch),
                "weight_formats": eng.info.weight_formats or "bf16", "batched_decode_tok_per_s": {}}
         for n in batches:
@@ -272,15 +275,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
     for size, fmt in rows:
         shape = SHAPES[size]
         folder = write_checkpoint(shape, work / size, tokenizer)
-        path = folder if fmt == "hf-bf16" else make_gguf(tools, args.llama_cpp_tree, folder, fmt, work)
+        try:
+            path = folder if fmt == "hf-bf16" else make_gguf(tools, args.llama_cpp_tree, folder, fmt, work)
+        except RuntimeError as e:  # a tool failed: this row is skipped, the ladder goes on
+            skipped.append(f"{size} {fmt}: {e}")
+            print(f"skipped    {skipped[-1]}", file=sys.stderr)
+            continue
         print(f"measuring  {size} {fmt} ({path})", file=sys.stderr)
         row = {"size": size, "format": fmt, "params": shape.params, "file_bytes": _size(path),
-               "ridgeline": measure_ridgeline(path, fmt, args.prompt_len, args.output_len, batches)}
+               "ridgeline": measure_ridgeline(path, fmt, args.prompt_len, args.output_len, batches,
+                                                   args.repeats)}
         r = row["ridgeline"]
         r["read_gb_per_s"] = r["read_bytes_per_token"] * r["decode_tok_per_s"] / 1e9
         r["prefill_gop_per_s"] = 2 * _dense_params(shape) * r["prefill_tok_per_s"] / 1e9
         if fmt != "hf-bf16" and (tools.get("llama-bench") or tools.get("llama-batched-bench")):
-            row["llama_cpp"] = llama_cpp_rates(tools, path, threads, args.prompt_len, batches, work)
+            row["llama_cpp"] = llama_cpp_rates(tools, path, threads, args.prompt_len, batches, work, args.repeats)
         results.append(row)
     print(render(results, ceil, args.prompt_len, batches))
     for line in skipped:
@@ -306,6 +315,10 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def _rate(x) -> str:
+    return f"{x:.1f}" if x else "-"
+
+
 def render(results: list[dict], ceil: dict, prompt_len: int, batches: list[int]) -> str:
     read, bf16, int8 = ceil["read_gb_per_s"], ceil["bf16_gflop_per_s"], ceil["int8_gop_per_s"]
     lines = [f"Size ladder: read {read:.1f} GB/s, bf16 matmul {bf16:.0f} GFLOP/s, int8 "
@@ -316,15 +329,16 @@ def render(results: list[dict], ceil: dict, prompt_len: int, batches: list[int])
              "|" + "---|" * (7 + len(batches))]
     for row in results:
         r, lc = row["ridgeline"], row.get("llama_cpp") or {}
-        batched = " | ".join(f"{r['batched_decode_tok_per_s'][b]:.1f} "
-                             f"({(lc.get('batched_decode_tok_per_s') or {}).get(b) or '-'})" for b in batches)
+        theirs = lc.get("batched_decode_tok_per_s") or {}
+        batched = " | ".join(f"{r['batched_decode_tok_per_s'][b]:.1f} ({_rate(theirs.get(b))})" for b in batches)
         lines.append(
-            f"| {row['size']} | {row['format']} ({r['weight_formats'][:40]}) | {r['read_bytes_per_token'] / 1e6:.0f} MB "
+            f"| {row['size']} | {row['format']} | {r['read_bytes_per_token'] / 1e6:.0f} MB "
             f"| {r['decode_tok_per_s']:.1f} ({r['read_gb_per_s']:.1f}, {r['read_gb_per_s'] / read:.0%}) "
-            f"| {lc.get('decode_tok_per_s') or '-'} ({_ratio(r['decode_tok_per_s'], lc.get('decode_tok_per_s'))}) "
+            f"| {_rate(lc.get('decode_tok_per_s'))} ({_ratio(r['decode_tok_per_s'], lc.get('decode_tok_per_s'))}) "
             f"| {r['prefill_tok_per_s']:.0f} ({r['prefill_gop_per_s']:.0f}, {r['prefill_gop_per_s'] / bf16:.0%}) "
-            f"| {lc.get('prefill_tok_per_s') or '-'} ({_ratio(r['prefill_tok_per_s'], lc.get('prefill_tok_per_s'))}) "
+            f"| {_rate(lc.get('prefill_tok_per_s'))} ({_ratio(r['prefill_tok_per_s'], lc.get('prefill_tok_per_s'))}) "
             + (f"| {batched} " if batches else "") + "|")
+    lines += [""] + [f"{row['size']} {row['format']}: {row['ridgeline']['weight_formats']}" for row in results]
     return "\n".join(lines)
 
 
@@ -370,6 +384,8 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
                    help="tokenizer.json and tokenizer_config.json from this folder (default: the default model's)")
     p.add_argument("--prompt-len", type=positive_int, default=512, metavar="N", help="prefill length timed")
     p.add_argument("--output-len", type=positive_int, default=64, metavar="N", help="decode tokens timed")
+    p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
+                   help="batch-1 decode and prefill runs per row, the best kept (llama-bench -r N)")
     p.add_argument("--batch-sizes", default="16,64", metavar="LIST", help="batched decode sizes beside batch 1")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="threads for both engines (default: the CPUs this process may use)")

@@ -119,6 +119,29 @@ class Int6Tensor:
 
 
 @dataclass
+class Int4KTensor:
+    """GGUF Q4_K's grid, as the file stores it: w = scale * sub * q - dmin * mins per 32 k, q in [0, 15], sub and
+    mins 6-bit (uint8), scale and dmin fp16 per 256 k."""
+    q: torch.Tensor  # [N, K] uint8
+    sub: torch.Tensor  # [N, K / 32] uint8
+    mins: torch.Tensor  # [N, K / 32] uint8
+    scale: torch.Tensor  # [N, K / 256] fp16 D
+    dmin: torch.Tensor  # [N, K / 256] fp16
+    min = None
+    group: int = 32
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() // 2 + self.sub.numel() * 2 + self.scale.numel() * 4
+
+    def dequantize(self) -> torch.Tensor:
+        N, K = self.q.shape
+        d = self.scale.float().repeat_interleave(8, 1) * self.sub.float()
+        m = self.dmin.float().repeat_interleave(8, 1) * self.mins.float()
+        return (self.q.float().view(N, K // 32, 32) * d[..., None] - m[..., None]).view(N, K)
+
+
+@dataclass
 class KQTensor:
     """GGUF Q3_K's and Q2_K's grids, as the file stores them, per 16 k and per 256 k:
     bits 3: w = scale * sub * (q - 4), q in [0, 7], sub int8 (the 6-bit scale minus 32);

@@ -114,13 +114,27 @@ def _q5_1(b):
     return Parts((_nibbles(b[:, 8:]) | (high.to(torch.uint8) << 4)).unsqueeze(1), 0, _f16(b[:, :2]), _f16(b[:, 2:4]))
 
 
-def _k_scales(b):
-    """A K-quant block's d, dmin and 8 pairs of 6-bit scales and mins (bytes 4..16): [n, 8] scale and min."""
-    d, dmin, sc = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float(), b[:, 4:16].int()
+def _k_scale_bits(b):
+    """A K-quant block's 8 pairs of 6-bit scales and mins (bytes 4..16) as integers: [n, 8] each."""
+    sc = b[:, 4:16].int()
     lo_s, lo_m = sc[:, 0:4] & 63, sc[:, 4:8] & 63
     hi_s = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
     hi_m = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
-    return d * torch.cat([lo_s, hi_s], 1).float(), -(dmin * torch.cat([lo_m, hi_m], 1).float())
+    return torch.cat([lo_s, hi_s], 1), torch.cat([lo_m, hi_m], 1)
+
+
+def _k_scales(b):
+    """A K-quant block's d, dmin and 8 pairs of 6-bit scales and mins (bytes 4..16): [n, 8] scale and min."""
+    d, dmin = _f16(b[:, :2]).float(), _f16(b[:, 2:4]).float()
+    s, m = _k_scale_bits(b)
+    return d * s.float(), -(dmin * m.float())
+
+
+def q4_k_grid(b):
+    """Q4_K blocks [n, 144] as the int4-k format keeps them: q [n, 256], scales and mins [n, 8] uint8, d and dmin [n]."""
+    s, m = _k_scale_bits(b)
+    return (_k_nibbles(b[:, 16:]).reshape(len(b), 256), s.to(torch.uint8), m.to(torch.uint8),
+            _f16(b[:, :2]).reshape(-1), _f16(b[:, 2:4]).reshape(-1))
 
 
 def _k_nibbles(qs):
@@ -238,7 +252,7 @@ LAYOUTS: dict[T, Layout] = {
     T.Q8_0: Layout(_q8_0, "int8-g32", frozenset({"int8-g32"})),
     T.Q5_0: Layout(_q5_0, "int5-sym", frozenset({"int5-sym", "int5", "int8-g32"})),  # q - 16: int8 exactly too
     T.Q5_1: Layout(_q5_1, "int5", frozenset({"int5"})),
-    T.Q4_K: Layout(_q4_k, "int4", frozenset()),
+    T.Q4_K: Layout(_q4_k, "int4-k", frozenset({"int4-k"})),
     T.Q5_K: Layout(_q5_k, "int5", frozenset()),
     T.Q6_K: Layout(_q6_k, "int6", frozenset({"int6"})),
     # codes through IQ4_NL's table: int8 values, so int8-g32 holds IQ4_NL (its fp16 d) exactly too

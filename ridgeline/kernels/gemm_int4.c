@@ -64,12 +64,15 @@ int ridgeline_pack_i4(const uint8_t *q, uint32_t *p, int64_t N, int64_t K) {
 /* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2)
  * consecutive column groups (stride gs words, scale stride ss halves), kg k-groups from this block's
  * start -> y rows at columns n0.. */
+/* mode 0: fp16 d and m per group; 1: fp16 d per group (symmetric); 2: Q4_K's grid (ridgeline_gemm_i4k): per group
+ * of 32 a byte scale c and a byte minimum n (sc [k/32][2][NC] bytes), per 256 k fp16 D and Dmin (dd [k/256][2][NC],
+ * stride sd halves): d = D c, m = -(Dmin n), formed in fp32 */
 static inline __attribute__((always_inline)) void
 ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss,
        const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, int64_t kg,
-       int64_t G, int flags) {
+       int64_t G, int flags, const uint16_t *dd, int64_t sd) {
     const __m512i nib = _mm512_set1_epi32(0x00780078), magic = _mm512_set1_epi32(0x41804180);
-    const int nv = ng * QT_NR, sn = sym ? 1 : 2;
+    const int nv = ng * QT_NR, sn = sym == 1 ? 1 : 2;
     __m512 acc[I4_MR][2 * QT_NR];
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     for (int64_t b = 0; b < kg; b++) {
@@ -88,11 +91,22 @@ ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
             I4_PAIR(3, _mm512_srli_epi32(W[v], 9))
         }
         for (int v = 0; v < nv; v++) {
-            const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
-            const __m512 m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
-            const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-24.f))
-                                  : _mm512_fnmadd_ps(_mm512_set1_ps(16.f), d, m);
+            __m512 d, m;
+            if (sym == 2) { /* byte scale and minimum by the super-block's fp16 pair */
+                const uint8_t *cv = (const uint8_t *)sc + (v / QT_NR) * ss + b * 2 * QT_NC + 16 * (v % QT_NR);
+                const uint16_t *dv = dd + (v / QT_NR) * sd + b / (256 / 32) * 2 * QT_NC + 16 * (v % QT_NR);
+                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)cv)));
+                const __m512 n = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cv + QT_NC))));
+                d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dv)), c);
+                m = _mm512_sub_ps(_mm512_setzero_ps(),
+                                  _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dv + QT_NC))), n));
+            } else {
+                const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
+                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+                m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
+            }
+            const __m512 mo = sym == 1 ? _mm512_mul_ps(d, _mm512_set1_ps(-24.f))
+                                       : _mm512_fnmadd_ps(_mm512_set1_ps(16.f), d, m);
             for (int i = 0; i < mr; i++) {
                 acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
                 acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
@@ -103,26 +117,30 @@ ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
 }
 
 typedef void (*ukr_i4_fn)(const uint32_t *, int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t,
-                          const float *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int);
+                          const float *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int, const uint16_t *,
+                          int64_t);
 #define UKR_I4(R, NG, SYM) \
     static void ukr_i4_##R##_##NG##_##SYM(const uint32_t *pw, int64_t gs, const uint16_t *sc, int64_t ss, \
                                           const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y, \
-                                          int64_t n0, int64_t N, int64_t kg, int64_t G, int flags) { \
-        ukr_i4(R, NG, SYM, pw, gs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, G, flags); \
+                                          int64_t n0, int64_t N, int64_t kg, int64_t G, int flags, \
+                                          const uint16_t *dd, int64_t sd) { \
+        ukr_i4(R, NG, SYM, pw, gs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, G, flags, dd, sd); \
     }
 UKR_I4(1, 2, 0) UKR_I4(1, 1, 0) UKR_I4(2, 1, 0) UKR_I4(3, 1, 0) UKR_I4(4, 1, 0)
 UKR_I4(1, 2, 1) UKR_I4(1, 1, 1) UKR_I4(2, 1, 1) UKR_I4(3, 1, 1) UKR_I4(4, 1, 1)
-static const ukr_i4_fn UKRS_I4[2][I4_MR + 1] = {{0, ukr_i4_1_1_0, ukr_i4_2_1_0, ukr_i4_3_1_0, ukr_i4_4_1_0},
-                                                {0, ukr_i4_1_1_1, ukr_i4_2_1_1, ukr_i4_3_1_1, ukr_i4_4_1_1}};
-static const ukr_i4_fn UKRS_I4_WIDE[2] = {ukr_i4_1_2_0, ukr_i4_1_2_1};
+UKR_I4(1, 2, 2) UKR_I4(1, 1, 2) UKR_I4(2, 1, 2) UKR_I4(3, 1, 2) UKR_I4(4, 1, 2)
+static const ukr_i4_fn UKRS_I4[3][I4_MR + 1] = {{0, ukr_i4_1_1_0, ukr_i4_2_1_0, ukr_i4_3_1_0, ukr_i4_4_1_0},
+                                                {0, ukr_i4_1_1_1, ukr_i4_2_1_1, ukr_i4_3_1_1, ukr_i4_4_1_1},
+                                                {0, ukr_i4_1_1_2, ukr_i4_2_1_2, ukr_i4_3_1_2, ukr_i4_4_1_2}};
+static const ukr_i4_fn UKRS_I4_WIDE[3] = {ukr_i4_1_2_0, ukr_i4_1_2_1, ukr_i4_1_2_2};
 
 typedef struct {
     const uint32_t *p;
-    const uint16_t *s;
+    const uint16_t *s;  /* mode 2: the byte scales and minimums, then the fp16 D and Dmin */
     const float *x;
     float *y;
     int64_t M, N, K, G;
-    int sym;
+    int sym;  /* the mode: 0 asymmetric, 1 symmetric, 2 Q4_K's grid */
 } i4_args;
 
 /* the prepared x: xb [M][K] bf16, then xs [M][K/G] fp32 (64-byte aligned: K is a multiple of 32) */
@@ -135,12 +153,19 @@ static inline float *i4_sums(const i4_args *a, const void *ws) {
 static void tile_i4(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
                     int flags) {
     const i4_args *a = args;
-    const int64_t KG = a->K / a->G, gs = a->K / 8 * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
+    const int64_t KG = a->K / a->G, gs = a->K / 8 * QT_NC, ss = KG * (a->sym == 1 ? 1 : 2) * QT_NC;
     const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC;
-    const uint16_t *sc = a->s + g * ss + k0 / a->G * (a->sym ? 1 : 2) * QT_NC;
+    const uint16_t *sc = a->s + g * ss + k0 / a->G * (a->sym == 1 ? 1 : 2) * QT_NC, *dd = NULL;
+    int64_t sd = 0;
+    if (a->sym == 2) { /* bytes: ss of them per column group; then the fp16 pairs per 256 k */
+        const int64_t G = (a->N + QT_NC - 1) / QT_NC;
+        sc = (const uint16_t *)((const uint8_t *)a->s + g * ss + k0 / 32 * 2 * QT_NC);
+        sd = a->K / 256 * 2 * QT_NC;
+        dd = (const uint16_t *)((const uint8_t *)a->s + G * ss) + g * sd + k0 / 256 * 2 * QT_NC;
+    }
     const ukr_i4_fn f = ng == 2 ? UKRS_I4_WIDE[a->sym] : UKRS_I4[a->sym][mr];
     f(pw, gs, sc, ss, (const uint16_t *)ws + m * a->K + k0, a->K, i4_sums(a, ws) + m * KG + k0 / a->G, KG,
-      a->y + m * a->N, g * QT_NC, a->N, kc / a->G, a->G, flags);
+      a->y + m * a->N, g * QT_NC, a->N, kc / a->G, a->G, flags, dd, sd);
 }
 
 /* x [M, K] fp32 -> xb [M, K] bf16 (round to nearest even) and xs [M, K/G]: each group's sum of xb */
@@ -181,6 +206,26 @@ int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, flo
     return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
+    return -2;
+#endif
+}
+
+/* GGUF Q4_K's grid as stored: p as ridgeline_gemm_i4p's (groups of 32); s: [groups][K/32][2][NC] bytes (the 6-bit
+ * scale c and minimum n of each 32), then [groups][K/256][2][NC] fp16 (D, Dmin): w = D c q - Dmin n. K a multiple
+ * of 256. */
+int ridgeline_gemm_i4k(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                       int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (M < 1 || N < 1 || K < 1 || K % 256) return -1;
+    const int64_t KC = qt_k_block(M, K, 2, 256);
+    const i4_args a = {p, (const uint16_t *)s, x, y, M, N, K, 32, 2};
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 2, I4_MR), .mr = I4_MR, .wide = 1,
+                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / 32)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
+#else
+    (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;
 #endif
 }
