@@ -190,33 +190,6 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
     _module_path_equals_the_stack(kept)
 
 
-FIVE_BIT = {"attn_q": T.Q5_K, "attn_k": T.Q5_K, "attn_v": T.Q5_K, "attn_output": T.Q5_1, "ffn_gate": T.Q5_0,
-            "ffn_up": T.Q4_K, "ffn_down": T.Q5_0, "output": T.Q5_K}
-
-
-def test_five_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
-    """Q5_0 / Q5_1 / Q5_K (the bulk of Q5_K_M files, and Q4_K_M files' fallback type) keep 5 bits a weight:
-    int5-sym for Q5_0, int5 for the rest (a Q4_K shard beside a 5-bit one too); close to the dequantized
-    model, the C stack equal to the module path, and the torch path without the kernel close to both."""
-    path = tmp_path / "five.gguf"
-    write_gguf(path, FIVE_BIT, tied=False)
-    ref, kept = _llm(path, quantization="none"), _llm(path)
-    assert sorted(kept.info.weight_formats.split(", ")) == [
-        "Q4_K+Q5_0 repacked (int5) x 2", "Q5_0 kept (int5-sym) x 2", "Q5_1 kept (int5) x 2",
-        "Q5_K repacked (int5) x 3"]
-    want, got = _logits(ref), _logits(kept)
-    rel = float((got - want).abs().max() / want.abs().max())
-    assert rel < 0.02, rel
-    if cpu_quant.available("int5") and kept.info.kernel_plan.c_stack:
-        assert all(p is None for p in kept.info.layer_paths)
-    _module_path_equals_the_stack(kept)
-    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
-    plain = _llm(path)
-    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
-    torch_path = _logits(plain)  # fp32 x against the dequantized weights; the kernel rounds x to bf16
-    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
-
-
 @pytest.mark.parametrize("qtype,target,kind,overhead", [(T.Q6_K, "int6", "int6", 1.0), (T.IQ4_NL, "iq4-nl", "iq4", 1.0),
                                                          (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25),
                                                          (T.Q3_K, "int3", "kq", 3.5625 / 3.4375),
@@ -240,75 +213,42 @@ def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends
         assert torch.equal(packed(x[rows[0]:rows[1]]), y[rows[0]:rows[1]]), rows
 
 
-IQ4 = {"attn_q": T.IQ4_XS, "attn_k": T.IQ4_XS, "attn_v": T.IQ4_XS, "attn_output": T.IQ4_NL, "ffn_gate": T.IQ4_XS,
-       "ffn_up": T.IQ4_XS, "ffn_down": T.IQ4_NL, "output": T.IQ4_XS}
+GRID_FILES = {  # GGML types per tensor -> the weight formats they load as, and the kernel kind that runs them
+    # Q5_0 / Q5_1 / Q5_K (the bulk of Q5_K_M files, and Q4_K_M files' fallback type): 5 bits a weight kept,
+    # int5-sym for Q5_0, int5 for the rest (a Q4_K shard beside a 5-bit one too)
+    "five-bit": ({"attn_q": T.Q5_K, "attn_k": T.Q5_K, "attn_v": T.Q5_K, "attn_output": T.Q5_1, "ffn_gate": T.Q5_0,
+                  "ffn_up": T.Q4_K, "ffn_down": T.Q5_0, "output": T.Q5_K},
+                 ["Q4_K+Q5_0 repacked (int5) x 2", "Q5_0 kept (int5-sym) x 2", "Q5_1 kept (int5) x 2",
+                  "Q5_K repacked (int5) x 3"], "int5"),
+    # IQ4_XS files (IQ4_NL where a row is not a multiple of 256): 4.3125 and 4.5 bits a weight
+    "iq4": ({"attn_q": T.IQ4_XS, "attn_k": T.IQ4_XS, "attn_v": T.IQ4_XS, "attn_output": T.IQ4_NL,
+             "ffn_gate": T.IQ4_XS, "ffn_up": T.IQ4_XS, "ffn_down": T.IQ4_NL, "output": T.IQ4_XS},
+            ["IQ4_NL kept (iq4-nl) x 4", "IQ4_XS kept (iq4-xs) x 5"], "iq4"),
+    # Q3_K_* and Q2_K files: 3.5625 and 2.625 bits a weight (the files 3.4375 and 2.625)
+    "low-bit": ({"attn_q": T.Q3_K, "attn_k": T.Q3_K, "attn_v": T.Q3_K, "attn_output": T.Q3_K, "ffn_gate": T.Q2_K,
+                 "ffn_up": T.Q2_K, "ffn_down": T.Q3_K, "output": T.Q2_K},
+                ["Q2_K kept (int2) x 3", "Q3_K kept (int3) x 6"], "kq"),
+    # Q4_K_M's mix: Q6_K alone keeps its 6.5625 bits (the LM head too), Q4_K alone its 4.625; beside each other
+    # in a fused q/k/v they are re-rounded to int8-g32
+    "k-mix": ({"attn_output": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q4_K,
+               "attn_v": T.Q6_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K},
+              ["Q4_K kept (int4-k) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"], "int6"),
+}
 
 
-def test_iq4_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
-    """IQ4_XS and IQ4_NL (IQ4_XS files, and their fallback for rows not a multiple of 256) keep the file's codes
-    and scales (4.3125 and 4.5 bits a weight): close to the dequantized model, the C stack equal to the module
-    path, and the torch path without the kernel close to both."""
-    path = tmp_path / "iq4.gguf"
-    write_gguf(path, IQ4, tied=False)
+@pytest.mark.parametrize("name", list(GRID_FILES))
+def test_kept_grids_run_in_their_own_kernels_in_the_c_stack(tmp_path, home, monkeypatch, name):
+    """Each file's blocks keep the file's values and scales in their own grid: close to the dequantized model,
+    the C stack equal to the module path, and the torch path without the kernel close to both."""
+    types, formats, kind = GRID_FILES[name]
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, types, tied=False)
     ref, kept = _llm(path, quantization="none"), _llm(path)
-    assert sorted(kept.info.weight_formats.split(", ")) == [
-        "IQ4_NL kept (iq4-nl) x 4", "IQ4_XS kept (iq4-xs) x 5"]
+    assert sorted(kept.info.weight_formats.split(", ")) == formats
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 0.02, rel
-    if cpu_quant.available("iq4") and kept.info.kernel_plan.c_stack:
-        assert all(p is None for p in kept.info.layer_paths)
-    _module_path_equals_the_stack(kept)
-    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
-    plain = _llm(path)
-    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
-    torch_path = _logits(plain)
-    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
-
-
-LOW_BIT = {"attn_q": T.Q3_K, "attn_k": T.Q3_K, "attn_v": T.Q3_K, "attn_output": T.Q3_K, "ffn_gate": T.Q2_K,
-           "ffn_up": T.Q2_K, "ffn_down": T.Q3_K, "output": T.Q2_K}
-
-
-def test_two_and_three_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
-    """Q3_K and Q2_K (Q3_K_* and Q2_K files) keep the file's values and both levels of scales (3.5625 and
-    2.625 bits a weight, the files 3.4375 and 2.625): close to the dequantized model, the C stack equal to the
-    module path, and the torch path without the kernel close to both."""
-    path = tmp_path / "low.gguf"
-    write_gguf(path, LOW_BIT, tied=False)
-    ref, kept = _llm(path, quantization="none"), _llm(path)
-    assert sorted(kept.info.weight_formats.split(", ")) == ["Q2_K kept (int2) x 3", "Q3_K kept (int3) x 6"]
-    want, got = _logits(ref), _logits(kept)
-    rel = float((got - want).abs().max() / want.abs().max())
-    assert rel < 0.02, rel
-    if cpu_quant.available("kq") and kept.info.kernel_plan.c_stack:
-        assert all(p is None for p in kept.info.layer_paths)
-    _module_path_equals_the_stack(kept)
-    monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512
-    plain = _llm(path)
-    assert all("weights have no C kernel on this CPU" in p for p in plain.info.layer_paths)
-    torch_path = _logits(plain)
-    assert float((torch_path - got).abs().max() / got.abs().max()) < 0.02
-
-
-SIX_BIT = {"attn_output": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q4_K,
-           "attn_v": T.Q6_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K}
-
-
-def test_six_bit_blocks_run_in_their_own_kernel_in_the_c_stack(tmp_path, home, monkeypatch):
-    """Q6_K (a Q4_K_M / Q5_K_M file's ffn_down, attn_v and output tensors) keeps its 6.5625 bits a weight as
-    int6 where a layer holds it alone (the LM head too), exactly the file's values; beside Q4_K in a fused
-    q/k/v it is re-rounded to int8-g32. Close to the dequantized model, the C stack equal to the module path,
-    and the torch path without the kernel close to both."""
-    path = tmp_path / "six.gguf"
-    write_gguf(path, SIX_BIT, tied=False)
-    ref, kept = _llm(path, quantization="none"), _llm(path)
-    assert sorted(kept.info.weight_formats.split(", ")) == [
-        "Q4_K kept (int4-k) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"]
-    want, got = _logits(ref), _logits(kept)
-    rel = float((got - want).abs().max() / want.abs().max())
-    assert rel < 0.02, rel
-    if cpu_quant.available("int6") and kept.info.kernel_plan.c_stack:
+    if cpu_quant.available(kind) and kept.info.kernel_plan.c_stack:
         assert all(p is None for p in kept.info.layer_paths)
     _module_path_equals_the_stack(kept)
     monkeypatch.setattr(cpu_quant, "available", lambda kind: False)  # a CPU without AVX-512

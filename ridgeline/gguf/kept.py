@@ -102,7 +102,7 @@ class KeptIQ4NL(KeptBlocks, IQ4):
 @register_weight_format("gguf-iq4-xs")
 class KeptIQ4XS(KeptBlocks, IQ4):
     target = "iq4-xs"
-    block = 256
+    multiple = 256
 
 
 @register_weight_format("gguf-int4-k")

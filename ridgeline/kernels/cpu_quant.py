@@ -48,6 +48,14 @@ def _groups(n: int) -> int:
     return -(-n // NC)
 
 
+def _grouped(src: torch.Tensor, G: int) -> torch.Tensor:
+    """Per-column scales [N, C] (or [N, C, 2]) as the kernels read them, as bytes: [G][C](...)[NC], zero past N."""
+    out = torch.zeros((G * NC,) + tuple(src.shape[1:]), dtype=src.dtype)
+    out[:src.shape[0]] = src
+    out = out.view(G, NC, *src.shape[1:])
+    return out.permute(0, *range(2, out.dim()), 1).contiguous().view(-1).view(torch.uint8)
+
+
 def _group_scales(t: Int8GroupTensor, G: int) -> torch.Tensor:
     """An int8-g32 tensor's fp16 scales as its kernels read them: [G][K/32][NC], zero past N."""
     N, K = t.q.shape
@@ -185,12 +193,7 @@ class PackedInt6(PackedQuant):
         q = t.q.contiguous()
         lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)  # keeps q & 15
         lib.ridgeline_pack_i6_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
-        parts = []
-        for src in (t.sub, t.scale):
-            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
-            sc[:self.N] = src
-            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
-        self.scale = torch.cat(parts)
+        self.scale = torch.cat([_grouped(t.sub, G), _grouped(t.scale, G)])
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i6p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
@@ -213,12 +216,7 @@ class PackedIQ4(PackedQuant):
         self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
         q = t.q.contiguous()  # held while the packer reads it
         lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
-        parts = []
-        for src in ((t.scale,) if t.sub is None else (t.sub, t.scale)):
-            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
-            sc[:self.N] = src
-            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
-        self.scale = torch.cat(parts)
+        self.scale = torch.cat([_grouped(src, G) for src in ((t.scale,) if t.sub is None else (t.sub, t.scale))])
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_iq4(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
@@ -240,12 +238,7 @@ class PackedInt4K(PackedQuant):
         self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
         q = t.q.contiguous()  # held while the packer reads it
         lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
-        parts = []
-        for pair in ((t.sub, t.mins), (t.scale, t.dmin)):
-            sc = torch.zeros(G * NC, pair[0].shape[1], 2, dtype=pair[0].dtype)
-            sc[:self.N] = torch.stack(pair, dim=-1)
-            parts.append(sc.view(G, NC, -1, 2).permute(0, 2, 3, 1).contiguous().view(-1).view(torch.uint8))
-        self.scale = torch.cat(parts)
+        self.scale = torch.cat([_grouped(torch.stack(pair, dim=-1), G) for pair in ((t.sub, t.mins), (t.scale, t.dmin))])
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_i4k(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
@@ -273,12 +266,7 @@ class PackedKQ(PackedQuant):
         if t.bits == 3:
             third = ((q >> 2) << 4).contiguous()
             lib.ridgeline_pack_i5_high(third.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
-        parts = []
-        for src in (t.sub, t.scale) + ((t.dmin,) if t.bits == 2 else ()):
-            sc = torch.zeros(G * NC, src.shape[1], dtype=src.dtype)
-            sc[:self.N] = src
-            parts.append(sc.view(G, NC, -1).permute(0, 2, 1).contiguous().view(-1).view(torch.uint8))
-        self.scale = torch.cat(parts)
+        self.scale = torch.cat([_grouped(src, G) for src in (t.sub, t.scale) + ((t.dmin,) if t.bits == 2 else ())])
 
     def _gemm(self, x, y, M, threads) -> int:
         return cpu.lib().ridgeline_gemm_kq(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),

@@ -151,78 +151,44 @@ class Int4(QuantizedFormat):
         return cpu_quant.PackedInt4(t)
 
 
-class Int5(QuantizedFormat):
-    """5-bit weights in groups of 32 (GGUF Q5_0 / Q5_1 / Q5_K blocks kept: gguf/kept.py); no round-to-nearest
-    quantizer of its own."""
-    kind = "int5"
-    group = 32
-    symmetric = False
+class KeptGrid(QuantizedFormat):
+    """A GGUF block grid kept as the file stores it (gguf/kept.py): no round-to-nearest quantizer of its own; its
+    kernel's packing (`packer`, a cpu_quant class) needs input columns in multiples of `multiple`."""
+    multiple = 256
+    packer = None
 
     def check_shape(self, layer: nn.Module) -> None:
-        if layer.in_features % 32:
-            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 32; "
+        if layer.in_features % self.multiple:
+            raise InvalidRequestError(f"{self.name} needs input columns in multiples of {self.multiple}; "
                                       f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
 
     def pack(self, t):
-        return cpu_quant.PackedInt5(t)
+        return self.packer(t)
 
 
-class Int6(QuantizedFormat):
-    """Q6_K's grid (GGUF Q6_K blocks kept: gguf/kept.py); no round-to-nearest quantizer of its own."""
-    kind = "int6"
-    group = 16
-    symmetric = True
-
-    def check_shape(self, layer: nn.Module) -> None:
-        if layer.in_features % 256:
-            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 256; "
-                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
-
-    def pack(self, t):
-        return cpu_quant.PackedInt6(t)
+class Int5(KeptGrid):
+    """5-bit weights in groups of 32 (GGUF Q5_0 / Q5_1 / Q5_K blocks)."""
+    kind, group, symmetric, multiple, packer = "int5", 32, False, 32, cpu_quant.PackedInt5
 
 
-class IQ4(QuantizedFormat):
-    """IQ4_NL's (block 32) or IQ4_XS's (block 256) grid (GGUF blocks kept: gguf/kept.py)."""
-    kind = "iq4"
-    block = 32
-
-    def check_shape(self, layer: nn.Module) -> None:
-        if layer.in_features % self.block:
-            raise InvalidRequestError(f"{self.name} needs input columns in multiples of {self.block}; "
-                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
-
-    def pack(self, t):
-        return cpu_quant.PackedIQ4(t)
+class Int6(KeptGrid):
+    """Q6_K's grid."""
+    kind, group, symmetric, packer = "int6", 16, True, cpu_quant.PackedInt6
 
 
-class Int4K(QuantizedFormat):
-    """Q4_K's grid (GGUF Q4_K blocks kept: gguf/kept.py), on the int4 kernel's nibbles."""
-    kind = "int4"
-    group = 32
-    symmetric = False
-
-    def check_shape(self, layer: nn.Module) -> None:
-        if layer.in_features % 256:
-            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 256; "
-                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
-
-    def pack(self, t):
-        return cpu_quant.PackedInt4K(t)
+class IQ4(KeptGrid):
+    """IQ4_NL's grid (blocks of 32); IQ4_XS's with multiple 256."""
+    kind, multiple, packer = "iq4", 32, cpu_quant.PackedIQ4
 
 
-class KQ(QuantizedFormat):
-    """Q3_K's (bits 3) or Q2_K's (bits 2) grid (GGUF blocks kept: gguf/kept.py)."""
-    kind = "kq"
-    bits = 3
+class Int4K(KeptGrid):
+    """Q4_K's grid, on the int4 kernel's nibbles."""
+    kind, group, symmetric, packer = "int4", 32, False, cpu_quant.PackedInt4K
 
-    def check_shape(self, layer: nn.Module) -> None:
-        if layer.in_features % 256:
-            raise InvalidRequestError(f"{self.name} needs input columns in multiples of 256; "
-                                      f"{layer.prefix or 'a layer'} has {layer.in_features}", "quantization")
 
-    def pack(self, t):
-        return cpu_quant.PackedKQ(t)
+class KQ(KeptGrid):
+    """Q3_K's grid; Q2_K's with bits 2."""
+    kind, bits, packer = "kq", 3, cpu_quant.PackedKQ
 
 
 @register_weight_format("w8a8")
