@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_tile.h"
+#include "bf16_grid.h"
 
 #define I5G 32
 
@@ -42,18 +42,6 @@ int ridgeline_pack_i5_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define I5_MR 4
 
-/* nibble pair j of word W[v] and its high bits (Ho[v], already shifted right by 4 o) against every row */
-#define I5_PAIR(j, LOW, HIGH) \
-    for (int v = 0; v < nv; v++) { \
-        const __m512i t = _mm512_ternarylogic_epi32(LOW, nib, magic, 0xEA); /* (low & nib) | magic */ \
-        const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(HIGH, top, t, 0xEA); \
-        for (int i = 0; i < mr; i++) { \
-            int32_t pair; \
-            memcpy(&pair, xg + i * ldx + 8 * o + 2 * (j), 4); \
-            S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
-        } \
-    }
-
 /* k = 8 o .. 8 o + 7 of the group: its nibble words and the high bits of its 8 k */
 #define I5_OCTET(O) \
     { \
@@ -64,10 +52,10 @@ int ridgeline_pack_i5_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) 
             W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * 4 + o) * QT_NC + 16 * (v % QT_NR)); \
             Hs[v] = _mm512_srli_epi32(Hb[v], 4 * (O)); \
         } \
-        I5_PAIR(0, _mm512_slli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 6)) \
-        I5_PAIR(1, _mm512_srli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 5)) \
-        I5_PAIR(2, _mm512_srli_epi32(W[v], 6), _mm512_slli_epi32(Hs[v], 4)) \
-        I5_PAIR(3, _mm512_srli_epi32(W[v], 10), _mm512_slli_epi32(Hs[v], 3)) \
+        GRID_PAIR(0, _mm512_slli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 6)) \
+        GRID_PAIR(1, _mm512_srli_epi32(W[v], 2), _mm512_slli_epi32(Hs[v], 5)) \
+        GRID_PAIR(2, _mm512_srli_epi32(W[v], 6), _mm512_slli_epi32(Hs[v], 4)) \
+        GRID_PAIR(3, _mm512_srli_epi32(W[v], 10), _mm512_slli_epi32(Hs[v], 3)) \
     }
 
 /* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2)

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_tile.h"
+#include "bf16_grid.h"
 
 #define I6G 16   /* k per scale s */
 #define I6D 256  /* k per scale d */
@@ -43,18 +43,6 @@ int ridgeline_pack_i6_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define I6_MR 4
 
-/* nibble pair j of word W[v] and its high bits (Hs[v], already shifted right by 8 o) against every row */
-#define I6_PAIR(j, LOW, HIGH) \
-    for (int v = 0; v < nv; v++) { \
-        const __m512i t = _mm512_ternarylogic_epi32(LOW, nib, magic, 0xEA); /* (low & nib) | magic */ \
-        const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(HIGH, top, t, 0xEA); \
-        for (int i = 0; i < mr; i++) { \
-            int32_t pair; \
-            memcpy(&pair, xg + i * ldx + 8 * o + 2 * (j), 4); \
-            S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
-        } \
-    }
-
 /* k = 8 o .. 8 o + 7 of the group: its nibble words and the high bits of its 8 k */
 #define I6_OCTET(O) \
     { \
@@ -65,10 +53,10 @@ int ridgeline_pack_i6_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) 
             W[v] = _mm512_loadu_si512(pw + (v / QT_NR) * gs + (b * 2 + o) * QT_NC + 16 * (v % QT_NR)); \
             Hs[v] = _mm512_srli_epi32(Hb[v], 8 * (O)); \
         } \
-        I6_PAIR(0, _mm512_slli_epi32(W[v], 1), _mm512_slli_epi32(Hs[v], 5)) \
-        I6_PAIR(1, _mm512_srli_epi32(W[v], 3), _mm512_slli_epi32(Hs[v], 3)) \
-        I6_PAIR(2, _mm512_srli_epi32(W[v], 7), _mm512_slli_epi32(Hs[v], 1)) \
-        I6_PAIR(3, _mm512_srli_epi32(W[v], 11), _mm512_srli_epi32(Hs[v], 1)) \
+        GRID_PAIR(0, _mm512_slli_epi32(W[v], 1), _mm512_slli_epi32(Hs[v], 5)) \
+        GRID_PAIR(1, _mm512_srli_epi32(W[v], 3), _mm512_slli_epi32(Hs[v], 3)) \
+        GRID_PAIR(2, _mm512_srli_epi32(W[v], 7), _mm512_slli_epi32(Hs[v], 1)) \
+        GRID_PAIR(3, _mm512_srli_epi32(W[v], 11), _mm512_srli_epi32(Hs[v], 1)) \
     }
 
 /* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2) consecutive
@@ -146,19 +134,10 @@ static void tile_i6(const void *args, const void *ws, int mr, int ng, int64_t g,
       KG, a->y + m * a->N, g * QT_NC, a->N, kc / I6G, flags);
 }
 
-/* the driver's prep: rows [r0, r1) of x rounded to bf16 (nearest even), and each group's sum of them */
+/* the driver's prep: rows [r0, r1) of x rounded to bf16, and each 16's sum of them */
 static void prep_i6(const void *args, void *ws, int64_t r0, int64_t r1) {
     const i6_args *a = args;
-    const int64_t K = a->K;
-    uint16_t *xb = (uint16_t *)ws;
-    float *xs = i6_sums(a, ws);
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t k0 = 0; k0 < K; k0 += I6G) {
-            const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a->x + r * K + k0));
-            _mm256_storeu_si256((__m256i *)(xb + r * K + k0), v);
-            xs[r * (K / I6G) + k0 / I6G] =
-                _mm512_reduce_add_ps((__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-        }
+    grid_prep16(a->x, (uint16_t *)ws, i6_sums(a, ws), r0, r1, a->K);
 }
 #endif
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_tile.h"
+#include "bf16_grid.h"
 
 #define KQG 16  /* k per sub-block scale */
 #define KQD 256 /* k per super-block scale */
@@ -150,19 +150,10 @@ static void tile_kq(const void *args, const void *ws, int mr, int ng, int64_t g,
       a->N, kc / KQG, flags);
 }
 
-/* the driver's prep: rows [r0, r1) of x rounded to bf16 (nearest even), and each group's sum of them */
+/* the driver's prep: rows [r0, r1) of x rounded to bf16, and each 16's sum of them */
 static void prep_kq(const void *args, void *ws, int64_t r0, int64_t r1) {
     const kq_args *a = args;
-    const int64_t K = a->K;
-    uint16_t *xb = (uint16_t *)ws;
-    float *xs = kq_sums(a, ws);
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t k0 = 0; k0 < K; k0 += KQG) {
-            const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a->x + r * K + k0));
-            _mm256_storeu_si256((__m256i *)(xb + r * K + k0), v);
-            xs[r * (K / KQG) + k0 / KQG] =
-                _mm512_reduce_add_ps((__m512)_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-        }
+    grid_prep16(a->x, (uint16_t *)ws, kq_sums(a, ws), r0, r1, a->K);
 }
 #endif
 
