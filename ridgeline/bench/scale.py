@@ -377,7 +377,8 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
                    help="where the checkpoints and GGUF files are written and reused (default: a folder in the "
                         "temporary directory)")
     p.add_argument("--llama-cpp-tree", default=None, metavar="DIR",
-                   help="llama.cpp's source tree (its convert_hf_to_gguf.py and gguf-py), to make the GGUF files")
+                   help="llama.cpp's source tree (its convert_hf_to_gguf.py and gguf-py), to make the GGUF files "
+                        "(default: none: no GGUF rows)")
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="llama.cpp's binaries (llama-quantize, llama-bench, llama-batched-bench); default: PATH")
     p.add_argument("--tokenizer", default=None, metavar="FOLDER",
@@ -389,7 +390,7 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="16,64", metavar="LIST", help="batched decode sizes beside batch 1")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="threads for both engines (default: the CPUs this process may use)")
-    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE")
-    p.add_argument("--plot", type=output_file, default=None, metavar="FILE", help="a PNG of the ladder")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the rows to FILE (default: none)")
+    p.add_argument("--plot", type=output_file, default=None, metavar="FILE", help="a PNG of the ladder (default: none)")
     p.set_defaults(func=cmd_scale)
     return p
