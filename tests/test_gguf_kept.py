@@ -24,7 +24,7 @@ CONVERSIONS = [(T.Q4_0, "int4-sym"), (T.Q4_0, "int4"), (T.Q4_1, "int4"), (T.Q8_0
                (T.Q5_0, "int5-sym"), (T.Q5_0, "int5"), (T.Q5_1, "int5"), (T.Q5_K, "int5"), (T.Q4_0, "int5-sym"),
                (T.Q4_1, "int5"), (T.Q4_K, "int5"), (T.Q5_0, "int8-g32"), (T.Q6_K, "int6"),
                (T.IQ4_NL, "iq4-nl"), (T.IQ4_XS, "iq4-xs"), (T.Q3_K, "int3"), (T.Q2_K, "int2"),
-               (T.Q4_K, "int4-k")]
+               (T.Q4_K, "int4-k"), (T.Q5_K, "int5-k")]
 NO_QUANTIZE = (T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)  # gguf-py cannot quantize them
 
 
@@ -64,7 +64,8 @@ def test_every_block_type_converts_to_the_values_gguf_dequantizes(qtype, target)
 def test_each_layer_takes_the_narrowest_format_that_holds_its_types():
     pick = gguf_repack.target_for
     assert pick({T.Q4_0}) == "int4-sym" and pick({T.Q4_0, T.Q4_1}) == "int4" and pick({T.Q5_0}) == "int5-sym"
-    assert pick({T.Q5_0, T.Q4_0}) == "int5-sym" and pick({T.Q5_1}) == pick({T.Q5_K}) == "int5"
+    assert pick({T.Q5_0, T.Q4_0}) == "int5-sym" and pick({T.Q5_1}) == pick({T.Q5_K, T.Q5_1}) == "int5"
+    assert pick({T.Q5_K}) == "int5-k"  # its own grid alone: 5.625 bits a weight (the file 5.5)
     assert pick({T.Q5_0, T.Q4_K}) == pick({T.Q5_K, T.Q4_1}) == "int5"  # a minimum beside 5 bits: int5
     assert pick({T.Q5_K, T.Q6_K}) == pick({T.Q5_0, T.Q8_0}) == pick({T.Q6_K, T.Q4_K}) == "int8-g32"
     assert pick({T.Q6_K}) == "int6"  # its own grid alone: 6.5625 bits a weight, as stored
@@ -194,7 +195,8 @@ def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path
                                                          (T.IQ4_XS, "iq4-xs", "iq4", 4.3125 / 4.25),
                                                          (T.Q3_K, "int3", "kq", 3.5625 / 3.4375),
                                                          (T.Q2_K, "int2", "kq", 1.0),
-                                                         (T.Q4_K, "int4-k", "int4", 4.625 / 4.5)],
+                                                         (T.Q4_K, "int4-k", "int4", 4.625 / 4.5),
+                                                         (T.Q5_K, "int5-k", "int5", 5.625 / 5.5)],
                          ids=lambda v: getattr(v, "name", v))
 def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends_on_its_batch(qtype, target, kind,
                                                                                                 overhead):
@@ -204,7 +206,8 @@ def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends
     t, exact = gguf_repack.convert(b, target)
     assert exact and t.nbytes == pytest.approx(b.blocks().numel() * overhead)  # the file's bytes (IQ4_XS: its 6-bit scales in int8)
     packed = {"int6": cpu_quant.PackedInt6, "iq4-nl": cpu_quant.PackedIQ4, "iq4-xs": cpu_quant.PackedIQ4,
-              "int3": cpu_quant.PackedKQ, "int2": cpu_quant.PackedKQ, "int4-k": cpu_quant.PackedInt4K}[target](t)
+              "int3": cpu_quant.PackedKQ, "int2": cpu_quant.PackedKQ, "int4-k": cpu_quant.PackedKGrid,
+              "int5-k": cpu_quant.PackedKGrid}[target](t)
     x = torch.randn(200, 4096, generator=torch.Generator().manual_seed(0))
     y = packed(x)
     ref = x.bfloat16().float() @ torch.from_numpy(want).T  # the kernel's bf16 x against the exact weights
@@ -219,7 +222,7 @@ GRID_FILES = {  # GGML types per tensor -> the weight formats they load as, and 
     "five-bit": ({"attn_q": T.Q5_K, "attn_k": T.Q5_K, "attn_v": T.Q5_K, "attn_output": T.Q5_1, "ffn_gate": T.Q5_0,
                   "ffn_up": T.Q4_K, "ffn_down": T.Q5_0, "output": T.Q5_K},
                  ["Q4_K+Q5_0 repacked (int5) x 2", "Q5_0 kept (int5-sym) x 2", "Q5_1 kept (int5) x 2",
-                  "Q5_K repacked (int5) x 3"], "int5"),
+                  "Q5_K kept (int5-k) x 3"], "int5"),
     # IQ4_XS files (IQ4_NL where a row is not a multiple of 256): 4.3125 and 4.5 bits a weight
     "iq4": ({"attn_q": T.IQ4_XS, "attn_k": T.IQ4_XS, "attn_v": T.IQ4_XS, "attn_output": T.IQ4_NL,
              "ffn_gate": T.IQ4_XS, "ffn_up": T.IQ4_XS, "ffn_down": T.IQ4_NL, "output": T.IQ4_XS},

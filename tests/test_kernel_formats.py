@@ -68,7 +68,8 @@ def _packed():
     yield cpu_quant.PackedKQ(rtn.KQTensor(3, q6 & 7, sub, d)), "kq", 3, False
     yield cpu_quant.PackedKQ(rtn.KQTensor(2, q6 & 3, sub.view(torch.uint8), d, d)), "kq", 2, False
     u6 = torch.randint(0, 64, (50, 8), dtype=torch.uint8)
-    yield cpu_quant.PackedInt4K(rtn.Int4KTensor(q6 & 15, u6, u6.flip(1), d, d)), "i4k", 32, False
+    yield cpu_quant.PackedKGrid(rtn.KGridTensor(4, q6 & 15, u6, u6.flip(1), d, d)), "i4k", 32, False
+    yield cpu_quant.PackedKGrid(rtn.KGridTensor(5, q6 & 31, u6, u6.flip(1), d, d)), "i5k", 32, False
     for element, mode in (("e4m3", 0), ("e5m2", 1)):
         yield cpu_fpquant.PackedFp8(fpq.quantize_fp8(w, element)), "fp8", mode, False
     yield cpu_fpquant.PackedFp8(fpq.quantize_mx(w, "mxfp8")), "fp8", 2, False

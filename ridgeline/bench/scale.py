@@ -26,11 +26,11 @@ from ridgeline.bench.scale_models import SHAPES, Shape, default_tokenizer, write
 from ridgeline.cli_parser import output_file, positive_int
 from ridgeline.errors import InvalidRequestError
 
-FORMATS = ("f16", "q8_0", "q4_0", "q4_k_m", "hf-bf16")
+FORMATS = ("f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "hf-bf16")
 DEFAULT_FORMATS = {"llama-3.2-1b": ("f16", "q8_0", "q4_0", "q4_k_m"), "qwen2.5-3b": ("f16", "q8_0", "q4_0", "q4_k_m"),
                    "llama-3.1-8b": ("q4_0", "q4_k_m"), "tiny": ("hf-bf16",)}
-BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_k_m": 4.9, "hf-bf16": 16.0}  # bits per weight, about
-QUANT_TYPE = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}  # made by llama-quantize from the F16 file
+BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_k_m": 4.9, "q5_k_m": 5.7, "hf-bf16": 16.0}  # per weight, about
+QUANT_TYPE = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}  # made by llama-quantize from the F16 file
 MARGIN = 2 << 30  # memory kept free beside a model's weights (KV cache, activations, the process)
 
 

@@ -119,9 +119,10 @@ class Int6Tensor:
 
 
 @dataclass
-class Int4KTensor:
-    """GGUF Q4_K's grid, as the file stores it: w = scale * sub * q - dmin * mins per 32 k, q in [0, 15], sub and
-    mins 6-bit (uint8), scale and dmin fp16 per 256 k."""
+class KGridTensor:
+    """GGUF Q4_K's (bits 4) and Q5_K's (bits 5) grids, as the file stores them: w = scale * sub * q - dmin * mins per
+    32 k, q in [0, 2^bits), sub and mins 6-bit (uint8), scale and dmin fp16 per 256 k."""
+    bits: int
     q: torch.Tensor  # [N, K] uint8
     sub: torch.Tensor  # [N, K / 32] uint8
     mins: torch.Tensor  # [N, K / 32] uint8
@@ -132,7 +133,7 @@ class Int4KTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() // 2 + self.sub.numel() * 2 + self.scale.numel() * 4
+        return self.q.numel() * self.bits // 8 + self.sub.numel() * 2 + self.scale.numel() * 4
 
     def dequantize(self) -> torch.Tensor:
         N, K = self.q.shape

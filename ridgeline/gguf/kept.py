@@ -25,7 +25,7 @@ from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
                                              kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
-from ridgeline.layers.int_formats import IQ4, KQ, Int4, Int4K, Int5, Int6, Int8G32, QuantizedFormat
+from ridgeline.layers.int_formats import IQ4, KQ, Int4, Int4K, Int5K, Int5, Int6, Int8G32, QuantizedFormat
 
 
 class KeptBlocks(QuantizedFormat):
@@ -108,6 +108,11 @@ class KeptIQ4XS(KeptBlocks, IQ4):
 @register_weight_format("gguf-int4-k")
 class KeptInt4K(KeptBlocks, Int4K):
     target = "int4-k"
+
+
+@register_weight_format("gguf-int5-k")
+class KeptInt5K(KeptBlocks, Int5K):
+    target = "int5-k"
 
 
 @register_weight_format("gguf-int3")

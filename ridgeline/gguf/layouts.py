@@ -130,6 +130,12 @@ def _k_scales(b):
     return d * s.float(), -(dmin * m.float())
 
 
+def q5_k_grid(b):
+    """Q5_K blocks [n, 176] as the int5-k format keeps them: q [n, 256] in [0, 31], then as q4_k_grid's."""
+    _, s, m, d, dmin = q4_k_grid(torch.cat([b[:, :16], b[:, 48:]], 1))  # Q4_K's layout without the high bits
+    return _q5_k(b).q.reshape(len(b), 256), s, m, d, dmin
+
+
 def q4_k_grid(b):
     """Q4_K blocks [n, 144] as the int4-k format keeps them: q [n, 256], scales and mins [n, 8] uint8, d and dmin [n]."""
     s, m = _k_scale_bits(b)
@@ -253,7 +259,7 @@ LAYOUTS: dict[T, Layout] = {
     T.Q5_0: Layout(_q5_0, "int5-sym", frozenset({"int5-sym", "int5", "int8-g32"})),  # q - 16: int8 exactly too
     T.Q5_1: Layout(_q5_1, "int5", frozenset({"int5"})),
     T.Q4_K: Layout(_q4_k, "int4-k", frozenset({"int4-k"})),
-    T.Q5_K: Layout(_q5_k, "int5", frozenset()),
+    T.Q5_K: Layout(_q5_k, "int5-k", frozenset({"int5-k"})),
     T.Q6_K: Layout(_q6_k, "int6", frozenset({"int6"})),
     # codes through IQ4_NL's table: int8 values, so int8-g32 holds IQ4_NL (its fp16 d) exactly too
     T.IQ4_NL: Layout(_iq4_nl, "iq4-nl", frozenset({"iq4-nl", "int8-g32"})),

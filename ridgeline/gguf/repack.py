@@ -6,6 +6,7 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
               the file stores them so (Q4_1; Q4_0, whose -8 d is a power-of-two multiple, while it stays
               in fp16's range); Q4_K's fp32 products d s and -dmin n, beside another type, are rounded to fp16
     int4-k    Q4_K alone: q, its 6-bit scales and mins per 32, its fp16 d and dmin per 256 as they are
+    int5-k    Q5_K alone: the same, with q's high bits
     int5-sym  G = 32, zero 16, no min: q (or Q4_0's q + 8) and the fp16 scale as they are (Q5_0)
     int5      G = 32, q in [0, 31]: q kept, d and m as int4's (Q5_1 exact; Q5_0 as int4 takes Q4_0; Q5_K's fp32
               products rounded to fp16; Q4_K and Q4_1 too, beside a 5-bit shard)
@@ -30,13 +31,14 @@ from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
-from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q2_k_grid, q3_k_grid, q4_k_grid, q6_k_grid
+from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q2_k_grid, q3_k_grid, q4_k_grid, q5_k_grid, q6_k_grid
 from ridgeline.formats import fpq, rtn
 
-TARGETS = ("int2", "int3", "iq4-xs", "int4-sym", "iq4-nl", "int4-k", "int4", "int5-sym", "int5", "int6", "int8-g32")  # in bytes per weight
+TARGETS = ("int2", "int3", "iq4-xs", "int4-sym", "iq4-nl", "int4-k", "int4", "int5-sym", "int5-k", "int5", "int6", "int8-g32")  # in bytes per weight
 # target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding)
 HOLDS = {"int4-sym": {"int4-sym"}, "int4": {"int4-sym", "int4", "int4-k"}, "int5-sym": {"int4-sym", "int5-sym"},
-         "int5": {"int4-sym", "int4", "int4-k", "int5-sym", "int5"}, "int4-k": {"int4-k"}, "int6": {"int6"}, "iq4-nl": {"iq4-nl"},
+         "int5": {"int4-sym", "int4", "int4-k", "int5-sym", "int5-k", "int5"}, "int4-k": {"int4-k"},
+         "int5-k": {"int5-k"}, "int6": {"int6"}, "iq4-nl": {"iq4-nl"},
          "iq4-xs": {"iq4-xs"}, "int3": {"int3"}, "int2": {"int2"},
          "int8-g32": set(TARGETS)}
 BITS = {"int4-sym": 4, "int4": 4, "int5-sym": 5, "int5": 5}
@@ -143,14 +145,16 @@ def to_kq(t: GGUFBlocks, target: str) -> tuple[rtn.KQTensor, bool]:
                         dmin.reshape(N, K // 256)), True
 
 
-def to_int4k(t: GGUFBlocks) -> tuple[rtn.Int4KTensor, bool]:
-    """Q4_K blocks as the int4-k format holds them: the nibbles, the 6-bit scales and mins, the fp16 pair."""
+def to_kgrid(t: GGUFBlocks, target: str) -> tuple[rtn.KGridTensor, bool]:
+    """Q4_K / Q5_K blocks as the int4-k / int5-k formats hold them: the values, the 6-bit scales and mins, the fp16
+    pair per 256."""
     N, K = t.shape
-    if t.qtype != T.Q4_K:
-        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no int4-k form")
-    q, s, m, d, dmin = q4_k_grid(t.blocks())
-    return rtn.Int4KTensor(q.reshape(N, K).contiguous(), s.reshape(N, K // 32), m.reshape(N, K // 32),
-                           d.reshape(N, K // 256), dmin.reshape(N, K // 256)), True
+    want = {"int4-k": T.Q4_K, "int5-k": T.Q5_K}[target]
+    if t.qtype != want:
+        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
+    q, s, m, d, dmin = (q4_k_grid if want == T.Q4_K else q5_k_grid)(t.blocks())
+    return rtn.KGridTensor(4 if want == T.Q4_K else 5, q.reshape(N, K).contiguous(), s.reshape(N, K // 32),
+                           m.reshape(N, K // 32), d.reshape(N, K // 256), dmin.reshape(N, K // 256)), True
 
 
 def convert(t: GGUFBlocks, target: str):
@@ -163,8 +167,8 @@ def convert(t: GGUFBlocks, target: str):
         return to_iq4(t, target)
     if target in ("int3", "int2"):
         return to_kq(t, target)
-    if target == "int4-k":
-        return to_int4k(t)
+    if target in ("int4-k", "int5-k"):
+        return to_kgrid(t, target)
     return to_int8_g32(t) if target == "int8-g32" else to_grid(t, target)
 
 
@@ -175,8 +179,9 @@ def concat(parts: list) -> rtn.Int4Tensor | rtn.Int5Tensor | rtn.Int8GroupTensor
         return fpq.BlockTensor(first.kind, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
     if isinstance(first, rtn.Int8GroupTensor):
         return rtn.Int8GroupTensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
-    if isinstance(first, rtn.Int4KTensor):
-        return rtn.Int4KTensor(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "sub", "mins", "scale", "dmin")))
+    if isinstance(first, rtn.KGridTensor):
+        return rtn.KGridTensor(first.bits, *(torch.cat([getattr(p, f) for p in parts])
+                                             for f in ("q", "sub", "mins", "scale", "dmin")))
     if isinstance(first, rtn.KQTensor):
         return rtn.KQTensor(first.bits, *(None if getattr(first, f) is None else torch.cat([getattr(p, f) for p in parts])
                                           for f in ("q", "sub", "scale", "dmin")))

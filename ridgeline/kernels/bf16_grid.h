@@ -20,6 +20,16 @@
         } \
     }
 
+/* a K-quant group's scale d = D c and minimum m = -(Dmin n), for 16 columns: c at cv and n at cv + QT_NC (bytes),
+ * D at dv and Dmin at dv + QT_NC (fp16), formed in fp32 (exact: 11 by 6 bits) */
+static inline __attribute__((always_inline)) void grid_kscales(const uint8_t *cv, const uint16_t *dv, __m512 *d,
+                                                               __m512 *m) {
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)cv)));
+    const __m512 n = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cv + QT_NC))));
+    *d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dv)), c);
+    *m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dv + QT_NC))), n));
+}
+
 /* rows [r0, r1) of x [., K] fp32 -> xb [., K] bf16 (nearest even) and xs [., K/16] each 16's sum of xb */
 static inline void grid_prep16(const float *x, uint16_t *xb, float *xs, int64_t r0, int64_t r1, int64_t K) {
     for (int64_t r = r0; r < r1; r++)

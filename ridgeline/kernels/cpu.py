@@ -51,6 +51,7 @@ _SIGNATURES = {
     "ridgeline_gemm_i6p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_iq4_available": [],
     "ridgeline_gemm_i4k": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "ridgeline_gemm_i5k": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_kq": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_iq4": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT],
     "ridgeline_a8_available": [],

@@ -13,7 +13,7 @@ import torch
 from ridgeline.kernels import cpu
 from ridgeline.kernels.cpu_gemm import call_matmul
 from ridgeline.kernels.formats import code_of
-from ridgeline.formats.rtn import IQ4Tensor, KQTensor, Int4KTensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
+from ridgeline.formats.rtn import IQ4Tensor, KGridTensor, KQTensor, Int4Tensor, Int5Tensor, Int6Tensor, Int8GroupTensor, Int8Tensor
 
 NC = 48  # output columns per packed group (QT_NC in kernels/quant_tile.h)
 KINDS = ("int8", "int4", "int5", "int6", "iq4", "kq", "w8a8", "w4a8", "fp8", "fp4")  # fp8, fp4: kernels/cpu_fpquant.py
@@ -223,25 +223,34 @@ class PackedIQ4(PackedQuant):
                                             M, self.N, self.K, self.block, threads)
 
 
-class PackedInt4K(PackedQuant):
-    """Q4_K's grid (kernels/gemm_int4.c, ridgeline_gemm_i4k): data as PackedInt4's nibbles; scale [groups][K/32][2][NC]
-    bytes (scale, minimum), then [groups][K/256][2][NC] fp16 (D, Dmin), as bytes."""
+class PackedKGrid(PackedQuant):
+    """Q4_K's grid (kernels/gemm_int4.c, ridgeline_gemm_i4k) or Q5_K's (gemm_int5.c, ridgeline_gemm_i5k): data as
+    PackedInt4's nibbles (Q5_K: then PackedInt5's high bits); scale [groups][K/32][2][NC] bytes (scale, minimum),
+    then [groups][K/256][2][NC] fp16 (D, Dmin), as bytes."""
 
-    code = code_of("i4k", 32)
-
-    def __init__(self, t: Int4KTensor):
+    def __init__(self, t: KGridTensor):
         lib = cpu.lib()
         self.N, self.K = t.q.shape
+        self.bits = t.bits
         if self.K % 256:
-            raise ValueError(f"Q4_K packing needs K a multiple of 256, got {self.K}")
+            raise ValueError(f"Q{t.bits}_K packing needs K a multiple of 256, got {self.K}")
+        self.code = code_of("i4k" if t.bits == 4 else "i5k", 32)
         G = _groups(self.N)
-        self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
+        low = G * (self.K // 8) * NC
+        self.data = torch.empty(low + (G * (self.K // 32) * NC if t.bits == 5 else 0), dtype=torch.int32)
         q = t.q.contiguous()  # held while the packer reads it
         lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
+        if t.bits == 5:
+            lib.ridgeline_pack_i5_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        self._high = low
         self.scale = torch.cat([_grouped(torch.stack(pair, dim=-1), G) for pair in ((t.sub, t.mins), (t.scale, t.dmin))])
 
     def _gemm(self, x, y, M, threads) -> int:
-        return cpu.lib().ridgeline_gemm_i4k(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+        p = self.data.data_ptr()
+        if self.bits == 4:
+            return cpu.lib().ridgeline_gemm_i4k(p, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(), M, self.N, self.K,
+                                                threads)
+        return cpu.lib().ridgeline_gemm_i5k(p, p + 4 * self._high, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, threads)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the matmul kernels stack_linear.c dispatches to (C: WK_<NAME>), in their enum order (0 = none)
-KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4", "kq", "i4k")
+KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4", "kq", "i4k", "i5k")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ TABLE: tuple[WeightCode, ...] = (
     WeightCode(52, "q3_k", "kq", 3),  # Q3_K's grid: 3 bits, int8 scales per 16 k by fp16 per 256, gemm_kq.c
     WeightCode(53, "q2_k", "kq", 2),  # Q2_K's grid: 2 bits, 4-bit scales and minimums per 16 k by fp16 per 256
     WeightCode(54, "i4_k", "i4k", 32),  # Q4_K's grid: 4 bits, 6-bit scales and minimums per 32 k by fp16 per 256
+    WeightCode(55, "i5_k", "i5k", 32),  # Q5_K's grid: 5 bits, scales and minimums as Q4_K's (gemm_int5.c)
 )
 BY_NAME = {c.name: c for c in TABLE}
 

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_tile.h"
+#include "bf16_grid.h"
 
 int ridgeline_int4_available(void) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -93,13 +93,8 @@ ukr_i4(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
         for (int v = 0; v < nv; v++) {
             __m512 d, m;
             if (sym == 2) { /* byte scale and minimum by the super-block's fp16 pair */
-                const uint8_t *cv = (const uint8_t *)sc + (v / QT_NR) * ss + b * 2 * QT_NC + 16 * (v % QT_NR);
-                const uint16_t *dv = dd + (v / QT_NR) * sd + b / (256 / 32) * 2 * QT_NC + 16 * (v % QT_NR);
-                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)cv)));
-                const __m512 n = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cv + QT_NC))));
-                d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dv)), c);
-                m = _mm512_sub_ps(_mm512_setzero_ps(),
-                                  _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dv + QT_NC))), n));
+                grid_kscales((const uint8_t *)sc + (v / QT_NR) * ss + b * 2 * QT_NC + 16 * (v % QT_NR),
+                             dd + (v / QT_NR) * sd + b / (256 / 32) * 2 * QT_NC + 16 * (v % QT_NR), &d, &m);
             } else {
                 const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
                 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));

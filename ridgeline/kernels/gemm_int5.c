@@ -61,13 +61,15 @@ int ridgeline_pack_i5_high(const uint8_t *q, uint32_t *h, int64_t N, int64_t K) 
 /* mr rows of xb (bf16, stride ldx) and their group sums xs (stride ldxs) against ng (1 or 2)
  * consecutive column groups (nibble stride gs words, high-bit stride hs words, scale stride ss halves),
  * kg groups from this block's start -> y rows at columns n0.. */
+/* sym 2: Q5_K's grid (ridgeline_gemm_i5k): per 32 a byte scale and minimum (sc [k/32][2][NC] bytes), per 256 k the
+ * fp16 D and Dmin (dd [k/256][2][NC], stride sd halves), as gemm_int4.c's Q4_K mode */
 static inline __attribute__((always_inline)) void
 ukr_i5(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs,
        const uint16_t *sc, int64_t ss, const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y,
-       int64_t n0, int64_t N, int64_t kg, int flags) {
+       int64_t n0, int64_t N, int64_t kg, int flags, const uint16_t *dd, int64_t sd) {
     const __m512i nib = _mm512_set1_epi32(0x003C003C), top = _mm512_set1_epi32(0x00400040),
                   magic = _mm512_set1_epi32(0x42004200);
-    const int nv = ng * QT_NR, sn = sym ? 1 : 2;
+    const int nv = ng * QT_NR, sn = sym == 1 ? 1 : 2;
     __m512 acc[I5_MR][2 * QT_NR];
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     for (int64_t b = 0; b < kg; b++) {
@@ -79,11 +81,17 @@ ukr_i5(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
         const uint16_t *xg = xb + b * I5G;
         I5_OCTET(0) I5_OCTET(1) I5_OCTET(2) I5_OCTET(3)
         for (int v = 0; v < nv; v++) {
-            const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
-            const __m512 m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
-            const __m512 mo = sym ? _mm512_mul_ps(d, _mm512_set1_ps(-48.f))
-                                  : _mm512_fnmadd_ps(_mm512_set1_ps(32.f), d, m);
+            __m512 d, m;
+            if (sym == 2) {
+                grid_kscales((const uint8_t *)sc + (v / QT_NR) * ss + b * 2 * QT_NC + 16 * (v % QT_NR),
+                             dd + (v / QT_NR) * sd + b / (256 / I5G) * 2 * QT_NC + 16 * (v % QT_NR), &d, &m);
+            } else {
+                const uint16_t *sv = sc + (v / QT_NR) * ss + b * sn * QT_NC + 16 * (v % QT_NR);
+                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sv));
+                m = sym ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sv + QT_NC)));
+            }
+            const __m512 mo = sym == 1 ? _mm512_mul_ps(d, _mm512_set1_ps(-48.f))
+                                       : _mm512_fnmadd_ps(_mm512_set1_ps(32.f), d, m);
             for (int i = 0; i < mr; i++) {
                 acc[i][v] = _mm512_fmadd_ps(S[i][v], d, acc[i][v]);
                 acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(xs[i * ldxs + b]), mo, acc[i][v]);
@@ -94,19 +102,22 @@ ukr_i5(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
 }
 
 typedef void (*ukr_i5_fn)(const uint32_t *, int64_t, const uint32_t *, int64_t, const uint16_t *, int64_t,
-                          const uint16_t *, int64_t, const float *, int64_t, float *, int64_t, int64_t, int64_t, int);
+                          const uint16_t *, int64_t, const float *, int64_t, float *, int64_t, int64_t, int64_t, int,
+                          const uint16_t *, int64_t);
 #define UKR_I5(R, NG, SYM) \
     static void ukr_i5_##R##_##NG##_##SYM(const uint32_t *pw, int64_t gs, const uint32_t *ph, int64_t hs, \
                                           const uint16_t *sc, int64_t ss, const uint16_t *xb, int64_t ldx, \
                                           const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, \
-                                          int64_t kg, int flags) { \
-        ukr_i5(R, NG, SYM, pw, gs, ph, hs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, flags); \
+                                          int64_t kg, int flags, const uint16_t *dd, int64_t sd) { \
+        ukr_i5(R, NG, SYM, pw, gs, ph, hs, sc, ss, xb, ldx, xs, ldxs, y, n0, N, kg, flags, dd, sd); \
     }
 UKR_I5(1, 2, 0) UKR_I5(1, 1, 0) UKR_I5(2, 1, 0) UKR_I5(3, 1, 0) UKR_I5(4, 1, 0)
 UKR_I5(1, 2, 1) UKR_I5(1, 1, 1) UKR_I5(2, 1, 1) UKR_I5(3, 1, 1) UKR_I5(4, 1, 1)
-static const ukr_i5_fn UKRS_I5[2][I5_MR + 1] = {{0, ukr_i5_1_1_0, ukr_i5_2_1_0, ukr_i5_3_1_0, ukr_i5_4_1_0},
-                                                {0, ukr_i5_1_1_1, ukr_i5_2_1_1, ukr_i5_3_1_1, ukr_i5_4_1_1}};
-static const ukr_i5_fn UKRS_I5_WIDE[2] = {ukr_i5_1_2_0, ukr_i5_1_2_1};
+UKR_I5(1, 2, 2) UKR_I5(1, 1, 2) UKR_I5(2, 1, 2) UKR_I5(3, 1, 2) UKR_I5(4, 1, 2)
+static const ukr_i5_fn UKRS_I5[3][I5_MR + 1] = {{0, ukr_i5_1_1_0, ukr_i5_2_1_0, ukr_i5_3_1_0, ukr_i5_4_1_0},
+                                                {0, ukr_i5_1_1_1, ukr_i5_2_1_1, ukr_i5_3_1_1, ukr_i5_4_1_1},
+                                                {0, ukr_i5_1_1_2, ukr_i5_2_1_2, ukr_i5_3_1_2, ukr_i5_4_1_2}};
+static const ukr_i5_fn UKRS_I5_WIDE[3] = {ukr_i5_1_2_0, ukr_i5_1_2_1, ukr_i5_1_2_2};
 
 typedef struct {
     const uint32_t *p, *h;
@@ -125,12 +136,19 @@ static inline float *i5_sums(const i5_args *a, const void *ws) {
 static void tile_i5(const void *args, const void *ws, int mr, int ng, int64_t g, int64_t m, int64_t k0, int64_t kc,
                     int flags) {
     const i5_args *a = args;
-    const int64_t KG = a->K / I5G, gs = a->K / 8 * QT_NC, hs = KG * QT_NC, ss = KG * (a->sym ? 1 : 2) * QT_NC;
+    const int64_t KG = a->K / I5G, gs = a->K / 8 * QT_NC, hs = KG * QT_NC, ss = KG * (a->sym == 1 ? 1 : 2) * QT_NC;
     const uint32_t *pw = a->p + g * gs + k0 / 8 * QT_NC, *ph = a->h + g * hs + k0 / I5G * QT_NC;
-    const uint16_t *sc = a->s + g * ss + k0 / I5G * (a->sym ? 1 : 2) * QT_NC;
+    const uint16_t *sc = a->s + g * ss + k0 / I5G * (a->sym == 1 ? 1 : 2) * QT_NC, *dd = NULL;
+    int64_t sd = 0;
+    if (a->sym == 2) { /* bytes: ss of them per column group; then the fp16 pairs per 256 k */
+        const int64_t G = (a->N + QT_NC - 1) / QT_NC;
+        sc = (const uint16_t *)((const uint8_t *)a->s + g * ss + k0 / I5G * 2 * QT_NC);
+        sd = a->K / 256 * 2 * QT_NC;
+        dd = (const uint16_t *)((const uint8_t *)a->s + G * ss) + g * sd + k0 / 256 * 2 * QT_NC;
+    }
     const ukr_i5_fn f = ng == 2 ? UKRS_I5_WIDE[a->sym] : UKRS_I5[a->sym][mr];
     f(pw, gs, ph, hs, sc, ss, (const uint16_t *)ws + m * a->K + k0, a->K, i5_sums(a, ws) + m * KG + k0 / I5G, KG,
-      a->y + m * a->N, g * QT_NC, a->N, kc / I5G, flags);
+      a->y + m * a->N, g * QT_NC, a->N, kc / I5G, flags, dd, sd);
 }
 
 /* the driver's prep: rows [r0, r1) of x rounded to bf16 (nearest even), and each group's sum of them */
@@ -165,6 +183,25 @@ int ridgeline_gemm_i5p(const uint32_t *p, const uint32_t *h, const uint16_t *s, 
     return ridgeline_td_run(&plan, &a, prep_i5, tile_i5, nthreads);
 #else
     (void)p; (void)h; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)sym; (void)nthreads;
+    return -2;
+#endif
+}
+
+/* GGUF Q5_K's grid as stored: p, h as ridgeline_gemm_i5p's; s: [groups][K/32][2][NC] bytes (the 6-bit scale and
+ * minimum of each 32), then [groups][K/256][2][NC] fp16 (D, Dmin). K a multiple of 256. */
+int ridgeline_gemm_i5k(const uint32_t *p, const uint32_t *h, const uint8_t *s, const float *x, float *y, int64_t M,
+                       int64_t N, int64_t K, int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if (M < 1 || N < 1 || K < 1 || K % 256) return -1;
+    const int64_t KC = qt_k_block(M, K, 2, 256);
+    const i5_args a = {p, h, (const uint16_t *)s, x, y, M, N, K, 2};
+    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
+                          .rows = qt_chunk_rows(KC, 2, I5_MR), .mr = I5_MR, .wide = 1,
+                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I5G)) * sizeof(float),
+                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    return ridgeline_td_run(&plan, &a, prep_i5, tile_i5, nthreads);
+#else
+    (void)p; (void)h; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;
     return -2;
 #endif
 }

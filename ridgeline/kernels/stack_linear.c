@@ -39,6 +39,8 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
 int ridgeline_gemm_i6p(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads);
 int ridgeline_iq4_available(void);
+int ridgeline_gemm_i5k(const uint32_t *p, const uint32_t *h, const uint8_t *s, const float *x, float *y, int64_t M,
+                       int64_t N, int64_t K, int nthreads);
 int ridgeline_gemm_i4k(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads);
 int ridgeline_gemm_kq(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
@@ -60,7 +62,7 @@ int ridgeline_stack_weight_format(int64_t format) {
     case WK_F32: return ridgeline_packed_available(0);
     case WK_BF16: return ridgeline_packed_available(1);
     case WK_I8: case WK_I8G32: return ridgeline_int8_available();
-    case WK_I4: case WK_I5: case WK_I6: case WK_KQ: case WK_I4K: return ridgeline_int4_available();
+    case WK_I4: case WK_I5: case WK_I6: case WK_KQ: case WK_I4K: case WK_I5K: return ridgeline_int4_available();
     case WK_W8A8: case WK_W8A8G32: case WK_W4A8: return ridgeline_a8_available();
     case WK_FP8: return ridgeline_fp8_available();
     case WK_FP4: return ridgeline_fp4_available();
@@ -98,6 +100,12 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_I4K: /* data: int4's nibbles; scale: byte scale and minimum per 32 k, then fp16 per 256 (gemm_int4.c) */
         rc = ridgeline_gemm_i4k(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, nt);
         break;
+    case WK_I5K: { /* data: int5's nibbles and high bits; scale: as WK_I4K's (gemm_int5.c) */
+        const uint32_t *p = PTR(const uint32_t, d);
+        rc = ridgeline_gemm_i5k(p, p + (N + QT_NC - 1) / QT_NC * (K / 8) * QT_NC, PTR(const uint8_t, s), x, y, M, N, K,
+                                nt);
+        break;
+    }
     case WK_KQ: /* data: the 2-bit planes, then (Q3_K) the third bits; scale: bytes per 16 k, then fp16 (gemm_kq.c) */
         rc = ridgeline_gemm_kq(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, c->param, nt);
         break;

@@ -6,7 +6,7 @@
     int4-sym, int4-sym-g64, int4-sym-g128   symmetric (fp16 scale per group, Q4_0's grid)
     (int5, int5-sym)          5-bit in groups of 32 (Q5_1's and Q5_0's grids): GGUF blocks kept only (gguf/kept.py)
     (iq4-nl, iq4-xs)          IQ4_NL's and IQ4_XS's non-linear 4-bit grids: GGUF blocks kept only
-    (int4-k)                  Q4_K's grid (6-bit scales and minimums per 32 by fp16 per 256): GGUF blocks kept only
+    (int4-k, int5-k)          Q4_K's and Q5_K's grids (6-bit scales and minimums per 32 by fp16 per 256): GGUF kept only
     (int3, int2)              Q3_K's and Q2_K's grids (per 16 k a byte of scale, per 256 an fp16): GGUF blocks kept only
     (int6)                    Q6_K's grid (6-bit, an int8 scale per 16 by an fp16 scale per 256): GGUF blocks kept only
     w8a8                      int8's weights; each linear's input quantized to int8 per block of 32 of a row
@@ -183,7 +183,12 @@ class IQ4(KeptGrid):
 
 class Int4K(KeptGrid):
     """Q4_K's grid, on the int4 kernel's nibbles."""
-    kind, group, symmetric, packer = "int4", 32, False, cpu_quant.PackedInt4K
+    kind, group, symmetric, packer = "int4", 32, False, cpu_quant.PackedKGrid
+
+
+class Int5K(KeptGrid):
+    """Q5_K's grid, on the int5 kernel's nibbles and high bits."""
+    kind, group, symmetric, packer = "int5", 32, False, cpu_quant.PackedKGrid
 
 
 class KQ(KeptGrid):
