@@ -67,68 +67,15 @@ class KeptBlocks(QuantizedFormat):
         return f"{layer.kept} ({self.target})" if layer.kept else self.name
 
 
-@register_weight_format("gguf-int4")
-class KeptInt4(KeptBlocks, Int4):
-    target = "int4"
-
-
-@register_weight_format("gguf-int4-sym")
-class KeptInt4Sym(KeptBlocks, Int4):
-    target = "int4-sym"
-    symmetric = True
-
-
-@register_weight_format("gguf-int5")
-class KeptInt5(KeptBlocks, Int5):
-    target = "int5"
-
-
-@register_weight_format("gguf-int5-sym")
-class KeptInt5Sym(KeptBlocks, Int5):
-    target = "int5-sym"
-    symmetric = True
-
-
-@register_weight_format("gguf-int6")
-class KeptInt6(KeptBlocks, Int6):
-    target = "int6"
-
-
-@register_weight_format("gguf-iq4-nl")
-class KeptIQ4NL(KeptBlocks, IQ4):
-    target = "iq4-nl"
-
-
-@register_weight_format("gguf-iq4-xs")
-class KeptIQ4XS(KeptBlocks, IQ4):
-    target = "iq4-xs"
-    multiple = 256
-
-
-@register_weight_format("gguf-int4-k")
-class KeptInt4K(KeptBlocks, Int4K):
-    target = "int4-k"
-
-
-@register_weight_format("gguf-int5-k")
-class KeptInt5K(KeptBlocks, Int5K):
-    target = "int5-k"
-
-
-@register_weight_format("gguf-int3")
-class KeptInt3(KeptBlocks, KQ):
-    target = "int3"
-
-
-@register_weight_format("gguf-int2")
-class KeptInt2(KeptBlocks, KQ):
-    target = "int2"
-    bits = 2
-
-
-@register_weight_format("gguf-int8-g32")
-class KeptInt8G32(KeptBlocks, Int8G32):
-    target = "int8-g32"
+# target -> (the format whose kernel runs it, what differs from that format's defaults): `gguf-<target>`
+KEPT = {"int4": (Int4, {}), "int4-sym": (Int4, {"symmetric": True}), "int5": (Int5, {}),
+        "int5-sym": (Int5, {"symmetric": True}), "int6": (Int6, {}), "iq4-nl": (IQ4, {}),
+        "iq4-xs": (IQ4, {"multiple": 256}), "int4-k": (Int4K, {}), "int5-k": (Int5K, {}), "int3": (KQ, {}),
+        "int2": (KQ, {"bits": 2}), "int8-g32": (Int8G32, {})}
+for _target, (_base, _fields) in KEPT.items():
+    register_weight_format(f"gguf-{_target}")(
+        type(f"Kept{_base.__name__}{_target.title().replace('-', '')}", (KeptBlocks, _base),
+             {"target": _target, **_fields}))
 
 
 @register_weight_format("gguf-mxfp4")
