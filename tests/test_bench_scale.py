@@ -68,3 +68,17 @@ def test_a_tiny_row_runs_into_the_table_json_and_plot(tmp_path, capsys):
     assert set(row["batched_decode_tok_per_s"]) == {"3"} and data["ceilings"]["read_gb_per_s"] > 0
     assert png.stat().st_size > 1000
     assert write_checkpoint(SHAPES["tiny"], tmp_path / "work" / "tiny", tmp_path) == tmp_path / "work" / "tiny"  # reused
+
+
+@pytest.mark.parametrize("fmt, qtype", [("q4_0", "Q4_0"), ("q8_0", "Q8_0")])
+def test_the_a8_rows_run_the_file_with_int8_activations(tmp_path, monkeypatch, fmt, qtype):
+    """--a8: a Q4_0 / Q8_0 file again under w4a8 / w8a8 (int8 activations), every rate measured."""
+    from gguf import GGMLQuantizationType as T
+    from test_gguf_kept import write_gguf
+    monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
+    path = tmp_path / f"{fmt}.gguf"
+    write_gguf(path, {k: getattr(T, qtype) for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                     "ffn_up", "ffn_down", "output")}, tied=False)
+    row = scale.measure_ridgeline(path, fmt, 24, 4, [2], repeats=1, quantization=scale.A8[fmt])
+    assert row["prefill_tok_per_s"] > 0 and row["decode_tok_per_s"] > 0 and row["batched_decode_tok_per_s"][2] > 0
+    assert scale.A8[fmt] in row["weight_formats"], row["weight_formats"]

@@ -150,10 +150,13 @@ def parse_batched(text: str) -> dict[int, float]:
 
 
 # ---- Ridgeline on one file --------------------------------------------------------------------------
+A8 = {"q4_0": "w4a8", "q8_0": "w8a8"}  # --a8: the file's rows again with int8 activations
+
+
 def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, batches: list[int],
-                      repeats: int = 3) -> dict:
+                      repeats: int = 3, quantization: str | None = None) -> dict:
     """Batch-1 decode and a prefill of prompt_len tokens (each the best of repeats), and decode at each batch
-    size."""
+    size; quantization: an engine --quantization other than the file's default (the --a8 rows)."""
     import gc
 
     from ridgeline.bench.decode import read_bytes_per_token, ridgeline_decode_timing
@@ -165,6 +168,8 @@ def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, ba
                 speculative_method="none", enable_prefix_caching=False)  # every pass computed; torch's threads
     if fmt == "hf-bf16":
         opts.update(dtype="bfloat16", quantization="none")
+    if quantization is not None:
+        opts.update(quantization=quantization)
     eng = LLMEngine(EngineConfig.from_kwargs(str(path), **opts))
     try:
         vocab = min(eng.arch.vocab_size, eng.tokenizer.vocab_size)  # ids the tokenizer has
@@ -288,6 +293,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
         r = row["ridgeline"]
         r["read_gb_per_s"] = r["read_bytes_per_token"] * r["decode_tok_per_s"] / 1e9
         r["prefill_gop_per_s"] = 2 * _dense_params(shape) * r["prefill_tok_per_s"] / 1e9
+        if args.a8 and fmt in A8:
+            a8 = measure_ridgeline(path, fmt, args.prompt_len, args.output_len, batches, args.repeats, A8[fmt])
+            r["a8"] = {"quantization": A8[fmt], "prefill_tok_per_s": a8["prefill_tok_per_s"],
+                       "prefill_gop_per_s": 2 * _dense_params(shape) * a8["prefill_tok_per_s"] / 1e9,
+                       "decode_tok_per_s": a8["decode_tok_per_s"],
+                       "batched_decode_tok_per_s": a8["batched_decode_tok_per_s"]}
         if fmt != "hf-bf16" and (tools.get("llama-bench") or tools.get("llama-batched-bench")):
             row["llama_cpp"] = llama_cpp_rates(tools, path, threads, args.prompt_len, batches, work, args.repeats)
         results.append(row)
@@ -338,6 +349,14 @@ def render(results: list[dict], ceil: dict, prompt_len: int, batches: list[int])
             f"| {r['prefill_tok_per_s']:.0f} ({r['prefill_gop_per_s']:.0f}, {r['prefill_gop_per_s'] / bf16:.0%}) "
             f"| {_rate(lc.get('prefill_tok_per_s'))} ({_ratio(r['prefill_tok_per_s'], lc.get('prefill_tok_per_s'))}) "
             + (f"| {batched} " if batches else "") + "|")
+    for row in results:
+        a8, lc = row["ridgeline"].get("a8"), row.get("llama_cpp") or {}
+        if a8:
+            lines.append(f"| {row['size']} | {row['format']} {a8['quantization']} (int8 activations) | | "
+                         f"{a8['decode_tok_per_s']:.1f} | | {a8['prefill_tok_per_s']:.0f} ({a8['prefill_gop_per_s']:.0f}, "
+                         f"{a8['prefill_gop_per_s'] / (int8 or bf16):.0%} of the int8 peak) "
+                         f"| {_rate(lc.get('prefill_tok_per_s'))} ({_ratio(a8['prefill_tok_per_s'], lc.get('prefill_tok_per_s'))}) "
+                         + "".join(f"| {a8['batched_decode_tok_per_s'][b]:.1f} " for b in batches) + "|")
     lines += [""] + [f"{row['size']} {row['format']}: {row['ridgeline']['weight_formats']}" for row in results]
     return "\n".join(lines)
 
@@ -387,6 +406,9 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=positive_int, default=64, metavar="N", help="decode tokens timed")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
                    help="batch-1 decode and prefill runs per row, the best kept (llama-bench -r N)")
+    p.add_argument("--a8", action="store_true",
+                   help="also run the Q4_0 and Q8_0 files with int8 activations (--quantization w4a8, w8a8) "
+                        "(default: off)")
     p.add_argument("--batch-sizes", default="16,64", metavar="LIST", help="batched decode sizes beside batch 1")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="threads for both engines (default: the CPUs this process may use)")
