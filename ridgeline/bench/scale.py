@@ -402,7 +402,8 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="llama.cpp's binaries (llama-quantize, llama-bench, llama-batched-bench); default: PATH")
     p.add_argument("--tokenizer", default=None, metavar="FOLDER",
-                   help="tokenizer.json and tokenizer_config.json from this folder (default: the default model's)")
+                   help="tokenizer.json and tokenizer_config.json from this folder, one llama.cpp's converter recognizes "
+                        "for the shape's family (default: the default model's, which it takes for the Llama shapes)")
     p.add_argument("--prompt-len", type=positive_int, default=512, metavar="N", help="prefill length timed")
     p.add_argument("--output-len", type=positive_int, default=64, metavar="N", help="decode tokens timed")
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
