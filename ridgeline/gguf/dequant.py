@@ -1,18 +1,17 @@
 """Dequantize GGUF tensors to float32, vectorized over all blocks of a tensor (no Python loop per block):
-dense types by their dtype, quantized ones through their block layout (layouts.py), and the types with
-no layout of ours (layouts.REPACKED) by the gguf package's reference dequantizers."""
+dense types by their dtype, quantized ones through their block layout (layouts.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.gguf.layouts import LAYOUTS, REPACKED
+from ridgeline.gguf.layouts import LAYOUTS
 from ridgeline.gguf.reader import GGUFFile
 
-SUPPORTED_TYPES = frozenset(LAYOUTS) | frozenset(REPACKED) | {
+SUPPORTED_TYPES = frozenset(LAYOUTS) | {
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
 }
 
@@ -41,14 +40,11 @@ def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType | int, shape: tuple[
         out = torch.from_numpy(raw.copy().view(np.float16)).float()
     elif qtype == GGMLQuantizationType.BF16:
         out = torch.from_numpy(raw.copy().view(np.int16)).view(torch.bfloat16).float()
-    elif qtype in REPACKED:
+    else:
         size = GGML_QUANT_SIZES[qtype][1]
         if raw.size % size:
             raise ModelLoadError(f"tensor {name!r}: {raw.size} bytes are not whole {qtype.name} blocks")
-        out = torch.from_numpy(np.ascontiguousarray(quants.dequantize(raw.reshape(-1, size), qtype),
-                                                    dtype=np.float32)).reshape(-1)
-    else:
-        blocks = torch.from_numpy(raw.copy()).view(-1, GGML_QUANT_SIZES[qtype][1])
+        blocks = torch.from_numpy(raw.copy()).view(-1, size)
         out = LAYOUTS[qtype].unpack(blocks).values()
     n = int(np.prod(shape, dtype=np.int64))
     if out.numel() != n:

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
+from ridgeline.formats import rtn
+
 
 @dataclass(frozen=True)
 class Parts:
@@ -216,7 +218,7 @@ def _q2_k(b):
                  -(dmin.float()[:, None] * (c >> 4).float()))
 
 
-IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
+IQ4_VALUES = torch.tensor(rtn.IQ4_VALUES, dtype=torch.int8)
 
 
 def iq4_nl_grid(b):
@@ -247,11 +249,7 @@ def _iq4_xs(b):
     return Parts(IQ4_VALUES[codes.long()].view(len(b), 8, 32), 0, d.float()[:, None] * s.float(), None)
 
 
-# types with no layout here: dequantized by the gguf package (its reference dequantizers) and re-rounded to
-# int8 with an fp16 scale per 32 (repack.py), reading more bytes than the file; none today. IQ1_*, IQ2_* and
-# IQ3_* stay refused.
-REPACKED: dict[T, str] = {}
-
+# IQ1_*, IQ2_*, IQ3_*, TQ1_0 and TQ2_0 have no layout: refused by name (dequant.check_type)
 LAYOUTS: dict[T, Layout] = {
     T.Q4_0: Layout(_q4_0, "int4-sym", frozenset({"int4-sym", "int4", "int5-sym", "int5"})),
     T.Q4_1: Layout(_q4_1, "int4", frozenset({"int4", "int5"})),

@@ -25,39 +25,37 @@ Each conversion returns the tensor and whether it holds exactly the file's value
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.gguf.blocks import GGUFBlocks
-from ridgeline.gguf.layouts import LAYOUTS, REPACKED, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q2_k_grid, q3_k_grid, q4_k_grid, q5_k_grid, q6_k_grid
+from ridgeline.gguf.layouts import (LAYOUTS, iq4_nl_grid, iq4_xs_grid, mxfp4_codes, q2_k_grid, q3_k_grid, q4_k_grid,
+                                    q5_k_grid, q6_k_grid)
 from ridgeline.formats import fpq, rtn
 
-TARGETS = ("int2", "int3", "iq4-xs", "int4-sym", "iq4-nl", "int4-k", "int4", "int5-sym", "int5-k", "int5", "int6", "int8-g32")  # in bytes per weight
-# target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding)
-HOLDS = {"int4-sym": {"int4-sym"}, "int4": {"int4-sym", "int4", "int4-k"}, "int5-sym": {"int4-sym", "int5-sym"},
-         "int5": {"int4-sym", "int4", "int4-k", "int5-sym", "int5-k", "int5"}, "int4-k": {"int4-k"},
-         "int5-k": {"int5-k"}, "int6": {"int6"}, "iq4-nl": {"iq4-nl"},
-         "iq4-xs": {"iq4-xs"}, "int3": {"int3"}, "int2": {"int2"},
-         "int8-g32": set(TARGETS)}
+TARGETS = ("int2", "int3", "iq4-xs", "int4-sym", "iq4-nl", "int4-k", "int4", "int5-sym", "int5-k", "int5", "int6",
+           "int8-g32")  # in bytes per weight
+# target -> the kept formats (layouts.py) whose values it takes (int8-g32: int4's and int5's minimums by re-rounding);
+# a target not named takes its own only
+_WIDER = {"int4": {"int4-sym", "int4", "int4-k"}, "int5-sym": {"int4-sym", "int5-sym"},
+          "int5": {"int4-sym", "int4", "int4-k", "int5-sym", "int5-k", "int5"}, "int8-g32": set(TARGETS)}
+HOLDS = {target: _WIDER.get(target, {target}) for target in TARGETS}
 BITS = {"int4-sym": 4, "int4": 4, "int5-sym": 5, "int5": 5}
 EXACT = {(target, qtype) for qtype, layout in LAYOUTS.items() for target in layout.exact}
 
 
-def _kept(t) -> str:
-    return LAYOUTS[t].kept if t in LAYOUTS else REPACKED[t]
-
-
 def target_for(types: set) -> str | None:
     """Our format for a layer whose shards have these GGML types: the narrowest that holds what their layouts
-    keep (int4-sym, int4, int5-sym, int5, int8-g32; the types with no layout int8-g32), or None (dense: a dense
-    or unsupported shard)."""
-    if not types or any(t not in LAYOUTS and t not in REPACKED for t in types):
+    keep (TARGETS), or None (dense: a dense or unsupported shard)."""
+    if not types or any(t not in LAYOUTS for t in types):
         return None
     if T.MXFP4 in types:  # its own blocks alone; beside another type the grid that holds them both
         return "mxfp4" if types == {T.MXFP4} else "int8-g32"
-    kept = {_kept(t) for t in types}
+    kept = {LAYOUTS[t].kept for t in types}
     return next(target for target in TARGETS if kept <= HOLDS[target])
 
 
@@ -109,86 +107,40 @@ def to_mxfp4(t: GGUFBlocks) -> tuple[fpq.BlockTensor, bool]:
     return fpq.BlockTensor("mxfp4", codes.reshape(N, K).contiguous(), e.reshape(N, K // 32)), True
 
 
-def to_int6(t: GGUFBlocks) -> tuple[rtn.Int6Tensor, bool]:
-    """Q6_K blocks as the int6 format holds them: the same values and both levels of scales."""
-    N, K = t.shape
-    if t.qtype != T.Q6_K:
-        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no int6 form")
-    q, s, d = q6_k_grid(t.blocks())
-    return rtn.Int6Tensor(q.reshape(N, K).contiguous(), s.reshape(N, K // 16), d.reshape(N, K // 256)), True
+# the grids kept as the file stores them: target -> (its GGML type, the grid's fields per block (layouts.py), the
+# tensor built from those fields as rows of the matrix)
+AS_STORED = {
+    "int6": (T.Q6_K, q6_k_grid, rtn.Int6Tensor),
+    "iq4-nl": (T.IQ4_NL, iq4_nl_grid, rtn.IQ4Tensor),
+    "iq4-xs": (T.IQ4_XS, iq4_xs_grid, lambda q, s, d: rtn.IQ4Tensor(q, d, s)),
+    "int3": (T.Q3_K, q3_k_grid, lambda *f: rtn.KQTensor(3, *f)),
+    "int2": (T.Q2_K, q2_k_grid, lambda *f: rtn.KQTensor(2, *f)),
+    "int4-k": (T.Q4_K, q4_k_grid, lambda *f: rtn.KGridTensor(4, *f)),
+    "int5-k": (T.Q5_K, q5_k_grid, lambda *f: rtn.KGridTensor(5, *f)),
+}
 
 
-def to_iq4(t: GGUFBlocks, target: str) -> tuple[rtn.IQ4Tensor, bool]:
-    """IQ4_NL / IQ4_XS blocks as the iq4 formats hold them: the same codes and scales."""
-    N, K = t.shape
-    want = {"iq4-nl": T.IQ4_NL, "iq4-xs": T.IQ4_XS}[target]
-    if t.qtype != want:
+def as_stored(t: GGUFBlocks, target: str):
+    """One shard in its own grid (AS_STORED): the file's values and scales, each field [N, its count per row]."""
+    qtype, grid, build = AS_STORED[target]
+    if t.qtype != qtype:
         raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
-    if want == T.IQ4_NL:
-        codes, d = iq4_nl_grid(t.blocks())
-        return rtn.IQ4Tensor(codes.reshape(N, K).contiguous(), d.reshape(N, K // 32)), True
-    codes, s, d = iq4_xs_grid(t.blocks())
-    return rtn.IQ4Tensor(codes.reshape(N, K).contiguous(), d.reshape(N, K // 256), s.reshape(N, K // 32)), True
-
-
-def to_kq(t: GGUFBlocks, target: str) -> tuple[rtn.KQTensor, bool]:
-    """Q3_K / Q2_K blocks as the int3 / int2 formats hold them: the same values and both levels of scales."""
-    N, K = t.shape
-    want = {"int3": T.Q3_K, "int2": T.Q2_K}[target]
-    if t.qtype != want:
-        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
-    if want == T.Q3_K:
-        q, s, d = q3_k_grid(t.blocks())
-        return rtn.KQTensor(3, q.reshape(N, K).contiguous(), s.reshape(N, K // 16), d.reshape(N, K // 256)), True
-    q, c, d, dmin = q2_k_grid(t.blocks())
-    return rtn.KQTensor(2, q.reshape(N, K).contiguous(), c.reshape(N, K // 16), d.reshape(N, K // 256),
-                        dmin.reshape(N, K // 256)), True
-
-
-def to_kgrid(t: GGUFBlocks, target: str) -> tuple[rtn.KGridTensor, bool]:
-    """Q4_K / Q5_K blocks as the int4-k / int5-k formats hold them: the values, the 6-bit scales and mins, the fp16
-    pair per 256."""
-    N, K = t.shape
-    want = {"int4-k": T.Q4_K, "int5-k": T.Q5_K}[target]
-    if t.qtype != want:
-        raise ValueError(f"{t.name}: GGML type {t.qtype.name} has no {target} form")
-    q, s, m, d, dmin = (q4_k_grid if want == T.Q4_K else q5_k_grid)(t.blocks())
-    return rtn.KGridTensor(4 if want == T.Q4_K else 5, q.reshape(N, K).contiguous(), s.reshape(N, K // 32),
-                           m.reshape(N, K // 32), d.reshape(N, K // 256), dmin.reshape(N, K // 256)), True
+    return build(*(f.reshape(t.shape[0], -1).contiguous() for f in grid(t.blocks()))), True
 
 
 def convert(t: GGUFBlocks, target: str):
     """(tensor of `target`, exact?) for one shard."""
     if target == "mxfp4":
         return to_mxfp4(t)
-    if target == "int6":
-        return to_int6(t)
-    if target.startswith("iq4"):
-        return to_iq4(t, target)
-    if target in ("int3", "int2"):
-        return to_kq(t, target)
-    if target in ("int4-k", "int5-k"):
-        return to_kgrid(t, target)
+    if target in AS_STORED:
+        return as_stored(t, target)
     return to_int8_g32(t) if target == "int8-g32" else to_grid(t, target)
 
 
-def concat(parts: list) -> rtn.Int4Tensor | rtn.Int5Tensor | rtn.Int8GroupTensor:
-    """The shards of a fused projection, stacked along the output channels."""
+def concat(parts: list):
+    """The shards of a fused projection (one tensor type), stacked along the output channels: each tensor field
+    concatenated, the rest (bits, group, kind) the first's."""
     first = parts[0]
-    if isinstance(first, fpq.BlockTensor):
-        return fpq.BlockTensor(first.kind, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
-    if isinstance(first, rtn.Int8GroupTensor):
-        return rtn.Int8GroupTensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
-    if isinstance(first, rtn.KGridTensor):
-        return rtn.KGridTensor(first.bits, *(torch.cat([getattr(p, f) for p in parts])
-                                             for f in ("q", "sub", "mins", "scale", "dmin")))
-    if isinstance(first, rtn.KQTensor):
-        return rtn.KQTensor(first.bits, *(None if getattr(first, f) is None else torch.cat([getattr(p, f) for p in parts])
-                                          for f in ("q", "sub", "scale", "dmin")))
-    if isinstance(first, rtn.IQ4Tensor):
-        return rtn.IQ4Tensor(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
-                             None if first.sub is None else torch.cat([p.sub for p in parts]))
-    if isinstance(first, rtn.Int6Tensor):
-        return rtn.Int6Tensor(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "sub", "scale")))
-    mins = None if first.min is None else torch.cat([p.min for p in parts])
-    return type(first)(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), mins, 32)
+    fields = {f.name: getattr(first, f.name) for f in dataclasses.fields(first)}
+    return type(first)(**{k: torch.cat([getattr(p, k) for p in parts]) if isinstance(v, torch.Tensor) else v
+                          for k, v in fields.items()})
