@@ -46,6 +46,8 @@ class CallFormat:
         return self.start if self.opener is None else self.opener
 
 
+LEADING_SPACE = " \t\r\n"  # what may come before a leading_json reply's "{" (the auto grammar admits the same)
+
 HERMES = CallFormat("hermes", "<tool_call>", "</tool_call>")
 QWEN3_CODER = CallFormat("qwen3_coder", "<tool_call>", "</tool_call>", body="xml")
 LLAMA3_JSON = CallFormat("llama3_json", "<|python_tag|>", None, args_key="parameters", leading_json=True,

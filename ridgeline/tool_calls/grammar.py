@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 
 from ridgeline.tool_calls import harmony_grammar
-from ridgeline.tool_calls.formats import CallFormat
+from ridgeline.tool_calls.formats import LEADING_SPACE, CallFormat
 from ridgeline.tool_calls.xml_grammar import NotConstrainable, xml_calls
 
 __all__ = ["NotConstrainable", "auto_grammar", "call_grammar", "lazily_constrained"]
@@ -69,14 +69,13 @@ def lazily_constrained(fmt: CallFormat) -> bool:
     """tool_choice auto can be constrained from the format's opening marker on: the marker is what the
     format writes, or (Llama 3's bare JSON calls) a reply that begins with "{" is calls and the
     <|python_tag|> marker opens them after text, or (harmony) the reply is messages, one of them a call."""
-    if fmt.leading_json or fmt.body == "harmony":
-        return fmt.constrainable and bool(fmt.start)
-    return fmt.constrainable and fmt.opener is None and bool(fmt.start)
+    return fmt.constrainable and bool(fmt.start) and (fmt.opener is None or fmt.leading_json)
 
 
-# text that does not begin (after spaces, tabs and newlines) with "{": what the parser reads as content in a
-# format whose reply beginning with "{" is calls (ToolCallParser: leading_json)
-_NOT_LEADING_JSON = r"[ \t\r\n]*([^ \t\r\n{](.|\n)*)?"
+# text that does not begin (after LEADING_SPACE) with "{": what the parser reads as content in a format whose
+# reply beginning with "{" is calls (ToolCallParser: leading_json)
+_SPACE = LEADING_SPACE.encode("unicode_escape").decode()
+_NOT_LEADING_JSON = f"[{_SPACE}]*([^{_SPACE}{{](.|\\n)*)?"
 
 
 def _leading_json_auto(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool, ids: Mapping[str, int]) -> str:
@@ -87,9 +86,8 @@ def _leading_json_auto(fmt: CallFormat, tools: Mapping[str, dict], parallel: boo
         tagged = [f"tagged: PROSE {_lit(fmt.start, ids)} block"]
     else:  # the marker as text: the prose runs to its first occurrence
         tagged = ["tagged: trig block", f"trig[lazy]: PROSE {_lit(fmt.start, ids)}"]
-    return "\n".join(["start: LEAD? block | PROSE | tagged", "LEAD: /[ \\t\\r\\n]+/", f"PROSE: /{_NOT_LEADING_JSON}/",
-                      *tagged,
-                      f"block: call{more}", *_calls(fmt, tools)]) + "\n"
+    return "\n".join(["start: LEAD? block | PROSE | tagged", f"LEAD: /[{_SPACE}]+/", f"PROSE: /{_NOT_LEADING_JSON}/",
+                      *tagged, f"block: call{more}", *_calls(fmt, tools)]) + "\n"
 
 
 def auto_grammar(fmt: CallFormat, tools: Mapping[str, dict], parallel: bool,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ridgeline.tool_calls.arg_stream import ArgStream
-from ridgeline.tool_calls.formats import CallFormat
+from ridgeline.tool_calls.formats import LEADING_SPACE, CallFormat
 
 _TEXT, _CALL, _DONE = 0, 1, 2
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -181,7 +181,7 @@ class ToolCallParser:
                 self._close_block(out, body, self.fmt.end)
                 continue
             if self.fmt.leading_json and not self._seen_text:
-                head = self._text.lstrip(" \t\r\n")  # the whitespace the auto grammar admits before a call
+                head = self._text.lstrip(LEADING_SPACE)
                 if head.startswith("{"):
                     self._ws += self._text[:len(self._text) - len(head)]
                     self._text = head
@@ -241,17 +241,15 @@ class ToolCallParser:
         call opens at its start, its arguments follow in the reply's pieces and it closes with the text written
         (a grammar held it to the schema); as take() otherwise."""
         out: list[dict] = []
-        if not self.streams_taken:
-            for kind, text in events:
-                if kind == "start":
-                    self._taken_name = text  # the call's end may come in a later feed
-                elif kind == "end" and self._taken_name is not None:
-                    out += self.take(self._taken_name, text)
-                    self._taken_name = None
+        if self.streams_taken:
+            self._steps(out, [e for e in events if e[0] != "piece" or e[1]])
             return out
-        steps = [("open" if kind == "start" else "piece" if kind == "piece" else "close", text)
-                 for kind, text in events if kind != "piece" or text]
-        self._steps(out, steps)
+        for kind, text in events:
+            if kind == "open":
+                self._taken_name = text  # the call's close may come in a later feed
+            elif kind == "close" and self._taken_name is not None:
+                out += self.take(self._taken_name, text)
+                self._taken_name = None
         return out
 
     def _steps(self, out: list[dict], steps: list[tuple[str, str]]) -> None:

@@ -208,9 +208,9 @@ class HarmonySplitter(ReasoningSplitter):
     is a token matched by id.
 
     calls: a message addressed to a function (`to=functions.NAME` in its header) is a tool call, its body the
-    arguments, ended by `<|call|>` (or `<|end|>`, or the reply's end: `<|call|>` stops generation); each
-    call goes to `take_call_events()` (its start, its body's pieces, its end) instead of the answer. Without calls such a message is
-    answer text, as any other channel's."""
+    arguments, ended by `<|call|>` (or `<|end|>`, or the reply's end: `<|call|>` stops generation); each call goes
+    to `take_call_events()` (it opens, its body's pieces, it closes) instead of the answer. Without calls such a
+    message is answer text, as any other channel's."""
 
     def __init__(self, fmt: HarmonyFormat, specials: Mapping[int, str], forward: set[str] | None = None,
                  calls: bool = False):
@@ -222,7 +222,8 @@ class HarmonySplitter(ReasoningSplitter):
         self._seen = False  # a harmony marker came: header text is not the answer
         self._calls_on = calls
         self._call: list | None = None  # [function name, its body so far] while in a call's message
-        # the calls as they come: ("start", function name), ("piece", text), ("end", arguments text), in order
+        # the calls as they come, in arg_stream's steps: ("open", function name), ("piece", text), ("close",
+        # arguments text), in order
         self._call_events: list[tuple[str, str]] = []
 
     def take_call_events(self) -> list[tuple[str, str]]:
@@ -232,7 +233,7 @@ class HarmonySplitter(ReasoningSplitter):
 
     def _end_call(self) -> None:
         if self._call is not None:
-            self._call_events.append(("end", self._call[1]))
+            self._call_events.append(("close", self._call[1]))
             self._call = None
 
     def finish(self) -> tuple[str, str, list[int]]:
@@ -261,7 +262,7 @@ class HarmonySplitter(ReasoningSplitter):
             to = _RECIPIENT.search(f"{self._pre} {self._text} {self._channel or ''}")
             if self._calls_on and to is not None:
                 self._call, self._target = [to.group(1), ""], "call"
-                self._call_events.append(("start", to.group(1)))
+                self._call_events.append(("open", to.group(1)))
             self._hstate, self._text = _BODY, ""
         elif self._hstate == _BODY and token == f.end:
             self._end_call()
