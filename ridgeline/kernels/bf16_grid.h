@@ -6,6 +6,15 @@
 
 #include "quant_tile.h"
 
+/* the tile driver's plan for a grid kernel whose prep writes x as bf16 rows, then (sum_group > 0) one float per
+ * row and sum_group k: M rows by N columns by K, k blocks of KC, tiles of up to mr rows */
+static inline td_plan grid_plan(int64_t M, int64_t N, int64_t K, int64_t KC, int mr, int64_t sum_group) {
+    const size_t sums = sum_group ? (size_t)(M * (K / sum_group)) * sizeof(float) : 0;
+    return (td_plan){.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC, .rows = qt_chunk_rows(KC, 2, mr),
+                     .mr = mr, .wide = 1, .ws_bytes = (size_t)(M * K) * 2 + sums, .own_rows = TD_OWN_ROWS,
+                     .cols = QT_NC};
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* pair j of every vector v < nv: its low bits (LOW & nib) and high bits (HIGH & top) over the exponent magic
  * read as bf16 z + q, against every row i < mr of the bf16 x pair at xg + i * ldx + 8 o + 2 j: S[i][v] += */

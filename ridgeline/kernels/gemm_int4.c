@@ -194,10 +194,7 @@ int ridgeline_gemm_i4p(const uint32_t *p, const uint16_t *s, const float *x, flo
     if (M < 1 || N < 1 || K < 1 || (G != 32 && G != 64 && G != 128) || K % G) return -1;
     const int64_t KC = qt_k_block(M, K, 2, G);
     const i4_args a = {p, s, x, y, M, N, K, G, sym != 0};
-    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, I4_MR), .mr = I4_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / G)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, I4_MR, G);
     return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)G; (void)sym; (void)nthreads;
@@ -214,10 +211,7 @@ int ridgeline_gemm_i4k(const uint32_t *p, const uint8_t *s, const float *x, floa
     if (M < 1 || N < 1 || K < 1 || K % 256) return -1;
     const int64_t KC = qt_k_block(M, K, 2, 256);
     const i4_args a = {p, (const uint16_t *)s, x, y, M, N, K, 32, 2};
-    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, I4_MR), .mr = I4_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / 32)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, I4_MR, 32);
     return ridgeline_td_run(&plan, &a, prep_i4, tile_i4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

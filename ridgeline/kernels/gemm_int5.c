@@ -176,10 +176,7 @@ int ridgeline_gemm_i5p(const uint32_t *p, const uint32_t *h, const uint16_t *s, 
     if (M < 1 || N < 1 || K < 1 || K % I5G) return -1;
     const int64_t KC = qt_k_block(M, K, 2, I5G);
     const i5_args a = {p, h, s, x, y, M, N, K, sym != 0};
-    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, I5_MR), .mr = I5_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I5G)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, I5_MR, I5G);
     return ridgeline_td_run(&plan, &a, prep_i5, tile_i5, nthreads);
 #else
     (void)p; (void)h; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)sym; (void)nthreads;
@@ -195,10 +192,7 @@ int ridgeline_gemm_i5k(const uint32_t *p, const uint32_t *h, const uint8_t *s, c
     if (M < 1 || N < 1 || K < 1 || K % 256) return -1;
     const int64_t KC = qt_k_block(M, K, 2, 256);
     const i5_args a = {p, h, (const uint16_t *)s, x, y, M, N, K, 2};
-    const td_plan plan = {.M = M, .groups = (N + QT_NC - 1) / QT_NC, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, I5_MR), .mr = I5_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I5G)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, I5_MR, I5G);
     return ridgeline_td_run(&plan, &a, prep_i5, tile_i5, nthreads);
 #else
     (void)p; (void)h; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

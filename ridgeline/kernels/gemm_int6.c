@@ -150,10 +150,7 @@ int ridgeline_gemm_i6p(const uint32_t *p, const uint8_t *s, const float *x, floa
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, I6D);
     const i6_args a = {p, p + G * (K / 8) * QT_NC, (const int8_t *)s,
                        (const uint16_t *)(s + G * (K / I6G) * QT_NC), x, y, M, N, K};
-    const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, I6_MR), .mr = I6_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / I6G)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, I6_MR, I6G);
     return ridgeline_td_run(&plan, &a, prep_i6, tile_i6, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)nthreads;

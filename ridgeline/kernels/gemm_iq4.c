@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_tile.h"
+#include "bf16_grid.h"
 
 #define IQ4G 32
 
@@ -143,9 +143,7 @@ int ridgeline_gemm_iq4(const uint32_t *p, const uint8_t *s, const float *x, floa
     const int64_t G = (N + QT_NC - 1) / QT_NC, KC = qt_k_block(M, K, 2, B);
     const int xs = B == 256;
     const iq4_args a = {p, s, xs ? (const uint16_t *)(s + G * (K / IQ4G) * QT_NC) : NULL, x, y, M, N, K, xs};
-    const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, IQ4_MR), .mr = IQ4_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2, .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, IQ4_MR, 0);
     return ridgeline_td_run(&plan, &a, prep_iq4, tile_iq4, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)B; (void)nthreads;

@@ -166,10 +166,7 @@ int ridgeline_gemm_kq(const uint32_t *p, const uint8_t *s, const float *x, float
     const uint16_t *d = (const uint16_t *)(s + G * (K / KQG) * QT_NC);
     const kq_args a = {p, bits == 3 ? p + G * (K / KQG) * QT_NC : NULL, s, d,
                        bits == 2 ? d + G * (K / KQD) * QT_NC : NULL, x, y, M, N, K, (int)bits};
-    const td_plan plan = {.M = M, .groups = G, .K = K, .KC = KC,
-                          .rows = qt_chunk_rows(KC, 2, KQ_MR), .mr = KQ_MR, .wide = 1,
-                          .ws_bytes = (size_t)(M * K) * 2 + (size_t)(M * (K / KQG)) * sizeof(float),
-                          .own_rows = TD_OWN_ROWS, .cols = QT_NC};
+    const td_plan plan = grid_plan(M, N, K, KC, KQ_MR, KQG);
     return ridgeline_td_run(&plan, &a, prep_kq, tile_kq, nthreads);
 #else
     (void)p; (void)s; (void)x; (void)y; (void)M; (void)N; (void)K; (void)bits; (void)nthreads;
