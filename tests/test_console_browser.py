@@ -11,6 +11,8 @@ import httpx
 import pytest
 from server_helpers import StepGate, metric, wait_idle, wait_until
 
+from ridgeline.advisor import local_profile
+from ridgeline.advisor.local_profile import PROFILE_VERSION
 from ridgeline.cli import main
 from ridgeline.serve.app import build_app
 from ridgeline.serve.server import ServerThread
@@ -23,6 +25,23 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (a
 TIMEOUT_MS = 60_000  # a safety net only
 # wait_for_function takes arrow functions: under the console's CSP (no eval) Playwright cannot poll a bare
 # expression
+
+
+# this machine's profile as `ridgeline advise --hardware local` caches it (fixed numbers): the calculators'
+# default hardware is this machine, and a web request never measures it, so the tests never depend on whether
+# an earlier test happened to measure and cache it
+PROFILE = {"version": PROFILE_VERSION, "name": "local test CPU", "kind": "cpu", "threads": 2, "torch": "test",
+           "memory": 24 * 2**30, "bandwidth": 40e9, "flops": {"fp32": 2e11, "bf16": 4e11, "int8": 8e11, "fp8": 1e10},
+           "weight_stream_bw": {"bf16": 20e9}, "op_overhead": 5e-6, "gemm_curve": {}, "clock": "wall",
+           "measured_at": "2026-01-01 00:00:00"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def measured_profile():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local_profile, "cached_profile", lambda *a, **k: dict(PROFILE))
+        mp.setattr(local_profile, "measure", lambda *a, **k: pytest.fail("measured from a request"))
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -96,10 +96,11 @@ def scenario(request: Request, args: argparse.Namespace):
 def _cached_hardware():
     """This machine's cached profile: a web request never measures the machine (after the workload's checks,
     so a bad body says what is wrong with it first)."""
-    from ridgeline.advisor.local_profile import cached_profile, local_hardware
-    if cached_profile() is None:
+    from ridgeline.advisor.local_profile import cached_profile, to_spec
+    p = cached_profile()  # read once: the profile checked is the profile used
+    if p is None:
         raise AdvisorError(NO_PROFILE, "hardware")
-    return local_hardware(refresh=False)
+    return to_spec(p)
 
 
 def _batch(body: dict) -> int:
