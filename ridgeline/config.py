@@ -99,6 +99,10 @@ class CacheConfig:
     kv_offload_path: str | None = None
     # a preempted request: swap its blocks to the tier or recompute them; auto: whichever is measured cheaper
     preemption_mode: str = "auto"
+    # models mixing sliding-window and full-attention layers: a block table per KV group (local, global),
+    # the local groups' blocks behind their window freed (ridgeline/kv_groups.py); False: one table for
+    # every layer, every block kept (vLLM's --disable-hybrid-kv-cache-manager)
+    hybrid_kv_cache: bool = True
 
     @property
     def k_dtype(self) -> str:

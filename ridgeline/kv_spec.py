@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ridgeline.kv_groups import KVGroups
+
 
 @dataclass(frozen=True)
 class KVFormat:
@@ -92,6 +94,8 @@ class KVCacheSpec:
     v_format: KVFormat | None = None  # None: the same as K's
     layout: str = ("per layer, for K then V: data [blocks, block_size, kv_heads, head_dim units], then "
                    "scales [blocks, block_size, kv_heads, scales per vector] fp16 for quantized formats")
+    # KV groups (ridgeline/kv_groups.py): a page holds groups.size layers' regions, not num_layers'
+    groups: KVGroups | None = None
 
     def __post_init__(self):
         if self.v_format is None:
@@ -102,13 +106,23 @@ class KVCacheSpec:
         return self.format
 
     @property
+    def storage_layers(self) -> int:
+        """Layers' regions in one block (a page): every layer's, or a KV group's."""
+        return self.groups.size if self.groups is not None else self.num_layers
+
+    @property
     def bytes_per_token(self) -> int:
-        per_head = self.format.vector_bytes(self.head_dim) + self.v_format.vector_bytes(self.head_dim)
-        return self.num_layers * self.num_kv_heads * per_head
+        """Every layer's K and V of one token."""
+        return self.num_layers * self._layer_token_bytes
+
+    @property
+    def _layer_token_bytes(self) -> int:
+        return self.num_kv_heads * (self.format.vector_bytes(self.head_dim) + self.v_format.vector_bytes(self.head_dim))
 
     @property
     def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
+        """One block (a page: storage_layers' regions) of block_size tokens."""
+        return self.storage_layers * self._layer_token_bytes * self.block_size
 
     def region_shapes(self, num_blocks: int) -> dict[str, tuple[tuple[int, ...], KVFormat | None]]:
         """Name -> (shape, format) of each region of one layer, in storage order; a scale region's format is None."""

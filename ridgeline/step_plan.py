@@ -36,6 +36,9 @@ class ScheduledSeq:
     # them; None: start, slots are positions), and (from, to) flat slots to move before the forward
     cache_start: int | None = None
     kv_moves: list[tuple[int, int]] = field(default_factory=list)
+    # KV groups (ridgeline/kv_groups.py): the other groups' tables over the same positions (block_table is
+    # group 0's); empty with one table for every layer
+    group_tables: list[list[int]] = field(default_factory=list)
 
     @property
     def num_new(self) -> int:

@@ -37,8 +37,9 @@ def engine_logits(llm: LLM, prompts_ids: list[list[int]], chunk: int) -> list[to
             if starts[i] < len(ids):
                 n = min(chunk, len(ids) - starts[i])
                 assert kv.allocate(f"t{i}", starts[i] + n)
-                seqs.append(ScheduledSeq(f"t{i}", starts[i], ids[starts[i]:starts[i] + n], kv.tables[f"t{i}"],
-                                         False, SamplingParams(), None, ids, len(ids)))
+                table, more = kv.seq_tables(f"t{i}")
+                seqs.append(ScheduledSeq(f"t{i}", starts[i], ids[starts[i]:starts[i] + n], table,
+                                         False, SamplingParams(), None, ids, len(ids), group_tables=more))
         seqs.sort(key=lambda s: s.num_new != 1)
         ids_t, pos, ctx, _ = runner.prepare(seqs)
         with torch.inference_mode(), forward_context(ctx):

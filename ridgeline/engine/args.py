@@ -71,6 +71,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV cache block, a power of two")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of identical prompt prefixes across requests")
+    g.add_argument("--disable-hybrid-kv-cache-manager", dest="hybrid_kv_cache", action="store_false",
+                   help="a model mixing sliding-window and full-attention layers (Gemma 2/3, GPT-OSS) keeps one block "
+                        "table for every layer and every block, instead of a table per layer group with the "
+                        "local layers' blocks behind their window freed")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N",
                    help="tokens one engine step computes, prefill chunks and decodes together")
     g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="requests running at once")
@@ -160,7 +164,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ["dtype", "max_model_len", "device", "kv_cache_memory", "kv_cache_dtype", "kv_cache_dtype_k",
             "kv_cache_dtype_v", "kv_eviction", "kv_eviction_budget", "kv_sink_tokens", "kv_offload",
             "kv_offload_size", "kv_offload_path", "preemption_mode", "block_size", "enable_prefix_caching",
-            "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
+            "hybrid_kv_cache", "max_num_batched_tokens", "max_num_seqs", "seed", "quantization", "quant_group_size", "quant_symmetric",
             "speculative_method", "num_speculative_tokens", "speculative_controller", "draft_model",
             "draft_quantization", "rope_scaling", "speculative_layers"]
     parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores",

@@ -140,6 +140,7 @@ class KVPlan:
     own_blocks: int  # what that budget holds
     num_blocks: int  # what every rank holds (the fullest rank's count)
     max_len: int  # the context length: the model's, or what one request may hold in this pool
+    one_table: str | None = None  # why a model with local and global layers keeps one table (None: it does not)
 
     @property
     def capacity(self) -> int:
@@ -152,8 +153,10 @@ def plan_kv(config: EngineConfig, src: Source, par: Parallel, max_len: int) -> K
     # a rank's KV holds its own KV heads (a stage's, its own layers): the block count is what the
     # fullest rank's budget holds
     k_fmt, v_fmt = src.formats
+    groups, one_table = kv_groups(config, src, par)
     spec = KVCacheSpec(k_fmt, len(stage.layers) if stage else arch.num_layers,
-                       tp.arch.num_kv_heads if tp else arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt)
+                       tp.arch.num_kv_heads if tp else arch.num_kv_heads, arch.head_dim, cc.block_size, v_fmt,
+                       groups=groups)
     kv_bytes = cc.kv_cache_memory or min(DEFAULT_KV_CAP, int(available_memory() * cc.kv_cache_fraction))
     own = spec.num_blocks(kv_bytes)
     num_blocks = own if par.group is None else par.group.agree_min(own)
@@ -161,12 +164,42 @@ def plan_kv(config: EngineConfig, src: Source, par: Parallel, max_len: int) -> K
         raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds no block ({spec.bytes_per_block} B each)")
     capacity = (num_blocks - 1) * cc.block_size
     budget = cc.kv_eviction_budget if cc.kv_eviction != "none" else None
-    if capacity < peak_tokens(max_len, arch.kv_window, config.scheduler.max_num_batched_tokens, cc.block_size, budget):
+    chunk = config.scheduler.max_num_batched_tokens
+    if groups is not None:  # pages, over every group
+        def holds(n: int) -> bool:
+            return groups.peak_pages(n, chunk, cc.block_size) <= num_blocks - 1
+        if not holds(1):
+            raise ModelLoadError(f"kv_cache_memory {kv_bytes} B holds {num_blocks - 1} blocks, fewer than this "
+                                 f"model's {groups.num_groups} KV groups need for one token; raise --kv-cache-memory")
+        fits, lo, hi = holds(max_len), 1, max_len  # longest: the most tokens one request may hold
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if holds(mid) else (lo, mid - 1)
+        longest = lo
+    else:
+        fits = capacity >= peak_tokens(max_len, arch.kv_window, chunk, cc.block_size, budget)
+        longest = capacity
+    if not fits:
         if mc.max_model_len:
-            raise InvalidRequestError(f"max_model_len {max_len} does not fit the KV cache ({capacity} tokens); raise "
+            raise InvalidRequestError(f"max_model_len {max_len} does not fit the KV cache ({longest} tokens); raise "
                                       "--kv-cache-memory or lower --max-model-len", "max_model_len")
-        max_len = capacity  # one request of max_model_len must always fit
-    return KVPlan(spec, kv_bytes, own, num_blocks, max_len)
+        max_len = longest  # one request of max_model_len must always fit
+    return KVPlan(spec, kv_bytes, own, num_blocks, max_len, one_table)
+
+
+def kv_groups(config: EngineConfig, src: Source, par: Parallel):
+    """(the KV groups of a model mixing local and global layers, or None; why such a model keeps one
+    table for every layer, or None). The features that move or rewrite one table per request keep one."""
+    from ridgeline.kv_groups import plan_groups
+    arch, cc = src.arch, config.cache
+    groups = plan_groups([arch.window_of(i) for i in range(arch.num_layers)])
+    if groups is None:
+        return None, None
+    why = ("--disable-hybrid-kv-cache-manager" if not cc.hybrid_kv_cache else
+           "parallel ranks" if par.group is not None else
+           "--kv-offload" if cc.kv_offload != "none" else
+           "--kv-eviction" if cc.kv_eviction != "none" else None)
+    return (None, why) if why else (groups, None)
 
 
 def context_of(config: EngineConfig, src: Source) -> int:
@@ -206,8 +239,9 @@ def build_scheduler(config: EngineConfig, src: Source, kv: KVPlan, tier) -> tupl
     cc = config.cache
     evict = cc.kv_eviction != "none"
     # eviction rewrites a request's blocks in place: none of them may be cached (or shared)
+    groups = kv.spec.groups
     manager = KVCacheManager(kv.num_blocks, cc.block_size, enable_caching=cc.enable_prefix_caching and not evict,
-                             window=src.arch.kv_window, tier=tier)
+                             window=None if groups else src.arch.kv_window, tier=tier, groups=groups)
     evictor = Evictor(cc.kv_eviction, cc.kv_eviction_budget, cc.kv_sink_tokens) if evict else None
     return manager, Scheduler(config.scheduler, manager, evictor)
 

@@ -38,6 +38,9 @@ class EngineInfo:
     quantization: str = "none"  # what the quantization option resolved to (auto: gguf for a GGUF model)
     kv_window: int | None = None  # every layer has a sliding window: the widest (blocks behind it are freed)
     kv_budget: int | None = None  # KV eviction: tokens of KV a request keeps at most
+    # local and global layers, one table for every layer all the same: why (None: a table per KV group, or
+    # a model without both kinds)
+    kv_one_table: str | None = None
     kv_eviction: str | None = None  # the eviction policy, described; None when off
     offload: str | None = None  # the second KV tier, or None when off
     tensor_parallel: object | None = None  # distributed.memory.TPInfo: every rank's shard and bytes; None: one process
@@ -82,7 +85,9 @@ class EngineInfo:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return (self.num_kv_blocks - 1) * self.block_size
+        """Tokens the cache holds (with KV groups, below every window: a block of each group per block)."""
+        groups = self.kv_spec.groups
+        return (self.num_kv_blocks - 1) * self.block_size // (groups.num_groups if groups else 1)
 
     @property
     def tokens_per_request(self) -> int:
@@ -91,6 +96,8 @@ class EngineInfo:
         bs = self.block_size
         if self.kv_budget is not None:
             return min(self.max_model_len, -(-self.kv_budget // bs) * bs)
+        if self.kv_spec.groups is not None:  # in tokens of every group: pages held x block size / groups
+            return self._group_pages() * bs // self.kv_spec.groups.num_groups
         if self.kv_window is None:
             return self.max_model_len
         return min(self.max_model_len, (-(-self.kv_window // bs) + 1) * bs)
@@ -116,7 +123,19 @@ class EngineInfo:
         r = self.kv_capacity_ratio
         return "" if abs(r - 1) < 1e-9 else f", {r:.2f}x the tokens of {str(self.dtype).removeprefix('torch.')}"
 
+    def _group_pages(self) -> int:
+        """Pages a decoding request of max_model_len holds over every KV group."""
+        bs, blocks = self.block_size, -(-self.max_model_len // self.block_size)
+        return blocks + sum(min(blocks, -(-w // bs) + 1) for w in self.kv_spec.groups.windows[1:])
+
     def _window_note(self) -> str:
+        groups = self.kv_spec.groups
+        if groups is not None:
+            share = self._group_pages() * groups.size / (-(-self.max_model_len // self.block_size) * len(groups.group))
+            return (f" ({groups.describe()}: a request of max_model_len holds {share:.0%} of the KV one table for "
+                    f"every layer would)")
+        if self.kv_one_table is not None:
+            return f" (local and global layers in one table, every block kept: {self.kv_one_table})"
         if self.kv_budget is not None:
             return f" (KV eviction: at most {self.tokens_per_request} tokens held per request)"
         if self.kv_window is None:

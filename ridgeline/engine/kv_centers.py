@@ -37,12 +37,12 @@ def _keys(engine, layers, ids: list[int]) -> list[torch.Tensor] | None:
     if not kv.allocate(rid, len(ids)):
         return None
     try:
-        table = list(kv.tables[rid])
-        runner.prefill_only(rid, ids, table)  # keys stored with zero centers
-        blocks = torch.tensor(table, dtype=torch.long, device=layers[0].k.device)
+        table, more = kv.seq_tables(rid)
+        runner.prefill_only(rid, ids, table, more)  # keys stored with zero centers
+        tables = [torch.tensor(t, dtype=torch.long, device=layers[0].k.device) for t in (table, *more)]
         out = []
         for layer in layers:
-            k, _ = layer.read(blocks, torch.float32)  # [n, bs, Hkv, D], rotated formats still rotated
+            k, _ = layer.read(tables[layer.kv_group], torch.float32)  # [n, bs, Hkv, D], rotated formats still rotated
             k = k.reshape(-1, *k.shape[2:])[:len(ids)]
             out.append(hadamard(k) if layer.k_fmt.rotate else k)  # normalized: its own inverse
         return out

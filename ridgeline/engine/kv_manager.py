@@ -15,6 +15,13 @@ table keeps a 0 in their place (a hole: never read, never counted), so its block
 window. Holes are a prefix of the table. A released block that is cached stays servable: a later
 request that matches it matches every block before its own start, so it never needs a hole.
 
+KV groups (ridgeline/kv_groups.py: layers mixing local and global attention): a request has one table
+per group over the one pool (group 0 global, the others each with its window), every page belongs to one
+group's table at a time, and a local group's blocks behind its window are released as above (its holes).
+A page cached by one group is found only by that group's lookups (one index per group); a prefix hit
+needs group 0's blocks up to it and each local group's blocks of the window before it. `tables` and
+`holes` are group 0's; `group_tables` / `group_holes` all of them.
+
 With a second tier (`tier`, engine/kv_tier.py) an evicted cached block is offered to it, a lookup
 continues there after the pool, and a preempted request may swap its blocks out; the tier records
 the copies, the runner makes them.
@@ -26,24 +33,35 @@ from collections.abc import Sequence
 
 from ridgeline.engine.kv_tier import TierIndex
 from ridgeline.engine.prefix_cache import BlockHash, PrefixCacheIndex, PrefixCacheStats, PrefixMatch, chain_keys
+from ridgeline.kv_groups import KVGroups
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False, window: int | None = None,
-                 tier: TierIndex | None = None):
+                 tier: TierIndex | None = None, groups: KVGroups | None = None):
+        """window: every layer's (one table); groups: a table per KV group instead (window then None)."""
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
+        assert groups is None or (window is None and tier is None), "KV groups have their own windows, no tier"
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self.free_ids: deque[int] = deque(range(1, num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, ref 0; LRU first
-        self.tables: dict[str, list[int]] = {}
-        self.cache = PrefixCacheIndex() if enable_caching else None
+        self.groups = groups
+        self.windows: tuple[int | None, ...] = groups.windows if groups is not None else (window,)
+        n = len(self.windows)
+        self.group_tables: list[dict[str, list[int]]] = [{} for _ in range(n)]
+        self.tables = self.group_tables[0]
+        self.caches = [PrefixCacheIndex() for _ in range(n)] if enable_caching else None
+        self.cache = self.caches[0] if enable_caching else None
+        self.page_group = [0] * num_blocks  # the group whose table a page is in (or was cached by)
         self.block_hashes: dict[str, list[BlockHash]] = {}  # request -> hashes of its first full, computed blocks
         self.stats = PrefixCacheStats()
         self.window = window
-        self.holes: dict[str, int] = {}  # request -> blocks released at the start of its table
+        # per group: request -> blocks released at the start of its table
+        self.group_holes: list[dict[str, int]] = [{} for _ in range(n)]
+        self.holes = self.group_holes[0]
         self.tier = tier
 
     @property
@@ -76,7 +94,32 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def num_new_blocks(self, req_id: str, num_tokens: int) -> int:
-        return max(0, self.blocks_for(num_tokens) - len(self.tables.get(req_id, ())))
+        need = self.blocks_for(num_tokens)
+        return sum(max(0, need - len(t.get(req_id, ()))) for t in self.group_tables)
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages a request of num_tokens holds: a block of every group per block of tokens (one group: as
+        many as its blocks), a local group's capped by its window."""
+        blocks = self.blocks_for(num_tokens)
+        return blocks + sum(blocks if w is None else min(blocks, self.blocks_for(w) + 1) for w in self.windows[1:])
+
+    def peak_pages(self, num_tokens: int, chunk: int, budget: int | None = None) -> int:
+        """Pages one request of num_tokens holds at most (chunk: the largest step; budget: KV eviction's)."""
+        if self.groups is not None:
+            return self.groups.peak_pages(num_tokens, chunk, self.block_size)
+        from ridgeline.engine.kv_eviction import peak_tokens
+        return self.blocks_for(peak_tokens(num_tokens, self.window, chunk, self.block_size, budget))
+
+    def seq_tables(self, req_id: str, num_tokens: int | None = None) -> tuple[list[int], list[list[int]]]:
+        """Copies of req_id's table covering num_tokens (None: all of it), and of the other groups' tables."""
+        cut = None if num_tokens is None else self.blocks_for(num_tokens)
+        tables = [list(t[req_id][:cut]) for t in self.group_tables]
+        return tables[0], tables[1:]
+
+    def held_slots(self, req_id: str) -> tuple[int, int]:
+        """(blocks held over every group, of them released behind a window: holes)."""
+        held = sum(len(t.get(req_id, ())) for t in self.group_tables)
+        return held, sum(h.get(req_id, 0) for h in self.group_holes)
 
     # ---- prefix cache --------------------------------------------------------------------------
     def match(self, token_ids: Sequence[int], salt: str | None = None) -> PrefixMatch:
@@ -98,7 +141,24 @@ class KVCacheManager:
                     slots.append(slot)
                     keys.append(key)
                 hashes.append(h)
+        if self.groups is not None and hashes:
+            return self._group_match(token_ids, salt, blocks, hashes)
         return PrefixMatch(blocks, hashes, len(hashes) * self.block_size, len(token_ids), slots, keys)
+
+    def _group_match(self, token_ids, salt, blocks: list[int], hashes: list[BlockHash]) -> PrefixMatch:
+        """Group 0 holds the first len(blocks) blocks; a hit of n blocks also needs every other global
+        group's first n blocks and every local group's blocks from the first its window reaches at
+        position n * block_size. The largest such n."""
+        bs, n = self.block_size, len(blocks)
+        keys = [key for _, key in chain_keys(token_ids, bs, 0, n, None, salt)]
+        found = [[self.caches[k].get(h, key) for h, key in zip(hashes, keys)] for k in range(1, len(self.windows))]
+        while n:
+            firsts = [0 if w is None else max(0, n * bs - w + 1) // bs for w in self.windows[1:]]
+            if all(all(f[first:n]) for f, first in zip(found, firsts)):
+                break
+            n -= 1
+        group_blocks = [[0] * first + f[first:n] for f, first in zip(found, firsts)] if n else []
+        return PrefixMatch(blocks[:n], hashes[:n], n * bs, len(token_ids), group_blocks=group_blocks)
 
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int,
                      salt: str | None = None) -> None:
@@ -112,7 +172,11 @@ class KVCacheManager:
             return
         parent = hashes[-1] if hashes else None
         for h, key in chain_keys(token_ids, self.block_size, len(hashes), full, parent, salt):
-            self.cache.add(table[len(hashes)], h, key)  # a duplicate of a cached block stays uncached
+            i = len(hashes)
+            for cache, tables in zip(self.caches, self.group_tables):
+                block = tables[req_id][i] if i < len(tables[req_id]) else 0
+                if block:  # a local group's block released behind its window stays uncached
+                    cache.add(block, h, key)  # a duplicate of a cached block stays uncached
             hashes.append(h)
 
     def reset_prefix_cache(self) -> int:
@@ -120,35 +184,48 @@ class KVCacheManager:
         n = len(self.evictable) + (self.tier.clear() if self.tier is not None else 0)
         while self.evictable:
             block, _ = self.evictable.popitem(last=False)
-            self.cache.remove(block)
+            self.caches[self.page_group[block]].remove(block)
             self.free_ids.append(block)
         return n
 
     # ---- allocation ----------------------------------------------------------------------------
     def allocate(self, req_id: str, num_tokens: int, reserve: int = 0, prefix: PrefixMatch | None = None) -> bool:
-        """Grow req_id's table to hold num_tokens, starting with prefix's cached blocks (into an empty
-        table only); False (and no change) if fewer than needed + reserve blocks are free."""
+        """Grow req_id's tables to hold num_tokens, starting with prefix's cached blocks (into empty
+        tables only); False (and no change) if fewer than needed + reserve blocks are free."""
         hit = prefix.blocks if prefix is not None else []
         loads = prefix.tier_slots if prefix is not None else []
+        hits = [hit, *(prefix.group_blocks if prefix is not None and prefix.group_blocks else [[]] * (len(self.windows) - 1))]
         assert not ((hit or loads) and self.tables.get(req_id)), "a prefix goes into an empty table only"
         if loads:
             self.tier.pin(loads)  # before any eviction below can reuse them
-        revived = sum(1 for b in hit if self.ref_counts[b] == 0)  # cached blocks leaving `evictable`
-        need = max(0, self.num_new_blocks(req_id, num_tokens) - len(hit))
+        # cached blocks leaving `evictable`
+        revived = sum(1 for blocks in hits for b in blocks if b and self.ref_counts[b] == 0)
+        need = max(0, self.num_new_blocks(req_id, num_tokens) - sum(map(len, hits)))
         if need + revived + reserve > self.num_free_blocks:
             return False
-        table = self.tables.setdefault(req_id, [])
-        for block in hit:
-            if self.ref_counts[block] == 0:
-                del self.evictable[block]
-            self.ref_counts[block] += 1
-            table.append(block)
+        for k, (tables, blocks) in enumerate(zip(self.group_tables, hits)):
+            table = tables.setdefault(req_id, [])
+            for block in blocks:
+                if block:
+                    if self.ref_counts[block] == 0:
+                        del self.evictable[block]
+                    self.ref_counts[block] += 1
+                table.append(block)
+            holes = next((i for i, b in enumerate(blocks) if b), len(blocks))  # a local hit's holes lead
+            if holes:
+                self.group_holes[k][req_id] = holes
         if prefix is not None and not prefix.swapped:
             self.block_hashes[req_id] = list(prefix.hashes)
             self.stats.queries += prefix.num_queried
             self.stats.hits += prefix.num_tokens
-        new = [self._take() for _ in range(need)]
-        table.extend(new)
+        target = self.blocks_for(num_tokens)
+        new = []
+        for k, tables in enumerate(self.group_tables):
+            table = tables[req_id]
+            grown = [self._take(k) for _ in range(target - len(table))]
+            table.extend(grown)
+            if k == 0:
+                new = grown
         if loads:
             self._load_from_tier(req_id, prefix, new[:len(loads)])
         return True
@@ -181,38 +258,51 @@ class KVCacheManager:
         if self.tier is not None:
             self.tier.forget(req_id)
 
-    def _take(self) -> int:
+    def _take(self, group: int = 0) -> int:
         if self.free_ids:
             block = self.free_ids.popleft()
         else:
             block, _ = self.evictable.popitem(last=False)
+            cache = self.caches[self.page_group[block]]
             if self.tier is not None:
-                self.tier.offer(block, *self.cache.entries[block])
-            self.cache.remove(block)
+                self.tier.offer(block, *cache.entries[block])
+            cache.remove(block)
             self.stats.evictions += 1
         self.ref_counts[block] = 1
+        self.page_group[block] = group
         return block
 
-    def release_before(self, req_id: str, first_needed: int) -> int:
-        """Release req_id's blocks wholly before token first_needed (holes stay in the table); returns how many."""
-        table = self.tables.get(req_id)
-        done = self.holes.get(req_id, 0)
+    def release_behind(self, req_id: str, position: int) -> int:
+        """The query at `position` reaches back window - 1 keys in each windowed group: release req_id's
+        blocks wholly before that, in every such group; returns how many."""
+        return sum(self.release_before(req_id, position - w + 1, k) for k, w in enumerate(self.windows) if w)
+
+    def release_before(self, req_id: str, first_needed: int, group: int = 0) -> int:
+        """Release req_id's blocks wholly before token first_needed in one group's table (holes stay in
+        the table); returns how many."""
+        table = self.group_tables[group].get(req_id)
+        holes = self.group_holes[group]
+        done = holes.get(req_id, 0)
         upto = min(max(first_needed, 0) // self.block_size, len(table) if table else 0)
         if upto <= done:
             return 0
         for i in range(done, upto):  # oldest first: the first to be evicted again
             self._release(table[i])
             table[i] = 0
-        self.holes[req_id] = upto
+        holes[req_id] = upto
         return upto - done
 
     def held_blocks(self, req_id: str) -> int:
-        return len(self.tables.get(req_id, ())) - self.holes.get(req_id, 0)
+        held, holes = self.held_slots(req_id)
+        return held - holes
+
+    def held_blocks_in(self, req_id: str, group: int) -> int:
+        return len(self.group_tables[group].get(req_id, ())) - self.group_holes[group].get(req_id, 0)
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            if self.cache is not None and block in self.cache:
+            if self.caches is not None and block in self.caches[self.page_group[block]]:
                 self.evictable[block] = None  # most recently released: evicted last
             else:
                 self.free_ids.append(block)
@@ -220,45 +310,55 @@ class KVCacheManager:
     def share(self, src_id: str, dst_id: str, num_tokens: int) -> int:
         """Give dst the full blocks of src covering its first num_tokens tokens; returns tokens shared."""
         assert not self.tables.get(dst_id), "share into an empty table only"
-        blocks = self.tables[src_id][: num_tokens // self.block_size]
-        for b in blocks:
-            if b:
-                self.ref_counts[b] += 1
-        self.tables[dst_id] = list(blocks)
-        holes = min(self.holes.get(src_id, 0), len(blocks))
-        if holes:
-            self.holes[dst_id] = holes
-        return len(blocks) * self.block_size
+        n = num_tokens // self.block_size
+        for tables, holes in zip(self.group_tables, self.group_holes):
+            blocks = tables[src_id][:n]
+            for b in blocks:
+                if b:
+                    self.ref_counts[b] += 1
+            tables[dst_id] = list(blocks)
+            held = min(holes.get(src_id, 0), len(blocks))
+            if held:
+                holes[dst_id] = held
+        return n * self.block_size
 
     def shrink(self, req_id: str, num_tokens: int) -> int:
-        """Release the blocks of req_id's table past those num_tokens tokens need (tail first, as free()
+        """Release the blocks of req_id's tables past those num_tokens tokens need (tail first, as free()
         does): slots held for proposals that were rejected. They hold no computed token, so none is
         cached. Returns how many blocks were released."""
-        table = self.tables.get(req_id)
-        keep = self.blocks_for(num_tokens)
-        if table is None or len(table) <= keep:
-            return 0
-        released = table[keep:]
-        del table[keep:]
-        for block in reversed(released):
-            self._release(block)
-        return len(released)
+        keep, n = self.blocks_for(num_tokens), 0
+        for tables in self.group_tables:
+            table = tables.get(req_id)
+            if table is None or len(table) <= keep:
+                continue
+            released = table[keep:]
+            del table[keep:]
+            for block in reversed(released):
+                self._release(block)
+            n += len(released)
+        return n
 
     def free(self, req_id: str) -> None:
-        """Release a request's blocks, tail first: the tail is the first to be reused or evicted."""
+        """Release a request's blocks, tail first: the tail is the first to be reused or evicted (the
+        local groups' before group 0's, which a later prefix hit needs most)."""
         self.block_hashes.pop(req_id, None)
-        holes = self.holes.pop(req_id, 0)
-        for block in reversed(self.tables.pop(req_id, [])[holes:]):
-            self._release(block)
+        for tables, holes in reversed(list(zip(self.group_tables, self.group_holes))):
+            skip = holes.pop(req_id, 0)
+            for block in reversed(tables.pop(req_id, [])[skip:]):
+                self._release(block)
 
     def check_integrity(self) -> None:
         refs = [0] * self.num_blocks
-        for rid, table in self.tables.items():
-            holes = self.holes.get(rid, 0)
-            assert 0 not in table[holes:], f"{rid}: a hole after a held block"
-            assert not any(table[:holes]), f"{rid}: a released block is still in its table"
-            for b in table[holes:]:
-                refs[b] += 1
+        for k, (tables, holes_of) in enumerate(zip(self.group_tables, self.group_holes)):
+            assert tables.keys() == self.tables.keys(), f"group {k}: tables of other requests than group 0's"
+            for rid, table in tables.items():
+                holes = holes_of.get(rid, 0)
+                assert len(table) == len(self.tables[rid]), f"{rid}: group {k}'s table is not group 0's length"
+                assert 0 not in table[holes:], f"{rid}: a hole after a held block"
+                assert not any(table[:holes]), f"{rid}: a released block is still in its table"
+                for b in table[holes:]:
+                    refs[b] += 1
+                    assert self.page_group[b] == k, f"{rid}: block {b} is in group {k}'s table, not its own"
         assert refs == self.ref_counts, "ref counts disagree with block tables"
         free, cached = set(self.free_ids), set(self.evictable)
         assert len(free) == len(self.free_ids), "a block is in the free list twice"
@@ -270,15 +370,22 @@ class KVCacheManager:
             f"free {len(free)} + cached {len(cached)} + used {len(used)} != total {self.num_usable_blocks}"
         if self.tier is not None:
             self.tier.check()
-        if self.cache is None:
+        if self.caches is None:
             assert not cached, "cached blocks without a prefix cache"
             return
-        self.cache.check()
-        assert all(b in self.cache for b in cached), "an evictable block is not in the prefix cache"
-        assert all(b in cached or b in used for b in self.cache.entries), "a free block is still cached"
+        entries = {}
+        for k, cache in enumerate(self.caches):
+            cache.check()
+            for b in cache.entries:
+                assert b not in entries, f"block {b} is cached by two groups"
+                assert self.page_group[b] == k, f"block {b} is cached by group {k}, not its own"
+                entries[b] = k
+        assert all(b in entries for b in cached), "an evictable block is not in the prefix cache"
+        assert all(b in cached or b in used for b in entries), "a free block is still cached"
         for rid, hashes in self.block_hashes.items():
-            table = self.tables.get(rid, ())
-            assert len(hashes) <= len(table), f"{rid}: hashes beyond its table"
-            for block, h in zip(table, hashes):
-                assert block not in self.cache or self.cache.entries[block][0] == h, f"{rid}: block {block} " \
-                    "is cached under another hash"
+            for k, (tables, cache) in enumerate(zip(self.group_tables, self.caches)):
+                table = tables.get(rid, ())
+                assert len(hashes) <= len(table), f"{rid}: hashes beyond its table"
+                for block, h in zip(table, hashes):
+                    assert not block or block not in cache or cache.entries[block][0] == h, \
+                        f"{rid}: block {block} is cached under another hash"

@@ -15,7 +15,7 @@ from ridgeline.engine.build import (build_model, build_runner, build_scheduler, 
 from ridgeline.engine.detokenizer import Detokenizer
 from ridgeline.engine.group import RequestGroup
 from ridgeline.engine.info import EngineInfo
-from ridgeline.engine.kv_eviction import describe_eviction, peak_tokens
+from ridgeline.engine.kv_eviction import describe_eviction
 from ridgeline.engine.kv_tier import store_now
 from ridgeline.engine.messages import EngineRequest
 from ridgeline.engine.outputs import RequestOutput, TokenLogprob
@@ -111,7 +111,7 @@ class LLMEngine:
             prefix_caching=self.kv.caching, weight_formats=formats, weight_bytes=weight_bytes,
             weight_bytes_per_token=per_token,
             speculative=spec_line(config, proposer), quantization=quantization, kv_window=src.arch.kv_window,
-            kv_budget=cc.kv_eviction_budget if evict else None,
+            kv_budget=cc.kv_eviction_budget if evict else None, kv_one_table=kv.one_table,
             kv_eviction=describe_eviction(cc) if evict else None, offload=offload_line,
             tensor_parallel=par.tp and par.tp.info(model, kv, pool_bytes),
             pipeline_parallel=par.pp and par.pp.info(model, kv, pool_bytes),
@@ -217,9 +217,8 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
         ev = self.scheduler.evictor
-        peak = peak_tokens(len(ids) + 1, self.kv.window, self.config.scheduler.max_num_batched_tokens,
-                            self.kv.block_size, ev and ev.budget)
-        if self.kv.blocks_for(peak) > self.kv.num_usable_blocks:
+        peak = self.kv.peak_pages(len(ids) + 1, self.config.scheduler.max_num_batched_tokens, ev and ev.budget)
+        if peak > self.kv.num_usable_blocks:
             raise InvalidRequestError(
                 f"prompt is {len(ids)} tokens but the KV cache holds only {self.info.kv_capacity_tokens}; "
                 "raise --kv-cache-memory", "prompt")
@@ -265,7 +264,8 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt is {len(ids)} tokens but only {self.kv.num_free_blocks} KV blocks "
                                       "are free; raise --kv-cache-memory", "prompt")
         try:
-            seq = ScheduledSeq(rid, 0, ids, list(self.kv.tables[rid]), False, SamplingParams(), None, None, len(ids))
+            table, more = self.kv.seq_tables(rid)
+            seq = ScheduledSeq(rid, 0, ids, table, False, SamplingParams(), None, None, len(ids), group_tables=more)
             return forward(seq)
         finally:
             self.kv.free(rid)
@@ -379,14 +379,12 @@ class LLMEngine:
 
     def _sample_kv_usage(self) -> None:
         """Accumulate (token slots in running requests' blocks, tokens stored in them) once per step."""
-        tables, bs = self.kv.tables, self.kv.block_size
-        running = self.scheduler.running
-        self.kv_usage[0] += sum(len(tables.get(r.request_id, ())) for r in running) * bs
-        self.kv_usage[1] += sum(r.num_computed_tokens for r in running)
-        if self.kv.holes:  # blocks a window released: neither slots nor tokens held
-            released = sum(self.kv.holes.get(r.request_id, 0) for r in running) * bs
-            self.kv_usage[0] -= released
-            self.kv_usage[1] -= released
+        kv, bs = self.kv, self.kv.block_size
+        groups = len(kv.windows)  # every KV group's table holds every computed token's slot
+        for r in self.scheduler.running:
+            held, holes = kv.held_slots(r.request_id)  # blocks a window released: neither slots nor tokens held
+            self.kv_usage[0] += (held - holes) * bs
+            self.kv_usage[1] += groups * r.num_computed_tokens - holes * bs
 
     def kv_waste(self) -> float | None:
         """Fraction of allocated KV slots holding no token, averaged over steps since reset_kv_usage()."""

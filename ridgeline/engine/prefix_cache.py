@@ -37,6 +37,8 @@ class PrefixMatch:
     tier_slots: list[int] = field(default_factory=list)
     tier_keys: list[BlockKey] = field(default_factory=list)
     swapped: bool = False
+    # KV groups: each local group's blocks for the same tokens, 0 where its window does not reach (holes)
+    group_blocks: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -8,7 +8,8 @@ Admission first looks the request up in the prefix cache: a hit starts it at num
 the cached tokens. Multi-token steps: a decoding request with proposed tokens (spec_token_ids)
 is scheduled with them appended (they count against the budget); advance() then moves it by the
 tokens it knows plus the proposals the runner accepted, and shrinks its table to what it holds.
-Sliding windows: after each step, blocks no layer's window reaches any more are released.
+Sliding windows: after each step, blocks no layer's window reaches any more are released (in each KV
+group's table where local and global layers keep their own).
 KV eviction (evictor): a request's table holds its kept tokens' slots (engine/kv_eviction.py), and a
 scheduled sequence says where its new tokens go (cache_start) and which kept tokens move first.
 External KV (engine/external_kv.py: disaggregation's decode side): a request whose prompt's KV a
@@ -166,7 +167,7 @@ class Scheduler:
             # a request preempted to recompute comes back only when its whole history fits beside the
             # watermark: readmitted a chunk at a time into a pool that cannot hold it, it is the newest
             # again when the running decodes grow, and each preemption throws its recomputed chunks away
-            rest = self.kv.blocks_for(req.num_tokens) - self.kv.blocks_for(reused + n) \
+            rest = self.kv.pages_for(req.num_tokens) - self.kv.pages_for(reused + n) \
                 if req.request_id in self._dropped else 0
             if not self.kv.allocate(req.request_id, reused + n, reserve=self.watermark + rest, prefix=match):
                 alone = not self.running and not scheduled
@@ -228,7 +229,7 @@ class Scheduler:
             copied += n
             if before_write is not None:
                 before_write()
-            first = src.load(req, self.kv.tables[req.request_id][:self.kv.blocks_for(n)], n)
+            first = src.load(req, self.kv.tables[req.request_id][:self.kv.blocks_for(n)], n)  # one KV group
             if first is None:
                 self.kv.free(req.request_id)
                 self.waiting.append(req)
@@ -267,6 +268,7 @@ class Scheduler:
             self.num_prompt_tokens_scheduled += max(0, min(start + n, req.num_prompt_tokens) - start)
             held, moves = self._slots.pop(req.request_id, (start, ()))
             known = min(n, req.num_tokens - start)
+            table, group_tables = self.kv.seq_tables(req.request_id, held + n)
             p = req.params
             score = p.prompt_logprobs is not None and req.index == 0 and start < req.num_prompt_tokens - 1
             history = (list(req.token_ids) if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
@@ -274,7 +276,7 @@ class Scheduler:
             seqs.append(ScheduledSeq(
                 req_id=req.request_id, start=start,
                 token_ids=req.token_ids[start:start + known] + req.spec_token_ids[:n - known],
-                block_table=self.kv.tables[req.request_id][:self.kv.blocks_for(held + n)],
+                block_table=table, group_tables=group_tables,
                 sample=start + known == req.num_tokens, params=p, seed=req.seed, history=history,
                 num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known, score_prompt=score,
                 next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None,
@@ -300,13 +302,14 @@ class Scheduler:
         accepted proposals follow on the next call, once appended. Blocks held for rejected proposals
         are released."""
         accepted = accepted or {}
+        windowed = any(self.kv.windows)
         for req, n, spec in self._last:
             req.num_computed_tokens += n - spec + min(accepted.get(req.request_id, 0), spec)
             if self.kv.caching and req.cacheable:  # blocks full of computed tokens (prompt or output) become cached
                 self.kv.cache_blocks(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens),
                                      req.cache_salt)
-            if self.kv.window:  # the next query (at num_computed_tokens) reaches back window - 1 keys
-                self.kv.release_before(req.request_id, req.num_computed_tokens - self.kv.window + 1)
+            if windowed:  # the next query (at num_computed_tokens) reaches back window - 1 keys
+                self.kv.release_behind(req.request_id, req.num_computed_tokens)
             if spec:
                 self.kv.shrink(req.request_id, req.num_computed_tokens + 1)
         self._last = []

@@ -17,7 +17,7 @@ WEIGHT_FIELDS = ("format", "data", "scale", "bias")
 LINEARS = ("qkv", "o", "gate_up", "down")
 LAYER_FIELDS = ("in_norm", "post_norm", "window", "kv_format", "k_cache", "v_cache", "k_scale", "v_scale", "q_norm",
                 "k_norm", "moe", "k_centers", "attn_out_norm", "mlp_out_norm", "activation", "cos_sin",
-                "softcap", "sinks", "act_params")
+                "softcap", "sinks", "act_params", "kv_group")
 GROUP_FIELDS = ("row0", "rows", "tables", "max_nb", "row_seq", "key_lens", "tile_len")
 
 
@@ -60,12 +60,13 @@ def make_hook(fn: Callable[[int, int, torch.Tensor], None]):
 def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, first: int, last: int,
         cos_sin: torch.Tensor, final_norm: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor, hidden_in: bool,
         positions: torch.Tensor, slots: torch.Tensor, groups: torch.Tensor, capture: torch.Tensor | None,
+        # slots [KV groups, T] (or [T]: one), groups [KV groups, attention groups, GROUP_FIELDS]
         hook, scratch: torch.Tensor, moe_scratch: torch.Tensor | None = None) -> None:
     from ridgeline.kernels.cpu_moe import ROUTE_CALLBACK
     rc = cpu.lib().ridgeline_decoder_stack(
         dims.data_ptr(), eps, scale, layers.data_ptr(), first, last, cos_sin.data_ptr(),
         None if final_norm is None else final_norm.data_ptr(), x.data_ptr(), out.data_ptr(), int(hidden_in),
-        x.shape[0], positions.data_ptr(), slots.data_ptr(), groups.data_ptr(), groups.shape[0],
+        x.shape[0], positions.data_ptr(), slots.data_ptr(), groups.data_ptr(), groups.shape[1],
         None if capture is None else capture.data_ptr(),
         None if hook is None else ctypes.cast(hook, ctypes.c_void_p), scratch.data_ptr(),
         None if moe_scratch is None else moe_scratch.data_ptr(), ctypes.cast(ROUTE_CALLBACK, ctypes.c_void_p),

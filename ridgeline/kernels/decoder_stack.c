@@ -16,10 +16,12 @@
  *          the layer's rotary table [positions, head_dim / 2, 2] (0: the stack's own; Gemma 3's
  *          local layers have their own base), the attention logit soft-cap (a pointer to one float; 0:
  *          none; Gemma 2), the attention sinks [heads] (0: none; GPT-OSS), the activation's parameters
- *          (fp32 [alpha, limit] of the clamped SwiGLU, activation 2; GPT-OSS), and for each of the four
+ *          (fp32 [alpha, limit] of the clamped SwiGLU, activation 2; GPT-OSS), the layer's KV group (its
+ *          slots and groups are row kv_group of each: 0 with one table for every layer), and for each of the four
  *          linears a weight descriptor
  *          [format, data, scale, bias] (bias may be 0)
- * groups:  [ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
+ * slots:   [KV groups][T]: each new token's cache slot in each KV group's pages
+ * groups:  [KV groups][ngroups][GP_FIELDS]: attention groups over the flattened rows, as the runner builds them
  * capture: NULL, or [layers] pointers: where non-zero, the hidden state after that layer (residual
  *          stream + MLP output) [T, hidden] is written there
  * hook:    NULL, or called in place on the attention output (where 0) and the MLP output (where 1)
@@ -50,7 +52,7 @@ enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
 enum { LP_IN_NORM, LP_POST_NORM, LP_WINDOW, LP_KV_FORMAT, LP_K_CACHE, LP_V_CACHE, LP_K_SCALE, LP_V_SCALE, LP_Q_NORM,
        LP_K_NORM, LP_MOE, LP_K_CENTERS, LP_ATTN_OUT_NORM, LP_MLP_OUT_NORM, LP_ACT, LP_COS_SIN, LP_SOFTCAP, LP_SINKS,
-       LP_ACT_PARAMS, LP_LINEAR,
+       LP_ACT_PARAMS, LP_KV_GROUP, LP_LINEAR,
        LP_FIELDS = LP_LINEAR + LINEARS * LW_FIELDS };
 enum { GP_ROW0, GP_ROWS, GP_TABLES, GP_MAX_NB, GP_ROW_SEQ, GP_KEY_LENS, GP_TILE_LEN, GP_FIELDS };
 enum { HOOK_ATTN_OUT, HOOK_MLP_OUT };
@@ -158,12 +160,14 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         ph_lap(PH_NORM, t0);
         const float *kcenters = PTR(const float, lp[LP_K_CENTERS]), *k0off = kcenters ? kcenters + 2 * Hkv * D : NULL;
         const float *cs = lp[LP_COS_SIN] ? PTR(const float, lp[LP_COS_SIN]) : cos_sin;
-        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cs, slots, kc, vc, ksc, vsc, kvf, kcenters, nt);
+        /* the layer's KV group: its slots and its block tables (KV groups, kv_groups.py) */
+        const int64_t *lslots = slots + lp[LP_KV_GROUP] * T, *lgroups = groups + lp[LP_KV_GROUP] * ngroups * GP_FIELDS;
+        rc |= ridgeline_rope_kv(qkv, T, H, Hkv, D, positions, cs, lslots, kc, vc, ksc, vsc, kvf, kcenters, nt);
         for (int64_t t = 0; t < T; t++) memcpy(q + t * HD, qkv + t * QKV, sizeof(float) * (size_t)HD);
         ph_lap(PH_ROPE, t0);
         const float softcap = lp[LP_SOFTCAP] ? *PTR(const float, lp[LP_SOFTCAP]) : 0.f;
         for (int64_t g = 0; g < ngroups && !rc; g++) {
-            const int64_t *gp = groups + g * GP_FIELDS, r0 = gp[GP_ROW0];
+            const int64_t *gp = lgroups + g * GP_FIELDS, r0 = gp[GP_ROW0];
             rc |= ridgeline_paged_attention(q + r0 * HD, kc, vc, ksc, vsc, k0off, kvf, PTR(const int64_t, gp[GP_TABLES]),
                                             PTR(const int64_t, gp[GP_ROW_SEQ]), PTR(const int64_t, gp[GP_KEY_LENS]),
                                             PTR(const int64_t, gp[GP_TILE_LEN]), att + r0 * HD, gp[GP_ROWS], H, Hkv, D, bs, gp[GP_MAX_NB],

@@ -219,15 +219,15 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D] in q's dtype."""
         ctx = get_forward_context()
-        self.kv.write(ctx.slot_mapping, k, v, ctx.positions)
+        self.kv.write(ctx.for_kv_group(self.kv.kv_group)[0], k, v, ctx.positions)
         return self.attend(q)
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], with this step's K/V already in the cache -> [T, H*D] in q's dtype."""
-        ctx = get_forward_context()
-        if len(ctx.groups) == 1:
-            return self.backend(q, self.kv, ctx.groups[0], self.scale, self.window).to(q.dtype)
+        groups = get_forward_context().for_kv_group(self.kv.kv_group)[1]
+        if len(groups) == 1:
+            return self.backend(q, self.kv, groups[0], self.scale, self.window).to(q.dtype)
         out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
-        for g in ctx.groups:
+        for g in groups:
             out[g.rows] = self.backend(q[g.rows], self.kv, g, self.scale, self.window).to(q.dtype)
         return out

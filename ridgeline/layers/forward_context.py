@@ -38,6 +38,13 @@ class ForwardContext:
     groups: list[AttnGroup]
     attention: torch.Tensor | None = None  # [cache slots] fp32: attention each slot receives (h2o), summed
     positions: torch.Tensor | None = None  # [T] int64 position of each new token (None: none is position 0)
+    # KV groups (ridgeline/kv_groups.py) 1..: each one's slots [T] and attention groups (the same rows and
+    # lengths as `groups`, over that group's block tables); slot_mapping and groups are group 0's
+    kv_groups: list[tuple[torch.Tensor, list[AttnGroup]]] = field(default_factory=list)
+
+    def for_kv_group(self, k: int) -> tuple[torch.Tensor, list[AttnGroup]]:
+        """(slot mapping, attention groups) of the layers in KV group k."""
+        return (self.slot_mapping, self.groups) if k == 0 else self.kv_groups[k - 1]
 
 
 _CTX: ForwardContext | None = None

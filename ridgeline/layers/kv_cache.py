@@ -1,7 +1,7 @@
 """One layer's view of the paged KV cache, and the one place KV is written from Python.
 
 The cache of all layers is one allocation laid out as the engine's KVCacheSpec says
-(ridgeline/kv_spec.py): per layer, K data, K scales (quantized formats), V data, V scales; each
+(ridgeline/kv_spec.py): per layer (per region of a page, with KV groups), K data, K scales (quantized formats), V data, V scales; each
 attention layer holds a LayerKV over its regions. Writes go through `write` (torch, quantizing with
 ridgeline/formats/kv.py) or `write_rope` (rotary + quantize + write in one C pass, kernels/ops.c); the C
 decoder stack calls that same C function.
@@ -32,20 +32,25 @@ def allocate_kv(spec: KVCacheSpec, num_blocks: int, device: torch.device) -> lis
         dtype = torch.float16 if fmt is None else kvq.storage_dtype(fmt)
         sizes[name] = (shape, dtype, -(-_numel(shape) * dtype.itemsize // 64) * 64)
     per_layer = sum(n for _, _, n in sizes.values())
-    total = per_layer * spec.num_layers
+    total = per_layer * spec.storage_layers
     if device.type == "cpu":
         buf = torch.from_numpy(hugepages.zeroed(total))
     else:
         buf = torch.zeros(total, dtype=torch.uint8, device=device)
-    layers, off = [], 0
-    for _ in range(spec.num_layers):
+    stores, off = [], 0
+    for _ in range(spec.storage_layers):
         views = {}
         for name, (shape, dtype, nbytes) in sizes.items():
             views[name] = buf[off:off + _numel(shape) * dtype.itemsize].view(dtype).view(shape)
             off += nbytes
+        stores.append(views)
+    g = spec.groups  # KV groups: layer l's pages are its group's, its region slot[l] of each
+    layers = []
+    for i in range(spec.num_layers):
+        views = stores[g.slot[i] if g is not None else i]
         centers = torch.zeros(3, spec.num_kv_heads, spec.head_dim, device=device) if spec.format.center else None
         layers.append(LayerKV(views["k"], views["v"], spec.format.name, spec.v_format.name,
-                              views.get("k_scale"), views.get("v_scale"), centers))
+                              views.get("k_scale"), views.get("v_scale"), centers, g.group[i] if g is not None else 0))
     return layers
 
 
@@ -71,6 +76,7 @@ class LayerKV:
     # `k0_offset` = [1] - [0] in K's stored basis, added back to the key at position 0 when it is read,
     # so that every key of a query is shifted alike
     k_centers: torch.Tensor | None = None
+    kv_group: int = 0  # the KV group whose block tables address this layer's pages (ridgeline/kv_groups.py)
 
     def __post_init__(self):
         if self.v_format is None:

@@ -102,7 +102,7 @@ class CStack:
                    _ptr(layer.attn_out_norm.weight if layer.attn_out_norm is not None else None),
                    _ptr(layer.mlp_out_norm.weight if layer.mlp_out_norm is not None else None),
                    ACTIVATION_CODES[layer.spec.activation], _ptr(sa.rotary.cos_sin), _ptr(self._softcap(attn.softcap)),
-                   _ptr(attn.sinks), 0 if moe is not None else _ptr(layer.mlp.act_params)]
+                   _ptr(attn.sinks), 0 if moe is not None else _ptr(layer.mlp.act_params), attn.kv.kv_group]
             for lin in _linears(layer):
                 if lin is None:
                     row += [0] * len(cpu_stack.WEIGHT_FIELDS)
@@ -130,10 +130,13 @@ class CStack:
         embeddings, which become the residual stream). Returns (normed hidden, None) with
         final_norm, else (last MLP output, residual)."""
         ctx = get_forward_context()
-        groups = torch.tensor([[g.rows.start, g.rows.stop - g.rows.start, g.block_tables.data_ptr(),
-                                g.block_tables.shape[1], _ptr(g.row_seq),
-                                (g.key_lens if g.row_seq is None else g.row_key_lens).data_ptr(), _ptr(g.tile_len)]
-                               for g in ctx.groups], dtype=torch.int64)
+        # [KV groups, attention groups, GP_FIELDS] and slots [KV groups, T]: a layer reads its KV group's
+        views = [ctx.for_kv_group(k) for k in range(1 + len(ctx.kv_groups))]
+        groups = torch.tensor([[[g.rows.start, g.rows.stop - g.rows.start, g.block_tables.data_ptr(),
+                                 g.block_tables.shape[1], _ptr(g.row_seq),
+                                 (g.key_lens if g.row_seq is None else g.row_key_lens).data_ptr(), _ptr(g.tile_len)]
+                                for g in view] for _, view in views], dtype=torch.int64)
+        slots = ctx.slot_mapping if len(views) == 1 else torch.stack([s for s, _ in views])
         T = hidden.shape[0]
         if residual is None:
             x, out = hidden.contiguous(), torch.empty_like(hidden)
@@ -153,5 +156,5 @@ class CStack:
         moe_scratch = self.moe.scratch_for(T, x.shape[1]) if self.moe is not None else None
         cpu_stack.run(self.dims, self.eps, self.scale, self.layer_ptrs, first, last, self.cos_sin,
                       self.final_norm if final_norm else None, x, out, residual is not None, positions,
-                      ctx.slot_mapping, groups, cap, c_hook, self.scratch, moe_scratch)
+                      slots, groups, cap, c_hook, self.scratch, moe_scratch)
         return (out, None) if final_norm else (out, x)

@@ -64,7 +64,7 @@ class SelfAttention(nn.Module):
         if self.fused and kv.c_format is not None and qkv.dtype == torch.float32 and qkv.is_contiguous():
             if self.q_norm is not None:
                 self._qk_norm_fused(qkv)
-            kv.write_rope(qkv, positions, self.rotary.cos_sin, get_forward_context().slot_mapping,
+            kv.write_rope(qkv, positions, self.rotary.cos_sin, get_forward_context().for_kv_group(kv.kv_group)[0],
                           self.h, self.hkv, self.d)
             return self.o_proj(self.attn.attend(qkv[:, :self.h * self.d].view(T, self.h, self.d)))
         q, k, v = qkv.split([self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)

@@ -49,7 +49,8 @@ class LayerRunner:
         if not engine.kv.allocate(_RID, window):
             raise InvalidRequestError(f"no KV blocks for a {window}-token calibration window", "calibration")
         self._kv = engine.kv
-        seq = ScheduledSeq(_RID, 0, self.windows[0], list(engine.kv.tables[_RID]), False, None, None, None, window)
+        table, more = engine.kv.seq_tables(_RID)
+        seq = ScheduledSeq(_RID, 0, self.windows[0], table, False, None, None, None, window, group_tables=more)
         _, self.positions, self.ctx, _ = engine.runner.prepare([seq])
         with torch.inference_mode():
             self.hidden = [self.inner.embed(torch.tensor(w, dtype=torch.long)) for w in self.windows]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import nn
@@ -29,6 +31,7 @@ class ModelRunner:
         self.eos_ids = eos_ids
         self.kv: list[LayerKV] = allocate_kv(kv_spec, num_blocks, device)  # per layer, laid out as kv_spec says
         self.layer_paths = model.model.bind_kv(self.kv)  # per layer: None in the C stack, else why modules
+        self.kv_groups = kv_spec.groups.num_groups if kv_spec.groups is not None else 1  # tables per sequence
         self.sample = StepSampler(device, eos_ids)
         # attention each cache slot received in a step, where a layer's backend accumulates it (h2o)
         accumulates = any(getattr(layer.self_attn.attn.backend, "accumulates", False)
@@ -114,11 +117,12 @@ class ModelRunner:
             return self.model(ids, positions)
 
     @torch.inference_mode()
-    def prefill_only(self, req_id: str, ids: list[int], table: list[int]) -> None:
-        """Compute ids' KV into the blocks of table (allocated by the caller), no logits."""
+    def prefill_only(self, req_id: str, ids: list[int], table: list[int], group_tables=()) -> None:
+        """Compute ids' KV into the blocks of table (and the other KV groups' tables; allocated by the
+        caller), no logits."""
         if self.leader is not None:
             self.leader("prefill_only", (req_id, ids, table))
-        seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids))
+        seq = ScheduledSeq(req_id, 0, ids, table, False, None, None, None, len(ids), group_tables=list(group_tables))
         if self.pipeline is not None:
             self.pipeline.whole(self, seq, "none")
             return
@@ -138,6 +142,10 @@ class ModelRunner:
         self.pipeline.reset()
 
     def prepare(self, seqs: list[ScheduledSeq]):
+        for s in seqs:
+            if len(s.group_tables) != self.kv_groups - 1:
+                raise ValueError(f"{s.req_id}: {1 + len(s.group_tables)} block tables for {self.kv_groups} KV groups "
+                                 "(KVCacheManager.seq_tables gives each group's)")
         if len(seqs) <= SMALL_DECODE and all(s.start >= s.num_prompt_tokens for s in seqs):
             return self._prepare_small(seqs)
         bs, dev = self.block_size, self.device
@@ -171,6 +179,8 @@ class ModelRunner:
                                       tables[num_decode:], prompt[num_decode:]))
         positions_t = torch.from_numpy(positions).to(dev)
         ctx = ForwardContext(slot_mapping=torch.from_numpy(slots).to(dev), groups=groups, positions=positions_t)
+        if seqs[0].group_tables:
+            ctx.kv_groups = self._kv_group_views(seqs, groups, seq_of, slot_idx)
         rows = [r for i, s in enumerate(seqs) if s.sample for r in range(int(cu[i]) - 1 - s.num_spec, int(cu[i]))]
         sample_rows = torch.tensor(rows, dtype=torch.long, device=dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx, sample_rows
@@ -220,8 +230,35 @@ class ModelRunner:
         positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
         ctx = ForwardContext(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), groups=groups,
                              positions=positions_t)
+        if seqs[0].group_tables:
+            seq_of = np.repeat(np.arange(len(seqs)), [len(s.token_ids) for s in seqs])
+            # parts hold seqs in order (decodes first, asserted above)
+            slot_idx = np.concatenate([np.arange(p[1], p[1] + p[2]) for part in parts for p in part])
+            ctx.kv_groups = self._kv_group_views(seqs, groups, seq_of, slot_idx)
         return (torch.tensor(ids, dtype=torch.long, device=dev), positions_t, ctx,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev))
+
+    def _kv_group_views(self, seqs: list[ScheduledSeq], groups: list[AttnGroup], seq_of: np.ndarray,
+                        slot_idx: np.ndarray) -> list[tuple[torch.Tensor, list[AttnGroup]]]:
+        """KV groups 1..: each one's slots [T] and attention groups, the same rows and lengths as `groups`
+        (which partition seqs in order) over that group's tables. seq_of / slot_idx [T]: each new token's
+        sequence and slot index in its table."""
+        bs, dev = self.block_size, self.device
+        width = max(g.block_tables.shape[1] for g in groups)
+        views = []
+        for k in range(len(seqs[0].group_tables)):
+            tables = np.zeros((len(seqs), width), np.int64)
+            for i, s in enumerate(seqs):
+                t = s.group_tables[k][:width]
+                tables[i, :len(t)] = t
+            slots = tables[seq_of, slot_idx // bs] * bs + slot_idx % bs
+            out, first = [], 0
+            for g in groups:
+                rows = tables[first:first + len(g.n), :g.block_tables.shape[1]]
+                out.append(replace(g, block_tables=torch.from_numpy(np.ascontiguousarray(rows)).to(dev), derived={}))
+                first += len(g.n)
+            views.append((torch.from_numpy(slots).to(dev), out))
+        return views
 
     def _group(self, rows: slice, n: np.ndarray, start: np.ndarray, tables: np.ndarray,
                prompt: np.ndarray | None) -> AttnGroup:

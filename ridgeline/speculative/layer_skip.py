@@ -69,7 +69,8 @@ class LayerSkipProposer(Proposer):
         return out
 
     def _seq(self, req_id: str, position: int, token: int) -> ScheduledSeq:
-        return ScheduledSeq(req_id, position, [token], list(self.kv.tables[req_id]), True, DRAFT_GREEDY, None, None, 0)
+        table, more = self.kv.seq_tables(req_id)
+        return ScheduledSeq(req_id, position, [token], table, True, DRAFT_GREEDY, None, None, 0, group_tables=more)
 
     def _draft(self, seqs: list[ScheduledSeq]) -> list[int]:
         """One token per sequence through layers [0, L), the final norm and the head -> the argmaxes."""
