@@ -20,7 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
 def _runner(block_size: int) -> ModelRunner:
     r = ModelRunner.__new__(ModelRunner)  # only what _prepare reads
-    r.block_size, r.device = block_size, torch.device("cpu")
+    r.block_size, r.device, r.kv_groups = block_size, torch.device("cpu"), 1
     return r
 
 

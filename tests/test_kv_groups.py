@@ -207,3 +207,38 @@ def test_preemption_and_the_prefix_cache_stay_lossless(mixed):
         done += [o for o in again.engine.step(emit_unfinished=False) if o.finished]
         again.engine.kv.check_integrity()
     assert done[0].num_cached_tokens > 0 and done[0].outputs[0].token_ids == first["r0"] == one["r0"]
+
+
+@pytest.mark.parametrize("spec", [dict(speculative_method="ngram", num_speculative_tokens=3),
+                                  dict(speculative_method="layer-skip", speculative_layers=2, num_speculative_tokens=2)],
+                         ids=["ngram", "layer-skip"])
+def test_speculation_keeps_the_groups_lossless(mixed, spec):
+    """Proposals verified over every group's tables, rejected ones' blocks released in each group."""
+    prompts = ["0123456789 " * 3, PROMPTS[0]]
+    grouped = _llm(mixed, speculative_controller="off", **spec)
+    assert grouped.engine.kv.groups is not None
+    outs, _ = _run(grouped, prompts)
+    plain, _ = _run(_llm(mixed, hybrid_kv_cache=False), prompts)
+    assert outs == plain
+
+
+def test_n_choices_share_the_prompt_in_every_group(mixed):
+    llm = _llm(mixed, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=3)
+    out = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    one = _llm(mixed, hybrid_kv_cache=False).generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in out.outputs] == [c.token_ids for c in one.outputs]
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 1
+    llm.engine.kv.check_integrity()
+    assert llm.engine.kv.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8", "int4"])
+def test_quantized_kv_is_the_same_in_groups(mixed, dtype):
+    """A quantized KV cache (int4's K centers calibrated through each layer's group) gives what one table
+    for every layer gives."""
+    if dtype == "int4" and "gemma2" in mixed.name:
+        pytest.skip("int4 KV quantizes groups of 32 along the head; this Gemma 2's head is 16")
+    outs, _ = _run(_llm(mixed, kv_cache_dtype=dtype), PROMPTS)
+    one, _ = _run(_llm(mixed, hybrid_kv_cache=False, kv_cache_dtype=dtype), PROMPTS)
+    assert outs == one

@@ -20,7 +20,7 @@ CORE, FEATURE, TOOL, ENTRY = 0, 1, 2, 3
 LAYERS = {
     # core: the engine and what it is made of, the weight and KV formats, config, plans
     **dict.fromkeys(["engine", "runner", "models", "layers", "kernels", "weights", "gguf", "formats", "data", "config",
-                     "step_plan", "kv_spec", "errors", "inputs", "sampling_params", "structured_params", "utils",
+                     "step_plan", "kv_spec", "kv_groups", "errors", "inputs", "sampling_params", "structured_params", "utils",
                      "cli_parser", "version", "http"], CORE),
     # features: plug into the core through its seams
     **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant", "structured", "tool_calls"], FEATURE),

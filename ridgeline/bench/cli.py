@@ -42,6 +42,8 @@ def register(subparsers, command: str | None = None) -> None:
                 add_quant_parser, add_long_context_parser):
         add_engine_args(add(bsub))
     add_random_model_parser(bsub)
+    from ridgeline.bench.kv_groups import add_kv_groups_parser
+    add_kv_groups_parser(bsub)
     from ridgeline.bench.scale import add_scale_parser
     add_scale_parser(bsub)
     from ridgeline.bench.routing import add_routing_parser

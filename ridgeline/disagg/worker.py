@@ -54,6 +54,10 @@ class DisaggWorker:
                  internal_port: int = 0, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         if role not in ("prefill", "decode"):
             raise InvalidRequestError(f"role must be prefill or decode, got {role!r}", "role")
+        if engine.kv.groups is not None:
+            raise InvalidRequestError("a disaggregation worker moves a request's KV as one block table; this engine "
+                                      "keeps a table per local/global layer group: build it with "
+                                      "hybrid_kv_cache=False (--disable-hybrid-kv-cache-manager)", "role")
         self.role, self.engine, self.connector, self.timeout = role, engine, connector, timeout
         self.internal_host, self.internal_port, self.max_connections = internal_host, internal_port, max_connections
         self.exports = Exports(engine, connector) if role == "prefill" else None

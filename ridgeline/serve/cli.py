@@ -261,7 +261,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)
-    config = EngineConfig.from_kwargs(model, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    if args.role != "colocated":  # a request's KV moves between workers as one block table
+        kwargs["hybrid_kv_cache"] = False
+    config = EngineConfig.from_kwargs(model, **kwargs)
     engine = build_off_main_thread(lambda: LLMEngine(config))
     app, worker = build_app(engine, settings), None
     if args.role != "colocated":
