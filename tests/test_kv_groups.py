@@ -165,6 +165,8 @@ def test_engine_keeps_a_table_per_group(mixed):
     assert [kv.kv_group for kv in llm.engine.runner.kv] == list(g.group)
     one = _llm(mixed, hybrid_kv_cache=False)
     assert one.engine.kv.groups is None and "--disable-hybrid-kv-cache-manager" in one.engine.info.summary()
+    tier = _llm(mixed, kv_offload="cpu", kv_offload_size="1MiB")  # the tier moves one table per request
+    assert tier.engine.kv.groups is None and "every block kept: --kv-offload" in tier.engine.info.summary()
 
 
 @pytest.mark.parametrize("options", [{}, {"max_num_batched_tokens": 64}, {"attention_backend": "sdpa"},
@@ -242,3 +244,10 @@ def test_quantized_kv_is_the_same_in_groups(mixed, dtype):
     outs, _ = _run(_llm(mixed, kv_cache_dtype=dtype), PROMPTS)
     one, _ = _run(_llm(mixed, hybrid_kv_cache=False, kv_cache_dtype=dtype), PROMPTS)
     assert outs == one
+
+
+def test_a_disaggregation_worker_needs_one_table(mixed):
+    from ridgeline.disagg.worker import DisaggWorker
+    from ridgeline.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match="disable-hybrid-kv-cache-manager"):
+        DisaggWorker("prefill", _llm(mixed).engine, None, 1.0)
