@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ridgeline.cli_parser import positive_int
+from ridgeline.cli_parser import output_file, positive_int
 
 # published layouts: (transformers config class, layers, every n-th layer global, window, KV heads, head size)
 LAYOUTS = {
@@ -37,7 +37,8 @@ def add_kv_groups_parser(sub) -> None:
     p.add_argument("--context", type=positive_int, default=8192, metavar="N", help="prompt tokens")
     p.add_argument("--decode-tokens", type=positive_int, default=16, metavar="N", help="greedy tokens after it")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="weights and KV")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="also write the results as JSON (default: none)")
     p.set_defaults(func=cmd_kv_groups)
 
 
