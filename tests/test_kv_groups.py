@@ -251,3 +251,12 @@ def test_a_disaggregation_worker_needs_one_table(mixed):
     from ridgeline.errors import InvalidRequestError
     with pytest.raises(InvalidRequestError, match="disable-hybrid-kv-cache-manager"):
         DisaggWorker("prefill", _llm(mixed).engine, None, 1.0)
+
+
+def test_a_draft_model_keeps_one_table_and_the_same_output(mixed):
+    """The draft model's own KV is sized by the target's blocks: with a draft the target keeps one table."""
+    llm = _llm(mixed, speculative_method="draft", draft_model="self", speculative_controller="off")
+    assert llm.engine.kv.groups is None and "a draft model" in llm.engine.info.summary()
+    outs, _ = _run(llm, PROMPTS[:2])
+    plain, _ = _run(_llm(mixed), PROMPTS[:2])
+    assert outs == plain

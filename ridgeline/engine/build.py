@@ -198,7 +198,10 @@ def kv_groups(config: EngineConfig, src: Source, par: Parallel):
     why = ("--disable-hybrid-kv-cache-manager" if not cc.hybrid_kv_cache else
            "parallel ranks" if par.group is not None else
            "--kv-offload" if cc.kv_offload != "none" else
-           "--kv-eviction" if cc.kv_eviction != "none" else None)
+           "--kv-eviction" if cc.kv_eviction != "none" else
+           "a draft model (its KV mirrors the target's blocks)" if "draft" in config.speculative.methods else
+           "an EAGLE head (its hidden rows sit beside the target's blocks)" if "eagle" in config.speculative.methods
+           else None)
     return (None, why) if why else (groups, None)
 
 
