@@ -55,3 +55,14 @@ class RouterThread(UvicornThread):
     def __init__(self, router: Router, host: str = "127.0.0.1", port: int = 0):
         self.router = router
         super().__init__(_RouterServer(_config(router)), bind(host, port), "router")
+
+
+def serve_fleet(fleet, limits, sock: socket.socket) -> int:
+    """`ridgeline serve --models`: the front of several models (router/fleet_app.py) under uvicorn."""
+    import logging
+    from ridgeline.router.fleet_app import build_fleet_app
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = uvicorn.Config(build_fleet_app(fleet, limits), lifespan="on", access_log=False, log_level="warning",
+                            timeout_keep_alive=5, http=guarded_protocol(limits.timeout_header, limits.max_connections))
+    _RouterServer(config).run(sockets=[sock])
+    return 0

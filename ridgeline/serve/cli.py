@@ -72,6 +72,16 @@ def register(subparsers, command: str | None = None) -> None:
                         "routed by --router-policy (replicas listen on internal loopback ports the OS picks)")
     g.add_argument("--router-policy", default="cache-aware", choices=["round-robin", "least-load", "cache-aware"],
                    help="--data-parallel-size > 1: how a request's replica is picked")
+    g.add_argument("--models", default=None, metavar="NAME=MODEL,...",
+                   help="serve several models by name behind this endpoint, each in its own process started on the "
+                        "first request naming it (NAME=MODEL, or MODEL named as given); the engine flags apply to "
+                        "each (default: one model, the positional one)")
+    g.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
+                   help="--models: stop a model after this many seconds without a request (0: as soon as it is "
+                        "idle; negative: never) (default: %(default)s)")
+    g.add_argument("--models-memory", default=None, metavar="SIZE",
+                   help="--models: the most the loaded models may hold (weight files + KV budget each, e.g. 8GiB); "
+                        "the least recently used idle model is stopped to start another (default: no limit)")
     g.add_argument("--executor", default="process", choices=["process", "ray"],
                    help="--data-parallel-size: start replicas as processes on this machine, or as Ray actors on "
                         "an existing Ray cluster (`ray start --head`; placement by CPUs)")
@@ -190,6 +200,13 @@ def _check(args: argparse.Namespace) -> None:
         if args.data_parallel_size > 1 or args.executor == "ray":
             bad.append("--pipeline-parallel-size does not run with data-parallel replicas (--data-parallel-size, "
                        "--executor ray) yet")
+    if args.models is not None:
+        from ridgeline.serve.models_front import parse_models
+        parse_models(args.models)  # a bad list fails before anything starts
+        if args.data_parallel_size > 1 or args.executor == "ray" or args.role != "colocated" or \
+                args.disaggregate is not None or args.api_key_file is not None or args.model_positional is not None:
+            bad.append("--models serves each model in one process of its own: not with a positional model, "
+                       "--data-parallel-size, --executor ray, --role, --disaggregate or --api-key-file yet")
     if args.api_key_file is not None and (args.disaggregate is not None or args.role != "colocated"):
         bad.append("--api-key-file (tenants) does not run with disaggregation (--role, --disaggregate) yet; "
                    "give one --api-key")
@@ -258,6 +275,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         quiet=args.quiet, kv_events_endpoint=args.kv_events_endpoint, console=args.console,
         api_key_file=args.api_key_file, allowed_origins=allowed_origins(args), tenant_header=args.tenant_header,
         reasoning_parser=args.reasoning_parser, pooling=args.pooling, **_limit_settings(args))
+    if args.models is not None:
+        from ridgeline.serve.models_front import serve_models
+        return serve_models(args, engine_kwargs(args), settings, sock)
     if args.data_parallel_size > 1 or args.executor == "ray":
         from ridgeline.serve.data_parallel import serve_data_parallel
         return serve_data_parallel(args, model, engine_kwargs(args), settings, sock)

@@ -1,0 +1,96 @@
+"""build_fleet_app(fleet, limits): the OpenAI (and Anthropic, ollama) front of several models. A request's
+`model` picks the model (loaded on first use); its answer passes through unchanged (router/proxy.py).
+/v1/models lists every served model and whether it is loaded; /health is the front's. The Guard runs
+first: a request is authenticated, and its body capped, before it is parsed."""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
+
+from ridgeline.http.errors import error_body, install_error_handlers
+from ridgeline.http.guard import TENANT_HEADER, install_guard, read_body, tenant_of
+from ridgeline.router.fleet import Fleet, FleetError
+from ridgeline.router.policy import Route
+from ridgeline.router.proxy import forward, forwarded_headers
+from ridgeline.version import __version__
+
+# every route whose JSON body names its model
+ROUTED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+          "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/api/chat", "/api/generate", "/api/embed",
+          "/api/embeddings")
+
+
+def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await fleet.start()
+        try:
+            yield
+        finally:
+            await fleet.stop()
+
+    app = FastAPI(title="ridgeline models", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.fleet = fleet
+    install_error_handlers(app, lambda status: None)
+
+    def refuse(e: FleetError) -> JSONResponse:
+        kind = "not_found_error" if e.status == 404 else "server_error"
+        return JSONResponse(error_body(e.message, kind, "model" if e.status == 404 else None, e.code),
+                            status_code=e.status)
+
+    async def routed(request: Request):
+        body = await read_body(request)
+        try:
+            name = json.loads(body).get("model")
+        except (ValueError, RecursionError, AttributeError):
+            name = None
+        if name is None:
+            return JSONResponse(error_body("a JSON body with `model` (one of: " + ", ".join(fleet.models) + ")",
+                                           "invalid_request_error", "model"), status_code=400)
+        try:
+            m = await fleet.acquire(name)
+        except FleetError as e:
+            return refuse(e)
+        headers = forwarded_headers(request.headers)
+        tenant = tenant_of(request.scope)
+        if tenant is not None:
+            headers[TENANT_HEADER] = tenant
+        try:
+            resp = await forward(m.router, "POST", request.url.path, body, headers, Route())
+        except BaseException:
+            fleet.release(m)
+            raise
+        resp.background = BackgroundTask(fleet.release, m)  # after the last byte (a stream's too)
+        return resp
+
+    async def models(_: Request):
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded,
+             "active_requests": m.active} for m in fleet.models.values()]}
+
+    async def model(model_id: str):
+        try:
+            m = fleet.get(model_id)
+        except FleetError as e:
+            return refuse(e)
+        return {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded}
+
+    async def health(_: Request):
+        return {"status": "ok", "models": {m.name: "loaded" if m.loaded else "not loaded"
+                                           for m in fleet.models.values()}}
+
+    for path in ROUTED:
+        app.add_api_route(path, routed, methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    install_guard(app, limits, lambda status: None)
+    return app
