@@ -12,7 +12,7 @@ from server_helpers import wait_until
 from spawned import children, serve
 
 from ridgeline.errors import InvalidRequestError
-from ridgeline.router.fleet import Fleet, FleetError, FleetModel
+from ridgeline.router.fleet import Fleet, FleetError, FleetModel, parse_keep_alive
 from ridgeline.serve.models_front import parse_models
 
 
@@ -92,6 +92,23 @@ def test_the_least_recently_used_idle_model_makes_room():
     asyncio.run(run())
 
 
+def test_keep_alive_as_ollama_writes_it():
+    assert [parse_keep_alive(v) for v in (0, 30, 2.5, "10", "5m", "1h30m", "300ms", "-1", "-1m")] == \
+        [0, 30, 2.5, 10, 300, 5400, 0.3, -1, -60]
+    for bad in ("", "5 minutes", "m", True, None, [1], "1d"):
+        with pytest.raises(FleetError):
+            parse_keep_alive(bad)
+
+    async def run():
+        fleet, _ = _fleet({"a": 1, "b": 1}, keep_alive=600)
+        for name, keep in (("a", 0.0), ("b", -1.0)):
+            m = await fleet.acquire(name)
+            m.keep_alive = keep  # what a request's keep_alive sets
+            fleet.release(m)
+        assert await fleet.reap_once(time.monotonic() + 10**6) == ["a"]  # b: negative, kept loaded
+    asyncio.run(run())
+
+
 def test_the_models_list_is_checked():
     assert parse_models("a=/x, b ,c=y") == [("a", "/x"), ("b", "b"), ("c", "y")]
     for bad in ("a=", "=x", "a,a", "a,,b"):
@@ -122,6 +139,10 @@ def test_two_models_behind_one_endpoint(tiny_llama, tmp_path):
         r = httpx.post(url + "/v1/chat/completions", json={**body, "model": "c"}, headers=key)
         assert r.status_code == 404 and "a, b" in r.json()["error"]["message"]
         assert httpx.post(url + "/v1/chat/completions", json=body, headers=key).status_code == 400
+        bad = httpx.post(url + "/api/chat", json={"model": "a", "messages": [], "keep_alive": "soon"}, headers=key)
+        assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]  # ollama's error shape
+        gone = httpx.post(url + "/api/chat", json={"model": "c", "messages": []}, headers=key)
+        assert gone.status_code == 404 and "a, b" in gone.json()["error"]
         wait_until(lambda: not any(m["loaded"] for m in httpx.get(url + "/v1/models", headers=key).json()["data"]),
                    "idle models stopped after --keep-alive")
         wait_until(lambda: not children(proc.pid), "their processes gone")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ class FleetModel:
     active: int = 0  # requests in flight
     last_used: float = 0.0  # time.monotonic() of the last request's end (or start)
     loads: int = 0
+    keep_alive: float | None = None  # the last request's keep_alive (ollama's), else the fleet's
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -40,6 +42,30 @@ class FleetError(Exception):
     def __init__(self, status: int, message: str, code: str):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_keep_alive(value) -> float:
+    """ollama's keep_alive: seconds (a number), or a Go duration ("5m", "1h30m", "-1s"); negative: forever."""
+    if isinstance(value, bool):
+        raise FleetError(400, "keep_alive must be a number of seconds or a duration such as \"5m\"", "keep_alive")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text)
+        try:
+            return sign * float(body)
+        except ValueError:
+            pass
+        parts = _DURATION.findall(body)
+        if body and "".join(n + u for n, u in parts) == body:
+            return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    raise FleetError(400, f"keep_alive {value!r}: a number of seconds or a duration such as \"5m\", \"1h\" or "
+                          "\"-1\" (keep loaded)", "keep_alive")
 
 
 class Fleet:
@@ -126,7 +152,8 @@ class Fleet:
         now = time.monotonic() if now is None else now
         gone = []
         for m in list(self.models.values()):
-            if m.loaded and m.active == 0 and now - m.last_used >= self.keep_alive and not m.lock.locked():
+            keep = self.keep_alive if m.keep_alive is None else m.keep_alive
+            if m.loaded and m.active == 0 and 0 <= keep <= now - m.last_used and not m.lock.locked():
                 log.info("unloading %s (idle %.0f s)", m.name, now - m.last_used)
                 await self.unload(m)
                 gone.append(m.name)
@@ -135,10 +162,9 @@ class Fleet:
     async def start(self) -> None:
         async def reap():
             while True:
-                await asyncio.sleep(min(1.0, max(0.05, self.keep_alive / 4)))
+                await asyncio.sleep(0.25)
                 await self.reap_once()
-        if self.keep_alive >= 0:
-            self._reaper = asyncio.create_task(reap())
+        self._reaper = asyncio.create_task(reap())
 
     async def stop(self) -> None:
         if self._reaper is not None:

@@ -12,9 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
-from ridgeline.http.errors import error_body, install_error_handlers
+from ridgeline.http.errors import ApiError, error_response, install_error_handlers
 from ridgeline.http.guard import TENANT_HEADER, install_guard, read_body, tenant_of
-from ridgeline.router.fleet import Fleet, FleetError
+from ridgeline.router.fleet import Fleet, FleetError, parse_keep_alive
 from ridgeline.router.policy import Route
 from ridgeline.router.proxy import forward, forwarded_headers
 from ridgeline.version import __version__
@@ -41,24 +41,29 @@ def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
     app.state.fleet = fleet
     install_error_handlers(app, lambda status: None)
 
-    def refuse(e: FleetError) -> JSONResponse:
-        kind = "not_found_error" if e.status == 404 else "server_error"
-        return JSONResponse(error_body(e.message, kind, "model" if e.status == 404 else None, e.code),
-                            status_code=e.status)
+    def refuse(e: FleetError, path: str) -> JSONResponse:  # in the API's own error shape (OpenAI's, ollama's, ...)
+        param = "model" if e.code in ("model_not_found", "missing_model") else "keep_alive" if e.code == "keep_alive" \
+            else None
+        return error_response(ApiError(e.status, e.message, param, e.code), path)
 
     async def routed(request: Request):
         body = await read_body(request)
         try:
-            name = json.loads(body).get("model")
+            parsed = json.loads(body)
+            name = parsed.get("model")
         except (ValueError, RecursionError, AttributeError):
-            name = None
+            parsed = name = None
         if name is None:
-            return JSONResponse(error_body("a JSON body with `model` (one of: " + ", ".join(fleet.models) + ")",
-                                           "invalid_request_error", "model"), status_code=400)
+            return refuse(FleetError(400, "a JSON body with `model` (one of: " + ", ".join(fleet.models) + ")",
+                                     "missing_model"), request.url.path)
         try:
+            keep = parse_keep_alive(parsed["keep_alive"]) if "keep_alive" in parsed and \
+                request.url.path.startswith("/api/") else None  # ollama's: how long this model stays loaded
             m = await fleet.acquire(name)
         except FleetError as e:
-            return refuse(e)
+            return refuse(e, request.url.path)
+        if keep is not None:
+            m.keep_alive = keep
         headers = forwarded_headers(request.headers)
         tenant = tenant_of(request.scope)
         if tenant is not None:
@@ -80,7 +85,7 @@ def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
         try:
             m = fleet.get(model_id)
         except FleetError as e:
-            return refuse(e)
+            return refuse(e, "/v1/models")
         return {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded}
 
     async def health(_: Request):

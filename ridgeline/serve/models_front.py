@@ -52,6 +52,8 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
     from ridgeline.router.launch import ProcessLauncher
     from ridgeline.router.serve import build_router, serve_fleet
 
+    import ridgeline.serve.anthropic  # noqa: F401  (their error shapes: the front answers in each API's own)
+    import ridgeline.serve.ollama  # noqa: F401
     key, secret = new_api_key(), deployment_secret(args.internal_secret_file)
     models = [FleetModel(name, replica_spec(model, engine, replace(settings, served_model_name=name), key, secret),
                          model_bytes(model, engine)) for name, model in parse_models(args.models)]
