@@ -46,26 +46,54 @@ class ReplicaProcess:
         return self.process.poll()
 
 
+@dataclass
+class Spare:
+    """A replica process started ahead of its spec (one replica's share: every core): it imports what a
+    replica needs, then waits on stdin; `ProcessLauncher.start(..., spare=)` hands it a spec."""
+    url: str
+    process: subprocess.Popen
+    threads: int
+    cpus: list[int]
+
+    def stop(self) -> None:
+        stop_all([self.process], 5.0)
+
+
+def _spawn(threads: int) -> tuple[str, subprocess.Popen]:
+    sock = bind("127.0.0.1", 0)
+    url = url_of(sock)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # the spec (its key included) goes over stdin: a command line is readable by any local user
+    proc = subprocess.Popen([sys.executable, "-m", REPLICA_MAIN, str(sock.fileno())],
+                            pass_fds=[sock.fileno()], env=env, stdin=subprocess.PIPE)
+    sock.close()  # the child holds its own copy
+    return url, proc
+
+
+def spare() -> Spare:
+    cpus = core_shares(1)[0]
+    url, proc = _spawn(len(cpus) or len(available_cpus()))
+    return Spare(url, proc, len(cpus) or len(available_cpus()), cpus)
+
+
 class ProcessLauncher:
     def __init__(self):
         self.folder = tempfile.mkdtemp(prefix="ridgeline-dp-")
         self.replicas: list[ReplicaProcess] = []
 
-    def start(self, specs: list[dict], kv_events: bool = True) -> list[ReplicaProcess]:
+    def start(self, specs: list[dict], kv_events: bool = True, spare: Spare | None = None) -> list[ReplicaProcess]:
+        """spare: a process started ahead for the one spec (its imports done), or None."""
         shares = core_shares(len(specs))
         total = len(available_cpus())
         for i, spec in enumerate(specs):
-            sock = bind("127.0.0.1", 0)
-            url = url_of(sock)
-            threads = len(shares[i]) or max(1, total // len(specs))
+            if spare is not None and len(specs) == 1 and spare.process.poll() is None:
+                url, proc, threads, cpus = spare.url, spare.process, spare.threads, spare.cpus
+            else:
+                threads, cpus = len(shares[i]) or max(1, total // len(specs)), shares[i]
+                url, proc = _spawn(threads)
             events = f"ipc://{self.folder}/replica-{i}.kv" if kv_events else None
-            spec = {**spec, "index": i, "threads": threads, "cpus": shares[i], "parent": os.getpid(),
+            spec = {**spec, "index": i, "threads": threads, "cpus": cpus, "parent": os.getpid(),
                     "settings": {**spec["settings"], "kv_events_endpoint": events}}
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-            # the spec (its key included) goes over stdin: a command line is readable by any local user
-            proc = subprocess.Popen([sys.executable, "-m", REPLICA_MAIN, str(sock.fileno())],
-                                    pass_fds=[sock.fileno()], env=env, stdin=subprocess.PIPE)
-            sock.close()  # the child holds its own copy
             self.replicas.append(ReplicaProcess(i, url, proc, spec["settings"].get("api_key")))
             _hand_over(proc, spec)
         self.wait_ready()

@@ -6,6 +6,7 @@ holds; clients reach them through the front's guard only."""
 from __future__ import annotations
 
 import argparse
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
     from ridgeline.config import parse_bytes
     from ridgeline.http.server import url_of
     from ridgeline.router.core import RouterSettings
-    from ridgeline.router.launch import ProcessLauncher
+    from ridgeline.router.launch import ProcessLauncher, spare
     from ridgeline.router.serve import build_router, serve_fleet
 
     import ridgeline.serve.anthropic  # noqa: F401  (their error shapes: the front answers in each API's own)
@@ -63,13 +64,26 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
         raise InvalidRequestError(f"--models-memory {budget} B is less than {big.name!r} needs alone ({big.nbytes} B: "
                                   "its weight files and KV budget)", "models_memory")
 
+    # one process kept started ahead, its imports done: a model's first request waits for its load only
+    spares, lock = [spare()], threading.Lock()
+
     def start(spec: dict):
+        with lock:
+            ready = spares.pop() if spares else None
         launcher = ProcessLauncher()
-        return launcher, [r.url for r in launcher.start([spec], kv_events=False)]
+        try:
+            return launcher, [r.url for r in launcher.start([spec], kv_events=False, spare=ready)]
+        finally:
+            with lock:
+                spares.append(spare())  # the next model's, warming while this one serves
 
     policy = RouterSettings("least-load", replica_api_key=key, quiet=settings.quiet, limits=settings.limits)
     fleet = Fleet(models, args.keep_alive, budget, start, lambda urls: build_router(urls, policy))
     sock.listen(2048)
     print(f"serving   {', '.join(f'`{m.name}`' for m in models)} at {url_of(sock)}/v1, each loaded on its first "
           f"request (keep-alive {args.keep_alive:g} s); Ctrl-C stops", flush=True)
-    return serve_fleet(fleet, settings.limits, sock)
+    try:
+        return serve_fleet(fleet, settings.limits, sock)
+    finally:
+        for s in spares:
+            s.stop()

@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
 
     end_with_parent()
     fd = int(argv[1])
+    # the imports first: a process started ahead of its spec (a spare, router/launch.py) is then warm
+    import ridgeline.engine.llm_engine  # noqa: F401
+    import ridgeline.serve.app  # noqa: F401
     raw = sys.stdin.buffer.read()
     if not raw:
         return 1  # the parent died before it handed the spec over
