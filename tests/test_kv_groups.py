@@ -13,6 +13,7 @@ from ridgeline import LLM, SamplingParams
 from ridgeline.engine.kv_manager import KVCacheManager
 from ridgeline.kv_groups import plan_groups
 from tests.test_hf_parity import hf_greedy, hf_model
+from tests.test_window_memory import _run_steps
 
 BS, W = 4, 8
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -138,23 +139,15 @@ def _llm(folder, **kw):
     return LLM(str(folder), **{**opts, **kw})
 
 
+def _group_held(eng, req) -> tuple:
+    """(pages held in local groups, in group 0, tokens computed)."""
+    rid = req.request_id
+    return eng.kv.held_blocks(rid) - eng.kv.held_blocks_in(rid, 0), eng.kv.held_blocks_in(rid, 0), req.num_computed_tokens
+
+
 def _run(llm, prompts, params=GREEDY):
-    """Steps by hand, check_integrity() after each; (outputs by id, per step: request -> (pages held in
-    local groups, in group 0, tokens computed))."""
-    eng = llm.engine
-    for i, p in enumerate(prompts):
-        eng.add_request(f"r{i}", p, params)
-    outs, held = {}, []
-    while eng.has_unfinished():
-        for o in eng.step(emit_unfinished=False):
-            if o.finished:
-                outs[o.request_id] = o
-        eng.kv.check_integrity()
-        held.append({r.request_id: (eng.kv.held_blocks(r.request_id) - eng.kv.held_blocks_in(r.request_id, 0),
-                                    eng.kv.held_blocks_in(r.request_id, 0), r.num_computed_tokens)
-                     for r in eng.scheduler.running})
-    assert eng.kv.num_used_blocks == 0
-    return {k: outs[k].outputs[0].token_ids for k in sorted(outs)}, held
+    """Steps by hand, check_integrity() after each; (outputs by id, per step: request -> _group_held)."""
+    return _run_steps(llm, prompts, params, held_of=_group_held)
 
 
 def test_engine_keeps_a_table_per_group(mixed):

@@ -24,9 +24,13 @@ def _llm(folder, **kw):
     return LLM(str(folder), **{**opts, **kw})
 
 
-def _run_steps(llm, prompts, params=GREEDY, free_window=True):
-    """Step the engine by hand: check_integrity() after every step; returns (outputs by id, blocks held
-    by request id per step, with the tokens it had computed)."""
+def _held(eng, req) -> tuple:
+    return eng.kv.held_blocks(req.request_id), req.num_computed_tokens
+
+
+def _run_steps(llm, prompts, params=GREEDY, free_window=True, held_of=_held):
+    """Step the engine by hand: check_integrity() after every step; returns (outputs by id, per step
+    held_of(engine, request) by request id: the blocks it holds, with the tokens it had computed)."""
     eng = llm.engine
     if not free_window:
         eng.kv.window = None
@@ -38,8 +42,7 @@ def _run_steps(llm, prompts, params=GREEDY, free_window=True):
             if o.finished:
                 outs[o.request_id] = o
         eng.kv.check_integrity()
-        held.append({r.request_id: (eng.kv.held_blocks(r.request_id), r.num_computed_tokens)
-                     for r in eng.scheduler.running})
+        held.append({r.request_id: held_of(eng, r) for r in eng.scheduler.running})
     eng.kv.check_integrity()
     assert eng.kv.num_used_blocks == 0
     return {k: outs[k].outputs[0].token_ids for k in sorted(outs)}, held
