@@ -44,6 +44,8 @@ def register(subparsers, command: str | None = None) -> None:
     add_random_model_parser(bsub)
     from ridgeline.bench.kv_groups import add_kv_groups_parser
     add_kv_groups_parser(bsub)
+    from ridgeline.bench.models_front import add_models_parser
+    add_models_parser(bsub)
     from ridgeline.bench.scale import add_scale_parser
     add_scale_parser(bsub)
     from ridgeline.bench.routing import add_routing_parser

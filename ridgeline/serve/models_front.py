@@ -17,6 +17,7 @@ from ridgeline.router.fleet import Fleet, FleetModel
 from ridgeline.utils.internal_auth import deployment_secret
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
+LOAD_NICE = 10  # a model loads at this much lower CPU priority, so the models serving meanwhile keep theirs
 
 
 def parse_models(text: str) -> list[tuple[str, str]]:
@@ -56,8 +57,9 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
     import ridgeline.serve.anthropic  # noqa: F401  (their error shapes: the front answers in each API's own)
     import ridgeline.serve.ollama  # noqa: F401
     key, secret = new_api_key(), deployment_secret(args.internal_secret_file)
-    models = [FleetModel(name, replica_spec(model, engine, replace(settings, served_model_name=name), key, secret),
-                         model_bytes(model, engine)) for name, model in parse_models(args.models)]
+    models = [FleetModel(name, {**replica_spec(model, engine, replace(settings, served_model_name=name), key, secret),
+                                "load_nice": LOAD_NICE}, model_bytes(model, engine))
+              for name, model in parse_models(args.models)]
     budget = parse_bytes(args.models_memory) if args.models_memory else None
     if budget is not None and budget < max(m.nbytes for m in models):
         big = max(models, key=lambda m: m.nbytes)

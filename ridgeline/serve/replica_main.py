@@ -54,11 +54,21 @@ def main(argv: list[str]) -> int:
     if spec.get("cpus") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, spec["cpus"])
     sock = socket.socket(fileno=fd)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if spec.get("load_nice"):  # loading beside other models' serving: theirs first while this one loads
+        os.setpriority(os.PRIO_PROCESS, 0, before + spec["load_nice"])
     try:
         app = build_replica_app(spec)
     except RidgelineError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2
+    finally:
+        if spec.get("load_nice"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, before)
+            except PermissionError:  # an unprivileged process cannot take it back: it keeps the lower one
+                logging.getLogger("ridgeline.serve").warning(
+                    "kept nice %d after loading (raising a priority back needs privileges)", before + spec["load_nice"])
     return serve_forever(app, sock)
 
 
