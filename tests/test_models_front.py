@@ -109,11 +109,23 @@ def test_keep_alive_as_ollama_writes_it():
     asyncio.run(run())
 
 
-def test_the_models_list_is_checked():
+def test_the_models_list_is_checked(tmp_path):
     assert parse_models("a=/x, b ,c=y") == [("a", "/x"), ("b", "b"), ("c", "y")]
     for bad in ("a=", "=x", "a,a", "a,,b"):
         with pytest.raises(InvalidRequestError):
             parse_models(bad)
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text("{}")
+    (tmp_path / "notes").mkdir()  # not a model: left out
+    (tmp_path / "qwen-q4_k_m.gguf").write_bytes(b"GGUF")
+    assert parse_models(str(tmp_path)) == [("llama", str(tmp_path / "llama")),
+                                            ("qwen-q4_k_m", str(tmp_path / "qwen-q4_k_m.gguf"))]
+    assert parse_models(str(tmp_path / "llama")) == [(str(tmp_path / "llama"),) * 2]  # a model folder itself
+    (tmp_path / "llama.gguf").write_bytes(b"GGUF")
+    with pytest.raises(InvalidRequestError, match="two models named 'llama'"):
+        parse_models(str(tmp_path))
+    with pytest.raises(InvalidRequestError, match="holds no model"):
+        parse_models(str(tmp_path / "notes"))
 
 
 @pytest.mark.slow  # starts replica processes

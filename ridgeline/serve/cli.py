@@ -74,8 +74,9 @@ def register(subparsers, command: str | None = None) -> None:
                    help="--data-parallel-size > 1: how a request's replica is picked")
     g.add_argument("--models", default=None, metavar="NAME=MODEL,...",
                    help="serve several models by name behind this endpoint, each in its own process started on the "
-                        "first request naming it (NAME=MODEL, or MODEL named as given); the engine flags apply to "
-                        "each (default: one model, the positional one)")
+                        "first request naming it (NAME=MODEL, or MODEL named as given; or a folder of model folders "
+                        "and .gguf files, each named by its folder or file stem); the engine flags apply to each "
+                        "(default: one model, the positional one)")
     g.add_argument("--keep-alive", type=float, default=300.0, metavar="SECONDS",
                    help="--models: stop a model after this many seconds without a request (0: as soon as it is "
                         "idle; negative: never) (default: %(default)s)")

@@ -21,7 +21,22 @@ LOAD_NICE = 10  # a model loads at this much lower CPU priority, so the models s
 
 
 def parse_models(text: str) -> list[tuple[str, str]]:
-    """"a=path,b" -> [(name, model)]; names unique and non-empty."""
+    """"a=path,b" -> [(name, model)]; names unique and non-empty. A folder of models (one that is not a model
+    folder itself): each model folder in it (a config.json) and each GGUF file, named by its folder or file
+    stem."""
+    folder = Path(text).expanduser()
+    if "," not in text and "=" not in text and folder.is_dir() and not (folder / "config.json").exists():
+        found = sorted([(p.name, str(p)) for p in folder.iterdir() if p.is_dir() and (p / "config.json").exists()]
+                       + [(p.stem, str(p)) for p in folder.glob("*.gguf") if p.is_file()])
+        if not found:
+            raise InvalidRequestError(f"--models {text}: the folder holds no model (a folder with a config.json, "
+                                      "or a .gguf file)", "models")
+        names = [n for n, _ in found]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidRequestError(f"--models {text}: two models named {twice[0]!r} (a folder and a .gguf file)",
+                                      "models")
+        return found
     out = []
     for part in text.split(","):
         part = part.strip()
