@@ -151,6 +151,11 @@ def test_two_models_behind_one_endpoint(tiny_llama, tmp_path):
         r = httpx.post(url + "/v1/chat/completions", json={**body, "model": "c"}, headers=key)
         assert r.status_code == 404 and "a, b" in r.json()["error"]["message"]
         assert httpx.post(url + "/v1/chat/completions", json=body, headers=key).status_code == 400
+        tags = httpx.get(url + "/api/tags", headers=key).json()["models"]
+        assert [t["name"] for t in tags] == ["a", "b"]
+        ps = httpx.get(url + "/api/ps", headers=key).json()["models"]
+        assert sorted(p["name"] for p in ps) == ["a", "b"] and all(p["expires_at"] > "2026" for p in ps)
+        assert httpx.get(url + "/api/version", headers=key).json()["version"]
         bad = httpx.post(url + "/api/chat", json={"model": "a", "messages": [], "keep_alive": "soon"}, headers=key)
         assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]  # ollama's error shape
         gone = httpx.post(url + "/api/chat", json={"model": "c", "messages": []}, headers=key)

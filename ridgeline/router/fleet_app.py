@@ -4,6 +4,7 @@
 first: a request is authenticated, and its body capped, before it is parsed."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from contextlib import asynccontextmanager
@@ -22,10 +23,14 @@ from ridgeline.version import __version__
 # every route whose JSON body names its model
 ROUTED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
           "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/api/chat", "/api/generate", "/api/embed",
-          "/api/embeddings")
+          "/api/embeddings", "/api/show", "/api/pull")
 
 
-def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def build_fleet_app(fleet: Fleet, limits, ollama_version: str = "0.0.0") -> FastAPI:
     created = int(time.time())
 
     @asynccontextmanager
@@ -88,6 +93,30 @@ def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
             return refuse(e, "/v1/models")
         return {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded}
 
+    async def tags(_: Request):  # ollama's list: every served model, loaded or not
+        return {"models": [{"name": m.name, "model": m.name, "modified_at": _iso(created), "size": m.nbytes,
+                            "digest": hashlib.sha256(m.name.encode()).hexdigest(), "details": {}}
+                           for m in fleet.models.values()]}
+
+    async def ps(request: Request):  # ollama's loaded models: each replica's own entry, expiring by keep-alive
+        out = []
+        for m in [m for m in fleet.models.values() if m.loaded]:
+            resp = await forward(m.router, "GET", "/api/ps", b"", forwarded_headers(request.headers), Route())
+            try:
+                entries = json.loads(resp.body)["models"]
+            except (ValueError, KeyError, AttributeError):
+                continue
+            keep = fleet.keep_alive if m.keep_alive is None else m.keep_alive
+            for e in entries:
+                e["name"] = e["model"] = m.name
+                if keep >= 0:
+                    e["expires_at"] = _iso(time.time() + max(0.0, keep - (time.monotonic() - m.last_used)))
+            out += entries
+        return {"models": out}
+
+    async def version(_: Request):
+        return {"version": ollama_version}
+
     async def health(_: Request):
         return {"status": "ok", "models": {m.name: "loaded" if m.loaded else "not loaded"
                                            for m in fleet.models.values()}}
@@ -97,5 +126,7 @@ def build_fleet_app(fleet: Fleet, limits) -> FastAPI:
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    for path, route in (("/api/tags", tags), ("/api/ps", ps), ("/api/version", version)):
+        app.add_api_route(path, route, methods=["GET"])
     install_guard(app, limits, lambda status: None)
     return app

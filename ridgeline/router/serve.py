@@ -57,12 +57,12 @@ class RouterThread(UvicornThread):
         super().__init__(_RouterServer(_config(router)), bind(host, port), "router")
 
 
-def serve_fleet(fleet, limits, sock: socket.socket) -> int:
+def serve_fleet(fleet, limits, sock: socket.socket, ollama_version: str = "0.0.0") -> int:
     """`ridgeline serve --models`: the front of several models (router/fleet_app.py) under uvicorn."""
     import logging
     from ridgeline.router.fleet_app import build_fleet_app
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    config = uvicorn.Config(build_fleet_app(fleet, limits), lifespan="on", access_log=False, log_level="warning",
+    config = uvicorn.Config(build_fleet_app(fleet, limits, ollama_version), lifespan="on", access_log=False, log_level="warning",
                             timeout_keep_alive=5, http=guarded_protocol(limits.timeout_header, limits.max_connections))
     _RouterServer(config).run(sockets=[sock])
     return 0

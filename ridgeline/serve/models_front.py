@@ -71,6 +71,7 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
 
     import ridgeline.serve.anthropic  # noqa: F401  (their error shapes: the front answers in each API's own)
     import ridgeline.serve.ollama  # noqa: F401
+    from ridgeline.serve.ollama.models import API_VERSION
     key, secret = new_api_key(), deployment_secret(args.internal_secret_file)
     models = [FleetModel(name, {**replica_spec(model, engine, replace(settings, served_model_name=name), key, secret),
                                 "load_nice": LOAD_NICE}, model_bytes(model, engine))
@@ -100,7 +101,7 @@ def serve_models(args: argparse.Namespace, engine: dict, settings, sock) -> int:
     print(f"serving   {', '.join(f'`{m.name}`' for m in models)} at {url_of(sock)}/v1, each loaded on its first "
           f"request (keep-alive {args.keep_alive:g} s); Ctrl-C stops", flush=True)
     try:
-        return serve_fleet(fleet, settings.limits, sock)
+        return serve_fleet(fleet, settings.limits, sock, API_VERSION)
     finally:
         for s in spares:
             s.stop()
