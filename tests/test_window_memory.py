@@ -33,7 +33,7 @@ def _run_steps(llm, prompts, params=GREEDY, free_window=True, held_of=_held):
     held_of(engine, request) by request id: the blocks it holds, with the tokens it had computed)."""
     eng = llm.engine
     if not free_window:
-        eng.kv.window = None
+        eng.kv.windows = (None,)
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", p, params)
     outs, held = {}, []

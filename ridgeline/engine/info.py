@@ -125,8 +125,7 @@ class EngineInfo:
 
     def _group_pages(self) -> int:
         """Pages a decoding request of max_model_len holds over every KV group."""
-        bs, blocks = self.block_size, -(-self.max_model_len // self.block_size)
-        return blocks + sum(min(blocks, -(-w // bs) + 1) for w in self.kv_spec.groups.windows[1:])
+        return self.kv_spec.groups.peak_pages(self.max_model_len, 1, self.block_size)
 
     def _window_note(self) -> str:
         groups = self.kv_spec.groups

@@ -58,11 +58,15 @@ class KVCacheManager:
         self.page_group = [0] * num_blocks  # the group whose table a page is in (or was cached by)
         self.block_hashes: dict[str, list[BlockHash]] = {}  # request -> hashes of its first full, computed blocks
         self.stats = PrefixCacheStats()
-        self.window = window
         # per group: request -> blocks released at the start of its table
         self.group_holes: list[dict[str, int]] = [{} for _ in range(n)]
         self.holes = self.group_holes[0]
         self.tier = tier
+
+    @property
+    def window(self) -> int | None:
+        """Every layer's window, with one table (None: no window, or KV groups with their own)."""
+        return None if self.groups is not None else self.windows[0]
 
     @property
     def caching(self) -> bool:
@@ -100,8 +104,9 @@ class KVCacheManager:
     def pages_for(self, num_tokens: int) -> int:
         """Pages a request of num_tokens holds: a block of every group per block of tokens (one group: as
         many as its blocks), a local group's capped by its window."""
-        blocks = self.blocks_for(num_tokens)
-        return blocks + sum(blocks if w is None else min(blocks, self.blocks_for(w) + 1) for w in self.windows[1:])
+        if self.groups is None:
+            return self.blocks_for(num_tokens)
+        return self.groups.peak_pages(num_tokens, 1, self.block_size)  # a decode step's
 
     def peak_pages(self, num_tokens: int, chunk: int, budget: int | None = None) -> int:
         """Pages one request of num_tokens holds at most (chunk: the largest step; budget: KV eviction's)."""
@@ -127,7 +132,7 @@ class KVCacheManager:
         token to compute (its logits are needed). Changes nothing; `allocate(prefix=...)` takes it."""
         blocks: list[int] = []
         hashes: list[BlockHash] = []
-        slots, keys = [], []
+        slots, keys, block_keys = [], [], []  # block_keys: every matched block's key (KV groups look them up)
         if self.cache is not None:
             for h, key in chain_keys(token_ids, self.block_size, 0, (len(token_ids) - 1) // self.block_size,
                                      None, salt):
@@ -141,16 +146,16 @@ class KVCacheManager:
                     slots.append(slot)
                     keys.append(key)
                 hashes.append(h)
+                block_keys.append(key)
         if self.groups is not None and hashes:
-            return self._group_match(token_ids, salt, blocks, hashes)
+            return self._group_match(len(token_ids), blocks, hashes, block_keys)
         return PrefixMatch(blocks, hashes, len(hashes) * self.block_size, len(token_ids), slots, keys)
 
-    def _group_match(self, token_ids, salt, blocks: list[int], hashes: list[BlockHash]) -> PrefixMatch:
-        """Group 0 holds the first len(blocks) blocks; a hit of n blocks also needs every other global
-        group's first n blocks and every local group's blocks from the first its window reaches at
-        position n * block_size. The largest such n."""
+    def _group_match(self, num_queried: int, blocks: list[int], hashes: list[BlockHash], keys: list) -> PrefixMatch:
+        """Group 0 holds the first len(blocks) blocks (keys: theirs); a hit of n blocks also needs every
+        other global group's first n blocks and every local group's blocks from the first its window reaches
+        at position n * block_size. The largest such n."""
         bs, n = self.block_size, len(blocks)
-        keys = [key for _, key in chain_keys(token_ids, bs, 0, n, None, salt)]
         found = [[self.caches[k].get(h, key) for h, key in zip(hashes, keys)] for k in range(1, len(self.windows))]
         while n:
             firsts = [0 if w is None else max(0, n * bs - w + 1) // bs for w in self.windows[1:]]
@@ -158,7 +163,7 @@ class KVCacheManager:
                 break
             n -= 1
         group_blocks = [[0] * first + f[first:n] for f, first in zip(found, firsts)] if n else []
-        return PrefixMatch(blocks[:n], hashes[:n], n * bs, len(token_ids), group_blocks=group_blocks)
+        return PrefixMatch(blocks[:n], hashes[:n], n * bs, num_queried, group_blocks=group_blocks)
 
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int,
                      salt: str | None = None) -> None:

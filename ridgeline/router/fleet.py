@@ -101,6 +101,10 @@ class Fleet:
         m.last_used = time.monotonic()
         return m
 
+    def keep_of(self, m: FleetModel) -> float:
+        """Seconds m stays loaded once idle (negative: forever): its last request's keep_alive, else the fleet's."""
+        return self.keep_alive if m.keep_alive is None else m.keep_alive
+
     def release(self, m: FleetModel) -> None:
         m.active -= 1
         m.last_used = time.monotonic()
@@ -152,7 +156,7 @@ class Fleet:
         now = time.monotonic() if now is None else now
         gone = []
         for m in list(self.models.values()):
-            keep = self.keep_alive if m.keep_alive is None else m.keep_alive
+            keep = self.keep_of(m)
             if m.loaded and m.active == 0 and 0 <= keep <= now - m.last_used and not m.lock.locked():
                 log.info("unloading %s (idle %.0f s)", m.name, now - m.last_used)
                 await self.unload(m)

@@ -81,17 +81,18 @@ def build_fleet_app(fleet: Fleet, limits, ollama_version: str = "0.0.0") -> Fast
         resp.background = BackgroundTask(fleet.release, m)  # after the last byte (a stream's too)
         return resp
 
+    def card(m) -> dict:
+        return {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded,
+                "active_requests": m.active}
+
     async def models(_: Request):
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded,
-             "active_requests": m.active} for m in fleet.models.values()]}
+        return {"object": "list", "data": [card(m) for m in fleet.models.values()]}
 
     async def model(model_id: str):
         try:
-            m = fleet.get(model_id)
+            return card(fleet.get(model_id))
         except FleetError as e:
             return refuse(e, "/v1/models")
-        return {"id": m.name, "object": "model", "created": created, "owned_by": "ridgeline", "loaded": m.loaded}
 
     async def tags(_: Request):  # ollama's list: every served model, loaded or not
         return {"models": [{"name": m.name, "model": m.name, "modified_at": _iso(created), "size": m.nbytes,
@@ -106,7 +107,7 @@ def build_fleet_app(fleet: Fleet, limits, ollama_version: str = "0.0.0") -> Fast
                 entries = json.loads(resp.body)["models"]
             except (ValueError, KeyError, AttributeError):
                 continue
-            keep = fleet.keep_alive if m.keep_alive is None else m.keep_alive
+            keep = fleet.keep_of(m)
             for e in entries:
                 e["name"] = e["model"] = m.name
                 if keep >= 0:

@@ -72,8 +72,9 @@ def _spawn(threads: int) -> tuple[str, subprocess.Popen]:
 
 def spare() -> Spare:
     cpus = core_shares(1)[0]
-    url, proc = _spawn(len(cpus) or len(available_cpus()))
-    return Spare(url, proc, len(cpus) or len(available_cpus()), cpus)
+    threads = len(cpus) or len(available_cpus())
+    url, proc = _spawn(threads)
+    return Spare(url, proc, threads, cpus)
 
 
 class ProcessLauncher:

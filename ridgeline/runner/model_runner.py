@@ -142,7 +142,7 @@ class ModelRunner:
         self.pipeline.reset()
 
     def prepare(self, seqs: list[ScheduledSeq]):
-        for s in seqs:
+        for s in seqs if self.kv_groups > 1 else ():  # a missing table would send the C stack out of bounds
             if len(s.group_tables) != self.kv_groups - 1:
                 raise ValueError(f"{s.req_id}: {1 + len(s.group_tables)} block tables for {self.kv_groups} KV groups "
                                  "(KVCacheManager.seq_tables gives each group's)")
