@@ -147,32 +147,34 @@ class PackedInt4(PackedQuant):
 
 
 class PackedInt5(PackedQuant):
-    """5-bit weights in groups of 32 (kernels/gemm_int5.c): data [groups][K/8][NC] uint32 (the low nibbles, as
-    PackedInt4's), then [groups][K/32][NC] uint32 (the high bits); scale [groups][K/32][2 or 1][NC] fp16."""
+    """5-bit weights in groups of 32 (kernels/gemm_int5.c): data [groups][ceil(K/6)][NC] uint32 (three k pairs a
+    word); scale [groups][K/32][2 or 1][NC] fp16."""
 
     def __init__(self, t: Int5Tensor):
-        lib = cpu.lib()
         self.N, self.K = t.q.shape
         if self.K % 32:
             raise ValueError(f"5-bit packing needs K a multiple of 32, got {self.K}")
         self.symmetric = t.symmetric
         self.code = code_of("i5", 32, t.symmetric)
         G = _groups(self.N)
-        low = G * (self.K // 8) * NC
-        self.data = torch.empty(low + G * (self.K // 32) * NC, dtype=torch.int32)
-        q = t.q.contiguous()
-        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)  # keeps q & 15
-        lib.ridgeline_pack_i5_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        self.data = _pack_i5(t.q, G)
         parts = [t.scale] if t.symmetric else [t.scale, t.min]
         sc = torch.zeros(G * NC, self.K // 32, len(parts), dtype=torch.float16)
         sc[:self.N] = torch.stack(parts, dim=-1)
         self.scale = sc.view(G, NC, -1, len(parts)).permute(0, 2, 3, 1).contiguous().view(-1)  # [G][K/32][parts][NC]
-        self._high = low
 
     def _gemm(self, x, y, M, threads) -> int:
-        p = self.data.data_ptr()
-        return cpu.lib().ridgeline_gemm_i5p(p, p + 4 * self._high, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
+        return cpu.lib().ridgeline_gemm_i5p(self.data.data_ptr(), self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
                                             M, self.N, self.K, int(self.symmetric), threads)
+
+
+def _pack_i5(q: torch.Tensor, G: int) -> torch.Tensor:
+    """q [N, K] uint8 in [0, 31] -> [G][ceil(K/6)][NC] uint32 words, three k pairs each (kernels/gemm_int5.c)."""
+    N, K = q.shape
+    data = torch.empty(G * ((K + 5) // 6) * NC, dtype=torch.int32)
+    held = q.contiguous()  # alive while the packer reads it
+    cpu.lib().ridgeline_pack_i5(held.data_ptr(), data.data_ptr(), N, K)
+    return data
 
 
 class PackedInt6(PackedQuant):
@@ -225,7 +227,7 @@ class PackedIQ4(PackedQuant):
 
 class PackedKGrid(PackedQuant):
     """Q4_K's grid (kernels/gemm_int4.c, ridgeline_gemm_i4k) or Q5_K's (gemm_int5.c, ridgeline_gemm_i5k): data as
-    PackedInt4's nibbles (Q5_K: then PackedInt5's high bits); scale [groups][K/32][2][NC] bytes (scale, minimum),
+    PackedInt4's nibbles (Q5_K: as PackedInt5's words); scale [groups][K/32][2][NC] bytes (scale, minimum),
     then [groups][K/256][2][NC] fp16 (D, Dmin), as bytes."""
 
     def __init__(self, t: KGridTensor):
@@ -236,13 +238,12 @@ class PackedKGrid(PackedQuant):
             raise ValueError(f"Q{t.bits}_K packing needs K a multiple of 256, got {self.K}")
         self.code = code_of("i4k" if t.bits == 4 else "i5k", 32)
         G = _groups(self.N)
-        low = G * (self.K // 8) * NC
-        self.data = torch.empty(low + (G * (self.K // 32) * NC if t.bits == 5 else 0), dtype=torch.int32)
-        q = t.q.contiguous()  # held while the packer reads it
-        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
         if t.bits == 5:
-            lib.ridgeline_pack_i5_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
-        self._high = low
+            self.data = _pack_i5(t.q, G)
+        else:
+            self.data = torch.empty(G * (self.K // 8) * NC, dtype=torch.int32)
+            q = t.q.contiguous()  # held while the packer reads it
+            lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = torch.cat([_grouped(torch.stack(pair, dim=-1), G) for pair in ((t.sub, t.mins), (t.scale, t.dmin))])
 
     def _gemm(self, x, y, M, threads) -> int:
@@ -250,8 +251,8 @@ class PackedKGrid(PackedQuant):
         if self.bits == 4:
             return cpu.lib().ridgeline_gemm_i4k(p, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(), M, self.N, self.K,
                                                 threads)
-        return cpu.lib().ridgeline_gemm_i5k(p, p + 4 * self._high, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(),
-                                            M, self.N, self.K, threads)
+        return cpu.lib().ridgeline_gemm_i5k(p, self.scale.data_ptr(), x.data_ptr(), y.data_ptr(), M, self.N, self.K,
+                                            threads)
 
 
 class PackedKQ(PackedQuant):

@@ -39,16 +39,16 @@ int ridgeline_gemm_i8g32(const int8_t *p, const uint16_t *s, const float *x, flo
 int ridgeline_gemm_i6p(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads);
 int ridgeline_iq4_available(void);
-int ridgeline_gemm_i5k(const uint32_t *p, const uint32_t *h, const uint8_t *s, const float *x, float *y, int64_t M,
-                       int64_t N, int64_t K, int nthreads);
+int ridgeline_gemm_i5k(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
+                       int nthreads);
 int ridgeline_gemm_i4k(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int nthreads);
 int ridgeline_gemm_kq(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                       int64_t bits, int nthreads);
 int ridgeline_gemm_iq4(const uint32_t *p, const uint8_t *s, const float *x, float *y, int64_t M, int64_t N, int64_t K,
                        int64_t B, int nthreads);
-int ridgeline_gemm_i5p(const uint32_t *p, const uint32_t *h, const uint16_t *s, const float *x, float *y, int64_t M,
-                       int64_t N, int64_t K, int sym, int nthreads);
+int ridgeline_gemm_i5p(const uint32_t *p, const uint16_t *s, const float *x, float *y, int64_t M, int64_t N,
+                       int64_t K, int sym, int nthreads);
 
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 
@@ -85,12 +85,9 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_I4:
         rc = ridgeline_gemm_i4p(PTR(const uint32_t, d), PTR(const uint16_t, s), x, y, M, N, K, c->param, c->sym, nt);
         break;
-    case WK_I5: { /* data: the nibbles [groups][K/8][NC], then the high bits [groups][K/32][NC] (gemm_int5.c) */
-        const uint32_t *p = PTR(const uint32_t, d);
-        rc = ridgeline_gemm_i5p(p, p + (N + QT_NC - 1) / QT_NC * (K / 8) * QT_NC, PTR(const uint16_t, s), x, y, M, N, K,
-                                c->sym, nt);
+    case WK_I5: /* data: three k pairs a word [groups][ceil(K/6)][NC] (gemm_int5.c) */
+        rc = ridgeline_gemm_i5p(PTR(const uint32_t, d), PTR(const uint16_t, s), x, y, M, N, K, c->sym, nt);
         break;
-    }
     case WK_I6: /* data: the nibbles, then the high bit pairs; scale: int8 per 16 k, then fp16 per 256 (gemm_int6.c) */
         rc = ridgeline_gemm_i6p(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, nt);
         break;
@@ -100,12 +97,9 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_I4K: /* data: int4's nibbles; scale: byte scale and minimum per 32 k, then fp16 per 256 (gemm_int4.c) */
         rc = ridgeline_gemm_i4k(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, nt);
         break;
-    case WK_I5K: { /* data: int5's nibbles and high bits; scale: as WK_I4K's (gemm_int5.c) */
-        const uint32_t *p = PTR(const uint32_t, d);
-        rc = ridgeline_gemm_i5k(p, p + (N + QT_NC - 1) / QT_NC * (K / 8) * QT_NC, PTR(const uint8_t, s), x, y, M, N, K,
-                                nt);
+    case WK_I5K: /* data: int5's words; scale: as WK_I4K's (gemm_int5.c) */
+        rc = ridgeline_gemm_i5k(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, nt);
         break;
-    }
     case WK_KQ: /* data: the 2-bit planes, then (Q3_K) the third bits; scale: bytes per 16 k, then fp16 (gemm_kq.c) */
         rc = ridgeline_gemm_kq(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, c->param, nt);
         break;

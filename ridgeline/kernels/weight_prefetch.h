@@ -43,3 +43,15 @@ static inline __attribute__((always_inline)) void w_prefetch(const void *p, int 
     (void)p; (void)lines; (void)mr;
 #endif
 }
+
+/* `lines` consecutive lines from `ahead` bytes after p, when the tile has at most W_PF_ROWS rows: a stream read
+ * beside the weights' at a slower rate (a kernel's scales), prefetched about as far ahead in k */
+static inline __attribute__((always_inline)) void w_prefetch_at(const void *p, int lines, int mr, int ahead) {
+#ifdef __SSE__
+    if (mr <= W_PF_ROWS)
+        for (int l = 0; l < lines; l++) _mm_prefetch((const char *)p + ahead + 64 * l, W_PF_HINT);
+#else
+    (void)p; (void)lines; (void)mr; (void)ahead;
+#endif
+}
+
