@@ -6,7 +6,7 @@ unpacked layout (layouts.py: w = scale * (q - zero) + min per sub-block of G):
               the file stores them so (Q4_1; Q4_0, whose -8 d is a power-of-two multiple, while it stays
               in fp16's range); Q4_K's fp32 products d s and -dmin n, beside another type, are rounded to fp16
     int4-k    Q4_K alone: q, its 6-bit scales and mins per 32, its fp16 d and dmin per 256 as they are
-    int5-k    Q5_K alone: the same, with q's high bits
+    int5-k    Q5_K alone: the same, with 5-bit q
     int5-sym  G = 32, zero 16, no min: q (or Q4_0's q + 8) and the fp16 scale as they are (Q5_0)
     int5      G = 32, q in [0, 31]: q kept, d and m as int4's (Q5_1 exact; Q5_0 as int4 takes Q4_0; Q5_K's fp32
               products rounded to fp16; Q4_K and Q4_1 too, beside a 5-bit shard)

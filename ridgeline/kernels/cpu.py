@@ -49,6 +49,7 @@ _SIGNATURES = {
     "ridgeline_pack_i5": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_i5p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT, _INT],
     "ridgeline_pack_i6_high": [_PTR, _PTR, _I64, _I64],
+    "ridgeline_pack_i6": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_i6p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_iq4_available": [],
     "ridgeline_gemm_i4k": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],

@@ -178,9 +178,8 @@ def _pack_i5(q: torch.Tensor, G: int) -> torch.Tensor:
 
 
 class PackedInt6(PackedQuant):
-    """Q6_K's grid (kernels/gemm_int6.c): data [groups][K/8][NC] uint32 (the low nibbles, as PackedInt4's), then
-    [groups][K/16][NC] uint32 (the high bit pairs); scale [groups][K/16][NC] int8 s, then [groups][K/256][NC] fp16 d,
-    as bytes."""
+    """Q6_K's grid (kernels/gemm_int6.c): data [groups][K/16][3][NC] uint32 (eight k pairs in three words); scale
+    [groups][K/16][NC] int8 s, then [groups][K/256][NC] fp16 d, as bytes."""
 
     code = code_of("i6", 16, True)
 
@@ -190,11 +189,9 @@ class PackedInt6(PackedQuant):
         if self.K % 256:
             raise ValueError(f"6-bit packing needs K a multiple of 256, got {self.K}")
         G = _groups(self.N)
-        low = G * (self.K // 8) * NC
-        self.data = torch.empty(low + G * (self.K // 16) * NC, dtype=torch.int32)
-        q = t.q.contiguous()
-        lib.ridgeline_pack_i4(q.data_ptr(), self.data.data_ptr(), self.N, self.K)  # keeps q & 15
-        lib.ridgeline_pack_i6_high(q.data_ptr(), self.data[low:].data_ptr(), self.N, self.K)
+        self.data = torch.empty(G * (self.K // 16) * 3 * NC, dtype=torch.int32)
+        q = t.q.contiguous()  # held while the packer reads it
+        lib.ridgeline_pack_i6(q.data_ptr(), self.data.data_ptr(), self.N, self.K)
         self.scale = torch.cat([_grouped(t.sub, G), _grouped(t.scale, G)])
 
     def _gemm(self, x, y, M, threads) -> int:
@@ -256,8 +253,9 @@ class PackedKGrid(PackedQuant):
 
 
 class PackedKQ(PackedQuant):
-    """Q3_K's / Q2_K's grids (kernels/gemm_kq.c): data [groups][K/16][NC] uint32 (q's low 2 bits, as PackedInt6's
-    high bit pairs), then for Q3_K [groups][K/32][NC] uint32 (its third bit, as PackedInt5's high bits); scale
+    """Q3_K's / Q2_K's grids (kernels/gemm_kq.c): data [groups][K/16][NC] uint32 (q's low 2 bits, as
+    ridgeline_pack_i6_high lays out bit pairs), then for Q3_K [groups][K/32][NC] uint32 (its third bit, as
+    ridgeline_pack_i5_high lays out single bits); scale
     [groups][K/16][NC] bytes, then [groups][K/256][NC] fp16 D, then for Q2_K the same of Dmin."""
 
     def __init__(self, t: KQTensor):

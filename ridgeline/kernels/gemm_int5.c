@@ -80,14 +80,16 @@ int ridgeline_pack_i5(const uint8_t *q, uint32_t *p, int64_t N, int64_t K) {
                 for (int v = 0; v < nv; v++) \
                     W[v] = _mm512_loadu_si512(wu + (v / QT_NR) * gs + w * QT_NC + 16 * (v % QT_NR)); \
             } \
+            __m512bh xp[I5_MR]; \
+            for (int i = 0; i < mr; i++) { \
+                int32_t pair; \
+                memcpy(&pair, xb + i * ldx + (bg - b0) * I5G + 2 * e, 4); \
+                xp[i] = (__m512bh)_mm512_set1_epi32(pair); \
+            } \
             for (int v = 0; v < nv; v++) { \
                 const __m512i t = j ? _mm512_srli_epi32(W[v], 5 * j) : W[v]; \
                 const __m512bh wq = (__m512bh)_mm512_ternarylogic_epi32(t, five, magic, 0xEA); /* (t & 31) | 128 */ \
-                for (int i = 0; i < mr; i++) { \
-                    int32_t pair; \
-                    memcpy(&pair, xb + i * ldx + (bg - b0) * I5G + 2 * e, 4); \
-                    S[i][v] = _mm512_dpbf16_ps(S[i][v], (__m512bh)_mm512_set1_epi32(pair), wq); \
-                } \
+                for (int i = 0; i < mr; i++) S[i][v] = _mm512_dpbf16_ps(S[i][v], xp[i], wq); \
             } \
         } \
         for (int v = 0; v < nv; v++) { \

@@ -88,7 +88,7 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_I5: /* data: three k pairs a word [groups][ceil(K/6)][NC] (gemm_int5.c) */
         rc = ridgeline_gemm_i5p(PTR(const uint32_t, d), PTR(const uint16_t, s), x, y, M, N, K, c->sym, nt);
         break;
-    case WK_I6: /* data: the nibbles, then the high bit pairs; scale: int8 per 16 k, then fp16 per 256 (gemm_int6.c) */
+    case WK_I6: /* data: eight k pairs in three words; scale: int8 per 16 k, then fp16 per 256 (gemm_int6.c) */
         rc = ridgeline_gemm_i6p(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, nt);
         break;
     case WK_IQ4: /* data: the codes; scale: fp16 per 32 k, or int8 per 32 then fp16 per 256 (gemm_iq4.c) */
