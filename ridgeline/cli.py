@@ -80,7 +80,7 @@ def cmd_list(args):
 
 def cmd_rm(args):
     from ridgeline.weights.model_list import remove
-    for path in remove(args.name):
+    for path in remove(args.name, force=args.force):
         print(f"removed {path}")
 
 
@@ -118,6 +118,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("rm", help="remove a cached model (a pulled alias and its converted folders)")
     p.add_argument("name", help="an alias, or a GGUF file name as `ridgeline list` shows it")
+    p.add_argument("--force", action="store_true",
+                   help="remove it even while a running process (serve, generate, chat) holds it")
     p.set_defaults(func=cmd_rm)
 
     for register in _plugins():

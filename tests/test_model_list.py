@@ -37,3 +37,42 @@ def test_list_and_rm(tmp_path, monkeypatch, capsys):
     assert main(["rm", "nothing-like-it"]) == 2
     assert "no cached model 'nothing-like-it'" in capsys.readouterr().err
     assert main(["list"]) in (0, None) and "is empty" in capsys.readouterr().out
+
+
+def test_rm_refuses_a_model_a_live_process_holds(tmp_path, monkeypatch, capsys):
+    """A process that resolved a model out of the cache holds it (in-use/<pid>.json): `rm` refuses it, naming the
+    pid, until that process is gone or --force is given; a stale record (a dead pid) holds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from ridgeline.weights import in_use
+    from ridgeline.weights.cache_dir import model_cache_dir
+
+    gguf, root, outside = _cache(tmp_path, monkeypatch)
+    folder = root / "converted" / "a-1"
+    in_use.mark(folder, gguf, outside)  # this process: its own record, never a holder of itself
+    own = json.loads((model_cache_dir() / "in-use" / f"{os.getpid()}.json").read_text())["paths"]
+    assert str(outside.resolve()) not in own and str(gguf.resolve()) in own  # only the cache's paths
+    assert in_use.holders(gguf) == []
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        for pid in (live.pid, dead.pid):
+            (model_cache_dir() / "in-use" / f"{pid}.json").write_text(json.dumps({"pid": pid, "paths": own}))
+        assert in_use.holders(gguf) == [live.pid] and in_use.holders(folder) == [live.pid]
+        assert main(["rm", "smollm2-135m"]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by process {live.pid}" in err and "--force" in err
+        assert gguf.exists() and folder.exists()  # nothing removed
+        assert main(["rm", "gone.gguf"]) in (0, None)  # a model nobody holds goes
+        live.kill()
+        live.wait()
+        assert in_use.holders(gguf) == []  # its process gone: the record is stale
+        (model_cache_dir() / "in-use" / "1.json").write_text(json.dumps({"pid": 1, "paths": own}))  # init: alive
+        assert in_use.holders(gguf) == [1] and main(["rm", "smollm2-135m"]) == 2
+        capsys.readouterr()
+        assert main(["rm", "--force", "smollm2-135m"]) in (0, None) and not gguf.exists()
+    finally:
+        live.kill()

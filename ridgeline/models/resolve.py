@@ -35,7 +35,10 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
     elif spec in ALIASES:
         gguf = pull(spec, progress=progress)
     if gguf is not None:
-        return ensure_converted(gguf, progress=progress), gguf
+        folder = ensure_converted(gguf, progress=progress)
+        from ridgeline.weights.in_use import mark
+        mark(folder, gguf)  # `ridgeline rm` refuses what a live process holds
+        return folder, gguf
     if HUB_ID.fullmatch(spec) and not path.exists():
         return _from_hub(spec), None
     raise ModelLoadError(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.weights.cache_dir import model_cache_dir
+from ridgeline.weights.in_use import holders
 from ridgeline.weights.pull import ALIASES, alias_path
 
 
@@ -74,14 +75,19 @@ def table(models: list[CachedModel]) -> str:
                      for r in rows)
 
 
-def remove(name: str) -> list[Path]:
+def remove(name: str, force: bool = False) -> list[Path]:
     """Remove an alias's pulled file and every converted folder of it, or the converted folders of a GGUF file
-    name (`ridgeline list`'s NAME column); returns what was removed. Nothing outside the cache is touched."""
+    name (`ridgeline list`'s NAME column); returns what was removed. Nothing outside the cache is touched, and
+    nothing while a live process (a running `serve`, `generate`, `chat`) holds it, unless force."""
     models = cached_models()
     hits = [m for m in models if m.name == name or (name in ALIASES and m.name == alias_path(name).name)]
     if not hits:
         known = ", ".join(sorted({m.name for m in models})) or "nothing (the cache is empty)"
         raise InvalidRequestError(f"no cached model {name!r}; the cache holds {known}", "model")
+    pids = sorted({pid for m in hits for pid in holders(m.path)})
+    if pids and not force:
+        raise InvalidRequestError(f"model {name!r} is in use by process {', '.join(map(str, pids))}; stop it first "
+                                  "(or `ridgeline rm --force`)", "model")
     root = model_cache_dir().resolve()
     removed = []
     for m in hits:
