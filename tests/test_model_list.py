@@ -62,6 +62,7 @@ def test_rm_refuses_a_model_a_live_process_holds(tmp_path, monkeypatch, capsys):
         for pid in (live.pid, dead.pid):
             (model_cache_dir() / "in-use" / f"{pid}.json").write_text(json.dumps({"pid": pid, "paths": own}))
         assert in_use.holders(gguf) == [live.pid] and in_use.holders(folder) == [live.pid]
+        assert main(["list"]) in (0, None) and capsys.readouterr().out.count(f"in use by process {live.pid}") == 2
         assert main(["rm", "smollm2-135m"]) == 2
         err = capsys.readouterr().err
         assert f"in use by process {live.pid}" in err and "--force" in err

@@ -25,6 +25,11 @@ class CachedModel:
     note: str = ""  # "source missing", "float weights", the alias's description
 
 
+def _in_use(path: Path) -> list[str]:
+    pids = holders(path)
+    return [f"in use by process {', '.join(map(str, pids))}"] if pids else []
+
+
 def _size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -37,7 +42,8 @@ def cached_models() -> list[CachedModel]:
     for alias, a in sorted(ALIASES.items()):
         path = alias_path(alias)
         if path.is_file():
-            out.append(CachedModel(alias, path, path.stat().st_size, path.stat().st_mtime, "pulled", a.description))
+            out.append(CachedModel(alias, path, path.stat().st_size, path.stat().st_mtime, "pulled",
+                                   ", ".join([a.description] + _in_use(path))))
     for folder in sorted((root / "converted").glob("*")):
         if not folder.is_dir():
             continue
@@ -50,6 +56,7 @@ def cached_models() -> list[CachedModel]:
             notes.append("source missing")
         if (folder / "model.safetensors").is_file():
             notes.append("float weights")
+        notes += _in_use(folder)
         out.append(CachedModel(source.name if source is not None else folder.name, folder, _size(folder),
                                folder.stat().st_mtime, "converted", ", ".join(notes)))
     return out
