@@ -67,9 +67,16 @@ def cmd_chat(args):
 
 def cmd_pull(args):
     from ridgeline.gguf.convert import ensure_converted
-    from ridgeline.weights.pull import pull
-    path = pull(args.alias)
-    print(f"{args.alias}: {path}")
+    from ridgeline.weights.hub_pull import is_hub_spec, pull_hub
+    from ridgeline.weights.pull import ALIASES, pull
+    if is_hub_spec(args.alias) and args.alias not in ALIASES:
+        path = pull_hub(args.alias)
+        print(f"{args.alias}: {path}")
+        if path.suffix != ".gguf":
+            return
+    else:
+        path = pull(args.alias)
+        print(f"{args.alias}: {path}")
     print(f"converted: {ensure_converted(path, weights=args.with_weights)}")
 
 
@@ -106,8 +113,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("pull", help="fetch a built-in model alias into the model cache")
-    p.add_argument("alias", nargs="?", default="smollm2-135m", help="built-in model alias")
+    p = sub.add_parser("pull", help="fetch a built-in model alias, or a model from the Hugging Face hub, into the cache")
+    p.add_argument("alias", nargs="?", default="smollm2-135m",
+                   help="a built-in alias; or a hub id: org/repo (an HF folder), org/repo:Q4_K_M (the repo's GGUF file "
+                        "of that quantization), org/repo:FILE.gguf")
     p.add_argument("--with-weights", action="store_true",
                    help="also write the converted folder's float32 weights (model.safetensors), for tools that read "
                         "an HF folder such as transformers; Ridgeline itself reads the GGUF in place")

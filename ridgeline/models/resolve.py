@@ -28,6 +28,9 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
             gguf = ggufs[0]
         else:
             return path, None
+    elif _hub_pick(spec):  # org/repo:Q4_K_M, org/repo:FILE.gguf, org/repo/FILE.gguf
+        from ridgeline.weights.hub_pull import pull_hub
+        gguf = pull_hub(spec)
     elif spec.endswith(".gguf"):
         if not path.exists():
             raise ModelLoadError(f"GGUF file {path} does not exist")
@@ -45,6 +48,13 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
         f"cannot resolve model {spec!r}: not a folder, not a .gguf file, not a hub id, and not a "
         f"built-in alias (known aliases: {', '.join(sorted(ALIASES))})"
     )
+
+
+def _hub_pick(spec: str) -> bool:
+    """A hub id naming one GGUF file of its repo (not a local path)."""
+    from ridgeline.weights.hub_pull import HUB_SPEC
+    m = HUB_SPEC.fullmatch(spec)
+    return m is not None and m["pick"] is not None and not Path(spec).expanduser().exists()
 
 
 def ensure_converted(path: Path, progress: bool) -> Path:
