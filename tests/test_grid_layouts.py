@@ -39,31 +39,22 @@ def _check(t, packed, M, g):
         assert torch.equal(packed(x[r:r + 1]), got[r:r + 1])
 
 
-@pytest.mark.parametrize("K", [32, 64, 96, 160, 224, 2048, 2080])
-@pytest.mark.parametrize("sym", [True, False])
-def test_int5_every_k_tail(K, sym):
-    g = torch.Generator().manual_seed(K + sym)
-    t = _int5(53, K, sym, g)
-    packed = cpu_quant.PackedInt5(t)
+CASES = [("int5-sym", K) for K in (32, 64, 96, 160, 224, 2048, 2080)] + [("int5", K) for K in (32, 64, 160, 2080)] + \
+        [("int5-k", K) for K in (256, 768, 2304)] + [("int6", K) for K in (256, 512, 2304)]
+
+
+def _make(kind, N, K, g):
+    t = {"int5-sym": lambda: _int5(N, K, True, g), "int5": lambda: _int5(N, K, False, g),
+         "int5-k": lambda: _kgrid5(N, K, g), "int6": lambda: _int6(N, K, g)}[kind]()
+    packer = {"int5-k": cpu_quant.PackedKGrid, "int6": cpu_quant.PackedInt6}.get(kind, cpu_quant.PackedInt5)
+    return t, packer(t)
+
+
+@pytest.mark.parametrize("kind,K", CASES)
+def test_every_k_the_layout_allows(kind, K):
+    g = torch.Generator().manual_seed(K)
+    t, packed = _make(kind, 53, K, g)  # 53 columns: a partial column group
     for M in (1, 4, 7):
-        _check(t, packed, M, g)
-
-
-@pytest.mark.parametrize("K", [256, 768, 2304])
-def test_q5k_grid(K):
-    g = torch.Generator().manual_seed(K)
-    t = _kgrid5(101, K, g)
-    packed = cpu_quant.PackedKGrid(t)
-    for M in (1, 3, 9):
-        _check(t, packed, M, g)
-
-
-@pytest.mark.parametrize("K", [256, 512, 2304])
-def test_q6k_grid(K):
-    g = torch.Generator().manual_seed(K)
-    t = _int6(77, K, g)
-    packed = cpu_quant.PackedInt6(t)
-    for M in (1, 2, 5):
         _check(t, packed, M, g)
 
 
@@ -71,18 +62,14 @@ def test_k_blocks_start_on_unit_boundaries():
     """Rows of x past one block of L2 split K into blocks (a multiple of 96 k for int5): the batch still equals
     the reference and each row alone."""
     g = torch.Generator().manual_seed(7)
-    for t, packed in ((t := _int5(60, 2080, False, g)), cpu_quant.PackedInt5(t)), \
-                     ((u := _kgrid5(60, 2304, g)), cpu_quant.PackedKGrid(u)), ((v := _int6(60, 2304, g)), cpu_quant.PackedInt6(v)):
-        _check(t, packed, 200, g)
+    for kind, K in (("int5", 2080), ("int5-k", 2304), ("int6", 2304)):
+        _check(*_make(kind, 60, K, g), 200, g)
 
 
 @pytest.mark.parametrize("name,file_bits", [("q5_0", 5.5), ("q5_1", 6.0), ("q5_k", 5.5), ("q6_k", 6.5625)])
 def test_packed_bits_within_the_limit(name, file_bits):
     g = torch.Generator().manual_seed(1)
     N, K = 96, 2048
-    packed = {"q5_0": lambda: cpu_quant.PackedInt5(_int5(N, K, True, g)),
-              "q5_1": lambda: cpu_quant.PackedInt5(_int5(N, K, False, g)),
-              "q5_k": lambda: cpu_quant.PackedKGrid(_kgrid5(N, K, g)),
-              "q6_k": lambda: cpu_quant.PackedInt6(_int6(N, K, g))}[name]()
+    _, packed = _make({"q5_0": "int5-sym", "q5_1": "int5", "q5_k": "int5-k", "q6_k": "int6"}[name], N, K, g)
     bits = packed.nbytes * 8 / (N * K)
     assert bits <= 1.15 * file_bits, (bits, file_bits)
