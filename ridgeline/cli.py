@@ -68,8 +68,8 @@ def cmd_chat(args):
 def cmd_pull(args):
     from ridgeline.gguf.convert import ensure_converted
     from ridgeline.weights.hub_pull import is_hub_spec, pull_hub
-    from ridgeline.weights.pull import ALIASES, pull
-    if is_hub_spec(args.alias) and args.alias not in ALIASES:
+    from ridgeline.weights.pull import pull
+    if is_hub_spec(args.alias):  # org/repo...: never an alias
         path = pull_hub(args.alias)
         print(f"{args.alias}: {path}")
         if path.suffix != ".gguf":

