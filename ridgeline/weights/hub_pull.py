@@ -34,7 +34,8 @@ def _hub():
 
 def verify(path: Path, size: int | None = None, sha256: str | None = None) -> None:
     """A cached file against its content hash (the hub cache names an LFS blob by its sha256) and, where given,
-    the hub's size and sha256. A mismatch is an error naming the file; nothing is kept that fails."""
+    the hub's size and sha256. A mismatch is an error naming the file (the damaged copy stays in the hub cache
+    for the user to remove, as the error says)."""
     blob = path.resolve()
     if size is not None and blob.stat().st_size != size:
         raise ModelLoadError(f"{path.name}: {blob.stat().st_size} bytes, the hub says {size}")
