@@ -2,6 +2,8 @@
 values gguf-py dequantizes (exactly where our format holds its grid, within a measured bound where it is
 repacked); a model keeps its q/k row order right, runs in the C decoder stack equal to the module path,
 and a Q4_1 file gives the logits int4 round-to-nearest gives on its dequantized weights, bit for bit."""
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -159,8 +161,8 @@ def test_mixed_file_keeps_its_blocks_and_stays_close_to_the_dequantized_model(tm
     ref, kept = _llm(path, quantization="none"), _llm(path)  # a .gguf model keeps its blocks by default
     assert (ref.info.quantization, kept.info.quantization) == ("none", "gguf")
     assert sorted(kept.info.weight_formats.split(", ")) == [  # down_proj is F16: dense in --dtype
-        "Q4_0 kept (int4-sym) x 1", "Q4_0+Q4_1+Q4_K repacked (int4) x 2", "Q4_0+Q8_0 repacked (int8-g32) x 2",
-        "Q6_K kept (int6) x 2", "f32 x 2"]
+        "Q4_0 kept (int4-sym) x 1", "Q4_K+Q4_0+Q4_1 kept (int4-k + int4-sym + int4) x 2",
+        "Q6_K kept (int6) x 2", "Q8_0+Q4_0 kept (int8-g32 + int4-sym) x 2", "f32 x 2"]
     assert "quantization gguf" in kept.info.summary()
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
@@ -175,13 +177,14 @@ K_MIX = {"attn_q": T.Q5_K, "attn_k": T.Q3_K, "attn_v": T.IQ4_XS, "attn_output": 
 
 
 def test_a_file_of_the_other_common_types_loads_and_runs_in_the_c_stack(tmp_path, home):
-    """Q3_K / IQ4_XS / IQ4_NL fused beside other types (re-rounded to int8-g32), Q2_K and Q6_K alone in their own
-    grids: close to the dequantized model, the C stack equal to the module path."""
+    """Q3_K / IQ4_XS / IQ4_NL fused beside other types (each shard in its own grid), Q2_K and Q6_K alone in their
+    own grids: close to the dequantized model, the C stack equal to the module path."""
     path = tmp_path / "kmix.gguf"
     write_gguf(path, K_MIX, tied=False)
     ref, kept = _llm(path, quantization="none"), _llm(path)
     formats = kept.info.weight_formats
-    assert "IQ4_XS+Q3_K+Q5_K repacked (int8-g32) x 2" in formats and "IQ4_NL+Q5_1 repacked (int8-g32) x 2" in formats
+    assert "Q5_K+Q3_K+IQ4_XS kept (int5-k + int3 + iq4-xs) x 2" in formats
+    assert "IQ4_NL+Q5_1 kept (iq4-nl + int5) x 2" in formats
     assert "Q6_K kept (int6) x 2" in formats and "Q2_K kept (int2) x 2" in formats
     want, got = _logits(ref), _logits(kept)
     rel = float((got - want).abs().max() / want.abs().max())
@@ -216,12 +219,65 @@ def test_the_kept_grid_kernels_multiply_the_files_values_and_a_row_never_depends
         assert torch.equal(packed(x[rows[0]:rows[1]]), y[rows[0]:rows[1]]), rows
 
 
+def _split_projection(shards, K, plan):
+    """A fused Linear of GGUF shards [(qtype, rows)] under the kept-blocks split format: (it, dequantized W)."""
+    from ridgeline.gguf.kept import KeptSplit
+    from ridgeline.layers.linear import Linear
+    lin = Linear(K, sum(n for _, n in shards), KeptSplit(plan), shard_sizes=[n for _, n in shards], prefix="qkv")
+    want = []
+    for i, (qtype, n) in enumerate(shards):
+        b, w = _blocks(qtype, n, K, seed=i)
+        lin.load("weight", b, i)
+        want.append(torch.from_numpy(w))
+    lin.finish_loading()
+    return lin, torch.cat(want)
+
+
+@pytest.mark.parametrize("shards", [[(T.Q4_K, 96), (T.Q4_K, 48), (T.Q6_K, 48)], [(T.Q5_K, 144), (T.Q5_K, 40),
+                                                                                   (T.Q6_K, 40)],
+                                    [(T.Q5_0, 56), (T.Q8_0, 8), (T.Q8_0, 8)], [(T.Q6_K, 48), (T.Q4_K, 8), (T.Q6_K, 8)]],
+                         ids=lambda v: "+".join(f"{q.name}x{n}" for q, n in v))
+def test_a_projection_of_mixed_types_keeps_each_shard_in_its_own_grid(shards):
+    """q/k in Q4_K (or Q5_K) beside v in Q6_K, as Q4_K_M / Q5_K_M files mix them: every run of one type keeps its
+    own grid (the file's bits within 1.15x, not int8-g32's 8.5), a column's value is its part's call alone, and
+    the C table (WF_SPLIT) gives the module path's values bit for bit at one row and at many."""
+    from gguf import GGML_QUANT_SIZES
+    from ridgeline.kernels import cpu_stack
+    from ridgeline.layers.kernel_plan import KernelPlan
+    K = 512
+    plan = KernelPlan(quant=frozenset(cpu_quant.KINDS))
+    lin, want = _split_projection(shards, K, plan)
+    runs = [(q, sum(n for _, n in run)) for q, run in itertools.groupby(shards, key=lambda s: s[0])]
+    assert [part.out_features for _, part in lin.parts] == [n for _, n in runs]
+    assert lin.format.label(lin).startswith("+".join(q.name for q, _ in runs) + " kept")
+    # the file's bytes with each part's columns padded to the kernels' group of 48, as every packed format pads
+    file_bytes = sum(-(-n // 48) * 48 * K // GGML_QUANT_SIZES[q][0] * GGML_QUANT_SIZES[q][1] for q, n in runs)
+    assert lin.format.weight_bytes(lin) <= 1.15 * file_bytes
+    x = torch.randn(7, K, generator=torch.Generator().manual_seed(1))
+    y = lin(x)
+    ref = x.bfloat16().float() @ want.T  # the kernels' bf16 x against the file's exact weights
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+    for row, part in lin.parts:
+        assert torch.equal(y[:, row:row + part.out_features], part(x))
+    w = lin.format.stack_weight(lin)
+    if isinstance(w, str):
+        pytest.skip(w)  # a CPU without the parts' kernels: the module path above is torch's
+    desc = torch.tensor([*w, 0], dtype=torch.int64)
+    for rows in (x[:1], x):
+        out, ids = torch.empty(rows.shape[0], lin.out_features), torch.empty(rows.shape[0], dtype=torch.int64)
+        cpu_stack.linear_argmax(desc, rows.contiguous(), out, ids)
+        assert torch.equal(out, lin(rows)) and torch.equal(ids, out.argmax(-1))
+    bad = torch.empty(1, lin.out_features + 8)  # columns the table does not add up to
+    with pytest.raises(RuntimeError, match="failed"):
+        cpu_stack.linear_argmax(desc, x[:1].contiguous(), bad, torch.empty(1, dtype=torch.int64))
+
+
 GRID_FILES = {  # GGML types per tensor -> the weight formats they load as, and the kernel kind that runs them
     # Q5_0 / Q5_1 / Q5_K (the bulk of Q5_K_M files, and Q4_K_M files' fallback type): 5 bits a weight kept,
-    # int5-sym for Q5_0, int5 for the rest (a Q4_K shard beside a 5-bit one too)
+    # int5-sym for Q5_0, int5-k for Q5_K (a Q4_K shard beside a 5-bit one keeps its own int4-k)
     "five-bit": ({"attn_q": T.Q5_K, "attn_k": T.Q5_K, "attn_v": T.Q5_K, "attn_output": T.Q5_1, "ffn_gate": T.Q5_0,
                   "ffn_up": T.Q4_K, "ffn_down": T.Q5_0, "output": T.Q5_K},
-                 ["Q4_K+Q5_0 repacked (int5) x 2", "Q5_0 kept (int5-sym) x 2", "Q5_1 kept (int5) x 2",
+                 ["Q5_0 kept (int5-sym) x 2", "Q5_0+Q4_K kept (int5-sym + int4-k) x 2", "Q5_1 kept (int5) x 2",
                   "Q5_K kept (int5-k) x 3"], "int5"),
     # IQ4_XS files (IQ4_NL where a row is not a multiple of 256): 4.3125 and 4.5 bits a weight
     "iq4": ({"attn_q": T.IQ4_XS, "attn_k": T.IQ4_XS, "attn_v": T.IQ4_XS, "attn_output": T.IQ4_NL,
@@ -232,10 +288,10 @@ GRID_FILES = {  # GGML types per tensor -> the weight formats they load as, and 
                  "ffn_up": T.Q2_K, "ffn_down": T.Q3_K, "output": T.Q2_K},
                 ["Q2_K kept (int2) x 3", "Q3_K kept (int3) x 6"], "kq"),
     # Q4_K_M's mix: Q6_K alone keeps its 6.5625 bits (the LM head too), Q4_K alone its 4.625; beside each other
-    # in a fused q/k/v they are re-rounded to int8-g32
+    # in a fused q/k/v each keeps its own (a split projection)
     "k-mix": ({"attn_output": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K, "attn_q": T.Q4_K, "attn_k": T.Q4_K,
                "attn_v": T.Q6_K, "ffn_gate": T.Q4_K, "ffn_up": T.Q4_K},
-              ["Q4_K kept (int4-k) x 2", "Q4_K+Q6_K repacked (int8-g32) x 2", "Q6_K kept (int6) x 5"], "int6"),
+              ["Q4_K kept (int4-k) x 2", "Q4_K+Q6_K kept (int4-k + int6) x 2", "Q6_K kept (int6) x 5"], "int6"),
 }
 
 
@@ -279,6 +335,11 @@ def test_layer_rules_win_and_dequantize_the_blocks(tmp_path, home):
     llm = _llm(path, layer_formats=[("model.layers.0.*", "f32")])
     assert sorted(llm.info.weight_formats.split(", ")) == ["Q4_1 kept (int4) x 4", "Q8_0 kept (int8-g32) x 1",
                                                            "f32 x 4"]
+    mixed = tmp_path / "k-mix.gguf"  # a rule naming one grid for a projection of mixed types: re-rounded into it
+    write_gguf(mixed, GRID_FILES["k-mix"][0], tied=False)
+    one_grid = _llm(mixed, layer_formats=[("*.qkv_proj", "gguf-int8-g32")])
+    assert "Q4_K+Q6_K repacked (int8-g32) x 2" in one_grid.info.weight_formats
+    assert one_grid.info.weight_bytes > _llm(mixed).info.weight_bytes
 
 
 def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):

@@ -1,14 +1,16 @@
 """`--quantization gguf`: every Linear keeps the blocks a GGUF file stores, in the nearest packed format.
 
-A layer's format follows the GGML types of the tensors fused into it (repack.target_for: the narrowest
-format that holds what their block layouts keep, layouts.py), e.g. all Q4_0 -> int4-sym g32, Q4_0 with
-Q4_1 -> int4 g32, Q5_0 -> int5-sym, Q5_1 / Q5_K (or Q5_0 with Q4_K) -> int5, anything with Q8_0 ->
-int8-g32, MXFP4 alone -> mxfp4; a dense (F32 / F16 / BF16) or unsupported shard -> the dense
-format of --dtype, its blocks dequantized. The
+A layer's format follows the GGML type of the tensors fused into it (repack.target_for: the format that
+keeps what its block layout holds, layouts.py), e.g. Q4_0 -> int4-sym g32, Q4_1 -> int4, Q4_K -> int4-k,
+Q5_0 -> int5-sym, Q6_K -> int6, Q8_0 -> int8-g32, MXFP4 -> mxfp4; a fused projection whose tensors mix
+types (a Q4_K_M file's q/k in Q4_K beside v in Q6_K) is split, each run of one type in its own format
+(KeptSplit); a dense (F32 / F16 / BF16) or unsupported shard -> the dense format of --dtype, its blocks
+dequantized. The
 tied LM head takes the embedding's type (the smollm2 file's Q8_0: int8-g32); the embedding itself is
 a dense table in --dtype, since a lookup reads one row per token, not the whole matrix.
 `layer_formats` rules still win where they match (a format that takes floats gets dequantized blocks).
-Start-up names each kind, e.g. "Q4_1 kept (int4) x 90", "Q6_K repacked (int8-g32) x 30".
+Start-up names each kind, e.g. "Q4_1 kept (int4) x 90", "Q4_K+Q6_K kept (int4-k + int6) x 8"; a rule naming
+one grid for mixed shards re-rounds those it does not hold: "Q4_K+Q6_K repacked (int8-g32) x 8".
 """
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ from torch import nn
 from ridgeline.errors import InvalidRequestError
 from ridgeline.gguf import repack
 from ridgeline.gguf.blocks import GGUFBlocks
+from ridgeline.kernels import cpu_stack
+from ridgeline.kernels.formats import code_of
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
                                              kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
 from ridgeline.layers.int_formats import IQ4, KQ, Int4, Int4K, Int5K, Int5, Int6, Int8G32, QuantizedFormat
+
+
+C_SPLIT = code_of("split")
 
 
 class KeptBlocks(QuantizedFormat):
@@ -85,6 +92,71 @@ class KeptMxFp4(KeptBlocks, MxFp4):
     target = "mxfp4"
 
 
+@register_weight_format("gguf-split")
+class KeptSplit(KeptBlocks):
+    """A fused projection whose shards mix GGML types (a Q4_K_M file's q and k in Q4_K beside v in Q6_K): each
+    run of consecutive shards of one type kept in its own format (repack.target_for of that type alone), as a
+    part of its own, instead of one grid wide enough for them all (int8-g32: about 1.5x the file's bits). The
+    parts run their own kernels on their columns (the C stack through one WF_SPLIT descriptor,
+    kernels/stack_linear.c), so a column's value is its part's alone: the module path concatenates the same
+    calls. layer.parts: [(first row, Linear of that run's shards)]."""
+    target = "split"
+
+    def finish(self, layer: nn.Module) -> None:
+        if layer.weight is None:
+            return
+        from ridgeline.layers.linear import Linear  # a part is a Linear of its own rows (layers import formats)
+        shards, sizes = kept_shards(layer), layer.shard_sizes
+        runs: list[list[int]] = []
+        for s in shards:
+            if runs and layer.blocks[runs[-1][-1]].qtype == layer.blocks[s].qtype:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        layer.parts, row = [], 0
+        for run in runs:
+            qtype = layer.blocks[run[0]].qtype
+            fmt = create_weight_format(f"gguf-{repack.target_for({qtype})}", self.plan)
+            part = Linear(layer.in_features, sum(sizes[s] for s in run), fmt, shard_sizes=[sizes[s] for s in run],
+                          prefix=f"{layer.prefix}[{row}:]")
+            part.weight = nn.Parameter(torch.empty(0, device=layer.weight.device), requires_grad=False)
+            for i, s in enumerate(run):
+                part.load("weight", layer.blocks[s], i)
+            part.finish_loading()
+            layer.parts.append((row, part))
+            row += part.out_features
+        kinds = [part.kept.split(" ") for _, part in layer.parts]  # "Q4_K kept" -> its types, kept or repacked
+        layer.kept = f"{'+'.join(k[0] for k in kinds)} {'kept' if all(k[1] == 'kept' for k in kinds) else 'repacked'}"
+        layer.targets = " + ".join(part.format.target for _, part in layer.parts)
+        layer.desc = None
+        layer.weight, layer.blocks = None, None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part.format.apply(part, x) for _, part in layer.parts], dim=-1)
+
+    def stack_weight(self, layer: nn.Module) -> tuple[int, int, int] | str:
+        """(WF_SPLIT, its table [parts, then per part its columns and [format, data, scale, bias 0]], 0)."""
+        if layer.desc is None:
+            table = [len(layer.parts)]
+            for _, part in layer.parts:
+                w = part.format.stack_weight(part)
+                if isinstance(w, str):
+                    return f"{part.prefix}: {w}"
+                if not cpu_stack.runs_weight_format(w[0]):
+                    return f"{part.prefix}: the C stack has no kernel for weight format {part.format.name} on this CPU"
+                table += [part.out_features, *w, 0]
+            layer.desc = torch.tensor(table, dtype=torch.int64)
+        return C_SPLIT, layer.desc.data_ptr(), 0
+
+    def weight_bytes(self, layer: nn.Module) -> int:
+        if layer.weight is not None:  # not finished yet
+            return sum(b.raw.numel() for b in layer.blocks.values())
+        return sum(part.format.weight_bytes(part) for _, part in layer.parts)
+
+    def label(self, layer: nn.Module) -> str:
+        return f"{layer.kept} ({layer.targets})" if layer.kept else self.name
+
+
 def layer_types(types: dict[str, object], fused: dict[str, tuple[str, int]], tied: bool) -> dict[str, set]:
     """Our Linear's name -> the GGML types of the file tensors it loads (fused: checkpoint module name ->
     (our fused name, shard), the model class's `packed`). types: HF tensor name -> GGML type."""
@@ -119,6 +191,9 @@ def gguf_format_rules(rules: Sequence[tuple[str, str]], per_layer: dict[str, set
         rule = next((n for glob, n in rules if fnmatchcase(prefix, glob)), None)
         if rule is not None:
             return get(rule)
-        target = repack.target_for(per_layer.get(prefix, {None}))
+        types = per_layer.get(prefix, {None})
+        target = repack.target_for(types)
+        if target is not None and len(types) > 1:  # a fused projection of mixed types: each run its own format
+            return get("gguf-split")
         return get(dense if target is None else f"gguf-{target}")
     return pick

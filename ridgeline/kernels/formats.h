@@ -35,10 +35,11 @@ enum weight_format {
     WF_Q3_K = 52,
     WF_Q2_K = 53,
     WF_I4_K = 54,
-    WF_I5_K = 55
+    WF_I5_K = 55,
+    WF_SPLIT = 56
 };
-enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5, WK_I6, WK_IQ4, WK_KQ, WK_I4K, WK_I5K };
-#define WF_CODES 56
+enum weight_kernel { WK_NONE, WK_F32, WK_BF16, WK_I8, WK_I8G32, WK_I4, WK_W8A8, WK_W8A8G32, WK_W4A8, WK_FP8, WK_FP4, WK_I5, WK_I6, WK_IQ4, WK_KQ, WK_I4K, WK_I5K, WK_SPLIT };
+#define WF_CODES 57
 
 /* kernel (WK_NONE: no such code), its parameter (int4 / w4a8 group, fp8 mode, fp4 block), symmetric */
 typedef struct {
@@ -80,6 +81,7 @@ static const weight_code WF_TABLE[WF_CODES] = {
     [WF_Q2_K] = {WK_KQ, 2, 0},
     [WF_I4_K] = {WK_I4K, 32, 0},
     [WF_I5_K] = {WK_I5K, 32, 0},
+    [WF_SPLIT] = {WK_SPLIT, 0, 0},
 };
 
 /* the row of a descriptor's format field, or NULL */

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # the matmul kernels stack_linear.c dispatches to (C: WK_<NAME>), in their enum order (0 = none)
-KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4", "kq", "i4k", "i5k")
+KERNELS = ("f32", "bf16", "i8", "i8g32", "i4", "w8a8", "w8a8g32", "w4a8", "fp8", "fp4", "i5", "i6", "iq4", "kq", "i4k", "i5k",
+           "split")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ TABLE: tuple[WeightCode, ...] = (
     WeightCode(53, "q2_k", "kq", 2),  # Q2_K's grid: 2 bits, 4-bit scales and minimums per 16 k by fp16 per 256
     WeightCode(54, "i4_k", "i4k", 32),  # Q4_K's grid: 4 bits, 6-bit scales and minimums per 32 k by fp16 per 256
     WeightCode(55, "i5_k", "i5k", 32),  # Q5_K's grid: 5 bits, scales and minimums as Q4_K's (gemm_int5.c)
+    # a fused projection whose shards keep different formats (a GGUF file's q/k in Q4_K beside v in Q6_K): data
+    # points to [parts, then per part its columns and its own descriptor], each part run by its own row
+    WeightCode(56, "split", "split"),
 )
 BY_NAME = {c.name: c for c in TABLE}
 

@@ -54,6 +54,38 @@ enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
+int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
+
+/* y [M, N] = x W^T for a split weight (WF_SPLIT): t = [parts, then per part its columns Np and its own
+ * descriptor [LW_FIELDS]], the parts' columns in order summing to N. Each part runs its own format's kernel on
+ * its Np columns, so a column's value is what that kernel gives for that part alone; one row writes y in
+ * place, more rows go through a scratch [M, Np] copied into y's columns. -2: a malformed table (a part that is
+ * itself split, columns that do not add up to N), -1: no scratch. */
+static int split_linear(const int64_t *t, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt) {
+    const int64_t parts = t[0];
+    int64_t widest = 0, total = 0;
+    for (int64_t p = 0; p < parts; p++) {
+        const int64_t *part = t + 1 + p * (1 + LW_FIELDS);
+        const weight_code *c = weight_code_of(part[1 + LW_FORMAT]);
+        if (part[0] <= 0 || !c || c->kernel == WK_SPLIT || part[1 + LW_BIAS]) return -2;
+        widest = part[0] > widest ? part[0] : widest;
+        total += part[0];
+    }
+    if (parts <= 0 || total != N) return -2;
+    float *tmp = M > 1 ? malloc((size_t)(M * widest) * sizeof *tmp) : NULL;
+    if (M > 1 && !tmp) return -1;
+    int rc = 0;
+    for (int64_t p = 0, n0 = 0; p < parts; p++) {
+        const int64_t *part = t + 1 + p * (1 + LW_FIELDS), Np = part[0];
+        rc |= ridgeline_stack_linear(part + 1, x, M > 1 ? tmp : y + n0, M, Np, K, nt);
+        for (int64_t m = 0; M > 1 && m < M; m++)
+            for (int64_t n = 0; n < Np; n++) y[m * N + n0 + n] = tmp[m * Np + n];
+        n0 += Np;
+    }
+    free(tmp);
+    return rc;
+}
+
 /* 1 if this build runs that weight format on this CPU (codes: formats.h, generated from
  * ridgeline/kernels/formats.py) */
 int ridgeline_stack_weight_format(int64_t format) {
@@ -67,6 +99,7 @@ int ridgeline_stack_weight_format(int64_t format) {
     case WK_FP8: return ridgeline_fp8_available();
     case WK_FP4: return ridgeline_fp4_available();
     case WK_IQ4: return ridgeline_iq4_available();
+    case WK_SPLIT: return 1; /* its parts' formats are checked where the table is built */
     default: return 0;
     }
 }
@@ -114,6 +147,7 @@ int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M
     case WK_FP4:
         rc = ridgeline_gemm_fp4(PTR(const uint32_t, d), PTR(const uint8_t, s), x, y, M, N, K, c->param, nt);
         break;
+    case WK_SPLIT: rc = split_linear(PTR(const int64_t, d), x, y, M, N, K, nt); break;
     default: return -2;
     }
     if (w[LW_BIAS]) {
@@ -220,6 +254,8 @@ int ridgeline_linear_argmax(const int64_t *w, const float *x, float *y, int64_t 
                             const uint32_t *masks, const int64_t *mask_of, int full, int nt) {
     const int64_t words = (N + 31) / 32;
     uint32_t *own = NULL;
+    const weight_code *c = weight_code_of(w[LW_FORMAT]);
+    full |= c && c->kernel == WK_SPLIT; /* the filter names columns of one kernel's call, not of its parts' */
     ridgeline_td_filter(masks && M > 0 && !full ? head_columns(masks, mask_of, M, words, &own) : NULL, N);
     const int rc = ridgeline_stack_linear(w, x, y, M, N, K, nt);
     ridgeline_td_filter(NULL, 0); /* a kernel that returned before the driver leaves it set */
