@@ -360,3 +360,22 @@ def test_without_the_kernels_kept_blocks_run_in_torch(tmp_path, home, monkeypatc
     llm = _llm(path)
     assert all("gguf-int4 weights have no C kernel on this CPU" in p for p in llm.info.layer_paths)
     torch.testing.assert_close(_logits(llm), with_kernels, atol=2e-2, rtol=2e-2)  # the int4 kernel rounds x to bf16
+
+
+@pytest.mark.slow  # starts rank processes
+def test_a_split_projection_under_tensor_parallelism_matches_one_process(tmp_path, home):
+    """Each rank holds its heads' rows of q/k (Q4_K) and v (Q6_K): its own split projection, the logits one
+    process gives (o_proj / down_proj in 32-wide blocks, so their halves of K stay whole blocks)."""
+    from test_tensor_parallel import BOUND
+    path = tmp_path / "k-mix-tp.gguf"
+    write_gguf(path, {**GRID_FILES["k-mix"][0], "attn_output": T.Q8_0, "ffn_down": T.Q5_0}, tied=False)
+    kw = dict(dtype="float32", kv_cache_memory=8 << 20, progress=False)
+    ref, tp = LLM(str(path), **kw), LLM(str(path), tensor_parallel_size=2, **kw)
+    try:
+        assert "Q4_K+Q6_K kept (int4-k + int6) x 2" in tp.info.weight_formats
+        for prompt in ("hello world the", "a b c d e f"):
+            want, got = ref.engine.prompt_logits(prompt), tp.engine.prompt_logits(prompt)
+            # the row-parallel sums in another order, against logits up to ~13: BOUND relative to the largest
+            assert got.shape == want.shape and ((got - want).abs().max() / want.abs().max()).item() < BOUND
+    finally:
+        tp.engine.close()
