@@ -41,7 +41,7 @@ class ModelConfig:
     # match wins; unmatched layers keep the dense format of `dtype`
     layer_formats: tuple[tuple[str, str], ...] = ()
     # weight quantization of every Linear, the LM head included (ridgeline/formats/options.py): auto (gguf
-    # for a .gguf model, else none), none, int8, int4, w8a8, w4a8, gguf
+    # for a .gguf model, else none), none, int8, int4, w8a8, w4a8, gguf, gguf-a8
     quantization: str = "auto"
     quant_group_size: int | None = None  # int4: 32 (default), 64 or 128 input columns per scale
     quant_symmetric: bool = False  # int4: scale only, no per-group minimum

@@ -3,7 +3,7 @@
 Each rung loads the model once and is timed (bench/quant_speed.py) and scored against the unquantized
 reference (eval/harness.py: perplexity on the held-out text, teacher-forced top-1 agreement, mean KL)
 before the next loads. The reference is the first rung, `none` in --dtype (bf16 where the CPU has it).
-Rungs: none, int8, int4, int4-sym, w8a8, w4a8, every other registered --quantization value, and gguf
+Rungs: none, int8, int4, int4-sym, w8a8, w4a8, every other registered --quantization value, and gguf, gguf-a8
 for a GGUF model. One table, and a Pareto plot (quality vs decode speed, point size = weight bytes).
 Achieved weight bandwidth (batch-1 decode: bytes of linear weights x tok/s) and matmul rate (prefill:
 2 x linear weights, the LM head excepted, x tok/s; attention left out) stand beside this machine's
@@ -28,8 +28,8 @@ def ladder(names: list[str] | None, is_gguf: bool) -> dict[str, dict]:
     """rung name -> engine options; the reference (none) always first."""
     from ridgeline.formats.options import QUANTIZATIONS
     known = ["none", "int8", "int4", "int4-sym", "w8a8", "w4a8"]
-    known += [q for q in QUANTIZATIONS if q not in known and q not in ("auto", "gguf")]
-    known += ["gguf"] if is_gguf else []
+    known += [q for q in QUANTIZATIONS if q not in known and q not in ("auto", "gguf", "gguf-a8")]
+    known += ["gguf", "gguf-a8"] if is_gguf else []
     for n in names or []:
         if n not in known:
             raise InvalidRequestError(f"--ladder: unknown rung {n!r} for this model; rungs: {', '.join(known)}",

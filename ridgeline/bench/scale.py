@@ -151,7 +151,7 @@ def parse_batched(text: str) -> dict[int, float]:
 
 
 # ---- Ridgeline on one file --------------------------------------------------------------------------
-A8 = {"q4_0": "w4a8", "q8_0": "w8a8"}  # --a8: the file's rows again with int8 activations
+A8 = {"q4_0": "gguf-a8", "q8_0": "gguf-a8", "q4_k_m": "gguf-a8", "q5_k_m": "gguf-a8"}  # --a8: int8 activations
 
 
 def measure_ridgeline(path: Path, fmt: str, prompt_len: int, output_len: int, batches: list[int],
@@ -409,8 +409,8 @@ def add_scale_parser(bsub) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=positive_int, default=3, metavar="N",
                    help="batch-1 decode and prefill runs per row, the best kept (llama-bench -r N)")
     p.add_argument("--a8", action="store_true",
-                   help="also run the Q4_0 and Q8_0 files with int8 activations (--quantization w4a8, w8a8) "
-                        "(default: off)")
+                   help="also run the quantized GGUF files with int8 activations against their blocks "
+                        "(--quantization gguf-a8) (default: off)")
     p.add_argument("--batch-sizes", default="16,64", metavar="LIST", help="batched decode sizes beside batch 1")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="threads for both engines (default: the CPUs this process may use)")

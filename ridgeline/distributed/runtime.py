@@ -177,7 +177,7 @@ class TPRuntime(GroupRuntime):
     def __init__(self, config, arch, device: torch.device, rank: RankContext | None = None):
         size = config.parallel.tensor_parallel_size
         shards = layout_for(arch, size)
-        if config.model.quantization not in ("auto", "none", "gguf"):  # gguf blocks are checked as they load
+        if config.model.quantization not in ("auto", "none", "gguf", "gguf-a8"):  # blocks are checked as they load
             check_groups(shards, arch.head_dim, config.model.quant_group_size or 32)
         self._join(config, size, device, rank, arch)
         self.shard = shards[self.ctx.rank]

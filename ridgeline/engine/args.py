@@ -86,7 +86,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "weights with each layer's input quantized to int8 too (integer dot products); fp8 "
                         "(E4M3, per-channel scales), mxfp8 (E4M3, blocks of 32, E8M0 scales), mxfp4 (E2M1, "
                         "blocks of 32) and nvfp4 (E2M1, blocks of 16, E4M3 scales): mxfp4 and nvfp4 quantize "
-                        "each layer's input to int8 per block too; gguf keeps a GGUF file's quantized blocks; "
+                        "each layer's input to int8 per block too; gguf keeps a GGUF file's quantized blocks; gguf-a8 "
+                        "runs them against int8 activations (w4a8's kernel for Q4_0 / Q4_1 / Q4_K, w8a8-g32's "
+                        "for the rest); "
                         "none dequantizes them to --dtype; gptq, awq: a folder quantized that way; auto: gguf for a .gguf "
                         "model, a folder's own quantization_config (gptq, awq, fp8), else none")
     g.add_argument("--quant-group-size", type=int, default=None, choices=[32, 64, 128], metavar="{32,64,128}",

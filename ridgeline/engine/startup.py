@@ -8,16 +8,17 @@ from ridgeline.layers.build_options import layer_format_rules
 from ridgeline.models.registry import model_class
 from ridgeline.weights import fp8_checkpoint, mxfp4_checkpoint
 from ridgeline.weights.quant_checkpoint import folder_quantization
-from ridgeline.formats.options import implied_rules as quant_implied_rules
+from ridgeline.formats.options import GGUF_ONLY, implied_rules as quant_implied_rules
 
 
 def weight_formats(mc, quantization: str, folder, gguf_file, arch, dense: str, plan):
     """(layer prefix -> weight format, the tensors to load or None for the folder's safetensors, the
     quantization applied: a GPTQ / AWQ folder's own method under auto or none)."""
-    if quantization == "gguf":
+    if quantization in GGUF_ONLY:
         from ridgeline.gguf.load import kept_blocks  # reads the file: the gguf package loads only here
         packed = model_class(arch.architecture).packed
-        return *kept_blocks(gguf_file, arch, packed, mc.layer_formats, dense, plan), quantization
+        return *kept_blocks(gguf_file, arch, packed, mc.layer_formats, dense, plan, a8=quantization == "gguf-a8"), \
+            quantization
     quant, fmt = folder_quantization(folder, quantization, mc.quant_group_size, mc.quant_symmetric)
     default, rules = fmt or dense, mc.layer_formats + quant_implied_rules(quant)
     # an explicit none dequantizes an fp8 checkpoint; the default (auto) keeps it

@@ -107,10 +107,10 @@ def _format_label(args: argparse.Namespace) -> str | None:
     from ridgeline.formats.options import format_name, resolve
     from ridgeline.models.resolve import resolve_model_source
     quantization = args.quantization
-    if quantization in ("auto", "gguf"):
+    if quantization in ("auto", "gguf", "gguf-a8"):
         quantization = resolve(quantization, resolve_model_source(args.model, progress=args.progress)[1])
-    return "gguf" if quantization == "gguf" else format_name(quantization, args.quant_group_size,
-                                                              args.quant_symmetric)
+    return quantization if quantization in ("gguf", "gguf-a8") else format_name(quantization, args.quant_group_size,
+                                                                                args.quant_symmetric)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -13,6 +13,9 @@
     mxfp4  E2M1 in blocks of 32, E8M0 scale; each linear's input quantized to int8 per row and block of 32
     nvfp4  E2M1 in blocks of 16, E4M3 scale and a fp32 tensor scale; the input int8 per row and block of 16
     gguf   a GGUF model's quantized blocks kept as the file stores them (gguf/kept.py)
+    gguf-a8  a GGUF model's blocks against int8 activations (integer dot products): Q4_0 / Q4_1 as stored and
+           Q4_K (its scale products in fp16) on w4a8's kernel, Q8_0 / Q5_0 as stored and every other type
+           re-rounded on w8a8-g32's, MXFP4 on its own (gguf/kept.py)
     auto   gguf for a GGUF model, none for anything else (the default)
     gptq, awq   a folder already quantized that way (its config.json's quantization_config says so and
            gives the group size and grid; such a folder loads so under auto too)
@@ -28,7 +31,8 @@ from __future__ import annotations
 
 from ridgeline.errors import InvalidRequestError
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4", "gguf")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8", "w4a8", "fp8", "mxfp8", "mxfp4", "nvfp4", "gguf", "gguf-a8")
+GGUF_ONLY = ("gguf", "gguf-a8")  # keep a GGUF file's blocks: a GGUF model only
 FLOAT_FORMATS = ("fp8", "mxfp8", "mxfp4", "nvfp4")  # each the name of its registered format
 GROUPED = ("int4", "w4a8")  # take --quant-group-size and --quant-symmetric
 PREQUANTIZED = ("gptq", "awq")  # folders quantized that way: their quantization_config gives group size and grid
@@ -52,7 +56,7 @@ def check(quantization: str, group_size: int | None, symmetric: bool) -> None:
     if symmetric and quantization in FLOAT_FORMATS:
         raise InvalidRequestError(f"quant_symmetric applies to {' and '.join(GROUPED)} only ({quantization} "
                                   "is a floating-point format: symmetric, no zero point)", "quant_symmetric")
-    if symmetric and quantization in ("auto", "none", "gguf"):
+    if symmetric and quantization in ("auto", "none") + GGUF_ONLY:
         raise InvalidRequestError("quant_symmetric needs a quantization (int8 and w8a8 are always symmetric; int4 "
                                   "and w4a8 are asymmetric unless this is set; gguf keeps the file's grids)",
                                   "quant_symmetric")
@@ -81,7 +85,8 @@ def resolve(quantization: str, gguf_file) -> str:
     """The quantization a model gets: auto -> gguf for a GGUF model (gguf_file: the file, or None), else none."""
     if quantization == "auto":
         return "gguf" if gguf_file is not None else "none"
-    if quantization == "gguf" and gguf_file is None:
-        raise InvalidRequestError("quantization gguf keeps a GGUF file's blocks, and this model is not a .gguf file "
-                                  f"(use {', '.join(q for q in QUANTIZATIONS if q != 'gguf')})", "quantization")
+    if quantization in GGUF_ONLY and gguf_file is None:
+        raise InvalidRequestError(f"quantization {quantization} keeps a GGUF file's blocks, and this model is not a "
+                                  f".gguf file (use {', '.join(q for q in QUANTIZATIONS if q not in GGUF_ONLY)})",
+                                  "quantization")
     return quantization

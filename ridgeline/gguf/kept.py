@@ -29,15 +29,18 @@ from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import (WEIGHT_FORMATS, WeightFormat, create_weight_format, keep_shard,
                                              kept_shards, register_weight_format)
 from ridgeline.layers.fp_formats import MxFp4
-from ridgeline.layers.int_formats import IQ4, KQ, Int4, Int4K, Int5K, Int5, Int6, Int8G32, QuantizedFormat
+from ridgeline.layers.int_formats import (IQ4, KQ, W4A8, W8A8G32, Int4, Int4K, Int5K, Int5, Int6, Int8G32,
+                                         QuantizedFormat)
 
 
 C_SPLIT = code_of("split")
 
 
 class KeptBlocks(QuantizedFormat):
-    """Loads GGUF blocks shard by shard (kept aside, never as floats) and converts them in finish()."""
+    """Loads GGUF blocks shard by shard (kept aside, never as floats) and converts them in finish(): `grid` is the
+    packed grid they convert to (repack.TARGETS), `target` what start-up calls it (the grid, or its a8 format)."""
     target = "?"
+    grid = None  # None: the target itself
 
     def takes(self, tensor) -> bool:
         return isinstance(tensor, GGUFBlocks)
@@ -58,7 +61,7 @@ class KeptBlocks(QuantizedFormat):
         if layer.weight is None:
             return
         shards = kept_shards(layer)
-        parts = [repack.convert(layer.blocks[s], self.target) for s in shards]
+        parts = [repack.convert(layer.blocks[s], self.grid or self.target) for s in shards]
         types = sorted({layer.blocks[s].qtype.name for s in shards})
         exact = all(e for _, e in parts)
         layer.kept = f"{'+'.join(types)} {'kept' if exact else 'repacked'}"
@@ -79,10 +82,29 @@ KEPT = {"int4": (Int4, {}), "int4-sym": (Int4, {"symmetric": True}), "int5": (In
         "int5-sym": (Int5, {"symmetric": True}), "int6": (Int6, {}), "iq4-nl": (IQ4, {}),
         "iq4-xs": (IQ4, {"multiple": 256}), "int4-k": (Int4K, {}), "int5-k": (Int5K, {}), "int3": (KQ, {}),
         "int2": (KQ, {"bits": 2}), "int8-g32": (Int8G32, {})}
+# gguf-a8's formats: a8 target -> (the grid its blocks convert to, the a8 format whose kernel runs it, its fields)
+KEPT_A8 = {"w4a8": ("int4", W4A8, {}), "w4a8-sym": ("int4-sym", W4A8, {"symmetric": True}),
+           "w8a8-g32": ("int8-g32", W8A8G32, {})}
 for _target, (_base, _fields) in KEPT.items():
     register_weight_format(f"gguf-{_target}")(
         type(f"Kept{_base.__name__}{_target.title().replace('-', '')}", (KeptBlocks, _base),
              {"target": _target, **_fields}))
+for _target, (_grid, _base, _fields) in KEPT_A8.items():
+    register_weight_format(f"gguf-{_target}")(
+        type(f"Kept{_base.__name__}{_target.title().replace('-', '')}", (KeptBlocks, _base),
+             {"target": _target, "grid": _grid, **_fields}))
+
+
+def a8_target_for(qtype) -> str:
+    """gguf-a8's format for one GGML type (which has a layout): the int4 grids on w4a8's kernel (Q4_0 and Q4_1 as
+    stored, Q4_K's fp32 scale products rounded to fp16), MXFP4 on its own (its kernel already takes int8
+    activations), everything else on w8a8-g32's (Q8_0, Q5_0 and IQ4_NL as stored, the rest re-rounded to int8)."""
+    kept = repack.target_for({qtype})
+    if kept == "int4-sym":
+        return "w4a8-sym"
+    if kept in ("int4", "int4-k"):
+        return "w4a8"
+    return "mxfp4" if kept == "mxfp4" else "w8a8-g32"
 
 
 @register_weight_format("gguf-mxfp4")
@@ -95,28 +117,29 @@ class KeptMxFp4(KeptBlocks, MxFp4):
 @register_weight_format("gguf-split")
 class KeptSplit(KeptBlocks):
     """A fused projection whose shards mix GGML types (a Q4_K_M file's q and k in Q4_K beside v in Q6_K): each
-    run of consecutive shards of one type kept in its own format (repack.target_for of that type alone), as a
+    run of consecutive shards of one format kept in it (repack.target_for of each type alone), as a
     part of its own, instead of one grid wide enough for them all (int8-g32: about 1.5x the file's bits). The
     parts run their own kernels on their columns (the C stack through one WF_SPLIT descriptor,
     kernels/stack_linear.c), so a column's value is its part's alone: the module path concatenates the same
-    calls. layer.parts: [(first row, Linear of that run's shards)]."""
+    calls. layer.parts: [(first row, Linear of that run's shards)]. a8: the runs in gguf-a8's formats."""
     target = "split"
+    a8 = False
 
     def finish(self, layer: nn.Module) -> None:
         if layer.weight is None:
             return
         from ridgeline.layers.linear import Linear  # a part is a Linear of its own rows (layers import formats)
         shards, sizes = kept_shards(layer), layer.shard_sizes
-        runs: list[list[int]] = []
+        runs: list[tuple[str, list[int]]] = []  # (format, consecutive shards of it)
         for s in shards:
-            if runs and layer.blocks[runs[-1][-1]].qtype == layer.blocks[s].qtype:
-                runs[-1].append(s)
+            target = self.target_of(layer.blocks[s].qtype)
+            if runs and runs[-1][0] == target:
+                runs[-1][1].append(s)
             else:
-                runs.append([s])
+                runs.append((target, [s]))
         layer.parts, row = [], 0
-        for run in runs:
-            qtype = layer.blocks[run[0]].qtype
-            fmt = create_weight_format(f"gguf-{repack.target_for({qtype})}", self.plan)
+        for target, run in runs:
+            fmt = create_weight_format(f"gguf-{target}", self.plan)
             part = Linear(layer.in_features, sum(sizes[s] for s in run), fmt, shard_sizes=[sizes[s] for s in run],
                           prefix=f"{layer.prefix}[{row}:]")
             part.weight = nn.Parameter(torch.empty(0, device=layer.weight.device), requires_grad=False)
@@ -130,6 +153,9 @@ class KeptSplit(KeptBlocks):
         layer.targets = " + ".join(part.format.target for _, part in layer.parts)
         layer.desc = None
         layer.weight, layer.blocks = None, None
+
+    def target_of(self, qtype) -> str:
+        return a8_target_for(qtype) if self.a8 else repack.target_for({qtype})
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part.format.apply(part, x) for _, part in layer.parts], dim=-1)
@@ -157,6 +183,11 @@ class KeptSplit(KeptBlocks):
         return f"{layer.kept} ({layer.targets})" if layer.kept else self.name
 
 
+@register_weight_format("gguf-a8-split")
+class KeptSplitA8(KeptSplit):
+    a8 = True
+
+
 def layer_types(types: dict[str, object], fused: dict[str, tuple[str, int]], tied: bool) -> dict[str, set]:
     """Our Linear's name -> the GGML types of the file tensors it loads (fused: checkpoint module name ->
     (our fused name, shard), the model class's `packed`). types: HF tensor name -> GGML type."""
@@ -173,9 +204,9 @@ def layer_types(types: dict[str, object], fused: dict[str, tuple[str, int]], tie
 
 
 def gguf_format_rules(rules: Sequence[tuple[str, str]], per_layer: dict[str, set], dense: str,
-                      plan: KernelPlan) -> Callable[[str], WeightFormat]:
+                      plan: KernelPlan, a8: bool = False) -> Callable[[str], WeightFormat]:
     """prefix -> format: the first matching layer_formats rule, else the kept-blocks format its file
-    types call for, else `dense`."""
+    types call for (a8: gguf-a8's, int8 activations), else `dense`."""
     for _, name in rules:
         if name not in WEIGHT_FORMATS:
             raise InvalidRequestError(f"unknown weight format {name!r} in layer_formats; known: "
@@ -193,7 +224,12 @@ def gguf_format_rules(rules: Sequence[tuple[str, str]], per_layer: dict[str, set
             return get(rule)
         types = per_layer.get(prefix, {None})
         target = repack.target_for(types)
-        if target is not None and len(types) > 1:  # a fused projection of mixed types: each run its own format
-            return get("gguf-split")
-        return get(dense if target is None else f"gguf-{target}")
+        if target is None:
+            return get(dense)
+        if a8:
+            targets = {a8_target_for(t) for t in types}
+            if targets == {"w4a8", "w4a8-sym"}:  # int4's grid holds Q4_0 (m = -8 d) beside Q4_1 / Q4_K: one call
+                targets = {"w4a8"}
+            return get(f"gguf-{targets.pop()}" if len(targets) == 1 else "gguf-a8-split")
+        return get("gguf-split" if len(types) > 1 else f"gguf-{target}")  # mixed types: each run its own format
     return pick

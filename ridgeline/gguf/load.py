@@ -16,12 +16,13 @@ from ridgeline.weights.hf_config import ArchConfig
 
 
 def kept_blocks(path: Path, arch: ArchConfig, packed: dict, rules: Sequence[tuple[str, str]], dense: str,
-                plan: KernelPlan) -> tuple[Callable[[str], WeightFormat], Iterator]:
+                plan: KernelPlan, a8: bool = False) -> tuple[Callable[[str], WeightFormat], Iterator]:
     """(prefix -> format, (name, tensor or blocks) iterator); the file is closed once the iterator ends.
-    packed: the model class's fused projections (checkpoint name -> (fused name, shard))."""
+    packed: the model class's fused projections (checkpoint name -> (fused name, shard)); a8: the blocks
+    against int8 activations (`gguf-a8`)."""
     g = read_gguf(path)
     per_layer = layer_types(tensor_types(g), packed, arch.tie_word_embeddings)
-    return gguf_format_rules(rules, per_layer, dense, plan), _tensors(g, arch)
+    return gguf_format_rules(rules, per_layer, dense, plan, a8), _tensors(g, arch)
 
 
 def dequantized_tensors(path: Path, arch: ArchConfig, skip: Callable[[str], bool] | None = None) -> Iterator:
