@@ -340,6 +340,9 @@ def test_layer_rules_win_and_dequantize_the_blocks(tmp_path, home):
     one_grid = _llm(mixed, layer_formats=[("*.qkv_proj", "gguf-int8-g32")])
     assert "Q4_K+Q6_K repacked (int8-g32) x 2" in one_grid.info.weight_formats
     assert one_grid.info.weight_bytes > _llm(mixed).info.weight_bytes
+    split_all = _llm(mixed, layer_formats=[("*", "gguf-split")])  # a whole weight under the split format: one part
+    assert "Q6_K kept (int6) x 5" in split_all.info.weight_formats
+    assert torch.equal(_logits(split_all), _logits(_llm(mixed)))
 
 
 def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):

@@ -129,7 +129,8 @@ class KeptSplit(KeptBlocks):
         if layer.weight is None:
             return
         from ridgeline.layers.linear import Linear  # a part is a Linear of its own rows (layers import formats)
-        shards, sizes = kept_shards(layer), layer.shard_sizes
+        shards = kept_shards(layer)
+        sizes = layer.shard_sizes or {None: layer.out_features}  # a whole weight (a rule naming this format): one part
         runs: list[tuple[str, list[int]]] = []  # (format, consecutive shards of it)
         for s in shards:
             target = self.target_of(layer.blocks[s].qtype)
@@ -140,11 +141,12 @@ class KeptSplit(KeptBlocks):
         layer.parts, row = [], 0
         for target, run in runs:
             fmt = create_weight_format(f"gguf-{target}", self.plan)
-            part = Linear(layer.in_features, sum(sizes[s] for s in run), fmt, shard_sizes=[sizes[s] for s in run],
-                          prefix=f"{layer.prefix}[{row}:]")
+            whole = run == [None]
+            part = Linear(layer.in_features, sum(sizes[s] for s in run), fmt,
+                          shard_sizes=None if whole else [sizes[s] for s in run], prefix=f"{layer.prefix}[{row}:]")
             part.weight = nn.Parameter(torch.empty(0, device=layer.weight.device), requires_grad=False)
             for i, s in enumerate(run):
-                part.load("weight", layer.blocks[s], i)
+                part.load("weight", layer.blocks[s], None if whole else i)
             part.finish_loading()
             layer.parts.append((row, part))
             row += part.out_features
