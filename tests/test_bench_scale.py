@@ -72,7 +72,7 @@ def test_a_tiny_row_runs_into_the_table_json_and_plot(tmp_path, capsys):
 
 @pytest.mark.parametrize("fmt, qtype", [("q4_0", "Q4_0"), ("q8_0", "Q8_0")])
 def test_the_a8_rows_run_the_file_with_int8_activations(tmp_path, monkeypatch, fmt, qtype):
-    """--a8: a Q4_0 / Q8_0 file again under w4a8 / w8a8 (int8 activations), every rate measured."""
+    """--a8: a Q4_0 / Q8_0 file again under gguf-a8 (its blocks against int8 activations), every rate measured."""
     from gguf import GGMLQuantizationType as T
     from test_gguf_kept import write_gguf
     monkeypatch.setenv("RIDGELINE_HOME", str(tmp_path / "home"))
@@ -81,4 +81,5 @@ def test_the_a8_rows_run_the_file_with_int8_activations(tmp_path, monkeypatch, f
                                                      "ffn_up", "ffn_down", "output")}, tied=False)
     row = scale.measure_ridgeline(path, fmt, 24, 4, [2], repeats=1, quantization=scale.A8[fmt])
     assert row["prefill_tok_per_s"] > 0 and row["decode_tok_per_s"] > 0 and row["batched_decode_tok_per_s"][2] > 0
-    assert scale.A8[fmt] in row["weight_formats"], row["weight_formats"]
+    want = {"q4_0": "Q4_0 kept (w4a8-sym)", "q8_0": "Q8_0 kept (w8a8-g32)"}[fmt]
+    assert scale.A8[fmt] == "gguf-a8" and want in row["weight_formats"], row["weight_formats"]

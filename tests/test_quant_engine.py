@@ -107,7 +107,8 @@ def test_layer_format_rules_win_over_quantization(tied):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(quantization="int3"), "quantization must be one of auto, none, int8, int4, w8a8, w4a8, fp8, mxfp8, mxfp4, nvfp4, gguf, gptq, awq"),
+    (dict(quantization="int3"), "quantization must be one of auto, none, int8, int4, w8a8, w4a8, fp8, mxfp8, mxfp4, nvfp4, gguf, gguf-a8, gptq, "
+     "awq"),
     (dict(quantization="int4", quant_group_size=48), "quant_group_size must be one of 32, 64, 128"),
     (dict(quantization="int8", quant_group_size=64), "applies to int4 and w4a8 only"),
     (dict(quantization="w8a8", quant_group_size=32), "applies to int4 and w4a8 only"),

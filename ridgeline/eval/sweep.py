@@ -22,7 +22,7 @@ LAYER_KINDS = (("q/k/v projection", "*.qkv_proj"), ("attention output", "*.o_pro
 KV_SWEEP_DTYPE = "int8"
 SCORES_BACKEND = "sdpa-scores-int8"  # attention with its softmax inputs rounded to int8
 WEIGHTS_ONLY = {"none": "int8", "auto": "int8", "int8": "int8", "w8a8": "int8", "int4": "int4", "w4a8": "int4",
-                "gguf": "int4", "gguf-a8": "int4"}
+                "gguf": "int4"}
 WITH_ACTIVATIONS = {"int8": "w8a8", "int4": "w4a8"}
 
 
