@@ -1,13 +1,13 @@
 """--quantization gguf-a8: a GGUF file's blocks against int8 activations. Each type takes the a8 format that holds
 it (Q4_0 / Q4_1 as stored and Q4_K on w4a8's kernel, the rest on w8a8-g32's, MXFP4 on its own), a fused projection
 of mixed formats is split, every layer runs in the C stack equal to the module path, a row's result never
-depends on its batch, and a Q4_1 file gives what --quantization w4a8 gives on its dequantized weights, bit for bit."""
+depends on its batch, and a Q4_1 file gives what --quantization w4a8 gives on its dequantized weights, bit for bit
+(its bad input: test_gguf_kept.py's, parametrized over both)."""
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
 from ridgeline import LLM
-from ridgeline.errors import InvalidRequestError
 from ridgeline.gguf.kept import KeptSplitA8, a8_target_for
 from ridgeline.kernels import cpu_quant, cpu_stack
 from ridgeline.layers.kernel_plan import KernelPlan
@@ -90,15 +90,6 @@ def test_a_split_a8_projection_never_depends_on_its_batch():
     out, ids = torch.empty(9, 192), torch.empty(9, dtype=torch.int64)
     cpu_stack.linear_argmax(desc, x, out, ids)
     assert torch.equal(out, y)
-
-
-def test_gguf_a8_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):
-    with pytest.raises(InvalidRequestError, match="gguf-a8 keeps a GGUF file's blocks"):
-        _llm(tiny_llama, quantization="gguf-a8")
-    with pytest.raises(InvalidRequestError, match="quant_symmetric needs a quantization"):
-        _llm(tiny_llama, quantization="gguf-a8", quant_symmetric=True)
-    with pytest.raises(InvalidRequestError, match="applies to int4 and w4a8 only"):
-        _llm(tiny_llama, quantization="gguf-a8", quant_group_size=64)
 
 
 def test_without_the_kernels_gguf_a8_runs_in_torch_near_the_kernels(tmp_path, monkeypatch):

@@ -345,13 +345,15 @@ def test_layer_rules_win_and_dequantize_the_blocks(tmp_path, home):
     assert torch.equal(_logits(split_all), _logits(_llm(mixed)))
 
 
-def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama):
-    with pytest.raises(InvalidRequestError, match="not a .gguf file"):
-        _llm(tiny_llama, quantization="gguf")
+@pytest.mark.parametrize("quantization", ["gguf", "gguf-a8"])
+def test_gguf_needs_a_gguf_model_and_takes_no_int4_options(tiny_llama, quantization):
+    with pytest.raises(InvalidRequestError, match=f"quantization {quantization} keeps a GGUF file's blocks, and this "
+                                                  "model is not a .gguf file"):
+        _llm(tiny_llama, quantization=quantization)
     with pytest.raises(InvalidRequestError, match="quant_symmetric needs a quantization"):
-        _llm(tiny_llama, quantization="gguf", quant_symmetric=True)
+        _llm(tiny_llama, quantization=quantization, quant_symmetric=True)
     with pytest.raises(InvalidRequestError, match="applies to int4 and w4a8 only"):
-        _llm(tiny_llama, quantization="gguf", quant_group_size=64)
+        _llm(tiny_llama, quantization=quantization, quant_group_size=64)
     assert _llm(tiny_llama).info.quantization == "none"  # auto: an HF folder stays as loaded
 
 
