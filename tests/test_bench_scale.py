@@ -17,6 +17,35 @@ def test_shapes_have_their_published_parameter_counts():
     assert abs(SHAPES["llama-3.2-1b"].params - 1.236e9) < 0.01e9  # Llama-3.2-1B: 1.24 B, tied
     assert abs(SHAPES["qwen2.5-3b"].params - 3.086e9) < 0.01e9  # Qwen2.5-3B: 3.09 B, tied, q/k/v biases
     assert abs(SHAPES["llama-3.1-8b"].params - 8.030e9) < 0.01e9  # Llama-3.1-8B: 8.03 B
+    assert abs(SHAPES["gemma-3-270m"].params - 268.1e6) < 0.1e6  # Gemma-3-270m: 268 M, tied, head_dim 256
+
+
+def test_a_gemma_folder_keeps_its_vocabulary_and_a_qwen2_view_keeps_the_tokenizer(tmp_path):
+    """Gemma's converter keeps the embedding rows its tokenizer names: the tokenizer is padded to the whole
+    vocabulary. Qwen2's tokenizer class would bring its own pre-tokenizer: the converter's view loads
+    tokenizer.json as written, and only the view's config differs."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ridgeline.bench.scale_models import converter_view, default_tokenizer
+    gemma = replace(SHAPES["gemma-3-270m"], hidden=64, layers=6, ffn=128, head_size=32, vocab=50000)
+    folder = write_checkpoint(gemma, tmp_path / "gemma", default_tokenizer())
+    cfg = AutoConfig.from_pretrained(folder)
+    assert cfg.head_dim == 32 and cfg.layer_types.count("full_attention") == 1 and cfg.sliding_window == 512
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    ids = set(tok["model"]["vocab"].values()) | {a["id"] for a in tok["added_tokens"]}
+    assert ids == set(range(50000))
+    assert len(tok["model"]["vocab"]) + len(tok["added_tokens"]) >= 50000  # the rows the converter keeps
+    assert converter_view(folder, gemma, tmp_path) == folder
+    qwen = replace(SHAPES["qwen2.5-3b"], hidden=64, layers=1, heads=4, kv_heads=2, ffn=128)
+    folder = write_checkpoint(qwen, tmp_path / "qwen", default_tokenizer())
+    view = converter_view(folder, qwen, tmp_path)
+    assert view != folder and json.loads((view / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+    text = "\n \n\n 3333 I've ?\u6211\u60f3"
+    want = AutoTokenizer.from_pretrained(default_tokenizer()).encode(text)
+    assert AutoTokenizer.from_pretrained(view).encode(text) == want
+    assert AutoTokenizer.from_pretrained(folder).encode(text) != want  # what the converter would otherwise hash
 
 
 def test_rows_that_do_not_fit_or_lack_a_tool_are_skipped_with_the_reason():

@@ -22,13 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ridgeline.bench.scale_models import SHAPES, Shape, default_tokenizer, write_checkpoint
+from ridgeline.bench.scale_models import SHAPES, Shape, converter_view, default_tokenizer, write_checkpoint
 from ridgeline.cli_parser import output_file, positive_int
 from ridgeline.errors import InvalidRequestError
 
 FORMATS = ("f16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "hf-bf16")
 DEFAULT_FORMATS = {"llama-3.2-1b": ("f16", "q8_0", "q4_0", "q4_k_m"), "qwen2.5-3b": ("f16", "q8_0", "q4_0", "q4_k_m"),
-                   "llama-3.1-8b": ("q4_0", "q4_k_m"), "tiny": ("hf-bf16",)}
+                   "llama-3.1-8b": ("q4_0", "q4_k_m"), "gemma-3-270m": ("q4_k_m",), "tiny": ("hf-bf16",)}
 BITS = {"f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_k_m": 4.9, "q5_k_m": 5.7, "hf-bf16": 16.0}  # per weight, about
 QUANT_TYPE = {"q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}  # made by llama-quantize from the F16 file
 MARGIN = 2 << 30  # memory kept free beside a model's weights (KV cache, activations, the process)
@@ -95,16 +95,17 @@ def _run(cmd: list[str], env: dict | None = None, out: Path | None = None) -> st
     return r.stdout
 
 
-def make_gguf(tools: dict, tree: str, folder: Path, fmt: str, work: Path) -> Path:
+def make_gguf(tools: dict, tree: str, folder: Path, fmt: str, work: Path, shape: Shape) -> Path:
     """The GGUF of `folder` in fmt: the converter writes F16 and Q8_0, llama-quantize the rest from F16."""
     dst = work / f"{folder.name}-{fmt}.gguf"
     if dst.is_file():
         return dst
     if fmt in ("f16", "q8_0"):
         env = {**os.environ, "PYTHONPATH": str(Path(tree) / "gguf-py")}
-        _run([sys.executable, tools["convert"], str(folder), "--outtype", fmt, "--outfile", str(dst) + ".tmp"], env)
+        _run([sys.executable, tools["convert"], str(converter_view(folder, shape, work)), "--outtype", fmt,
+              "--outfile", str(dst) + ".tmp"], env)
     else:
-        f16 = make_gguf(tools, tree, folder, "f16", work)
+        f16 = make_gguf(tools, tree, folder, "f16", work, shape)
         _run([tools["llama-quantize"], str(f16), str(dst) + ".tmp", QUANT_TYPE[fmt]])
     os.replace(str(dst) + ".tmp", dst)
     return dst
@@ -282,7 +283,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         shape = SHAPES[size]
         folder = write_checkpoint(shape, work / size, tokenizer)
         try:
-            path = folder if fmt == "hf-bf16" else make_gguf(tools, args.llama_cpp_tree, folder, fmt, work)
+            path = folder if fmt == "hf-bf16" else make_gguf(tools, args.llama_cpp_tree, folder, fmt, work, shape)
         except RuntimeError as e:  # a tool failed: this row is skipped, the ladder goes on
             skipped.append(f"{size} {fmt}: {e}")
             print(f"skipped    {skipped[-1]}", file=sys.stderr)
