@@ -80,18 +80,18 @@ def _kinds():
 def _packed(kind, w, group=32, sym=False):
     if kind == "int8":
         t = rtn.quantize_int8(w)
-        return cpu_quant.PackedInt8(t), t.dequantize(), cpu_quant.int8_rounds_activations()
+        return cpu_quant.PackedInt8(t), t.dequantize()
     if kind == "int8-g32":
         t = rtn.quantize_int8_g32(w)
-        return cpu_quant.PackedInt8G32(t), t.dequantize(), cpu_quant.int8_rounds_activations()
+        return cpu_quant.PackedInt8G32(t), t.dequantize()
     t = rtn.quantize_int4(w, group, sym)
-    return cpu_quant.PackedInt4(t), t.dequantize(), True
+    return cpu_quant.PackedInt4(t), t.dequantize()
 
 
-def _reference(x, wd, bf16_x):
-    """fp64 x @ wd^T, x rounded to bf16 first where the kernel rounds it (int4, int8 and int8-g32 with
-    AVX512-BF16: vdpbf16ps)."""
-    return (x.to(torch.bfloat16) if bf16_x else x).double() @ wd.double().T
+def _reference(kind, x, wd):
+    """fp64 x @ wd^T with x as the kernel reads it (cpu_quant.activations_as_read: rounded to bf16 for
+    vdpbf16ps, int8-g32's int16 blocks with VNNI, or fp32)."""
+    return cpu_quant.activations_as_read(kind, x).double() @ wd.double().T
 
 
 CASES = [("int8", 32, False), ("int8-g32", 32, False)] + [("int4", g, s) for g, s in INT4]
@@ -104,10 +104,10 @@ def test_packed_kernel_equals_dequantize_then_matmul(kind, group, sym, M, N, K):
     if kind not in _kinds():
         pytest.skip(f"no {kind} kernel on this CPU")
     w, x = _w(N, K, seed=M + N), torch.randn(M, K)
-    p, wd, bf16_x = _packed(kind, w, group, sym)
+    p, wd = _packed(kind, w, group, sym)
     got = p(x)
     assert got.dtype == torch.float32 and got.shape == (M, N)
-    want = _reference(x, wd, bf16_x)
+    want = _reference(kind, x, wd)
     scale = (x.abs().double() @ wd.abs().double().T).clamp_min(1e-3)  # sum of |terms|: the rounding scale
     assert float(((got.double() - want).abs() / scale).max()) < 2e-6
 
@@ -117,10 +117,33 @@ def test_packed_kernel_equals_dequantize_then_matmul(kind, group, sym, M, N, K):
 def test_quantized_rows_do_not_depend_on_batch_size(kind, group, sym, K):
     if kind not in _kinds():
         pytest.skip(f"no {kind} kernel on this CPU")
-    p, _, _ = _packed(kind, _w(150, K), group, sym)  # 150: an odd number of column groups (4)
+    p, _ = _packed(kind, _w(150, K), group, sym)  # 150: an odd number of column groups (4)
     x = torch.randn(300, K)
     full = p(x)
     for m in (1, 2, 5, 8, 17):
         assert torch.equal(p(x[:m]), full[:m]), m
     assert torch.equal(p(x[151:152]), full[151:152])
     assert torch.equal(p(x[7:12]), full[7:12])
+
+
+def test_int8_g32_reads_x_as_int16_blocks_closer_than_bf16_and_keeps_nan():
+    """With VNNI the int8-g32 kernel holds x as int16 per block of 32 k (a step of 1 / 65534 of the block's
+    largest value): against fp32 x it is closer than bf16 rounding, a block of zeros stays exact, and a value
+    that is not finite makes every output NaN, as the float path's would."""
+    if "int8-g32" not in _kinds() or cpu_quant.int8_g32_activations() != "int16":
+        pytest.skip("the int8-g32 kernel reads x as int16 only with AVX512-BF16 and VNNI")
+    w = _w(96, 256, seed=5)
+    p, wd = _packed("int8-g32", w)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
+    x[0, 64:96] = 0.0  # a block of zeros
+    x[1, :32] *= 1000.0  # an outlier block beside ordinary ones
+    exact = x.double() @ wd.double().T
+    got = p(x).double()
+    bf16 = x.bfloat16().double() @ wd.double().T
+    assert float((got - exact).abs().max()) < 0.25 * float((bf16 - exact).abs().max())
+    torch.testing.assert_close(cpu_quant.int16_blocks(x[:, 64:96])[0], torch.zeros(32))
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[2, 100] = bad
+        y = p(xb)
+        assert torch.isnan(y[2]).all() and torch.equal(y[:2], p(x)[:2])  # that row alone

@@ -41,6 +41,7 @@ _SIGNATURES = {
     "ridgeline_pack_i8": [_PTR, _PTR, _I64, _I64],
     "ridgeline_pack_i8_gemm": [_PTR, _PTR, _I64, _I64],
     "ridgeline_int8_bf16": [],
+    "ridgeline_i8g32_activations": [],
     "ridgeline_pack_i4": [_PTR, _PTR, _I64, _I64],
     "ridgeline_gemm_i8p": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
     "ridgeline_gemm_i8g32": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],

@@ -44,6 +44,31 @@ def int8_rounds_activations() -> bool:
     return bool(lib is not None and lib.ridgeline_int8_bf16())
 
 
+def int8_g32_activations() -> str:
+    """How the int8-g32 kernel reads x: "int16" (per block of 32 k with an fp32 scale, AVX512-BF16 and VNNI:
+    kernels/gemm_int8_g32.c), "bf16" or "fp32"."""
+    lib = cpu.lib()
+    return ("fp32", "bf16", "int16")[lib.ridgeline_i8g32_activations()] if lib is not None else "fp32"
+
+
+def int16_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 as the int16 int8-g32 kernel holds it, dequantized: per block of 32 k,
+    round(x * 32767 / max|x|) * (max|x| / 32767) (a block of zeros stays zero)."""
+    M, K = x.shape
+    b = x.float().reshape(M, K // 32, 32)
+    mx = b.abs().amax(-1, keepdim=True)
+    inv = torch.where(mx > 0, torch.tensor(32767.0) / mx, torch.zeros_like(mx))
+    return (torch.round(b * inv).clamp(-32768, 32767) * (mx / 32767.0)).reshape(M, K)
+
+
+def activations_as_read(kind: str, x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kind's kernel multiplies it (fp32): int8-g32's int16 blocks or bf16 rounding (above), the
+    int8 kernel's bf16 rounding where int8_rounds_activations, the bf16 rounding of every other weight-only kind."""
+    mode = int8_g32_activations() if kind == "int8-g32" else \
+        ("bf16" if int8_rounds_activations() else "fp32") if kind == "int8" else "bf16"
+    return int16_blocks(x) if mode == "int16" else x.bfloat16().float() if mode == "bf16" else x.float()
+
+
 def _groups(n: int) -> int:
     return -(-n // NC)
 
