@@ -41,6 +41,24 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_family() -> int | None:
+    """x86's `cpu family` (25: AMD Zen 3 and 4, 26: Zen 5), which tunings the compiler cannot tell apart
+    (GCC 12 tunes all three as znver3) and kernels/weight_prefetch.h picks its prefetch distance by."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu family"):
+                return int(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def flags() -> list[str]:
+    """FLAGS, with the CPU family defined for the sources (RIDGELINE_CPU_FAMILY) where it is known."""
+    fam = cpu_family()
+    return FLAGS + ([f"-DRIDGELINE_CPU_FAMILY={fam}"] if fam is not None else [])
+
+
 def sources() -> list[Path]:
     return sorted(HERE.glob("*.c"))
 
@@ -49,7 +67,7 @@ def key() -> str:
     """16 hex digits naming a library built from these sources with these flags for this CPU."""
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(HERE.glob("*.[ch]"))))
     digest.update((" ".join(sorted(cpu_flags())) + platform.machine()).encode())
-    digest.update(" ".join(FLAGS).encode())
+    digest.update(" ".join(flags()).encode())
     return digest.hexdigest()[:16]
 
 
@@ -77,7 +95,7 @@ def compile_library(out: Path, jobs: int | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         def one(src: Path) -> Path:
             obj = Path(tmp) / (src.stem + ".o")
-            proc = subprocess.run([cc, *FLAGS, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+            proc = subprocess.run([cc, *flags(), "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"compiling the C kernels failed ({src.name}): {proc.stderr.strip()[:500]}")
             return obj
@@ -85,7 +103,7 @@ def compile_library(out: Path, jobs: int | None = None) -> Path:
         with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
             objs = list(pool.map(one, sources()))
         tmp_so = Path(tmp) / out.name
-        proc = subprocess.run([cc, *FLAGS, "-shared", *map(str, objs), "-o", str(tmp_so), "-lm"],
+        proc = subprocess.run([cc, *flags(), "-shared", *map(str, objs), "-o", str(tmp_so), "-lm"],
                               capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"linking the C kernels failed: {proc.stderr.strip()[:500]}")

@@ -11,15 +11,23 @@
 #endif
 
 #ifndef W_PF_BYTES
-#if defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
-/* AMD Zen (GCC 12 tunes a Zen 5 as znver3): on a Zen 5, 2- and 3-row tiles (a verification's rows)
- * ran ~5% faster 8 KB ahead than 2 KB, one row the same (docs/performance.md) */
+#if RIDGELINE_CPU_FAMILY == 26
+/* AMD Zen 5 (kernels/build.py defines the family: GCC 12 tunes Zen 3, 4 and 5 all as znver3): 2- and 3-row
+ * tiles (a verification's rows) ran ~5% faster 8 KB ahead than 2 KB, one row the same */
 #define W_PF_BYTES 8192
+#elif defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+/* AMD Zen 3/4: the line being loaded, with the hint below and nothing ahead. On a Zen 4 (52 GB/s read),
+ * one row of a 262144 x 640 int8-g32 head streamed at ~50 GB/s this way and ~40 GB/s 8 KB ahead (the
+ * ahead lines compete with the hardware prefetcher's), and batch-1 decode went 120 -> 126 tok/s on a
+ * Gemma-3-270m-shaped Q4_K_M file, 19.2 -> 20.1 (medians of four alternated runs) on a Qwen2.5-3B Q4_0 */
+#define W_PF_BYTES 0
 #else
 #define W_PF_BYTES 2048 /* measured on the Xeon */
 #endif
 #endif
+#ifndef W_PF_ROWS
 #define W_PF_ROWS 4
+#endif
 
 /* The hint: on AMD Zen non-temporal, elsewhere into every level. A weight is read once a step, so a
  * line kept in the caches only pushes out what the step reuses (the activations, the scratch rows, the
