@@ -159,6 +159,20 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """LoRA adapters (ridgeline/lora): off unless enable_lora; ranks up to max_lora_rank (at most 256)."""
+    enable_lora: bool = False
+    max_lora_rank: int = 64
+
+    def __post_init__(self):
+        if not isinstance(self.enable_lora, bool):
+            raise InvalidRequestError("enable_lora must be true or false", "enable_lora")
+        r = self.max_lora_rank
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 256:
+            raise InvalidRequestError(f"max_lora_rank must be an integer in [1, 256], not {r!r}", "max_lora_rank")
+
+
+@dataclass(frozen=True)
 class SpeculativeConfig:
     # a registered proposer (ridgeline.engine.proposal.PROPOSERS), or several joined by "+" (speculative/cascade.py:
     # each request takes the first that proposes, e.g. "ngram+eagle"); None (or "none"): off
@@ -310,6 +324,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     attention_backend: str = "auto"
     progress: bool = True
     # sparse layers' experts spread over the ranks of a distributed launch (distributed/expert_group.py)
@@ -329,7 +344,7 @@ class EngineConfig:
     def from_kwargs(cls, model: str = "smollm2-135m", **kw) -> "EngineConfig":
         """Flat keyword arguments (as the CLI and `LLM(...)` take them) -> the tree."""
         groups = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                  "speculative": SpeculativeConfig, "parallel": ParallelConfig}
+                  "speculative": SpeculativeConfig, "parallel": ParallelConfig, "lora": LoRAConfig}
         parts: dict[str, dict] = {name: {} for name in groups}
         parts["model"]["model"] = model
         top = {}

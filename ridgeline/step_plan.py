@@ -39,6 +39,7 @@ class ScheduledSeq:
     # KV groups (ridgeline/kv_groups.py): the other groups' tables over the same positions (block_table is
     # group 0's); empty with one table for every layer
     group_tables: list[list[int]] = field(default_factory=list)
+    adapter: str | None = None  # the LoRA adapter this request runs under (ridgeline/lora); None: the base model
 
     @property
     def num_new(self) -> int:

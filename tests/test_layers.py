@@ -23,7 +23,8 @@ LAYERS = {
                      "step_plan", "kv_spec", "kv_groups", "errors", "inputs", "sampling_params", "structured_params", "utils",
                      "cli_parser", "version", "http"], CORE),
     # features: plug into the core through its seams
-    **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant", "structured", "tool_calls"], FEATURE),
+    **dict.fromkeys(["speculative", "distributed", "disagg", "router", "quant", "structured", "tool_calls",
+                     "lora"], FEATURE),
     **dict.fromkeys(["bench", "advisor", "eval", "cache_report", "measure"], TOOL),
     **dict.fromkeys(["cli", "__main__", "serve", "entrypoints", "__init__"], ENTRY),
 }

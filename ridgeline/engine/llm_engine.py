@@ -196,12 +196,20 @@ class LLMEngine:
             raise
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    prompt_text: str | None = None, cache_salt: str | None = None, kv=None) -> None:
+                    prompt_text: str | None = None, cache_salt: str | None = None, kv=None,
+                    adapter: str | None = None) -> None:
         """cache_salt: requests share prefix-cache blocks only with requests of the same salt. kv: the
         prompt's KV computed elsewhere, offered to the scheduler's external KV source (refused: computed
-        here)."""
+        here). adapter: a LoRA adapter registered with the runner's deltas (its blocks must be in their own
+        cache namespace: the caller salts them, engine/cache_namespace.py)."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        if adapter is not None:
+            deltas = self.runner.deltas
+            if deltas is None or not deltas.knows(adapter):
+                raise InvalidRequestError(f"LoRA adapter {adapter!r} is not loaded", "lora_request")
+            if kv is not None:
+                raise InvalidRequestError("a LoRA request takes no prompt KV from elsewhere", "lora_request")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
         if not isinstance(params, SamplingParams):
@@ -232,7 +240,7 @@ class LLMEngine:
             members.append(Request(rid, ids, params, max_tokens, seed=seed, group_id=request_id, index=i,
                                    share_from=members[0] if i else None, cache_salt=cache_salt,
                                    spec_stats=SpecStats() if self.spec is not None else None,
-                                   constraint=constraints[i]))
+                                   constraint=constraints[i], adapter=adapter))
         text = prompt if isinstance(prompt, str) else prompt_text
         self.groups[request_id] = RequestGroup(text, ids, members, [Detokenizer(self.tokenizer, ids, params)
                                                               for _ in members],

@@ -47,6 +47,7 @@ class Request:
     spec_stats: SpecStats | None = None  # speculation on: what was drafted and accepted for this request
     # structured outputs: this choice's matcher, advanced with every verified output token (engine/constraint.py)
     constraint: Constraint | None = None
+    adapter: str | None = None  # the LoRA adapter it runs under (registered with the runner's deltas); None: base
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

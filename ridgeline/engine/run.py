@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from tqdm.auto import tqdm
 
 from ridgeline.config import EngineConfig
+from ridgeline.engine.cache_namespace import cache_namespace
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.sampling_params import SamplingParams
@@ -24,11 +25,13 @@ def start_engine(model: str, **options) -> LLMEngine:
 
 def run_to_completion(engine: LLMEngine, prompts: Sequence[str | list[int]],
                       params: SamplingParams | Sequence[SamplingParams], texts: Sequence[str] | None = None,
-                      request_ids: Iterable[str] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+                      request_ids: Iterable[str] | None = None, use_tqdm: bool = False,
+                      adapters: Sequence[str | None] | None = None) -> list[RequestOutput]:
     """Add every prompt (token ids, or a string the engine encodes), step the engine until each has
     finished, and return their final outputs in prompt order. params: one for all, or one per prompt;
     texts: the prompts' text where they are given as ids (a chat template rendered); request_ids:
-    default "run-N". Requests added before one that fails to add, and all of them on an exception while
+    default "run-N"; adapters: per prompt, the LoRA adapter it runs under (registered with the runner's
+    deltas; its prefix-cache blocks in that adapter's namespace) or None. Requests added before one that fails to add, and all of them on an exception while
     stepping (Ctrl-C included), are aborted, so their KV blocks return to the pool."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     ids = iter(request_ids) if request_ids is not None else (f"run-{next(_ids)}" for _ in itertools.count())
@@ -36,7 +39,9 @@ def run_to_completion(engine: LLMEngine, prompts: Sequence[str | list[int]],
     try:
         for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
             rid = next(ids)
-            engine.add_request(rid, prompt, p, texts[i] if texts else None)
+            a = adapters[i] if adapters else None
+            engine.add_request(rid, prompt, p, texts[i] if texts else None,
+                               cache_namespace(adapter=a) if a else None, adapter=a)
             order[rid] = i
     except Exception:
         for rid in order:

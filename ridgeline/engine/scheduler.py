@@ -281,7 +281,7 @@ class Scheduler:
                 num_prompt_tokens=req.num_prompt_tokens, num_spec=n - known, score_prompt=score,
                 next_token=req.token_ids[start + known] if score and start + known < req.num_prompt_tokens else None,
                 cache_start=None if self.evictor is None else held,
-                kv_moves=self._physical(req.request_id, moves)))
+                kv_moves=self._physical(req.request_id, moves), adapter=req.adapter))
         seqs.sort(key=lambda s: not s.is_decode)  # stable: decodes first, then the rest
         return seqs
 

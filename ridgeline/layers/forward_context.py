@@ -4,6 +4,7 @@ key lengths); a backend derives anything more it needs from that, once per step,
 the group (the SDPA backend's padded masks: the C kernels never pay for them)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ class ForwardContext:
     # KV groups (ridgeline/kv_groups.py) 1..: each one's slots [T] and attention groups (the same rows and
     # lengths as `groups`, over that group's block tables); slot_mapping and groups are group 0's
     kv_groups: list[tuple[torch.Tensor, list[AttnGroup]]] = field(default_factory=list)
+    # per-row additions to Linear outputs this step (LoRA adapters: ridgeline/lora), called as
+    # delta(linear, x, y) -> y after each Linear's own matmul and bias; set, the step runs its layers as modules
+    delta: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def for_kv_group(self, k: int) -> tuple[torch.Tensor, list[AttnGroup]]:
         """(slot mapping, attention groups) of the layers in KV group k."""
@@ -66,3 +70,8 @@ def get_forward_context() -> ForwardContext:
     if _CTX is None:
         raise RuntimeError("attention called outside forward_context()")
     return _CTX
+
+
+def current_delta():
+    """The step's ForwardContext.delta, or None (no step in progress, or no addition)."""
+    return None if _CTX is None else _CTX.delta

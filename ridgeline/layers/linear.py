@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ridgeline.layers.forward_context import current_delta
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.weight_formats import DENSE, WeightFormat, create_weight_format, load_rows
 
@@ -43,7 +44,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]"""
         y = self.format.apply(self, x)
-        return y if self.bias is None else y + self.bias
+        y = y if self.bias is None else y + self.bias
+        delta = current_delta()  # a step's per-row additions (LoRA), after the bias as PEFT adds them
+        return y if delta is None else delta(self, x, y)
 
 
 def finish_loading(model: nn.Module) -> None:

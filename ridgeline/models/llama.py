@@ -22,7 +22,7 @@ from torch import nn
 
 from ridgeline.kernels import cpu_ops, cpu_stack
 from ridgeline.layers.attention import Attention
-from ridgeline.layers.forward_context import get_forward_context
+from ridgeline.layers.forward_context import current_delta, get_forward_context
 from ridgeline.layers.kernel_plan import KernelPlan
 from ridgeline.layers.kv_cache import LayerKV
 from ridgeline.layers.linear import Linear
@@ -215,11 +215,12 @@ class Model(nn.Module):
         Returns (hidden, residual, captured) or, with final_norm, (normed hidden, None, captured)."""
         captured: dict[int, torch.Tensor] = {}
         hook = self._reducing(hook)
+        modules_only = current_delta() is not None  # per-row additions (LoRA) run in the modules' Linears
         for s, e, in_c in self.segments:
             s, e = max(s, start), min(e, end)
             if s >= e:
                 continue
-            if in_c:
+            if in_c and not modules_only:
                 hidden, residual = self.stack(positions, hidden, residual, s, e, final_norm and e == end, hook,
                                               capture, captured)
                 if final_norm and e == end:

@@ -43,6 +43,9 @@ class ModelRunner:
         # runs, so every rank makes it (distributed/follow.py); None: one process, or a follower
         self.leader = None
         self.pipeline = None  # pipeline parallelism: this stage's distributed.pipeline.PipelineStage
+        # per-row additions to Linear outputs (LoRA adapters), set by whoever registers them: an object with
+        # knows(name) -> bool and for_step(seqs) -> ForwardContext.delta or None (lora/manager.py)
+        self.deltas = None
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, drafts: dict[str, Draft] | None = None,
@@ -67,6 +70,8 @@ class ModelRunner:
         if self.pipeline is not None:  # the same layers, over this stage's range, in micro-batches
             return self.pipeline.execute(self, seqs, result, drafts)
         ids, positions, ctx, sample_rows = self.prepare(seqs)
+        if self.deltas is not None:
+            ctx.delta = self.deltas.for_step(seqs)
         if self.attention is not None:
             self.attention.zero_()
             ctx.attention = self.attention
