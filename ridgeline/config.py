@@ -161,8 +161,8 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class LoRAConfig:
     """LoRA adapters (ridgeline/lora): off unless enable_lora; ranks up to max_lora_rank (at most 256)."""
-    enable_lora: bool = False
-    max_lora_rank: int = 64
+    enable_lora: bool = False  # LLM(...): requests may name adapters (lora_request; docs/features/lora.md)
+    max_lora_rank: int = 64  # an adapter of a higher rank is refused
 
     def __post_init__(self):
         if not isinstance(self.enable_lora, bool):

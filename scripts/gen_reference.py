@@ -223,7 +223,7 @@ def engine_options_page(parser) -> str:
              "last column ([engine flags](cli/engine-flags.md)). A bad value is an `InvalidRequestError` naming the "
              "option.", ""]
     classes = [config.ModelConfig, config.CacheConfig, config.SchedulerConfig, config.SpeculativeConfig,
-               config.ParallelConfig, config.EngineConfig]
+               config.ParallelConfig, config.LoRAConfig, config.EngineConfig]
     for cls in classes:
         notes = _comments(cls)
         lines += [f"## `{cls.__name__}`", ""]
@@ -232,7 +232,8 @@ def engine_options_page(parser) -> str:
             lines += [_cell(doc), ""]
         lines += ["| option | type | default | flag | notes |", "|---|---|---|---|---|"]
         for f in dataclasses.fields(cls):
-            if cls is config.EngineConfig and f.name in ("model", "cache", "scheduler", "speculative", "parallel"):
+            if cls is config.EngineConfig and f.name in ("model", "cache", "scheduler", "speculative", "parallel",
+                                                                "lora"):
                 continue  # the sections above
             flag, flag_help = flags.get(f.name, (None, ""))
             note = notes.get(f.name) or flag_help

@@ -141,11 +141,14 @@ def test_an_int8_base_with_an_adapter_is_the_int8_base_plus_the_adapter(base, ad
     pieces = llm.lora.layers.get(lin.prefix)
     assert pieces is None  # not registered yet
     llm.lora.register(req)
-    (p,) = llm.lora.layers[lin.prefix]["a"]
-    from ridgeline.lora.manager import _StepDelta
-    got = _StepDelta(llm.lora.layers, [("a", slice(0, 3))])(lin, x, base_y.clone())
-    want = base_y + p.expand(p.shrink(x))
-    assert torch.equal(got, want)
+    e = llm.lora.layers[lin.prefix]["a"]
+    (p,) = e.pieces
+    from ridgeline.lora.manager import _CStepDelta, _StepDelta
+    want = base_y.double() + ((x.double() @ e.At.double()) * p.scale) @ p.Bt.double()
+    for delta in (_StepDelta(llm.lora.layers, [("a", slice(0, 3))]),
+                  _CStepDelta(llm.lora.tables, torch.zeros(3, dtype=torch.int64))):
+        got = delta(lin, x, base_y.clone())
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     toks = _tokens(llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False, lora_request=req))
     assert len(toks[0]) == 12
 
@@ -248,3 +251,27 @@ def test_adapters_on_other_families_match_peft(tmp_path, arch, targets):
     req = LoRARequest("x", 1, str(adapter))
     got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=req))
     assert got == [peft_reference(base, adapter, p)[0] for p in PROMPTS]
+
+
+def test_the_c_stack_with_adapters_equals_the_module_path_bitwise(base, adapters):
+    """With the packed kernels the C decoder stack runs the adapters (kernels/lora_add.c) and gives the modules'
+    tokens and logprobs bit for bit, over a mixed step of two adapters and the base."""
+    llm = _llm(base)
+    if llm.engine.runner.model.model.stack is None:
+        pytest.skip("no C decoder stack on this CPU")
+    reqs = [LoRARequest("a", 1, str(adapters["a"])), LoRARequest("b", 2, str(adapters["b"])), None]
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=3)
+    from ridgeline.kernels import cpu_stack
+    calls, run = [], cpu_stack.run
+    cpu_stack.run = lambda *a, **k: (calls.append(k.get("lora", a[18] if len(a) > 18 else None)), run(*a, **k))[1]
+    try:
+        in_c = llm.generate(PROMPTS, params, use_tqdm=False, lora_request=reqs)
+    finally:
+        cpu_stack.run = run
+    assert llm.lora.c_tables is not None and calls and all(c is not None for c in calls)  # every step in C
+    keep, llm.lora.c_tables = llm.lora.c_tables, None  # no descriptor: the step runs its layers as modules
+    modules = llm.generate(PROMPTS, params, use_tqdm=False, lora_request=reqs)
+    llm.lora.c_tables = keep
+    for c, m in zip(in_c, modules):
+        assert c.outputs[0].token_ids == m.outputs[0].token_ids
+        assert [(d.logprob, d.top) for d in c.outputs[0].logprobs] == [(d.logprob, d.top) for d in m.outputs[0].logprobs]

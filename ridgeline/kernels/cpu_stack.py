@@ -61,7 +61,8 @@ def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, firs
         cos_sin: torch.Tensor, final_norm: torch.Tensor | None, x: torch.Tensor, out: torch.Tensor, hidden_in: bool,
         positions: torch.Tensor, slots: torch.Tensor, groups: torch.Tensor, capture: torch.Tensor | None,
         # slots [KV groups, T] (or [T]: one), groups [KV groups, attention groups, GROUP_FIELDS]
-        hook, scratch: torch.Tensor, moe_scratch: torch.Tensor | None = None) -> None:
+        hook, scratch: torch.Tensor, moe_scratch: torch.Tensor | None = None, lora: torch.Tensor | None = None) -> None:
+    """lora: None, or [row slots pointer, tables pointer] (kernels/lora_add.c, decoder_stack.c)."""
     from ridgeline.kernels.cpu_moe import ROUTE_CALLBACK
     rc = cpu.lib().ridgeline_decoder_stack(
         dims.data_ptr(), eps, scale, layers.data_ptr(), first, last, cos_sin.data_ptr(),
@@ -70,7 +71,7 @@ def run(dims: torch.Tensor, eps: float, scale: float, layers: torch.Tensor, firs
         None if capture is None else capture.data_ptr(),
         None if hook is None else ctypes.cast(hook, ctypes.c_void_p), scratch.data_ptr(),
         None if moe_scratch is None else moe_scratch.data_ptr(), ctypes.cast(ROUTE_CALLBACK, ctypes.c_void_p),
-        torch.get_num_threads())
+        None if lora is None else lora.data_ptr(), torch.get_num_threads())
     if rc:
         raise RuntimeError(f"decoder stack failed ({rc}) in layers [{first}, {last})")
 

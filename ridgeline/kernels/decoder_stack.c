@@ -26,7 +26,9 @@
  *          stream + MLP output) [T, hidden] is written there
  * hook:    NULL, or called in place on the attention output (where 0) and the MLP output (where 1)
  *          of each layer, after the bias: where tensor parallelism all-reduces. Non-zero aborts.
- * route:   NULL, or the MoE tie-breaker (moe.c), called only when a token's k-th expert ties. */
+ * route:   NULL, or the MoE tie-breaker (moe.c), called only when a token's k-th expert ties.
+ * lora:    NULL, or [row slots [T] (int64, -1: none), tables [layers][4]]: per-row low-rank additions (LoRA
+ *          adapters) after each linear's matmul and bias, where its table pointer is non-zero (lora_add.c). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,8 @@ int ridgeline_paged_attention(const float *q, const void *kc, const void *vc, co
                               const int64_t *tile_len, float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t max_nb,
                               int64_t window, float scale, float softcap, const float *sinks, int nthreads);
 int ridgeline_stack_linear(const int64_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K, int nt);
+int ridgeline_lora_add(const int64_t *table, const int64_t *slot_of, const float *x, float *y, int64_t T, int64_t N,
+                       int64_t K, int nt);
 
 enum { LW_FORMAT, LW_DATA, LW_SCALE, LW_BIAS, LW_FIELDS };
 enum { LIN_QKV, LIN_O, LIN_GATE_UP, LIN_DOWN, LINEARS };
@@ -129,7 +133,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                             int64_t last, const float *cos_sin, const float *final_norm, float *x, float *out,
                             int hidden_in, int64_t T, const int64_t *positions, const int64_t *slots,
                             const int64_t *groups, int64_t ngroups, const int64_t *capture, stack_hook hook,
-                            float *buf, float *moe_buf, moe_route_fn route, int nt) {
+                            float *buf, float *moe_buf, moe_route_fn route, const int64_t *lora, int nt) {
     const int64_t Hd = dims[1], H = dims[2], Hkv = dims[3], D = dims[4], I = dims[5], bs = dims[6];
     const int64_t QKV = (H + 2 * Hkv) * D, HD = H * D;
     float *h = buf, *h2 = h + T * Hd, *qkv = h2 + T * Hd, *q = qkv + T * QKV, *att = q + T * HD, *gu = att + T * HD;
@@ -140,6 +144,14 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         const char *e = getenv("RIDGELINE_STACK_PROFILE");
         ph_on = e && e[0] == '1';
     }
+    const int64_t *lora_slot = lora ? PTR(const int64_t, lora[0]) : NULL, *lora_tab = lora ? PTR(const int64_t, lora[1]) : NULL;
+/* linear i of layer l, then its LoRA additions where the layer's table has some */
+#define LINEAR(i, in, y, N, K) \
+    do { \
+        rc |= ridgeline_stack_linear(lw + (i) * LW_FIELDS, in, y, T, N, K, nt); \
+        if (lora_tab && lora_tab[l * LINEARS + (i)] && !rc) \
+            rc |= ridgeline_lora_add(PTR(const int64_t, lora_tab[l * LINEARS + (i)]), lora_slot, in, y, T, N, K, nt); \
+    } while (0)
     double t0[2] = {ph_on ? ph_clock(CLOCK_MONOTONIC) : 0.0, ph_on ? ph_clock(CLOCK_THREAD_CPUTIME_ID) : 0.0};
     ph_calls++;
     for (int64_t l = first; l < last && !rc; l++) {
@@ -149,7 +161,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
         else
             ridgeline_rmsnorm(x, NULL, PTR(const float, lp[LP_IN_NORM]), h, T, Hd, eps, nt);
         ph_lap(PH_NORM, t0);
-        rc |= ridgeline_stack_linear(lw + LIN_QKV * LW_FIELDS, h, qkv, T, QKV, Hd, nt);
+        LINEAR(LIN_QKV, h, qkv, QKV, Hd);
         ph_lap(PH_QKV, t0);
         void *kc = PTR(void, lp[LP_K_CACHE]), *vc = PTR(void, lp[LP_V_CACHE]);
         uint16_t *ksc = PTR(uint16_t, lp[LP_K_SCALE]), *vsc = PTR(uint16_t, lp[LP_V_SCALE]);
@@ -174,7 +186,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                                             lp[LP_WINDOW], scale, softcap, PTR(const float, lp[LP_SINKS]), nt);
         }
         ph_lap(PH_ATTN, t0);
-        rc |= ridgeline_stack_linear(lw + LIN_O * LW_FIELDS, att, h, T, Hd, HD, nt);
+        LINEAR(LIN_O, att, h, Hd, HD);
         ph_lap(PH_O, t0);
         if (hook && !rc) rc = hook(l, HOOK_ATTN_OUT, h, T, Hd);
         ph_lap(PH_HOOK, t0);
@@ -185,7 +197,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             rc |= ridgeline_moe(PTR(const int64_t, lp[LP_MOE]), h2, mlp, T, Hd, moe_buf, route, l, nt);
             ph_lap(PH_DOWN, t0); /* the sparse MLP counts as down */
         } else {
-            rc |= ridgeline_stack_linear(lw + LIN_GATE_UP * LW_FIELDS, h2, gu, T, 2 * I, Hd, nt);
+            LINEAR(LIN_GATE_UP, h2, gu, 2 * I, Hd);
             ph_lap(PH_GATE_UP, t0);
             if (lp[LP_ACT] == ACT_GELU_TANH)
                 ridgeline_gelu_tanh_mul(gu, act, T, I, nt);
@@ -196,7 +208,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
             else
                 ridgeline_silu_mul(gu, act, T, I, nt);
             ph_lap(PH_ACT, t0);
-            rc |= ridgeline_stack_linear(lw + LIN_DOWN * LW_FIELDS, act, mlp, T, Hd, I, nt);
+            LINEAR(LIN_DOWN, act, mlp, Hd, I);
             ph_lap(PH_DOWN, t0);
         }
         if (hook && !rc) rc = hook(l, HOOK_MLP_OUT, mlp, T, Hd);
@@ -217,4 +229,5 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
     }
     ph_lap(PH_NORM, t0);
     return rc;
+#undef LINEAR
 }

@@ -39,7 +39,7 @@ int ridgeline_decoder_stack(const int64_t *dims, float eps, float scale, const i
                             int64_t last, const float *cos_sin, const float *final_norm, float *x, float *out,
                             int hidden_in, int64_t T, const int64_t *positions, const int64_t *slots,
                             const int64_t *groups, int64_t ngroups, const int64_t *capture, stack_hook hook,
-                            float *buf, float *moe_buf, moe_route_fn route, int nt);
+                            float *buf, float *moe_buf, moe_route_fn route, const int64_t *lora, int nt);
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
@@ -100,7 +100,7 @@ static int eagle_step(const int64_t *fc, const int64_t *hidden, const float *emb
     /* cat's first 2TH floats keep the [emb, hidden] rows the pointer reads below */
     float *u_emb = cat;
     rc = ridgeline_decoder_stack(dims, eps, scale, layer, 0, 1, cos_sin, NULL, x, out, 0, T, positions, slots, group, 1,
-                                 NULL, NULL, stack_buf, NULL, NULL, nt);
+                                 NULL, NULL, stack_buf, NULL, NULL, NULL, nt);
     if (rc) return rc;
     for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
     if (!qk_w) return 0;

@@ -43,8 +43,11 @@ class ForwardContext:
     # lengths as `groups`, over that group's block tables); slot_mapping and groups are group 0's
     kv_groups: list[tuple[torch.Tensor, list[AttnGroup]]] = field(default_factory=list)
     # per-row additions to Linear outputs this step (LoRA adapters: ridgeline/lora), called as
-    # delta(linear, x, y) -> y after each Linear's own matmul and bias; set, the step runs its layers as modules
+    # delta(linear, x, y) -> y after each Linear's own matmul and bias
     delta: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # the same additions for the C decoder stack: int64 [row slots pointer, [layers][4] tables pointer]
+    # (kernels/lora_add.c), or None: a step with a delta then runs its layers as modules
+    c_delta: torch.Tensor | None = None
 
     def for_kv_group(self, k: int) -> tuple[torch.Tensor, list[AttnGroup]]:
         """(slot mapping, attention groups) of the layers in KV group k."""

@@ -1,5 +1,5 @@
 """A PEFT adapter's tensors mapped onto the model's Linears: for each Linear it touches, pieces (first output
-row, rows, A [r, in], B [rows, r] with the scale folded in). q/k/v and gate/up are fused in this engine, so a
+row, rows, A [r, in], B [rows, r], the scale), bf16 tensors kept as stored (exact), others as fp32. q/k/v and gate/up are fused in this engine, so a
 q_proj adapter is a piece of qkv_proj's rows, and B's rows take the same permutation the base rows took when
 they loaded (q/k rows interleaved for rotary); a checkpoint's own fused projection (Phi-3's qkv_proj) splits
 B by the same rows. Shapes are checked from the file's header before any data is read: an adapter made for
@@ -24,8 +24,9 @@ _KEY = re.compile(r"(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:
 class Piece:
     row: int  # first output row of the Linear this piece adds to
     rows: int
-    A: torch.Tensor  # [r, in_features] fp32
-    B: torch.Tensor  # [rows, r] fp32, times the adapter's scale
+    A: torch.Tensor  # [r, in_features], bf16 as stored or fp32
+    B: torch.Tensor  # [rows, r], likewise
+    scale: float  # lora_alpha / r (or / sqrt(r), rsLoRA)
 
 
 def _bad(name: str, msg: str) -> InvalidRequestError:
@@ -92,12 +93,11 @@ def map_adapter(peft: PeftFiles, model: nn.Module, max_rank: int) -> dict[str, l
     out: dict[str, list[Piece]] = {}
     for owner, ka, kb, spans in plan:
         A, B = peft.read(ka), peft.read(kb)
-        if not (torch.isfinite(A).all() and torch.isfinite(B).all()):
+        if not (torch.isfinite(A.float()).all() and torch.isfinite(B.float()).all()):
             raise _bad(peft.name, f"{ka.rpartition('.lora_')[0]}: its weights hold values that are not finite")
-        B = B * peft.scale(A.shape[0])
         start = 0
         for sub, row, n in spans:
             part = model.transform_weight(sub + ".weight", B[start:start + n]).contiguous()
-            out.setdefault(owner.prefix, []).append(Piece(row, n, A.contiguous(), part))
+            out.setdefault(owner.prefix, []).append(Piece(row, n, A.contiguous(), part, peft.scale(A.shape[0])))
             start += n
     return out

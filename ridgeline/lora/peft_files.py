@@ -51,14 +51,15 @@ class PeftFiles:
         return self.alpha / math.sqrt(r) if self.rslora else self.alpha / r
 
     def read(self, key: str) -> torch.Tensor:
-        """One tensor's values, fp32."""
+        """One tensor's values: bf16 as stored, F32 and F16 as fp32."""
         e = self.tensors[key]
         with open(self.folder / WEIGHTS, "rb") as f:
             f.seek(e.start)
             raw = f.read(e.end - e.start)
         if len(raw) != e.end - e.start:
             raise _bad(self.name, f"{WEIGHTS} ends inside {key}")
-        return torch.frombuffer(bytearray(raw), dtype=e.dtype).reshape(e.shape).float()
+        t = torch.frombuffer(bytearray(raw), dtype=e.dtype).reshape(e.shape)
+        return t if t.dtype == torch.bfloat16 else t.float()
 
 
 def read_peft(name: str, path: str | Path, max_rank: int) -> PeftFiles:

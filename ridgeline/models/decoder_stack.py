@@ -156,5 +156,5 @@ class CStack:
         moe_scratch = self.moe.scratch_for(T, x.shape[1]) if self.moe is not None else None
         cpu_stack.run(self.dims, self.eps, self.scale, self.layer_ptrs, first, last, self.cos_sin,
                       self.final_norm if final_norm else None, x, out, residual is not None, positions,
-                      slots, groups, cap, c_hook, self.scratch, moe_scratch)
+                      slots, groups, cap, c_hook, self.scratch, moe_scratch, ctx.c_delta)
         return (out, None) if final_norm else (out, x)

@@ -215,7 +215,8 @@ class Model(nn.Module):
         Returns (hidden, residual, captured) or, with final_norm, (normed hidden, None, captured)."""
         captured: dict[int, torch.Tensor] = {}
         hook = self._reducing(hook)
-        modules_only = current_delta() is not None  # per-row additions (LoRA) run in the modules' Linears
+        # per-row additions (LoRA) the C stack is not given run in the modules' Linears
+        modules_only = current_delta() is not None and get_forward_context().c_delta is None
         for s, e, in_c in self.segments:
             s, e = max(s, start), min(e, end)
             if s >= e:

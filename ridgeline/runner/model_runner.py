@@ -44,7 +44,7 @@ class ModelRunner:
         self.leader = None
         self.pipeline = None  # pipeline parallelism: this stage's distributed.pipeline.PipelineStage
         # per-row additions to Linear outputs (LoRA adapters), set by whoever registers them: an object with
-        # knows(name) -> bool and for_step(seqs) -> ForwardContext.delta or None (lora/manager.py)
+        # knows(name) -> bool and for_step(seqs) -> None or (ForwardContext.delta, its c_delta) (lora/manager.py)
         self.deltas = None
 
     @torch.inference_mode()
@@ -71,7 +71,7 @@ class ModelRunner:
             return self.pipeline.execute(self, seqs, result, drafts)
         ids, positions, ctx, sample_rows = self.prepare(seqs)
         if self.deltas is not None:
-            ctx.delta = self.deltas.for_step(seqs)
+            ctx.delta, ctx.c_delta = self.deltas.for_step(seqs) or (None, None)
         if self.attention is not None:
             self.attention.zero_()
             ctx.attention = self.attention

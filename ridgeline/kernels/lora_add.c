@@ -1,0 +1,123 @@
+/* Per-row low-rank additions to a linear layer's output (LoRA adapters): y [T, N] += for each row t whose slot
+ * s = slot_of[t] >= 0, on each of slot s's pieces, B (A x[t]) on the piece's columns. A slot's pieces on one
+ * linear share one shrink (their A matrices stacked, R rows in all); each piece expands its own rank's share of
+ * it by its B (the adapter's scale folded in). The decoder stack calls it after each linear's matmul and bias,
+ * and so does the module path (ridgeline/lora/manager.py): the two are the same code, bit for bit.
+ *
+ * Each row is computed alone, in a fixed order (shrink: sh[j] = sum over k in order of x[k] At[k][j]; expand:
+ * d[n] = sum over the rank in order of sh[k] Bt[k][n]; then y[n] += d[n]), so a row's result never depends on
+ * the other rows of the call or on how many threads share them. Weights are transposed, At [K, R] and
+ * Bt [rank, cols], so every step is a contiguous row of 16-lane FMAs; fp32, or bf16 as the adapter's file holds
+ * them (widened exactly to fp32 as they load: x and the sums stay fp32). A piece's share of the shrink is
+ * multiplied by its scale before its expand.
+ *
+ * table: [slots, then per slot a pointer (0: the slot has nothing on this linear) to
+ *         [pieces, R, At, 1 if bf16 (else fp32), then per piece LA_FIELDS: first column, columns, rank, its
+ *          offset in R, Bt, the scale's fp32 bits]]
+ * Returns 0, or -2 on a malformed table. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+enum { LA_COL, LA_COLS, LA_RANK, LA_ROFF, LA_B, LA_SCALE, LA_FIELDS };
+#define LA_HEAD 4   /* pieces, R, At, bf16 */
+#define LA_BLOCK 8  /* 16-lane accumulators a pass keeps (128 columns) */
+#define LA_MAX_R 1024
+#define LA_PAR_ROWS 8 /* rows of one slot from which the rows are split across threads */
+
+#define PTR(T, v) ((T *)(intptr_t)(v))
+
+int ridgeline_lora_piece_fields(void) { return LA_FIELDS; }
+
+/* 16 weights from w (fp32, or bf16 widened exactly) under mask m */
+#ifdef __AVX512F__
+static inline __m512 load_w(const void *w, int64_t i, int bf16, __mmask16 m) {
+    if (!bf16) return _mm512_maskz_loadu_ps(m, (const float *)w + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+static inline float w_at(const void *w, int64_t i, int bf16) {
+    if (!bf16) return ((const float *)w)[i];
+    const uint32_t b = (uint32_t)((const uint16_t *)w)[i] << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* out [n] = (acc ? out : 0) + sum over k < kn, in order, of a[k] * w[k][n] (w rows of stride ld) */
+static void row_times(const float *a, int64_t kn, const void *w, int bf16, int64_t ld, int64_t n, float *out,
+                      int acc) {
+#ifdef __AVX512F__
+    for (int64_t c0 = 0; c0 < n; c0 += 16 * LA_BLOCK) {
+        const int64_t left = n - c0, nv = left >= 16 * LA_BLOCK ? LA_BLOCK : (left + 15) / 16;
+        __m512 s[LA_BLOCK];
+        __mmask16 m[LA_BLOCK];
+        for (int v = 0; v < nv; v++) {
+            const int64_t rem = left - 16 * v;
+            m[v] = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+            s[v] = _mm512_setzero_ps();
+        }
+        for (int64_t k = 0; k < kn; k++) {
+            const __m512 ak = _mm512_set1_ps(a[k]);
+            for (int v = 0; v < nv; v++) s[v] = _mm512_fmadd_ps(ak, load_w(w, k * ld + c0 + 16 * v, bf16, m[v]), s[v]);
+        }
+        for (int v = 0; v < nv; v++) {
+            float *o = out + c0 + 16 * v;
+            const __m512 r = acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], o), s[v]) : s[v];
+            _mm512_mask_storeu_ps(o, m[v], r);
+        }
+    }
+#else
+    for (int64_t j = 0; j < n; j++) {
+        float s = 0.f;
+        for (int64_t k = 0; k < kn; k++) s += a[k] * w_at(w, k * ld + j, bf16);
+        out[j] = acc ? out[j] + s : s;
+    }
+#endif
+}
+
+/* one row: its shrink into sh [R], then each piece's scaled share expanded and added into yrow */
+static void lora_row(const int64_t *e, const float *xrow, float *yrow, int64_t K, float *sh, float *part) {
+    const int bf16 = (int)e[3];
+    row_times(xrow, K, PTR(const void, e[2]), bf16, e[1], e[1], sh, 0);
+    for (int64_t p = 0; p < e[0]; p++) {
+        const int64_t *f = e + LA_HEAD + p * LA_FIELDS;
+        const uint32_t bits = (uint32_t)f[LA_SCALE];
+        float scale;
+        memcpy(&scale, &bits, 4);
+        for (int64_t k = 0; k < f[LA_RANK]; k++) part[k] = sh[f[LA_ROFF] + k] * scale;
+        row_times(part, f[LA_RANK], PTR(const void, f[LA_B]), bf16, f[LA_COLS], f[LA_COLS], yrow + f[LA_COL], 1);
+    }
+}
+
+int ridgeline_lora_add(const int64_t *table, const int64_t *slot_of, const float *x, float *y, int64_t T, int64_t N,
+                       int64_t K, int nt) {
+    const int64_t slots = table[0];
+    for (int64_t s = 0; s < slots; s++) { /* every table checked before any row is touched */
+        const int64_t *e = PTR(const int64_t, table[1 + s]);
+        if (!e) continue;
+        if (e[0] < 1 || e[1] < 1 || e[1] > LA_MAX_R || !e[2]) return -2;
+        for (int64_t p = 0; p < e[0]; p++) {
+            const int64_t *f = e + LA_HEAD + p * LA_FIELDS;
+            if (f[LA_COL] < 0 || f[LA_COLS] <= 0 || f[LA_COL] + f[LA_COLS] > N || f[LA_RANK] <= 0 ||
+                f[LA_ROFF] < 0 || f[LA_ROFF] + f[LA_RANK] > e[1] || !f[LA_B])
+                return -2;
+        }
+    }
+    int64_t mine = 0;
+    for (int64_t t = 0; t < T; t++) mine += slot_of[t] >= 0 && slot_of[t] < slots && table[1 + slot_of[t]];
+    if (!mine) return 0;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (mine >= LA_PAR_ROWS)
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t s = slot_of[t];
+        if (s < 0 || s >= slots || !table[1 + s]) continue;
+        float sh[LA_MAX_R], part[LA_MAX_R];
+        lora_row(PTR(const int64_t, table[1 + s]), x + t * K, y + t * N, K, sh, part);
+    }
+    return 0;
+}
