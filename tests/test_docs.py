@@ -89,9 +89,10 @@ def test_every_flag_and_engine_option_is_in_the_reference():
     missing = sorted(f for f in every if f"`{f}" not in text and f"{f}," not in text)
     assert not missing, missing
     for cls in (config.ModelConfig, config.CacheConfig, config.SchedulerConfig, config.SpeculativeConfig,
-                config.ParallelConfig, config.EngineConfig):
+                config.ParallelConfig, config.LoRAConfig, config.EngineConfig):
         for f in fields(cls):
-            section = f.name in ("model", "cache", "scheduler", "speculative", "parallel") and cls is config.EngineConfig
+            section = f.name in ("model", "cache", "scheduler", "speculative", "parallel", "lora") and \
+                cls is config.EngineConfig
             assert section or f"| `{f.name}` |" in text, f"{cls.__name__}.{f.name}"  # a section: its own table
 
 

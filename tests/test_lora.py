@@ -275,3 +275,15 @@ def test_the_c_stack_with_adapters_equals_the_module_path_bitwise(base, adapters
     for c, m in zip(in_c, modules):
         assert c.outputs[0].token_ids == m.outputs[0].token_ids
         assert [(d.logprob, d.top) for d in c.outputs[0].logprobs] == [(d.logprob, d.top) for d in m.outputs[0].logprobs]
+
+
+def test_bench_lora_runs_into_its_table_and_json(base, tmp_path, capsys):
+    from ridgeline.cli import main
+    out = tmp_path / "lora.json"
+    assert main(["bench", "lora", "--model", str(base), "--dtype", "float32", "--kv-cache-memory", "8MiB", "--rank", "4",
+                 "--num-requests", "6", "--output-len", "4", "--adapters", "0,2", "--repeats", "1",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| batch-1 decode, one adapter |" in text and "| throughput, 2 adapters |" in text
+    data = json.loads(out.read_text())
+    assert data["decode_base"] > 0 and data["decode_lora"] > 0 and [r["adapters"] for r in data["throughput"]] == [0, 2]

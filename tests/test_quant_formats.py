@@ -37,8 +37,8 @@ def test_quantized_linear_loads_shards_and_applies(name):
     t = (rtn.quantize_int8(w) if name == "int8" else rtn.quantize_int8_g32(w) if name == "int8-g32"
          else rtn.quantize_int4(w, 64 if "g64" in name else 32, "sym" in name))
     x = torch.randn(3, 128)
-    rounds = "int4" in name or ("int8" in name and cpu_quant.int8_rounds_activations())
-    xr = x.to(torch.bfloat16) if rounds and lin.packed is not None else x  # these kernels round x to bf16
+    kind = "int8-g32" if name == "int8-g32" else "int8" if name == "int8" else "int4"
+    xr = cpu_quant.activations_as_read(kind, x) if lin.packed is not None else x  # as the kernel reads x
     want = xr.double() @ t.dequantize().double().T + lin.bias.double()
     torch.testing.assert_close(lin(x).double(), want, atol=1e-4, rtol=1e-4)
     assert lin.format.weight_bytes(lin) < 96 * 128 * (1.1 if "int8" in name else 0.7)  # 1 or 0.5 B + scales

@@ -34,10 +34,11 @@ def register(subparsers, command: str | None = None) -> None:
                                           "speeds and quality (quant); speed by context length "
                                           "(long-context); random-weight models with a published "
                                           "model's structure (random-model); the size ladder at 1B-8B "
-                                          "against this machine's ceilings and llama.cpp (scale).")
+                                          "against this machine's ceilings and llama.cpp (scale); LoRA "
+                                          "adapters against the base model (lora).")
     bsub = p.add_subparsers(dest="bench_command", required=True,
                             metavar="{throughput,decode,serve,spec,structured,quant,long-context,random-model,"
-                                    "scale,routing,disagg}")
+                                    "scale,lora,routing,disagg}")
     for add in (add_throughput_parser, add_decode_parser, add_serve_parser, add_spec_parser, add_structured_parser,
                 add_quant_parser, add_long_context_parser):
         add_engine_args(add(bsub))
@@ -48,6 +49,8 @@ def register(subparsers, command: str | None = None) -> None:
     add_models_parser(bsub)
     from ridgeline.bench.scale import add_scale_parser
     add_scale_parser(bsub)
+    from ridgeline.bench.lora import add_lora_parser
+    add_engine_args(add_lora_parser(bsub))
     from ridgeline.bench.routing import add_routing_parser
     add_routing_parser(bsub)
     from ridgeline.bench.disagg_cli import add_disagg_parser

@@ -16,6 +16,6 @@ from ridgeline.step_plan import PromptLogprobs, SampledSeq, ScheduledSeq, StepPl
 
 for _cls in (StepPlan, ScheduledSeq, TierCopies, Draft, SampledSeq, PromptLogprobs, RankShard, Stage, StageStats,
              RankContext, config.EngineConfig, config.ModelConfig, config.CacheConfig, config.SchedulerConfig,
-             config.SpeculativeConfig, config.ParallelConfig):
+             config.SpeculativeConfig, config.ParallelConfig, config.LoRAConfig):
     wire_type(_cls)
 wire_type(SamplingParams, cached=True)  # one per request, the same every step: built once per value

@@ -172,6 +172,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     parallel = ["tensor_parallel_size", "master_addr", "master_port", "dist_timeout", "pin_cores",
                 "pipeline_parallel_size", "pipeline_microbatches", "internal_secret_file"]
     kw = {k: getattr(args, k) for k in keys} | {k: getattr(args, k) for k in parallel if hasattr(args, k)}
+    kw |= {k: getattr(args, k) for k in ("enable_lora", "max_lora_rank") if hasattr(args, k)}  # set by bench lora
     if getattr(args, "expert_parallel", False):
         kw["expert_parallel"] = True
     if getattr(args, "expert_parallel_size", 1) > 1:

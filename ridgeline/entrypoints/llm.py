@@ -19,17 +19,13 @@ class LLM:
 
     def __init__(self, model: str = "smollm2-135m", **engine_options):
         self.config = EngineConfig.from_kwargs(model, **engine_options)
-        lora = self.config.lora
-        method = self.config.speculative.speculative_method
-        if lora.enable_lora and method not in (None, "ngram"):
-            raise InvalidRequestError(f"speculative_method {method!r} with LoRA adapters: a draft made for the base "
-                                      "model is not used for adapters (use 'ngram' or 'none')", "speculative_method")
+        if self.config.lora.enable_lora:
+            from ridgeline.lora import attach
+            attach.check_options(self.config)
         self.engine = LLMEngine(self.config)
-        self.lora = None
-        if lora.enable_lora:
-            from ridgeline.lora.manager import LoRAManager
-            runner = self.engine.runner
-            self.lora = runner.deltas = LoRAManager(runner.model, lora.max_lora_rank, runner.device)
+        self.lora = None  # the adapter manager (ridgeline/lora/manager.py) with enable_lora
+        if self.config.lora.enable_lora:
+            self.lora = attach.attach(self.engine)
         self._ids = itertools.count()
 
     def close(self) -> None:

@@ -4,9 +4,10 @@
  * it by its B (the adapter's scale folded in). The decoder stack calls it after each linear's matmul and bias,
  * and so does the module path (ridgeline/lora/manager.py): the two are the same code, bit for bit.
  *
- * Each row is computed alone, in a fixed order (shrink: sh[j] = sum over k in order of x[k] At[k][j]; expand:
- * d[n] = sum over the rank in order of sh[k] Bt[k][n]; then y[n] += d[n]), so a row's result never depends on
- * the other rows of the call or on how many threads share them. Weights are transposed, At [K, R] and
+ * Each row's sums run in a fixed order (shrink: sh[j] = sum over k in order of x[k] At[k][j]; expand:
+ * d[n] = sum over the rank in order of sh[k] Bt[k][n]; then y[n] += d[n]); rows of one adapter go in tiles
+ * that share each weight load but not their arithmetic, so a row's result never depends on the other rows of
+ * the call or on how many threads share them. Weights are transposed, At [K, R] and
  * Bt [rank, cols], so every step is a contiguous row of 16-lane FMAs; fp32, or bf16 as the adapter's file holds
  * them (widened exactly to fp32 as they load: x and the sums stay fp32). A piece's share of the shrink is
  * multiplied by its scale before its expand.
@@ -14,7 +15,7 @@
  * table: [slots, then per slot a pointer (0: the slot has nothing on this linear) to
  *         [pieces, R, At, 1 if bf16 (else fp32), then per piece LA_FIELDS: first column, columns, rank, its
  *          offset in R, Bt, the scale's fp32 bits]]
- * Returns 0, or -2 on a malformed table. */
+ * Returns 0, -1 when its row lists cannot be allocated, or -2 on a malformed table. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,10 @@
 
 enum { LA_COL, LA_COLS, LA_RANK, LA_ROFF, LA_B, LA_SCALE, LA_FIELDS };
 #define LA_HEAD 4   /* pieces, R, At, bf16 */
-#define LA_BLOCK 8  /* 16-lane accumulators a pass keeps (128 columns) */
+#define LA_BLOCK 4  /* 16-lane column vectors a pass keeps per row (64 columns) */
+#define LA_MR 4     /* rows of one slot a tile takes together, sharing each weight load */
 #define LA_MAX_R 1024
-#define LA_PAR_ROWS 8 /* rows of one slot from which the rows are split across threads */
+#define LA_PAR_TILES 2 /* tiles from which they are split across threads */
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
 
@@ -49,49 +51,65 @@ static inline float w_at(const void *w, int64_t i, int bf16) {
     return f;
 }
 
-/* out [n] = (acc ? out : 0) + sum over k < kn, in order, of a[k] * w[k][n] (w rows of stride ld) */
-static void row_times(const float *a, int64_t kn, const void *w, int bf16, int64_t ld, int64_t n, float *out,
-                      int acc) {
+/* for each of mr rows i: out_i [n] = (acc ? out_i : 0) + sum over k < kn, in order, of a_i[k] * w[k][n] (w rows
+ * of stride ld). A row's sums are the same whatever mr is and however the columns are blocked: the rows of a
+ * tile share each weight load, not their arithmetic. */
+static void rows_times(int mr, const float *const *a, int64_t kn, const void *w, int bf16, int64_t ld, int64_t n,
+                       float *const *out, int acc) {
 #ifdef __AVX512F__
     for (int64_t c0 = 0; c0 < n; c0 += 16 * LA_BLOCK) {
         const int64_t left = n - c0, nv = left >= 16 * LA_BLOCK ? LA_BLOCK : (left + 15) / 16;
-        __m512 s[LA_BLOCK];
+        __m512 s[LA_MR][LA_BLOCK];
         __mmask16 m[LA_BLOCK];
         for (int v = 0; v < nv; v++) {
             const int64_t rem = left - 16 * v;
             m[v] = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
-            s[v] = _mm512_setzero_ps();
+            for (int i = 0; i < mr; i++) s[i][v] = _mm512_setzero_ps();
         }
         for (int64_t k = 0; k < kn; k++) {
-            const __m512 ak = _mm512_set1_ps(a[k]);
-            for (int v = 0; v < nv; v++) s[v] = _mm512_fmadd_ps(ak, load_w(w, k * ld + c0 + 16 * v, bf16, m[v]), s[v]);
+            __m512 wv[LA_BLOCK];
+            for (int v = 0; v < nv; v++) wv[v] = load_w(w, k * ld + c0 + 16 * v, bf16, m[v]);
+            for (int i = 0; i < mr; i++) {
+                const __m512 ak = _mm512_set1_ps(a[i][k]);
+                for (int v = 0; v < nv; v++) s[i][v] = _mm512_fmadd_ps(ak, wv[v], s[i][v]);
+            }
         }
-        for (int v = 0; v < nv; v++) {
-            float *o = out + c0 + 16 * v;
-            const __m512 r = acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], o), s[v]) : s[v];
-            _mm512_mask_storeu_ps(o, m[v], r);
-        }
+        for (int i = 0; i < mr; i++)
+            for (int v = 0; v < nv; v++) {
+                float *o = out[i] + c0 + 16 * v;
+                const __m512 r = acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], o), s[i][v]) : s[i][v];
+                _mm512_mask_storeu_ps(o, m[v], r);
+            }
     }
 #else
-    for (int64_t j = 0; j < n; j++) {
-        float s = 0.f;
-        for (int64_t k = 0; k < kn; k++) s += a[k] * w_at(w, k * ld + j, bf16);
-        out[j] = acc ? out[j] + s : s;
-    }
+    for (int i = 0; i < mr; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.f;
+            for (int64_t k = 0; k < kn; k++) s += a[i][k] * w_at(w, k * ld + j, bf16);
+            out[i][j] = acc ? out[i][j] + s : s;
+        }
 #endif
 }
 
-/* one row: its shrink into sh [R], then each piece's scaled share expanded and added into yrow */
-static void lora_row(const int64_t *e, const float *xrow, float *yrow, int64_t K, float *sh, float *part) {
+/* a tile of mr rows of one slot (rows idx[0..mr) of x and y): their shrinks, then each piece's scaled share
+ * expanded and added into their rows of y */
+static void lora_tile(const int64_t *e, int mr, const int64_t *idx, const float *x, float *y, int64_t N, int64_t K) {
     const int bf16 = (int)e[3];
-    row_times(xrow, K, PTR(const void, e[2]), bf16, e[1], e[1], sh, 0);
+    float sh[LA_MR][LA_MAX_R], part[LA_MR][LA_MAX_R];
+    const float *xa[LA_MR], *pa[LA_MR];
+    float *sho[LA_MR], *yo[LA_MR];
+    for (int i = 0; i < mr; i++) xa[i] = x + idx[i] * K, sho[i] = sh[i], pa[i] = part[i];
+    rows_times(mr, xa, K, PTR(const void, e[2]), bf16, e[1], e[1], sho, 0);
     for (int64_t p = 0; p < e[0]; p++) {
         const int64_t *f = e + LA_HEAD + p * LA_FIELDS;
         const uint32_t bits = (uint32_t)f[LA_SCALE];
         float scale;
         memcpy(&scale, &bits, 4);
-        for (int64_t k = 0; k < f[LA_RANK]; k++) part[k] = sh[f[LA_ROFF] + k] * scale;
-        row_times(part, f[LA_RANK], PTR(const void, f[LA_B]), bf16, f[LA_COLS], f[LA_COLS], yrow + f[LA_COL], 1);
+        for (int i = 0; i < mr; i++) {
+            for (int64_t k = 0; k < f[LA_RANK]; k++) part[i][k] = sh[i][f[LA_ROFF] + k] * scale;
+            yo[i] = y + idx[i] * N + f[LA_COL];
+        }
+        rows_times(mr, pa, f[LA_RANK], PTR(const void, f[LA_B]), bf16, f[LA_COLS], f[LA_COLS], yo, 1);
     }
 }
 
@@ -109,15 +127,28 @@ int ridgeline_lora_add(const int64_t *table, const int64_t *slot_of, const float
                 return -2;
         }
     }
-    int64_t mine = 0;
-    for (int64_t t = 0; t < T; t++) mine += slot_of[t] >= 0 && slot_of[t] < slots && table[1 + slot_of[t]];
-    if (!mine) return 0;
-    #pragma omp parallel for num_threads(nt) schedule(static) if (mine >= LA_PAR_ROWS)
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t s = slot_of[t];
-        if (s < 0 || s >= slots || !table[1 + s]) continue;
-        float sh[LA_MAX_R], part[LA_MAX_R];
-        lora_row(PTR(const int64_t, table[1 + s]), x + t * K, y + t * N, K, sh, part);
+    /* the rows of each slot in row order, cut into tiles of up to LA_MR: (slot, first of its rows, count) */
+    int64_t *idx = malloc((size_t)(T > 0 ? T : 1) * sizeof *idx), *tiles = malloc((size_t)(T > 0 ? T : 1) * 3 * sizeof *tiles);
+    if (!idx || !tiles) {
+        free(idx), free(tiles);
+        return -1;
     }
+    int64_t used = 0, ntiles = 0;
+    for (int64_t s = 0; s < slots; s++) {
+        if (!table[1 + s]) continue;
+        const int64_t first = used;
+        for (int64_t t = 0; t < T; t++)
+            if (slot_of[t] == s) idx[used++] = t;
+        for (int64_t r = first; r < used; r += LA_MR) {
+            tiles[3 * ntiles] = s, tiles[3 * ntiles + 1] = r;
+            tiles[3 * ntiles + 2] = used - r < LA_MR ? used - r : LA_MR;
+            ntiles++;
+        }
+    }
+    #pragma omp parallel for num_threads(nt) schedule(static) if (ntiles >= LA_PAR_TILES)
+    for (int64_t i = 0; i < ntiles; i++)
+        lora_tile(PTR(const int64_t, table[1 + tiles[3 * i]]), (int)tiles[3 * i + 2], idx + tiles[3 * i + 1], x, y, N,
+                  K);
+    free(idx), free(tiles);
     return 0;
 }
