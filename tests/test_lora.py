@@ -287,3 +287,15 @@ def test_bench_lora_runs_into_its_table_and_json(base, tmp_path, capsys):
     assert "| batch-1 decode, one adapter |" in text and "| throughput, 2 adapters |" in text
     data = json.loads(out.read_text())
     assert data["decode_base"] > 0 and data["decode_lora"] > 0 and [r["adapters"] for r in data["throughput"]] == [0, 2]
+
+
+def test_without_the_library_the_torch_path_gives_the_same_tokens(base, adapters, monkeypatch):
+    """Where kernels/lora_add.c cannot run (CUDA, no library) the additions are torch matmuls in the modules:
+    the same greedy tokens (their sums in another order)."""
+    from ridgeline.lora.manager import LoRAManager
+    req = LoRARequest("a", 1, str(adapters["a"]))
+    want = _tokens(_llm(base).generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=req))
+    monkeypatch.setattr(LoRAManager, "in_c", property(lambda self: False))
+    llm = _llm(base)
+    got = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=req))
+    assert llm.lora.c_tables is None and not llm.lora.tables and got == want

@@ -1,7 +1,8 @@
 """`ridgeline bench scale`: the size ladder. Random-weight models of Llama-3.2-1B, Qwen2.5-3B and
 Llama-3.1-8B shapes at full width and their own vocabularies (bench/scale_models.py), as GGUF files made by
 llama.cpp's own converter and quantizer when they are given (F16 / Q8_0 / Q4_0 / Q4_K_M up to 3B, Q4_0 /
-Q4_K_M at 8B), or the bf16 HF folder itself (`hf-bf16`). Free disk and memory are checked first and every
+Q4_K_M at 8B), or the bf16 HF folder itself (`hf-bf16`); and a Gemma-3-270m shape (Q4_K_M: narrow layers,
+a 262,144-token head) for a family that is not Llama-shaped. Free disk and memory are checked first and every
 row that does not fit, or lacks a tool, is printed as skipped with the reason.
 
 Per row: batch-1 decode tok/s and the weight bytes it reads per second against the read bandwidth measured
