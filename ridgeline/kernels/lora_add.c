@@ -4,7 +4,8 @@
  * it by its B (the adapter's scale folded in). The decoder stack calls it after each linear's matmul and bias,
  * and so does the module path (ridgeline/lora/manager.py): the two are the same code, bit for bit.
  *
- * Each row's sums run in a fixed order (shrink: sh[j] = sum over k in order of x[k] At[k][j]; expand:
+ * Each row's sums run in a fixed order (shrink: sh[j] = the sums over k in order of x[k] At[k][j] over the
+ * first and the second half of k, added; expand:
  * d[n] = sum over the rank in order of sh[k] Bt[k][n]; then y[n] += d[n]); rows of one adapter go in tiles
  * that share each weight load but not their arithmetic, so a row's result never depends on the other rows of
  * the call or on how many threads share them. Weights are transposed, At [K, R] and
@@ -22,6 +23,9 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 enum { LA_COL, LA_COLS, LA_RANK, LA_ROFF, LA_B, LA_SCALE, LA_FIELDS };
 #define LA_HEAD 4   /* pieces, R, At, bf16 */
@@ -31,6 +35,21 @@ enum { LA_COL, LA_COLS, LA_RANK, LA_ROFF, LA_B, LA_SCALE, LA_FIELDS };
 #define LA_PAR_TILES 2 /* tiles from which they are split across threads */
 
 #define PTR(T, v) ((T *)(intptr_t)(v))
+
+static inline int omp_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+static inline int omp_team(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
 
 int ridgeline_lora_piece_fields(void) { return LA_FIELDS; }
 
@@ -91,25 +110,47 @@ static void rows_times(int mr, const float *const *a, int64_t kn, const void *w,
 #endif
 }
 
-/* a tile of mr rows of one slot (rows idx[0..mr) of x and y): their shrinks, then each piece's scaled share
- * expanded and added into their rows of y */
-static void lora_tile(const int64_t *e, int mr, const int64_t *idx, const float *x, float *y, int64_t N, int64_t K) {
+/* A tile of mr rows of one slot (rows idx[0..mr) of x and y), thread t's share of it among nthr (1: all of it;
+ * with more, every thread of the team calls it). The shrink is always two halves of k, sh = lo + hi (thread h
+ * takes half h), then each piece's scaled share is expanded by blocks of 64 columns dealt round the threads
+ * and added into the rows of y: the same arithmetic however many threads share the tile. */
+static void lora_tile(const int64_t *e, int mr, const int64_t *idx, const float *x, float *y, int64_t N, int64_t K,
+                      int t, int nthr, float (*half)[LA_MR][LA_MAX_R]) {
     const int bf16 = (int)e[3];
-    float sh[LA_MR][LA_MAX_R], part[LA_MR][LA_MAX_R];
+    const int64_t R = e[1], Kh = K / 2;
     const float *xa[LA_MR], *pa[LA_MR];
-    float *sho[LA_MR], *yo[LA_MR];
-    for (int i = 0; i < mr; i++) xa[i] = x + idx[i] * K, sho[i] = sh[i], pa[i] = part[i];
-    rows_times(mr, xa, K, PTR(const void, e[2]), bf16, e[1], e[1], sho, 0);
+    float *ho[LA_MR], *yo[LA_MR], part[LA_MR][LA_MAX_R];
+    for (int h = 0; h < 2; h++) {
+        if (h % nthr != t) continue;
+        for (int i = 0; i < mr; i++) xa[i] = x + idx[i] * K + h * Kh, ho[i] = half[h][i];
+        const int64_t off = h * Kh * R;
+        const void *w = bf16 ? (const void *)(PTR(const uint16_t, e[2]) + off) : (const void *)(PTR(const float, e[2]) + off);
+        rows_times(mr, xa, h ? K - Kh : Kh, w, bf16, R, R, ho, 0);
+    }
+    if (nthr > 1) {
+        #pragma omp barrier
+    }
+    for (int i = 0; i < mr; i++) pa[i] = part[i];
+    int64_t item = 0;
     for (int64_t p = 0; p < e[0]; p++) {
-        const int64_t *f = e + LA_HEAD + p * LA_FIELDS;
+        const int64_t *f = e + LA_HEAD + p * LA_FIELDS, r = f[LA_RANK], cols = f[LA_COLS];
         const uint32_t bits = (uint32_t)f[LA_SCALE];
         float scale;
         memcpy(&scale, &bits, 4);
-        for (int i = 0; i < mr; i++) {
-            for (int64_t k = 0; k < f[LA_RANK]; k++) part[i][k] = sh[i][f[LA_ROFF] + k] * scale;
-            yo[i] = y + idx[i] * N + f[LA_COL];
+        int ready = 0;
+        for (int64_t c0 = 0; c0 < cols; c0 += 16 * LA_BLOCK, item++) {
+            if (item % nthr != t) continue;
+            if (!ready) {
+                for (int i = 0; i < mr; i++)
+                    for (int64_t k = 0; k < r; k++)
+                        part[i][k] = (half[0][i][f[LA_ROFF] + k] + half[1][i][f[LA_ROFF] + k]) * scale;
+                ready = 1;
+            }
+            for (int i = 0; i < mr; i++) yo[i] = y + idx[i] * N + f[LA_COL] + c0;
+            const void *w = bf16 ? (const void *)(PTR(const uint16_t, f[LA_B]) + c0) : (const void *)(PTR(const float, f[LA_B]) + c0);
+            const int64_t n = cols - c0 < 16 * LA_BLOCK ? cols - c0 : 16 * LA_BLOCK;
+            rows_times(mr, pa, r, w, bf16, cols, n, yo, 1);
         }
-        rows_times(mr, pa, f[LA_RANK], PTR(const void, f[LA_B]), bf16, f[LA_COLS], f[LA_COLS], yo, 1);
     }
 }
 
@@ -145,10 +186,19 @@ int ridgeline_lora_add(const int64_t *table, const int64_t *slot_of, const float
             ntiles++;
         }
     }
-    #pragma omp parallel for num_threads(nt) schedule(static) if (ntiles >= LA_PAR_TILES)
-    for (int64_t i = 0; i < ntiles; i++)
-        lora_tile(PTR(const int64_t, table[1 + tiles[3 * i]]), (int)tiles[3 * i + 2], idx + tiles[3 * i + 1], x, y, N,
-                  K);
+    if (ntiles == 1 && nt > 1) { /* one tile (a decode row): its halves and column blocks shared by two threads */
+        float half[2][LA_MR][LA_MAX_R];
+        #pragma omp parallel num_threads(2)
+        lora_tile(PTR(const int64_t, table[1 + tiles[0]]), (int)tiles[2], idx + tiles[1], x, y, N, K, omp_thread(),
+                  omp_team(), half);
+    } else {
+        #pragma omp parallel for num_threads(nt) schedule(static) if (ntiles >= LA_PAR_TILES)
+        for (int64_t i = 0; i < ntiles; i++) {
+            float half[2][LA_MR][LA_MAX_R];
+            lora_tile(PTR(const int64_t, table[1 + tiles[3 * i]]), (int)tiles[3 * i + 2], idx + tiles[3 * i + 1], x, y,
+                      N, K, 0, 1, half);
+        }
+    }
     free(idx), free(tiles);
     return 0;
 }
