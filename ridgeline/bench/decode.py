@@ -38,12 +38,12 @@ def read_bytes_per_token(info, arch) -> int:
     return info.weight_bytes_per_token or info.weight_bytes
 
 
-def ridgeline_decode_timing(eng, prompt: list[int], output_len: int, tag: str) -> dict:
-    """Drive the engine step by step, stamping each new token of one request."""
+def ridgeline_decode_timing(eng, prompt: list[int], output_len: int, tag: str, adapter: str | None = None) -> dict:
+    """Drive the engine step by step, stamping each new token of one request (under a LoRA adapter, if named)."""
     from ridgeline.sampling_params import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
     t0 = time.perf_counter()
-    eng.add_request(tag, prompt, params)
+    eng.add_request(tag, prompt, params, adapter=adapter)
     req = eng.requests[tag]
     stamps: list[float] = []
     steal = None  # the hypervisor's share of the CPUs over the decode (utils/steal.py)

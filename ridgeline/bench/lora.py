@@ -46,20 +46,9 @@ def write_adapter(arch, folder: Path, rank: int, seed: int) -> Path:
 
 
 def _decode_rate(engine, prompt: list[int], output_len: int, adapter: str | None) -> float:
-    from ridgeline.engine.cache_namespace import cache_namespace
-    from ridgeline.sampling_params import SamplingParams
-    params = SamplingParams(temperature=0, max_tokens=output_len + 1, ignore_eos=True)
-    tag = f"lora-decode-{time.monotonic_ns()}"
-    engine.add_request(tag, prompt, params, None, cache_namespace(adapter=adapter) if adapter else None,
-                       adapter=adapter)
-    req, stamps = engine.requests[tag], []
-    try:
-        while not req.status.finished:
-            engine.step(emit_unfinished=False)
-            stamps += [time.perf_counter()] * (req.num_output_tokens - len(stamps))
-    finally:
-        engine.abort_request(tag)
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    from ridgeline.bench.decode import ridgeline_decode_timing
+    t = ridgeline_decode_timing(engine, prompt, output_len, f"lora-decode-{time.monotonic_ns()}", adapter)
+    return t["decode_tokens"] / t["decode_s"]
 
 
 def cmd_lora(args: argparse.Namespace) -> int:

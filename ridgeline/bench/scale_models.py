@@ -154,6 +154,9 @@ def _write_tokenizer(src: Path, dst: Path, pad_to: int) -> None:
     dst.write_text(json.dumps(tok))
 
 
+OWN_TOKENIZER_CLASS = {"qwen2"}  # transformers' per-type tokenizer classes that ignore tokenizer.json's pre-tokenizer
+
+
 def converter_view(folder: Path, shape: Shape, work: Path) -> Path:
     """The folder llama.cpp's converter reads: `folder` itself, or for a model type whose tokenizer class
     transformers builds from its own code (Qwen2's: its own pre-tokenizer over our tokenizer's vocabulary, which
@@ -170,9 +173,6 @@ def converter_view(folder: Path, shape: Shape, work: Path) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     (view / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}, indent=1))
     return view
-
-
-OWN_TOKENIZER_CLASS = {"qwen2"}  # transformers' per-type tokenizer classes that ignore tokenizer.json's pre-tokenizer
 
 
 def default_tokenizer() -> Path:

@@ -9,6 +9,7 @@ from dataclasses import replace
 import torch
 
 from ridgeline.config import EngineConfig
+from ridgeline.engine.cache_namespace import cache_namespace
 from ridgeline.engine.constraints import EngineConstraints
 from ridgeline.engine.build import (build_model, build_runner, build_scheduler, build_speculation, context_of,
                                     plan_kv, resolve_source, start_parallel)
@@ -200,8 +201,9 @@ class LLMEngine:
                     adapter: str | None = None) -> None:
         """cache_salt: requests share prefix-cache blocks only with requests of the same salt. kv: the
         prompt's KV computed elsewhere, offered to the scheduler's external KV source (refused: computed
-        here). adapter: a LoRA adapter registered with the runner's deltas (its blocks must be in their own
-        cache namespace: the caller salts them, engine/cache_namespace.py)."""
+        here). adapter: a LoRA adapter registered with the runner's deltas; its blocks are keyed in that adapter's
+        namespace (engine/cache_namespace.py): with no cache_salt the engine derives it, a caller that gives one
+        (a tenant's) must have composed the adapter into it."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         if adapter is not None:
@@ -210,6 +212,8 @@ class LLMEngine:
                 raise InvalidRequestError(f"LoRA adapter {adapter!r} is not loaded", "lora_request")
             if kv is not None:
                 raise InvalidRequestError("a LoRA request takes no prompt KV from elsewhere", "lora_request")
+            if cache_salt is None:
+                cache_salt = cache_namespace(adapter=adapter)
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
         if not isinstance(params, SamplingParams):

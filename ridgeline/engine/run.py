@@ -10,7 +10,6 @@ from collections.abc import Iterable, Sequence
 from tqdm.auto import tqdm
 
 from ridgeline.config import EngineConfig
-from ridgeline.engine.cache_namespace import cache_namespace
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.sampling_params import SamplingParams
@@ -31,7 +30,7 @@ def run_to_completion(engine: LLMEngine, prompts: Sequence[str | list[int]],
     finished, and return their final outputs in prompt order. params: one for all, or one per prompt;
     texts: the prompts' text where they are given as ids (a chat template rendered); request_ids:
     default "run-N"; adapters: per prompt, the LoRA adapter it runs under (registered with the runner's
-    deltas; its prefix-cache blocks in that adapter's namespace) or None. Requests added before one that fails to add, and all of them on an exception while
+    deltas) or None. Requests added before one that fails to add, and all of them on an exception while
     stepping (Ctrl-C included), are aborted, so their KV blocks return to the pool."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     ids = iter(request_ids) if request_ids is not None else (f"run-{next(_ids)}" for _ in itertools.count())
@@ -39,9 +38,8 @@ def run_to_completion(engine: LLMEngine, prompts: Sequence[str | list[int]],
     try:
         for i, (prompt, p) in enumerate(zip(prompts, plist, strict=True)):
             rid = next(ids)
-            a = adapters[i] if adapters else None
             engine.add_request(rid, prompt, p, texts[i] if texts else None,
-                               cache_namespace(adapter=a) if a else None, adapter=a)
+                               adapter=adapters[i] if adapters else None)
             order[rid] = i
     except Exception:
         for rid in order:

@@ -74,7 +74,7 @@ _SIGNATURES = {
     "ridgeline_decoder_stack": [_PTR, _F32, _F32, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _INT, _I64, _PTR, _PTR,
                                 _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _INT],
     "ridgeline_lora_add": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
-    "ridgeline_lora_piece_fields": [],
+    "ridgeline_lora_fields": [_INT],
     "ridgeline_moe_fields": [],
     "ridgeline_moe_scratch": [_PTR, _I64, _I64],
     "ridgeline_moe": [_PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _INT],

@@ -1,7 +1,7 @@
 /* Per-row low-rank additions to a linear layer's output (LoRA adapters): y [T, N] += for each row t whose slot
  * s = slot_of[t] >= 0, on each of slot s's pieces, B (A x[t]) on the piece's columns. A slot's pieces on one
  * linear share one shrink (their A matrices stacked, R rows in all); each piece expands its own rank's share of
- * it by its B (the adapter's scale folded in). The decoder stack calls it after each linear's matmul and bias,
+ * it, times the adapter's scale, by its B. The decoder stack calls it after each linear's matmul and bias,
  * and so does the module path (ridgeline/lora/manager.py): the two are the same code, bit for bit.
  *
  * Each row's sums run in a fixed order (shrink: sh[j] = the sums over k in order of x[k] At[k][j] over the
@@ -51,7 +51,8 @@ static inline int omp_team(void) {
 #endif
 }
 
-int ridgeline_lora_piece_fields(void) { return LA_FIELDS; }
+/* the table layout, for the Python side to check against its own: 0 an entry's head fields, 1 a piece's fields */
+int ridgeline_lora_fields(int which) { return which == 0 ? LA_HEAD : which == 1 ? LA_FIELDS : -1; }
 
 /* 16 weights from w (fp32, or bf16 widened exactly) under mask m */
 #ifdef __AVX512F__

@@ -45,6 +45,9 @@ class _Entry:
         return self.At.shape[1]
 
 
+HEAD_FIELDS, PIECE_FIELDS = 4, 6  # kernels/lora_add.c's LA_HEAD and LA_FIELDS: the tables _build_c_tables writes
+
+
 class LoRAManager:
     def __init__(self, model: nn.Module, max_rank: int, device: torch.device):
         if getattr(model.model, "tp", None) is not None:
@@ -108,10 +111,13 @@ class LoRAManager:
     def _build_c_tables(self) -> None:
         """Per Linear, the table kernels/lora_add.c reads (every registered adapter's entry on it), and the C
         stack's [layers * 4] pointers to them; None without the library."""
-        self.tables: dict[str, torch.Tensor] = {}
+        self.tables = {}
         if not self.in_c:
             self.c_tables = None
             return
+        lib = cpu.lib()
+        if (lib.ridgeline_lora_fields(0), lib.ridgeline_lora_fields(1)) != (HEAD_FIELDS, PIECE_FIELDS):
+            raise RuntimeError("kernels/lora_add.c's table layout is not the one ridgeline/lora/manager.py writes")
         keep, tables = [], torch.zeros(max(self.c_index.values(), default=-1) + 1, dtype=torch.int64)
         for prefix, by_name in self.layers.items():
             per_slot = [0] * len(self.slots)
@@ -139,12 +145,11 @@ class LoRAManager:
             if s.adapter:
                 rows.setdefault(s.adapter, []).append(np.arange(e - k, e))
         T = int(ends[-1])
-        groups = []
-        for name, parts in rows.items():
-            idx = np.concatenate(parts)
-            sel = slice(0, T) if len(idx) == T else torch.from_numpy(idx).to(self.device)
-            groups.append((name, sel))
         if not self.in_c:
+            groups = []
+            for name, parts in rows.items():
+                idx = np.concatenate(parts)
+                groups.append((name, slice(0, T) if len(idx) == T else torch.from_numpy(idx).to(self.device)))
             return _StepDelta(self.layers, groups), None
         slot_of = torch.full((T,), -1, dtype=torch.int64)
         for name, parts in rows.items():
